@@ -1,0 +1,458 @@
+// Deterministic CUDA backward of grid_sampler_2d: grad_input without
+// floating-point atomics.
+//
+// Pipeline, per chunk of points (whole tiles of kTilePoints points):
+//   1. point pass, one thread per point: source coordinates once, the grid
+//      gradient (single writer), and one record per tap: key = destination
+//      (n, y, x) of grad_input, or "none" when the tap is out of bounds;
+//      value = record id (point * taps + tap); the tap weight beside it.
+//   2. stable radix sort of the records by key (at::cuda::cub), so each
+//      destination's records are in ascending record id order.
+//   3. segment starts: for every destination, where its records begin.
+//   4. reduce, one thread per (destination, channel): the single writer of
+//      that grad_input element, folding the records in the canonical order.
+// When grad_input is not requested only the point pass runs: the grid
+// gradient is single-writer already, so nothing needs grouping and the
+// backward raises no determinism alert.
+//
+// Invariants (tested in the kit's tests against the host executor, which
+// runs the same C10_HOST_DEVICE functions from GridSamplerDeterministic.cuh):
+//
+// (a) Canonical order. grad_input[n][c][y][x] is
+//       fold_+ over partials P of (fold_+ over the records r in P of
+//       round(weight(r) * grad_output(r, c)))
+//     starting from zero, where the records are those whose tap lands on
+//     (n, y, x) in ascending record id, and a partial is a run of at most
+//     kRecordsPerPartial of them that does not cross a tile boundary. Sums
+//     are in opmath_type (float for Half/BFloat16), rounded once to the
+//     output dtype. grad_grid of a point sums channels in ascending order and
+//     taps in record order. Every operation is explicitly rounded. The order
+//     is a pure function of the shapes and the grid values: it does not
+//     depend on GPU model, SM count, block size, chunk size (chunks are whole
+//     tiles and carry the running sum), stream, free memory or thread count.
+// (b) Bounded workspace, from the caching allocator, independent of the grid
+//     values: with R = min(points, chunk_points) * taps records per chunk
+//     (chunk_points defaults to about kChunkRecords / taps, so R <= 2^21):
+//     keys 2 * R * sizeof(key) + record ids 2 * R * 4 + weights
+//     R * sizeof(opmath) + CUB's radix-sort scratch (about R * (sizeof(key)
+//     + 4)) + segment starts (N * H_in * W_in + 1) * 4 bytes, plus, for
+//     Half/BFloat16 inputs that need more than one chunk, a float carry of
+//     N * C * H_in * W_in elements. With int32 keys and fp32 that is about
+//     28 bytes per record of one chunk: at most 56 MiB + 4 bytes per input
+//     pixel.
+// (c) Safe coordinates. No index is formed from a coordinate that is not
+//     finite and within +-2^40 after unnormalizing and padding (the bicubic
+//     taps are padded in integers). A point with such a coordinate (NaN,
+//     +-Inf, +-1e38, ...) contributes nothing to grad_input and gets a zero
+//     grad_grid; Border padding still clamps +-Inf to the border first, as
+//     stock does.
+
+#define TORCH_ASSERT_NO_OPERATORS
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/TensorBase.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/cub.h>
+#include <ATen/native/CanUse32BitIndexMath.h>
+#include <ATen/native/GridSamplerUtils.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.cuh>
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/macros/Macros.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace at::native {
+namespace {
+
+using namespace grid_sampler_deterministic;
+
+constexpr int64_t kDefaultBlockSize = 256;
+constexpr int64_t kMaxBlockSize = 512;
+constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
+
+struct LaunchConfig {
+  int64_t block_size;
+  int64_t max_blocks;
+
+  int64_t blocks_for(int64_t work_items) const {
+    return std::min(max_blocks, (work_items + block_size - 1) / block_size);
+  }
+};
+
+LaunchConfig make_launch_config(const GridSamplerDeterministicOptions& options) {
+  LaunchConfig config{
+      options.block_size > 0 ? options.block_size : kDefaultBlockSize,
+      options.max_blocks > 0 ? options.max_blocks : kDefaultMaxBlocks};
+  TORCH_CHECK(
+      config.block_size % C10_WARP_SIZE == 0 &&
+          config.block_size <= kMaxBlockSize,
+      "grid_sampler_2d_backward (deterministic): block_size must be a "
+      "multiple of the warp size and at most ",
+      kMaxBlockSize,
+      ", got ",
+      config.block_size);
+  return config;
+}
+
+template <typename scalar_t, typename index_t, typename key_t>
+C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
+__global__ void point_pass_kernel(
+    const Backward2dArgs<scalar_t, index_t> args,
+    int64_t first_point,
+    int64_t num_points,
+    int64_t num_destinations,
+    const ChunkRecords<key_t, at::opmath_type<scalar_t>> chunk,
+    bool emit_records) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x +
+           threadIdx.x;
+       i < num_points;
+       i += stride) {
+    process_point_2d(
+        args, first_point + i, num_destinations,
+        emit_records ? &chunk : nullptr);
+  }
+}
+
+// starts[d] = first sorted position whose key is >= d, for d in [0, D]:
+// a binary search per destination, so no thread walks a long gap.
+template <typename key_t>
+C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
+__global__ void segment_starts_kernel(
+    const key_t* sorted_keys,
+    int64_t num_records,
+    int64_t num_destinations,
+    int32_t* starts) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x +
+           threadIdx.x;
+       d <= num_destinations;
+       d += stride) {
+    starts[d] = static_cast<int32_t>(lower_bound(sorted_keys, num_records, d));
+  }
+}
+
+// One thread per (destination, channel), channel fastest so that a warp
+// shares a destination's record list.
+template <typename scalar_t, typename index_t, typename out_t>
+C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
+__global__ void reduce_kernel(
+    const Backward2dArgs<scalar_t, index_t> args,
+    const SortedChunk<int32_t> chunk,
+    const at::opmath_type<scalar_t>* weights,
+    int64_t num_destinations,
+    const View4d<const at::opmath_type<scalar_t>, index_t> carry,
+    const View4d<out_t, index_t> out,
+    bool has_carry,
+    bool write_untouched) {
+  const int64_t channels = args.channels;
+  const int64_t total = num_destinations * channels;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x +
+           threadIdx.x;
+       i < total;
+       i += stride) {
+    reduce_destination_2d(
+        args, chunk, weights, i / channels, static_cast<index_t>(i % channels),
+        carry, out, has_carry, write_untouched);
+  }
+}
+
+template <typename scalar_t, typename index_t>
+View4d<scalar_t, index_t> make_view(const TensorBase& t) {
+  return {
+      t.data_ptr<scalar_t>(),
+      static_cast<index_t>(t.stride(0)),
+      static_cast<index_t>(t.stride(1)),
+      static_cast<index_t>(t.stride(2)),
+      static_cast<index_t>(t.stride(3))};
+}
+
+template <typename scalar_t, typename index_t>
+View4d<const scalar_t, index_t> make_const_view(const TensorBase& t) {
+  return {
+      t.const_data_ptr<scalar_t>(),
+      static_cast<index_t>(t.stride(0)),
+      static_cast<index_t>(t.stride(1)),
+      static_cast<index_t>(t.stride(2)),
+      static_cast<index_t>(t.stride(3))};
+}
+
+template <typename scalar_t, typename index_t>
+Backward2dArgs<scalar_t, index_t> make_args(
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    bool grid_grad_requested) {
+  Backward2dArgs<scalar_t, index_t> args;
+  args.input = make_const_view<scalar_t, index_t>(input);
+  args.grad_output = make_const_view<scalar_t, index_t>(grad_output);
+  args.grid = make_const_view<scalar_t, index_t>(grid);
+  args.grad_grid = grid_grad_requested
+      ? make_view<scalar_t, index_t>(grad_grid)
+      : View4d<scalar_t, index_t>{nullptr, 0, 0, 0, 0};
+  args.channels = static_cast<index_t>(input.size(1));
+  args.inp_H = static_cast<index_t>(input.size(2));
+  args.inp_W = static_cast<index_t>(input.size(3));
+  args.out_H = static_cast<index_t>(grid.size(1));
+  args.out_W = static_cast<index_t>(grid.size(2));
+  args.interpolation_mode =
+      static_cast<GridSamplerInterpolation>(interpolation_mode);
+  args.padding_mode = static_cast<GridSamplerPadding>(padding_mode);
+  args.align_corners = align_corners;
+  return args;
+}
+
+template <typename scalar_t, typename index_t, typename key_t>
+void launch_point_pass(
+    const Backward2dArgs<scalar_t, index_t>& args,
+    const LaunchConfig& config,
+    int64_t first_point,
+    int64_t num_points,
+    int64_t num_destinations,
+    const ChunkRecords<key_t, at::opmath_type<scalar_t>>& chunk,
+    bool emit_records) {
+  if (num_points == 0) {
+    return;
+  }
+  point_pass_kernel<scalar_t, index_t, key_t>
+      <<<config.blocks_for(num_points),
+         config.block_size,
+         0,
+         at::cuda::getCurrentCUDAStream()>>>(
+          args, first_point, num_points, num_destinations, chunk,
+          emit_records);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The whole grad_input pipeline for one key type.
+template <typename scalar_t, typename index_t, typename key_t>
+void backward_with_records(
+    const Backward2dArgs<scalar_t, index_t>& args,
+    const LaunchConfig& config,
+    const TensorBase& grad_input,
+    int64_t batch,
+    int64_t chunk_points) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, opmath_t>;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t taps = args.taps_per_point();
+  const int64_t num_points =
+      batch * static_cast<int64_t>(args.out_H) * args.out_W;
+  const int64_t num_destinations = args.num_destinations(batch);
+  const int64_t num_chunks =
+      std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
+  const int64_t capacity = std::min(num_points, chunk_points) * taps;
+
+  auto& allocator = *at::cuda::getCUDADeviceAllocator();
+  auto keys = allocator.allocate(capacity * sizeof(key_t));
+  auto sorted_keys = allocator.allocate(capacity * sizeof(key_t));
+  auto ids = allocator.allocate(capacity * sizeof(int32_t));
+  auto sorted_ids = allocator.allocate(capacity * sizeof(int32_t));
+  auto weights = allocator.allocate(capacity * sizeof(opmath_t));
+  auto starts = allocator.allocate((num_destinations + 1) * sizeof(int32_t));
+  const bool needs_float_carry = kReducedPrecision && num_chunks > 1;
+  auto float_carry = allocator.allocate(
+      needs_float_carry ? grad_input.numel() * sizeof(opmath_t) : 0);
+
+  // Where running sums live between chunks: grad_input itself when it holds
+  // opmath values, else a contiguous float buffer.
+  const int64_t C = args.channels;
+  const int64_t H = args.inp_H;
+  const int64_t W = args.inp_W;
+  const View4d<opmath_t, index_t> carry_buffer{
+      static_cast<opmath_t*>(float_carry.get()),
+      static_cast<index_t>(C * H * W),
+      static_cast<index_t>(H * W),
+      static_cast<index_t>(W),
+      1};
+
+  const ChunkRecords<key_t, opmath_t> records{
+      0,
+      0,
+      static_cast<key_t*>(keys.get()),
+      static_cast<int32_t*>(ids.get()),
+      static_cast<opmath_t*>(weights.get())};
+  const int end_bit = at::cuda::cub::get_num_bits(num_destinations);
+
+  for (int64_t k = 0; k < num_chunks; ++k) {
+    const int64_t first_point = k * chunk_points;
+    const int64_t count = std::min(chunk_points, num_points - first_point);
+    const int64_t num_records = count * taps;
+    ChunkRecords<key_t, opmath_t> chunk = records;
+    chunk.first_point = first_point;
+    chunk.num_points = count;
+    launch_point_pass(
+        args, config, first_point, count, num_destinations, chunk, true);
+    if (num_records > 0) {
+      at::cuda::cub::radix_sort_pairs(
+          static_cast<const key_t*>(keys.get()),
+          static_cast<key_t*>(sorted_keys.get()),
+          static_cast<const int32_t*>(ids.get()),
+          static_cast<int32_t*>(sorted_ids.get()),
+          num_records,
+          /*descending=*/false,
+          /*begin_bit=*/0,
+          end_bit);
+    }
+    segment_starts_kernel<key_t>
+        <<<config.blocks_for(num_destinations + 1),
+           config.block_size,
+           0,
+           stream>>>(
+            static_cast<const key_t*>(sorted_keys.get()),
+            num_records,
+            num_destinations,
+            static_cast<int32_t*>(starts.get()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+    const SortedChunk<int32_t> sorted{
+        first_point,
+        static_cast<const int32_t*>(sorted_ids.get()),
+        static_cast<const int32_t*>(starts.get())};
+    const bool first = k == 0;
+    const bool last = k == num_chunks - 1;
+    const int64_t total = num_destinations * C;
+    if (total == 0) {
+      continue;
+    }
+    auto launch_reduce = [&](auto out, auto carry, bool write_untouched) {
+      using out_t = std::remove_const_t<
+          std::remove_reference_t<decltype(*out.data)>>;
+      reduce_kernel<scalar_t, index_t, out_t>
+          <<<config.blocks_for(total), config.block_size, 0, stream>>>(
+              args,
+              sorted,
+              static_cast<const opmath_t*>(weights.get()),
+              num_destinations,
+              carry,
+              out,
+              /*has_carry=*/!first,
+              write_untouched);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    const auto grad_input_view = make_view<scalar_t, index_t>(grad_input);
+    if constexpr (kReducedPrecision) {
+      const View4d<const opmath_t, index_t> carry{
+          carry_buffer.data, carry_buffer.stride_n, carry_buffer.stride_c,
+          carry_buffer.stride_h, carry_buffer.stride_w};
+      if (last) {
+        launch_reduce(grad_input_view, carry, /*write_untouched=*/true);
+      } else {
+        launch_reduce(carry_buffer, carry, /*write_untouched=*/first);
+      }
+    } else {
+      const View4d<const opmath_t, index_t> carry{
+          grad_input_view.data, grad_input_view.stride_n,
+          grad_input_view.stride_c, grad_input_view.stride_h,
+          grad_input_view.stride_w};
+      launch_reduce(grad_input_view, carry, /*write_untouched=*/first);
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t>
+void backward(
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options) {
+  const auto args = make_args<scalar_t, index_t>(
+      grad_grid, grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask[1]);
+  const LaunchConfig config = make_launch_config(options);
+  const int64_t batch = input.size(0);
+  const int64_t num_points = batch * grid.size(1) * grid.size(2);
+  const int64_t num_destinations = args.num_destinations(batch);
+
+  if (!output_mask[0] || grad_input.numel() == 0) {
+    // Grid gradient only: no records, no sort, nothing to group.
+    launch_point_pass<scalar_t, index_t, int32_t>(
+        args, config, 0, num_points, num_destinations, {}, false);
+    return;
+  }
+
+  const int64_t taps = args.taps_per_point();
+  const int64_t chunk_points = options.chunk_points > 0
+      ? options.chunk_points
+      : default_chunk_points(taps);
+  TORCH_CHECK(
+      chunk_points % kTilePoints == 0 &&
+          chunk_points * taps <= std::numeric_limits<int32_t>::max(),
+      "grid_sampler_2d_backward (deterministic): chunk_points must be a "
+      "positive multiple of ",
+      kTilePoints,
+      " with chunk_points * taps < 2^31, got ",
+      chunk_points);
+  if (num_destinations < std::numeric_limits<int32_t>::max()) {
+    backward_with_records<scalar_t, index_t, int32_t>(
+        args, config, grad_input, batch, chunk_points);
+  } else {
+    backward_with_records<scalar_t, index_t, int64_t>(
+        args, config, grad_input, batch, chunk_points);
+  }
+}
+
+bool fits_32bit_indexing(const TensorBase& t) {
+  return !t.defined() || canUse32BitIndexMath(t);
+}
+
+} // namespace
+
+void launch_grid_sampler_2d_backward_deterministic_kernel(
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options) {
+  // See NOTE [ grid_sampler Native Functions ].
+  // Add checks here in case this is called instead of grid_sampler.
+  check_grid_sampler_common(input, grid);
+  check_grid_sampler_2d(input, grid);
+  if (!output_mask[0] && !output_mask[1]) {
+    return;
+  }
+  const bool use_32bit = fits_32bit_indexing(input) &&
+      fits_32bit_indexing(grid) && fits_32bit_indexing(grad_output) &&
+      (!output_mask[0] || fits_32bit_indexing(grad_input)) &&
+      (!output_mask[1] || fits_32bit_indexing(grad_grid));
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      ScalarType::Half,
+      ScalarType::BFloat16,
+      input.scalar_type(),
+      "grid_sampler_2d_backward_deterministic_cuda",
+      [&] {
+        if (use_32bit) {
+          backward<scalar_t, int>(
+              grad_input, grad_grid, grad_output, input, grid,
+              interpolation_mode, padding_mode, align_corners, output_mask,
+              options);
+        } else {
+          backward<scalar_t, int64_t>(
+              grad_input, grad_grid, grad_output, input, grid,
+              interpolation_mode, padding_mode, align_corners, output_mask,
+              options);
+        }
+      });
+}
+
+} // namespace at::native

@@ -1,0 +1,627 @@
+#pragma once
+// Per-point math and the canonical reduction order of the deterministic
+// grid_sampler backward (see GridSamplerDeterministic.cu for the pipeline
+// and the invariants).
+//
+// Everything here is C10_HOST_DEVICE on purpose: the CUDA kernels and a host
+// executor run these same functions, and every floating-point operation is
+// rounded explicitly (no FMA contraction, only exact library functions:
+// floor, nearbyint, fmod, fabs), so the two produce the same bits for
+// float and double.
+
+#include <ATen/OpMathType.h>
+#include <ATen/native/GridSamplerUtils.h>
+#include <c10/macros/Macros.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace at::native::grid_sampler_deterministic {
+
+using detail::GridSamplerInterpolation;
+using detail::GridSamplerPadding;
+
+// A point is the unit of parallel work of the point pass; a tile is a fixed
+// run of consecutive points. Partial sums never straddle a tile, and chunks
+// are whole tiles, so the chunk size cannot change the reduction order.
+constexpr int64_t kTilePoints = 4096;
+// Longest run of one destination's records summed into a single partial.
+constexpr int64_t kRecordsPerPartial = 256;
+// Records sorted at once; bounds the workspace (see the .cu file).
+constexpr int64_t kChunkRecords = int64_t{1} << 21;
+// Most taps one point can have (bicubic: 4 x 4).
+constexpr int kMaxTapsPerAxis = 4;
+// Coordinates are converted to integers only inside this range; no input
+// dimension comes close to it, so a point beyond it has no tap in bounds.
+constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
+
+// Explicitly rounded arithmetic. nvcc contracts a * b + c into an FMA unless
+// told otherwise and the host compiler does not; the intrinsics pin the
+// device side, the host side is built with -ffp-contract=off.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+C10_HOST_DEVICE inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
+C10_HOST_DEVICE inline float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+C10_HOST_DEVICE inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+C10_HOST_DEVICE inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+C10_HOST_DEVICE inline double add_rn(double a, double b) { return __dadd_rn(a, b); }
+C10_HOST_DEVICE inline double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+C10_HOST_DEVICE inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+C10_HOST_DEVICE inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+#else
+template <typename T>
+inline T add_rn(T a, T b) { return a + b; }
+template <typename T>
+inline T sub_rn(T a, T b) { return a - b; }
+template <typename T>
+inline T mul_rn(T a, T b) { return a * b; }
+template <typename T>
+inline T div_rn(T a, T b) { return a / b; }
+#endif
+
+// True for finite values whose integer part fits comfortably in int64_t;
+// false for NaN and +-Inf. Nothing is converted to an integer unless this
+// holds, so non-finite or huge grids never yield a wild index.
+template <typename T>
+C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
+  return x >= static_cast<T>(-kMaxSafeCoordinate) &&
+      x <= static_cast<T>(kMaxSafeCoordinate);
+}
+
+// Maps a normalized grid coordinate in [-1, 1] to pixel units; `mult` is
+// d(pixel coordinate) / d(grid coordinate).
+template <typename T>
+C10_HOST_DEVICE inline T unnormalize(
+    T coord, int64_t size, bool align_corners, T* mult) {
+  const T one = static_cast<T>(1);
+  const T half = static_cast<T>(0.5);
+  if (align_corners) {
+    const T extent = static_cast<T>(size - 1);
+    *mult = mul_rn(extent, half);
+    return mul_rn(mul_rn(add_rn(coord, one), half), extent);
+  }
+  const T extent = static_cast<T>(size);
+  *mult = mul_rn(extent, half);
+  return mul_rn(sub_rn(mul_rn(add_rn(coord, one), extent), one), half);
+}
+
+// Clamps to [0, size - 1]; the borders count as outside for the gradient.
+template <typename T>
+C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
+  const T upper = static_cast<T>(size - 1);
+  if (coord <= static_cast<T>(0)) {
+    *grad = static_cast<T>(0);
+    return static_cast<T>(0);
+  }
+  if (coord >= upper) {
+    *grad = static_cast<T>(0);
+    return upper;
+  }
+  *grad = static_cast<T>(1);
+  return coord;
+}
+
+// Reflects into [twice_low / 2, twice_high / 2]. The parity of the number of
+// flips is taken with fmod instead of an int cast, so huge or infinite input
+// stays well defined (it yields NaN, which the caller rejects).
+template <typename T>
+C10_HOST_DEVICE inline T reflect(
+    T coord, int64_t twice_low, int64_t twice_high, T* grad) {
+  if (twice_low == twice_high) {
+    *grad = static_cast<T>(0);
+    return static_cast<T>(0);
+  }
+  const T low = mul_rn(static_cast<T>(twice_low), static_cast<T>(0.5));
+  const T span =
+      mul_rn(static_cast<T>(twice_high - twice_low), static_cast<T>(0.5));
+  T distance = sub_rn(coord, low);
+  T sign = static_cast<T>(1);
+  if (distance < static_cast<T>(0)) {
+    sign = static_cast<T>(-1);
+    distance = -distance;
+  }
+  const T extra = std::fmod(distance, span);
+  const T flips = std::floor(div_rn(distance, span));
+  if (std::fmod(flips, static_cast<T>(2)) == static_cast<T>(0)) {
+    *grad = sign;
+    return add_rn(extra, low);
+  }
+  *grad = -sign;
+  return add_rn(sub_rn(span, extra), low);
+}
+
+// The padded source coordinate of bilinear and nearest sampling, as in
+// grid_sampler_compute_source_index_set_grad: the result may be NaN or out
+// of range; callers test it with is_safe_coordinate before using it.
+template <typename T>
+C10_HOST_DEVICE inline T source_coordinate(
+    T coord,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    T* mult) {
+  coord = unnormalize(coord, size, align_corners, mult);
+  if (padding_mode == GridSamplerPadding::Border) {
+    T grad_clip;
+    coord = clip(coord, size, &grad_clip);
+    *mult = mul_rn(*mult, grad_clip);
+  } else if (padding_mode == GridSamplerPadding::Reflection) {
+    T grad_reflect;
+    T grad_clip;
+    coord = align_corners ? reflect(coord, 0, 2 * (size - 1), &grad_reflect)
+                          : reflect(coord, -1, 2 * size - 1, &grad_reflect);
+    coord = clip(coord, size, &grad_clip);
+    *mult = mul_rn(mul_rn(*mult, grad_reflect), grad_clip);
+  }
+  return coord;
+}
+
+// Integer twin of `reflect` followed by `clip` for the integer tap positions
+// of bicubic sampling; equal to the floating-point version wherever that one
+// is exact, and exact everywhere.
+C10_HOST_DEVICE inline int64_t reflect_index(
+    int64_t index, int64_t size, bool align_corners) {
+  if (align_corners) {
+    if (size == 1) {
+      return 0;
+    }
+    const int64_t period = 2 * (size - 1);
+    const int64_t folded = (index < 0 ? -index : index) % period;
+    return folded < size ? folded : period - folded;
+  }
+  const int64_t period = 2 * size;
+  const int64_t folded = (index < 0 ? -index - 1 : index) % period;
+  return folded < size ? folded : period - 1 - folded;
+}
+
+C10_HOST_DEVICE inline int64_t pad_index(
+    int64_t index,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  if (padding_mode == GridSamplerPadding::Border) {
+    return index < 0 ? 0 : (index >= size ? size - 1 : index);
+  }
+  if (padding_mode == GridSamplerPadding::Reflection) {
+    return reflect_index(index, size, align_corners);
+  }
+  return index;
+}
+
+// Cubic convolution (A = -0.75) weights of the four taps at offsets
+// -1, 0, 1, 2 from floor(coord), and their derivatives by t = coord - floor.
+template <typename T>
+C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
+  const T one = static_cast<T>(1);
+  const T two = static_cast<T>(2);
+  // ((A + 2) x - (A + 3)) x x + 1 for |x| <= 1
+  auto near = [](T x) {
+    return add_rn(
+        mul_rn(
+            mul_rn(
+                sub_rn(mul_rn(static_cast<T>(1.25), x), static_cast<T>(2.25)),
+                x),
+            x),
+        static_cast<T>(1));
+  };
+  // ((A x - 5A) x + 8A) x - 4A for 1 < |x| < 2
+  auto far = [](T x) {
+    return sub_rn(
+        mul_rn(
+            add_rn(
+                mul_rn(
+                    add_rn(mul_rn(static_cast<T>(-0.75), x),
+                           static_cast<T>(3.75)),
+                    x),
+                static_cast<T>(-6)),
+            x),
+        static_cast<T>(-3));
+  };
+  const T one_minus_t = sub_rn(one, t);
+  weight[0] = far(add_rn(t, one));
+  weight[1] = near(t);
+  weight[2] = near(one_minus_t);
+  weight[3] = far(add_rn(one_minus_t, one));
+
+  // d weight / d t, each the negation of stock's get_cubic_coefficients_grad
+  // term (which is written in the distance x from the tap to the point).
+  T x = sub_rn(-one, t);
+  dweight[0] = -sub_rn(
+      mul_rn(add_rn(mul_rn(static_cast<T>(2.25), x), static_cast<T>(7.5)), x),
+      static_cast<T>(-6));
+  x = -t;
+  dweight[1] = -mul_rn(
+      sub_rn(mul_rn(static_cast<T>(-3.75), x), static_cast<T>(4.5)), x);
+  x = one_minus_t;
+  dweight[2] = -mul_rn(
+      sub_rn(mul_rn(static_cast<T>(3.75), x), static_cast<T>(4.5)), x);
+  x = sub_rn(two, t);
+  dweight[3] = -add_rn(
+      mul_rn(sub_rn(mul_rn(static_cast<T>(-2.25), x), static_cast<T>(-7.5)), x),
+      static_cast<T>(-6));
+}
+
+// The taps of one point along one spatial axis. A point's taps are the
+// product of its axes' taps, so the same code serves 2D and 3D.
+template <typename T>
+struct AxisTaps {
+  int count; // 1 (nearest), 2 (bilinear), 4 (bicubic)
+  int64_t index[kMaxTapsPerAxis];
+  bool in_bounds[kMaxTapsPerAxis];
+  T weight[kMaxTapsPerAxis]; // interpolation weight along this axis
+  T dweight[kMaxTapsPerAxis]; // d weight / d source coordinate
+  T mult; // d source coordinate / d grid coordinate
+  bool usable; // false when the coordinate is NaN, infinite or huge
+};
+
+C10_HOST_DEVICE inline int taps_per_axis(
+    GridSamplerInterpolation interpolation_mode) {
+  switch (interpolation_mode) {
+    case GridSamplerInterpolation::Nearest:
+      return 1;
+    case GridSamplerInterpolation::Bicubic:
+      return 4;
+    default:
+      return 2;
+  }
+}
+
+// An axis whose coordinate is NaN, infinite or huge: no tap is in bounds,
+// and every weight is zero, so the point contributes nothing anywhere and
+// its grid gradient is zero.
+template <typename T>
+C10_HOST_DEVICE inline void make_void(AxisTaps<T>& taps) {
+  taps.usable = false;
+  for (int k = 0; k < taps.count; ++k) {
+    taps.index[k] = 0;
+    taps.in_bounds[k] = false;
+    taps.weight[k] = static_cast<T>(0);
+    taps.dweight[k] = static_cast<T>(0);
+  }
+}
+
+template <typename T>
+C10_HOST_DEVICE inline AxisTaps<T> compute_axis_taps(
+    T grid_coord,
+    int64_t size,
+    GridSamplerInterpolation interpolation_mode,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  AxisTaps<T> taps;
+  taps.count = taps_per_axis(interpolation_mode);
+  taps.usable = true;
+  if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+    // Bicubic pads each tap position, not the coordinate (as stock does).
+    const T coord = unnormalize(grid_coord, size, align_corners, &taps.mult);
+    if (!is_safe_coordinate(coord)) {
+      make_void(taps);
+      return taps;
+    }
+    const T base = std::floor(coord);
+    cubic_weights(sub_rn(coord, base), taps.weight, taps.dweight);
+    for (int k = 0; k < 4; ++k) {
+      const int64_t index = pad_index(
+          static_cast<int64_t>(base) - 1 + k, size, padding_mode, align_corners);
+      taps.index[k] = index;
+      taps.in_bounds[k] = index >= 0 && index < size;
+    }
+    return taps;
+  }
+
+  const T coord = source_coordinate(
+      grid_coord, size, padding_mode, align_corners, &taps.mult);
+  if (!is_safe_coordinate(coord)) {
+    make_void(taps);
+    return taps;
+  }
+  if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+    const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
+    taps.index[0] = index;
+    taps.in_bounds[0] = index >= 0 && index < size;
+    taps.weight[0] = static_cast<T>(1);
+    taps.dweight[0] = static_cast<T>(0);
+    return taps;
+  }
+  const int64_t low = static_cast<int64_t>(std::floor(coord));
+  for (int k = 0; k < 2; ++k) {
+    taps.index[k] = low + k;
+    taps.in_bounds[k] = low + k >= 0 && low + k < size;
+  }
+  // Same expressions as stock: (low + 1 - coord) and (coord - low).
+  taps.weight[0] = sub_rn(static_cast<T>(low + 1), coord);
+  taps.weight[1] = sub_rn(coord, static_cast<T>(low));
+  taps.dweight[0] = static_cast<T>(-1);
+  taps.dweight[1] = static_cast<T>(1);
+  return taps;
+}
+
+// Record order within a point: tap (i along x, j along y) is tap j * nx + i,
+// the order stock's bilinear kernel visits nw, ne, sw, se.
+template <typename T>
+struct PointTaps2d {
+  AxisTaps<T> x;
+  AxisTaps<T> y;
+
+  C10_HOST_DEVICE int count() const {
+    return x.count * y.count;
+  }
+  C10_HOST_DEVICE bool in_bounds(int i, int j) const {
+    return x.in_bounds[i] && y.in_bounds[j];
+  }
+  C10_HOST_DEVICE T weight(int i, int j) const {
+    return mul_rn(x.weight[i], y.weight[j]);
+  }
+};
+
+template <typename T>
+C10_HOST_DEVICE inline PointTaps2d<T> compute_point_taps_2d(
+    T grid_x,
+    T grid_y,
+    int64_t inp_H,
+    int64_t inp_W,
+    GridSamplerInterpolation interpolation_mode,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  PointTaps2d<T> taps;
+  taps.x = compute_axis_taps(
+      grid_x, inp_W, interpolation_mode, padding_mode, align_corners);
+  taps.y = compute_axis_taps(
+      grid_y, inp_H, interpolation_mode, padding_mode, align_corners);
+  // A point with one unusable coordinate has no tap in bounds at all.
+  if (!taps.x.usable || !taps.y.usable) {
+    make_void(taps.x);
+    make_void(taps.y);
+  }
+  return taps;
+}
+
+// Strided view of a 4-D (N, C, H, W) tensor.
+template <typename scalar_t, typename index_t>
+struct View4d {
+  scalar_t* data;
+  index_t stride_n;
+  index_t stride_c;
+  index_t stride_h;
+  index_t stride_w;
+
+  C10_HOST_DEVICE scalar_t& at(index_t n, index_t c, index_t h, index_t w)
+      const {
+    return data[n * stride_n + c * stride_c + h * stride_h + w * stride_w];
+  }
+};
+
+// d loss / d (grid_x, grid_y) of one point, single writer: channels in
+// ascending order, taps in record order, each term (value * dweight) * gOut.
+template <typename scalar_t, typename index_t, typename T>
+C10_HOST_DEVICE inline void point_grid_gradient_2d(
+    const PointTaps2d<T>& taps,
+    View4d<const scalar_t, index_t> input,
+    View4d<const scalar_t, index_t> grad_output,
+    index_t n,
+    index_t h,
+    index_t w,
+    index_t channels,
+    T* grad_x,
+    T* grad_y) {
+  T gx = static_cast<T>(0);
+  T gy = static_cast<T>(0);
+  for (index_t c = 0; c < channels; ++c) {
+    const T gout = static_cast<T>(grad_output.at(n, c, h, w));
+    for (int j = 0; j < taps.y.count; ++j) {
+      for (int i = 0; i < taps.x.count; ++i) {
+        if (!taps.in_bounds(i, j)) {
+          continue;
+        }
+        const T value = static_cast<T>(input.at(
+            n,
+            c,
+            static_cast<index_t>(taps.y.index[j]),
+            static_cast<index_t>(taps.x.index[i])));
+        const T dx = mul_rn(taps.x.dweight[i], taps.y.weight[j]);
+        const T dy = mul_rn(taps.x.weight[i], taps.y.dweight[j]);
+        gx = add_rn(gx, mul_rn(mul_rn(value, dx), gout));
+        gy = add_rn(gy, mul_rn(mul_rn(value, dy), gout));
+      }
+    }
+  }
+  *grad_x = mul_rn(taps.x.mult, gx);
+  *grad_y = mul_rn(taps.y.mult, gy);
+}
+
+// First position in sorted[0, count) whose key is >= key.
+template <typename key_t>
+C10_HOST_DEVICE inline int64_t lower_bound(
+    const key_t* sorted, int64_t count, int64_t key) {
+  int64_t low = 0;
+  int64_t high = count;
+  while (low < high) {
+    const int64_t mid = low + (high - low) / 2;
+    if (static_cast<int64_t>(sorted[mid]) < key) {
+      low = mid + 1;
+    } else {
+      high = mid;
+    }
+  }
+  return low;
+}
+
+// The canonical order of one grad_input element. `records` holds the chunk's
+// record ids of one destination in ascending order (the stable sort gives
+// that); `contribution(r)` is weight(r) * gOut(r, c), rounded once. Records
+// are summed left to right into partials, a partial ends after
+// kRecordsPerPartial records or at a tile boundary, and the partials are
+// added left to right to `acc`, which carries over from earlier chunks.
+template <typename T, typename record_t, typename Contribution>
+C10_HOST_DEVICE inline T fold_destination(
+    const record_t* records,
+    int64_t begin,
+    int64_t end,
+    int64_t records_per_tile,
+    T acc,
+    const Contribution& contribution) {
+  int64_t i = begin;
+  while (i < end) {
+    const int64_t tile = static_cast<int64_t>(records[i]) / records_per_tile;
+    const int64_t partial_end =
+        end - i < kRecordsPerPartial ? end : i + kRecordsPerPartial;
+    T partial = static_cast<T>(0);
+    for (; i < partial_end &&
+         static_cast<int64_t>(records[i]) / records_per_tile == tile;
+         ++i) {
+      partial = add_rn(partial, contribution(records[i]));
+    }
+    acc = add_rn(acc, partial);
+  }
+  return acc;
+}
+
+// Everything one stage needs to know about a 2-D backward call. Points are
+// numbered n * out_H * out_W + h * out_W + w, destinations (the spatial
+// elements of grad_input) n * inp_H * inp_W + y * inp_W + x.
+template <typename scalar_t, typename index_t>
+struct Backward2dArgs {
+  using opmath_t = at::opmath_type<scalar_t>;
+
+  View4d<const scalar_t, index_t> input;
+  View4d<const scalar_t, index_t> grad_output;
+  View4d<const scalar_t, index_t> grid; // (N, out_H, out_W, 2) as n, h, w, xy
+  View4d<scalar_t, index_t> grad_grid; // data == nullptr: not requested
+  index_t channels;
+  index_t inp_H;
+  index_t inp_W;
+  index_t out_H;
+  index_t out_W;
+  GridSamplerInterpolation interpolation_mode;
+  GridSamplerPadding padding_mode;
+  bool align_corners;
+
+  C10_HOST_DEVICE int taps_per_point() const {
+    const int per_axis = taps_per_axis(interpolation_mode);
+    return per_axis * per_axis;
+  }
+  C10_HOST_DEVICE int64_t num_destinations(int64_t batch) const {
+    return batch * static_cast<int64_t>(inp_H) * inp_W;
+  }
+};
+
+// Where one chunk's records live. Record r of a chunk is tap r % T of point
+// first_point + r / T; its key is its destination, or num_destinations when
+// the tap is out of bounds (so it sorts after every real destination).
+template <typename key_t, typename T>
+struct ChunkRecords {
+  int64_t first_point;
+  int64_t num_points;
+  key_t* keys;
+  int32_t* record_ids;
+  T* weights;
+};
+
+// Point pass for one point: its grid gradient (single writer) and, when
+// grad_input is requested, one record per tap.
+template <typename scalar_t, typename index_t, typename key_t>
+C10_HOST_DEVICE inline void process_point_2d(
+    const Backward2dArgs<scalar_t, index_t>& args,
+    int64_t point,
+    int64_t num_destinations,
+    const ChunkRecords<key_t, at::opmath_type<scalar_t>>* chunk) {
+  using T = at::opmath_type<scalar_t>;
+  const index_t points_per_image = args.out_H * args.out_W;
+  const index_t n = static_cast<index_t>(point / points_per_image);
+  const index_t q = static_cast<index_t>(point % points_per_image);
+  const index_t h = q / args.out_W;
+  const index_t w = q % args.out_W;
+  const PointTaps2d<T> taps = compute_point_taps_2d(
+      static_cast<T>(args.grid.at(n, h, w, 0)),
+      static_cast<T>(args.grid.at(n, h, w, 1)),
+      static_cast<int64_t>(args.inp_H),
+      static_cast<int64_t>(args.inp_W),
+      args.interpolation_mode,
+      args.padding_mode,
+      args.align_corners);
+
+  if (chunk != nullptr) {
+    const int64_t image_base =
+        static_cast<int64_t>(n) * args.inp_H * args.inp_W;
+    int64_t r = (point - chunk->first_point) * taps.count();
+    for (int j = 0; j < taps.y.count; ++j) {
+      for (int i = 0; i < taps.x.count; ++i, ++r) {
+        chunk->keys[r] = static_cast<key_t>(
+            taps.in_bounds(i, j)
+                ? image_base + taps.y.index[j] * args.inp_W + taps.x.index[i]
+                : num_destinations);
+        chunk->record_ids[r] = static_cast<int32_t>(r);
+        chunk->weights[r] = taps.weight(i, j);
+      }
+    }
+  }
+
+  if (args.grad_grid.data != nullptr) {
+    T grad_x;
+    T grad_y;
+    point_grid_gradient_2d(
+        taps, args.input, args.grad_output, n, h, w, args.channels, &grad_x,
+        &grad_y);
+    args.grad_grid.at(n, h, w, 0) = static_cast<scalar_t>(grad_x);
+    args.grad_grid.at(n, h, w, 1) = static_cast<scalar_t>(grad_y);
+  }
+}
+
+// A chunk's records after the stable sort: record ids grouped by
+// destination, destination d owning [starts[d], starts[d + 1]).
+template <typename index_like_t>
+struct SortedChunk {
+  int64_t first_point;
+  const int32_t* record_ids;
+  const index_like_t* starts;
+};
+
+// Reduce for one (destination, channel): the single writer of that
+// grad_input element. `carry` holds the sum of earlier chunks (read unless
+// this is the first chunk); `out` receives the new sum. Destinations that
+// this chunk does not touch are written only when `write_untouched`, which
+// is how the first chunk zero-fills grad_input without a memset.
+template <typename scalar_t, typename index_t, typename out_t, typename start_t>
+C10_HOST_DEVICE inline void reduce_destination_2d(
+    const Backward2dArgs<scalar_t, index_t>& args,
+    const SortedChunk<start_t>& chunk,
+    const at::opmath_type<scalar_t>* weights,
+    int64_t destination,
+    index_t c,
+    View4d<const at::opmath_type<scalar_t>, index_t> carry,
+    View4d<out_t, index_t> out,
+    bool has_carry,
+    bool write_untouched) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t begin = static_cast<int64_t>(chunk.starts[destination]);
+  const int64_t end = static_cast<int64_t>(chunk.starts[destination + 1]);
+  if (begin == end && !write_untouched) {
+    return;
+  }
+  const int64_t image_size = static_cast<int64_t>(args.inp_H) * args.inp_W;
+  const index_t n = static_cast<index_t>(destination / image_size);
+  const index_t s = static_cast<index_t>(destination % image_size);
+  const index_t y = s / args.inp_W;
+  const index_t x = s % args.inp_W;
+
+  const int taps = args.taps_per_point();
+  const index_t points_per_image = args.out_H * args.out_W;
+  auto contribution = [&](int32_t record) {
+    const int64_t point = chunk.first_point + record / taps;
+    const index_t q = static_cast<index_t>(point % points_per_image);
+    const T gout = static_cast<T>(
+        args.grad_output.at(n, c, q / args.out_W, q % args.out_W));
+    return mul_rn(weights[record], gout);
+  };
+  const T initial = has_carry ? carry.at(n, c, y, x) : static_cast<T>(0);
+  const T sum = fold_destination(
+      chunk.record_ids, begin, end, int64_t{taps} * kTilePoints, initial,
+      contribution);
+  out.at(n, c, y, x) = static_cast<out_t>(sum);
+}
+
+// Points sampled per chunk: whole tiles, about kChunkRecords records.
+inline int64_t default_chunk_points(int64_t taps_per_point) {
+  const int64_t tiles = kChunkRecords / (taps_per_point * kTilePoints);
+  return (tiles > 0 ? tiles : 1) * kTilePoints;
+}
+
+} // namespace at::native::grid_sampler_deterministic

@@ -1,0 +1,37 @@
+#pragma once
+#include <array>
+#include <cstdint>
+
+namespace at {
+class TensorBase;
+}
+
+namespace at::native {
+
+// Knobs of the deterministic backward that do not change its result; tests
+// turn them to prove that. Zero means the default, which ATen always uses.
+struct GridSamplerDeterministicOptions {
+  // Points per chunk of records; a multiple of the tile size (4096).
+  int64_t chunk_points = 0;
+  // Threads per block and a cap on blocks per launch (grid-stride loops).
+  int64_t block_size = 0;
+  int64_t max_blocks = 0;
+};
+
+// Same contract as launch_grid_sampler_2d_backward_kernel (GridSampler.h),
+// without floating-point atomics: the result is bitwise reproducible. Every
+// element of grad_input is written (it need not be zeroed), and grad_grid
+// is written only when output_mask[1] is set.
+void launch_grid_sampler_2d_backward_deterministic_kernel(
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options = {});
+
+} // namespace at::native

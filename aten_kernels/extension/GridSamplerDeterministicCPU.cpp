@@ -1,0 +1,238 @@
+// Host executor of the deterministic grid_sampler_2d backward.
+//
+// It runs the stages of ATen/native/cuda/GridSamplerDeterministic.cu on the
+// CPU, calling the same C10_HOST_DEVICE functions for every floating-point
+// operation, with std::stable_sort where the CUDA path uses CUB's stable
+// radix sort. It therefore computes the canonical order documented there,
+// and for float and double its result equals the CUDA kernel's bit for bit.
+// This is what lets the kernel's numerics be proven on machines without a
+// GPU; it is also a deterministic CPU backward in its own right.
+
+#include "GridSamplerDeterministicCPU.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.cuh>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace detgrid {
+namespace {
+
+using namespace at::native::grid_sampler_deterministic;
+
+template <typename scalar_t>
+View4d<scalar_t, int64_t> make_view(const at::Tensor& t) {
+  return {
+      t.data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2),
+      t.stride(3)};
+}
+
+template <typename scalar_t>
+View4d<const scalar_t, int64_t> make_const_view(const at::Tensor& t) {
+  return {
+      t.const_data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2),
+      t.stride(3)};
+}
+
+template <typename T>
+View4d<const T, int64_t> as_const(const View4d<T, int64_t>& view) {
+  return {
+      view.data, view.stride_n, view.stride_c, view.stride_h, view.stride_w};
+}
+
+int64_t grain_or_default(int64_t grain_size, int64_t fallback) {
+  return grain_size > 0 ? grain_size : fallback;
+}
+
+// Stages 2 and 3: stable sort of the chunk's records by destination, then
+// where each destination's run begins.
+struct SortedRecords {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> starts;
+};
+
+SortedRecords sort_records(
+    const std::vector<int64_t>& keys,
+    int64_t num_records,
+    int64_t num_destinations,
+    int64_t grain_size) {
+  SortedRecords sorted;
+  sorted.ids.resize(num_records);
+  std::iota(sorted.ids.begin(), sorted.ids.end(), 0);
+  std::stable_sort(
+      sorted.ids.begin(), sorted.ids.end(),
+      [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
+  std::vector<int64_t> sorted_keys(num_records);
+  for (int64_t i = 0; i < num_records; ++i) {
+    sorted_keys[i] = keys[sorted.ids[i]];
+  }
+  sorted.starts.resize(num_destinations + 1);
+  at::parallel_for(
+      0, num_destinations + 1, grain_or_default(grain_size, 4096),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t d = begin; d < end; ++d) {
+          sorted.starts[d] = lower_bound(sorted_keys.data(), num_records, d);
+        }
+      });
+  return sorted;
+}
+
+template <typename scalar_t>
+void backward(
+    const at::Tensor& grad_input,
+    const at::Tensor& grad_grid,
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const ExecutorOptions& options) {
+  using T = at::opmath_type<scalar_t>;
+  constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
+
+  Backward2dArgs<scalar_t, int64_t> args;
+  args.input = make_const_view<scalar_t>(input);
+  args.grad_output = make_const_view<scalar_t>(grad_output);
+  args.grid = make_const_view<scalar_t>(grid);
+  args.grad_grid = output_mask[1] ? make_view<scalar_t>(grad_grid)
+                                  : View4d<scalar_t, int64_t>{nullptr, 0, 0, 0, 0};
+  args.channels = input.size(1);
+  args.inp_H = input.size(2);
+  args.inp_W = input.size(3);
+  args.out_H = grid.size(1);
+  args.out_W = grid.size(2);
+  args.interpolation_mode =
+      static_cast<GridSamplerInterpolation>(interpolation_mode);
+  args.padding_mode = static_cast<GridSamplerPadding>(padding_mode);
+  args.align_corners = align_corners;
+
+  const int64_t batch = input.size(0);
+  const int64_t num_points = batch * args.out_H * args.out_W;
+  const int64_t num_destinations = args.num_destinations(batch);
+  const int64_t point_grain = grain_or_default(options.grain_size, 256);
+
+  auto point_pass = [&](int64_t first, int64_t count, const auto* chunk) {
+    at::parallel_for(0, count, point_grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        process_point_2d(args, first + i, num_destinations, chunk);
+      }
+    });
+  };
+
+  if (!output_mask[0] || grad_input.numel() == 0) {
+    point_pass(0, num_points, static_cast<ChunkRecords<int64_t, T>*>(nullptr));
+    return;
+  }
+
+  const int64_t taps = args.taps_per_point();
+  const int64_t chunk_points = options.chunk_points > 0
+      ? options.chunk_points
+      : default_chunk_points(taps);
+  TORCH_CHECK(
+      chunk_points % kTilePoints == 0 &&
+          chunk_points * taps <= std::numeric_limits<int32_t>::max(),
+      "grid_sampler_2d_backward (deterministic): chunk_points must be a "
+      "positive multiple of ",
+      kTilePoints,
+      " with chunk_points * taps < 2^31, got ",
+      chunk_points);
+  const int64_t num_chunks =
+      std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
+  const int64_t capacity = std::min(num_points, chunk_points) * taps;
+
+  std::vector<int64_t> keys(capacity);
+  std::vector<int32_t> record_ids(capacity);
+  std::vector<T> weights(capacity);
+  // Running sums between chunks: grad_input itself when it holds opmath
+  // values, else a float buffer (only needed with more than one chunk).
+  at::Tensor float_carry;
+  if (kReducedPrecision && num_chunks > 1) {
+    float_carry = at::empty(
+        grad_input.sizes(), grad_input.options().dtype(at::kFloat));
+  }
+
+  for (int64_t k = 0; k < num_chunks; ++k) {
+    const int64_t first_point = k * chunk_points;
+    const int64_t count = std::min(chunk_points, num_points - first_point);
+    const ChunkRecords<int64_t, T> chunk{
+        first_point, count, keys.data(), record_ids.data(), weights.data()};
+    point_pass(first_point, count, &chunk);
+    const SortedRecords sorted = sort_records(
+        keys, count * taps, num_destinations, options.grain_size);
+    const SortedChunk<int64_t> sorted_chunk{
+        first_point, sorted.ids.data(), sorted.starts.data()};
+
+    const bool first = k == 0;
+    const bool last = k == num_chunks - 1;
+    auto reduce = [&](auto out, auto carry, bool write_untouched) {
+      const int64_t channels = args.channels;
+      at::parallel_for(
+          0, num_destinations * channels,
+          grain_or_default(options.grain_size, 1024),
+          [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+              reduce_destination_2d(
+                  args, sorted_chunk, weights.data(), i / channels,
+                  i % channels, carry, out, /*has_carry=*/!first,
+                  write_untouched);
+            }
+          });
+    };
+    const auto grad_input_view = make_view<scalar_t>(grad_input);
+    if constexpr (kReducedPrecision) {
+      if (num_chunks == 1) {
+        reduce(grad_input_view, View4d<const T, int64_t>{nullptr, 0, 0, 0, 0},
+               /*write_untouched=*/true);
+        continue;
+      }
+      const auto carry = make_view<T>(float_carry);
+      if (last) {
+        reduce(grad_input_view, as_const(carry), /*write_untouched=*/true);
+      } else {
+        reduce(carry, as_const(carry), /*write_untouched=*/first);
+      }
+    } else {
+      reduce(grad_input_view, as_const(grad_input_view),
+             /*write_untouched=*/first);
+    }
+  }
+}
+
+} // namespace
+
+void grid_sampler_2d_backward_executor(
+    const at::Tensor& grad_input,
+    const at::Tensor& grad_grid,
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const ExecutorOptions& options) {
+  if (!output_mask[0] && !output_mask[1]) {
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half,
+      at::ScalarType::BFloat16,
+      input.scalar_type(),
+      "grid_sampler_2d_backward_executor",
+      [&] {
+        backward<scalar_t>(
+            grad_input, grad_grid, grad_output, input, grid,
+            interpolation_mode, padding_mode, align_corners, output_mask,
+            options);
+      });
+}
+
+} // namespace detgrid

@@ -1,0 +1,78 @@
+// CUDA side of the extension: allocates, guards the device and calls the
+// ATen-style launcher; routes stock aten kernels while detgrid is enabled.
+
+#include "ops.h"
+
+#include <ATen/Context.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
+#include <ATen/ops/cudnn_grid_sampler_backward_native.h>
+#include <ATen/ops/grid_sampler_2d_backward_native.h>
+#include <c10/cuda/CUDAGuard.h>
+
+namespace detgrid {
+
+std::tuple<at::Tensor, at::Tensor> backward_cuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const BackwardOptions& options) {
+  check_backward_inputs(
+      grad_output, input, grid, interpolation_mode, padding_mode);
+  const c10::cuda::CUDAGuard device_guard(input.device());
+  auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
+  at::native::launch_grid_sampler_2d_backward_deterministic_kernel(
+      grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
+      padding_mode, align_corners, output_mask,
+      at::native::GridSamplerDeterministicOptions{
+          options.chunk_points, options.block_size, options.max_blocks});
+  return {grad_input, grad_grid};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> aten_backward_cuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  if (at::globalContext().deterministicAlgorithms()) {
+    return backward_cuda(
+        grad_output, input, grid, interpolation_mode, padding_mode,
+        align_corners, output_mask);
+  }
+  return at::native::grid_sampler_2d_backward_cuda(
+      grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask);
+}
+
+// grid_sample takes cuDNN for bilinear, zeros padding and align_corners=True;
+// in deterministic mode its backward ends in the same deterministic kernel.
+std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    const at::Tensor& grad_output) {
+  if (at::globalContext().deterministicAlgorithms()) {
+    constexpr int64_t kBilinear = 0;
+    constexpr int64_t kZeros = 0;
+    return backward_cuda(
+        grad_output, input, grid, kBilinear, kZeros, /*align_corners=*/true,
+        {true, true});
+  }
+  return at::native::cudnn_grid_sampler_backward(input, grid, grad_output);
+}
+
+} // namespace
+
+void register_cuda_overrides(torch::Library& aten_cuda) {
+  aten_cuda.impl("grid_sampler_2d_backward", TORCH_FN(aten_backward_cuda));
+  aten_cuda.impl("cudnn_grid_sampler_backward", TORCH_FN(aten_cudnn_backward));
+}
+
+} // namespace detgrid

@@ -1,0 +1,196 @@
+// Registers the detgrid operators and the switch behind detgrid.enable().
+// The kernels never know how they are registered; this file is the only
+// place that touches the dispatcher.
+
+#include <Python.h>
+
+#include "GridSamplerDeterministicCPU.h"
+#include "ops.h"
+
+#include <ATen/Context.h>
+#include <ATen/ops/grid_sampler_2d_backward_native.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+
+namespace detgrid {
+
+std::tuple<at::Tensor, at::Tensor> backward_cpu(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const BackwardOptions& options) {
+  check_backward_inputs(
+      grad_output, input, grid, interpolation_mode, padding_mode);
+  auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
+  grid_sampler_2d_backward_executor(
+      grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
+      padding_mode, align_corners, output_mask,
+      ExecutorOptions{options.chunk_points, options.grain_size});
+  return {grad_input, grad_grid};
+}
+
+namespace {
+
+using BackwardFn = std::tuple<at::Tensor, at::Tensor> (*)(
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    int64_t,
+    int64_t,
+    bool,
+    std::array<bool, 2>,
+    const BackwardOptions&);
+
+template <BackwardFn backward>
+std::tuple<at::Tensor, at::Tensor> backward_default(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  return backward(
+      grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask, BackwardOptions{});
+}
+
+template <BackwardFn backward>
+std::tuple<at::Tensor, at::Tensor> backward_with_options(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    int64_t chunk_points,
+    int64_t block_size,
+    int64_t max_blocks,
+    int64_t grain_size) {
+  return backward(
+      grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask,
+      BackwardOptions{chunk_points, block_size, max_blocks, grain_size});
+}
+
+// aten::grid_sampler_2d_backward on CPU while enabled. Stock's CPU backward
+// is already deterministic; routing it lets the switch itself be tested on
+// machines without a GPU.
+std::tuple<at::Tensor, at::Tensor> aten_backward_cpu(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  if (at::globalContext().deterministicAlgorithms()) {
+    return backward_cpu(
+        grad_output, input, grid, interpolation_mode, padding_mode,
+        align_corners, output_mask);
+  }
+  return at::native::grid_sampler_2d_backward_cpu(
+      grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask);
+}
+
+// Registrations on the aten namespace live exactly as long as these
+// libraries; dropping one restores the stock kernels.
+std::unique_ptr<torch::Library>& override_slot(c10::DispatchKey key) {
+  static std::unique_ptr<torch::Library> cpu;
+  static std::unique_ptr<torch::Library> cuda;
+  return key == c10::DispatchKey::CPU ? cpu : cuda;
+}
+
+void set_aten_override(const std::string& device, bool enabled) {
+  TORCH_CHECK(
+      device == "cpu" || device == "cuda",
+      "detgrid: device must be 'cpu' or 'cuda', got '",
+      device,
+      "'");
+  const auto key =
+      device == "cpu" ? c10::DispatchKey::CPU : c10::DispatchKey::CUDA;
+  auto& slot = override_slot(key);
+  if (!enabled) {
+    slot.reset();
+    return;
+  }
+  if (slot) {
+    return;
+  }
+#ifndef DETGRID_WITH_CUDA
+  TORCH_CHECK(
+      key == c10::DispatchKey::CPU,
+      "detgrid: this build has no CUDA kernels (torch or nvcc had no CUDA "
+      "when it was built)");
+#endif
+  auto library = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  if (key == c10::DispatchKey::CPU) {
+    library->impl("grid_sampler_2d_backward", TORCH_FN(aten_backward_cpu));
+  }
+#ifdef DETGRID_WITH_CUDA
+  else {
+    register_cuda_overrides(*library);
+  }
+#endif
+  slot = std::move(library);
+}
+
+bool has_cuda_kernels() {
+#ifdef DETGRID_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+} // namespace
+
+TORCH_LIBRARY(detgrid, m) {
+  m.def(
+      "grid_sampler_2d_backward(Tensor grad_output, Tensor input, "
+      "Tensor grid, int interpolation_mode, int padding_mode, "
+      "bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)");
+  m.def(
+      "_grid_sampler_2d_backward_with_options(Tensor grad_output, "
+      "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
+      "bool align_corners, bool[2] output_mask, int chunk_points, "
+      "int block_size, int max_blocks, int grain_size) -> (Tensor, Tensor)");
+  m.def("_set_aten_override(str device, bool enabled) -> ()",
+        &set_aten_override);
+  m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);
+}
+
+TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
+  m.impl("grid_sampler_2d_backward", TORCH_FN(backward_default<backward_cpu>));
+  m.impl(
+      "_grid_sampler_2d_backward_with_options",
+      TORCH_FN(backward_with_options<backward_cpu>));
+}
+
+#ifdef DETGRID_WITH_CUDA
+TORCH_LIBRARY_IMPL(detgrid, CUDA, m) {
+  m.impl(
+      "grid_sampler_2d_backward", TORCH_FN(backward_default<backward_cuda>));
+  m.impl(
+      "_grid_sampler_2d_backward_with_options",
+      TORCH_FN(backward_with_options<backward_cuda>));
+}
+#endif
+
+} // namespace detgrid
+
+// The operators register when the library loads; `import detgrid._C` is
+// all Python needs, so the module itself is empty.
+PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1};
+  return PyModule_Create(&module);
+}

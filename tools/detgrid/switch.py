@@ -1,0 +1,72 @@
+"""detgrid.enable(): route stock grid_sample backward kernels to detgrid.
+
+While enabled, aten::grid_sampler_2d_backward and
+aten::cudnn_grid_sampler_backward on CUDA run the deterministic backward
+whenever torch.are_deterministic_algorithms_enabled(), and the stock kernels
+otherwise. The switch is the only global state of the package.
+"""
+
+import contextlib
+import warnings
+from typing import Iterable, Iterator, Optional, Sequence
+
+import torch
+
+from detgrid import ops
+
+_DEVICES = ("cpu", "cuda")
+_enabled: set = set()
+
+
+def _default_devices() -> Sequence[str]:
+    return ("cuda",)
+
+
+def _set(device: str, on: bool) -> None:
+    if device not in _DEVICES:
+        raise ValueError(f"detgrid: device must be one of {_DEVICES}, got {device!r}")
+    with warnings.catch_warnings():
+        # Replacing an aten kernel is the point; the dispatcher warns about it.
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        torch.ops.detgrid._set_aten_override(device, on)
+    (_enabled.add if on else _enabled.discard)(device)
+
+
+def enable(devices: Optional[Iterable[str]] = None) -> None:
+    """Route grid_sample's backward on `devices` (default: CUDA) to detgrid.
+
+    "cpu" exists so that the switch can be exercised without a GPU; stock's
+    CPU backward is deterministic already. Without CUDA kernels in this
+    build, enabling CUDA only warns: there is nothing to route.
+    """
+    for device in devices if devices is not None else _default_devices():
+        if device == "cuda" and not ops.has_cuda_kernels():
+            warnings.warn(
+                "detgrid was built without CUDA kernels (no CUDA torch or nvcc at "
+                "build time); grid_sample on CUDA keeps the stock backward",
+                stacklevel=2,
+            )
+            continue
+        _set(device, True)
+
+
+def disable(devices: Optional[Iterable[str]] = None) -> None:
+    """Restore the stock kernels on `devices` (default: every enabled one)."""
+    for device in list(devices if devices is not None else _enabled):
+        _set(device, False)
+
+
+def is_enabled(device: str = "cuda") -> bool:
+    return device in _enabled
+
+
+@contextlib.contextmanager
+def enabled(devices: Optional[Iterable[str]] = None) -> Iterator[None]:
+    """Context manager form of enable(); restores the previous state."""
+    wanted = list(devices if devices is not None else _default_devices())
+    newly = [d for d in wanted if d not in _enabled]
+    enable(newly)
+    try:
+        yield
+    finally:
+        disable([d for d in newly if d in _enabled])
