@@ -1,0 +1,5 @@
+import sys
+
+from detgrid.cli import main
+
+sys.exit(main())
