@@ -1,0 +1,479 @@
+# Owner(s): ["module: nn"]
+"""Tests of the GPU check's parts that need no GPU (tools/gpu_check.sh,
+detgrid.gpucheck): report assembly, workloads, sanitizer parsing, and the
+bitwise and timing logic run on the host executor.
+
+Names here avoid the word the device run selects tests by (-k cuda), so the
+GPU check does not run these again.
+"""
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+from detgrid import gpucheck
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
+
+STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "memcheck", "tests", "timing",
+              "racecheck", "initcheck")
+
+
+def strict_json(path):
+    """Loads JSON that must be standard (no NaN/Infinity tokens)."""
+    def reject(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    with open(path) as f:
+        return json.load(f, parse_constant=reject)
+
+
+def run_script(env_overrides, timeout=120):
+    env = dict(os.environ)
+    env.update({"DETGRID_PYTHON": sys.executable, **env_overrides})
+    return subprocess.run(["bash", SCRIPT], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="2" tests="10" time="12.5">
+<testcase classname="tests.test_x.TestXCUDA" name="test_a_cuda" time="0.1"/>
+<testcase classname="tests.test_x.TestXCUDA" name="test_b_cuda" time="0.1">
+<failure message="AssertionError: bits differ">trace</failure></testcase>
+<testcase classname="tests.test_x.TestXCUDA" name="test_c_cuda" time="0.1">
+<error message="RuntimeError: CUDA error">trace</error></testcase>
+</testsuite></testsuites>
+"""
+
+SANITIZER_CLEAN = """========= COMPUTE-SANITIZER
+DETGRID_CASES_DONE cases=29 mismatches=0
+========= ERROR SUMMARY: 0 errors
+"""
+SANITIZER_ERRORS = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at reduce_kernel+0x1c0
+RuntimeError: CUDA error: unspecified launch failure
+========= ERROR SUMMARY: 3 errors
+"""
+SANITIZER_GVISOR = """========= COMPUTE-SANITIZER
+========= Error: Device not supported. Please refer to the "Supported Devices" section.
+RuntimeError: CUDA error: unknown error (error 999)
+========= ERROR SUMMARY: 0 errors
+"""
+RACECHECK_CLEAN = """========= COMPUTE-SANITIZER
+DETGRID_CASES_DONE cases=1 mismatches=0
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+"""
+RACECHECK_HAZARD = """========= COMPUTE-SANITIZER
+DETGRID_CASES_DONE cases=1 mismatches=0
+========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
+"""
+
+
+def fake_bitwise(distinct=1, fp32_equal=24):
+    return {
+        "device": "cuda",
+        "repeat": {"case": "tensorf_line", "input_shape": [1, 48, 300, 1],
+                   "grid_shape": [1, 1000000, 1, 2],
+                   "detgrid": {"reps": 100, "grad_input_distinct": distinct,
+                               "grad_grid_distinct": 1},
+                   "stock": {"reps": 100, "grad_input_distinct": 97, "grad_grid_distinct": 1}},
+        "knobs": {"case": "tensorf_line", "settings": [{}, {"chunk_points": 4096}], "distinct": 1},
+        "executor": [
+            {"dtype": "float32", "cases": 24, "bitwise_equal": fp32_equal, "max_abs_diff": 0.0,
+             "must_be_equal": True, "mismatches": [], "errors": []},
+            {"dtype": "float16", "cases": 24, "bitwise_equal": 20, "max_abs_diff": math.inf,
+             "must_be_equal": False, "mismatches": ["x"], "errors": []},
+        ],
+    }
+
+
+def fake_timing():
+    return {"device": "cuda", "scale": 1.0, "rows": [
+        {"name": "rtdetr_l80", "load": "sparse", "input_shape": [128, 32, 80, 80],
+         "grid_shape": [128, 500, 4, 2], "dtype": "float32", "mode": "bilinear",
+         "padding": "zeros", "align_corners": False, "output_mask": [True, True],
+         "stock_ms": 1.5, "detgrid_ms": 1.2, "ratio": 0.8, "extra_peak_mib": 12.0,
+         "rel_err_grad_input": 1e-7, "rel_err_grad_grid": None},
+        {"name": "liif_nearest", "error": "RuntimeError: boom"},
+    ]}
+
+
+class TestGpuCheckReport(TestCase):
+    def write_work(self, work, *, steps=None, bitwise=None, memcheck="clean", junit=JUNIT):
+        steps = steps or [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
+        with open(os.path.join(work, "steps.tsv"), "w") as f:
+            for name, status, rc, secs, limit in steps:
+                f.write(f"{name}\t{status}\t{rc}\t{secs}\t{limit}\t\n")
+        fragments = {
+            "env.json": {"device_name": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0"},
+            "build.json": {"require_cuda": True, "has_cuda_kernels": True,
+                           "sass_archs": ["sm_90"], "ok": True},
+            "bitwise.json": gpucheck.jsonable(bitwise or fake_bitwise()),
+            "timing.json": fake_timing(),
+            "sanitizer_memcheck.json": gpucheck.parse_sanitizer(
+                "memcheck", SANITIZER_CLEAN if memcheck == "clean" else SANITIZER_GVISOR, 0),
+            "sanitizer_racecheck.json": gpucheck.parse_sanitizer("racecheck", RACECHECK_CLEAN, 0),
+        }
+        for name, data in fragments.items():
+            with open(os.path.join(work, name), "w") as f:
+                json.dump(data, f)
+        path = os.path.join(work, "junit.xml")
+        with open(path, "w") as f:
+            f.write(junit)
+        return path
+
+    def report(self, **kwargs):
+        with tempfile.TemporaryDirectory() as work:
+            junit = self.write_work(work, **kwargs)
+            data = gpucheck.write_report(work, work, junit)
+            loaded = strict_json(os.path.join(work, "gpu_check.json"))
+            with open(os.path.join(work, "gpu_check.md")) as f:
+                md = f.read()
+        return data, loaded, md
+
+    def checks(self, data):
+        return {c["check"]: c["result"] for c in data["checks"]}
+
+    def test_report_assembles_every_fragment(self):
+        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
+        data, loaded, md = self.report(junit=passing)
+        self.assertEqual(loaded["verdict"], "PASS")
+        self.assertEqual(loaded["env"]["device_name"], "NVIDIA H200")
+        self.assertEqual([s["name"] for s in loaded["steps"]], list(STEP_NAMES))
+        self.assertEqual(loaded["bitwise"]["executor"][1]["max_abs_diff"], "inf")
+        self.assertEqual(loaded["sanitizer"]["memcheck"]["status"], "clean")
+        self.assertEqual(len(loaded["timing"]["rows"]), 2)
+        checks = self.checks(data)
+        self.assertEqual(checks["repeat runs bitwise identical"], "pass")
+        self.assertEqual(checks["device == host executor (float16)"], "pass")  # info only
+        self.assertTrue(md.startswith("# detgrid GPU check: PASS"))
+        self.assertIn("| rtdetr_l80 | 128×32×80×80 | 128×500×4×2 | float32 |", md)
+        self.assertIn("| 1.5 | 1.2 | 0.80 | 12.0 |", md)
+        self.assertIn("RuntimeError: boom", md)
+        self.assertIn("CUDA events", md)
+
+    def test_failures_make_the_verdict_fail(self):
+        data, _, md = self.report()  # the junit has a failure and an error
+        self.assertEqual(data["verdict"], "FAIL")
+        self.assertEqual(self.checks(data)["CUDA tests"], "fail")
+        self.assertIn("test_b_cuda", md)
+        data, _, _ = self.report(bitwise=fake_bitwise(distinct=2))
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical"], "fail")
+        broken = fake_bitwise()
+        broken["repeat"]["detgrid"] = {"error": "RuntimeError: CUDA error: illegal address"}
+        broken["knobs"] = {"error": "RuntimeError: CUDA error: illegal address"}
+        data, _, md = self.report(bitwise=broken)
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical"], "fail")
+        self.assertEqual(self.checks(data)["knobs change no bit"], "fail")
+        self.assertIn("illegal address", md)
+        data, _, _ = self.report(bitwise=fake_bitwise(fp32_equal=23))
+        self.assertEqual(self.checks(data)["device == host executor (float32)"], "fail")
+
+    def test_unavailable_sanitizer_and_skipped_steps_are_incomplete(self):
+        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
+        data, _, _ = self.report(junit=passing, memcheck="gvisor")
+        self.assertEqual(self.checks(data)["compute-sanitizer memcheck"], "n/a")
+        self.assertEqual(data["verdict"], "INCOMPLETE")
+        steps = [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
+        steps[7] = ("timing", "timeout", 124, 60, 60)
+        data, _, md = self.report(junit=passing, steps=steps)
+        self.assertEqual(data["verdict"], "INCOMPLETE")
+        self.assertIn("| timing | timeout | 124 | 60 | 60 |", md)
+        steps[4] = ("bitwise", "fail", 1, 5, 90)  # crashed before writing its results
+        data, _, _ = self.report(junit=passing, steps=steps)
+        self.assertEqual(data["verdict"], "FAIL")
+
+    def test_empty_work_dir(self):
+        with tempfile.TemporaryDirectory() as work:
+            data = gpucheck.write_report(work, work, os.path.join(work, "missing.xml"))
+            strict_json(os.path.join(work, "gpu_check.json"))
+        self.assertEqual(data["verdict"], "INCOMPLETE")
+        self.assertFalse(data["tests"]["present"])
+
+    def test_junit_summary(self):
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "j.xml")
+            with open(path, "w") as f:
+                f.write(JUNIT)
+            s = gpucheck.junit_summary(path)
+        self.assertEqual((s["tests"], s["failures"], s["errors"], s["skipped"], s["passed"]),
+                         (10, 1, 1, 2, 6))
+        self.assertEqual([f["kind"] for f in s["failed"]], ["failure", "error"])
+        self.assertEqual(s["failed"][0]["test"], "tests.test_x.TestXCUDA::test_b_cuda")
+        self.assertEqual(s["failed"][1]["message"], "RuntimeError: CUDA error")
+
+    def test_parse_sanitizer(self):
+        def status(tool, text, rc):
+            return gpucheck.parse_sanitizer(tool, text, rc)
+
+        clean = status("memcheck", SANITIZER_CLEAN, 0)
+        self.assertEqual((clean["status"], clean["errors"], clean["cases"]), ("clean", 0, 29))
+        bad = status("memcheck", SANITIZER_ERRORS, 86)
+        self.assertEqual((bad["status"], bad["errors"]), ("errors", 3))
+        gvisor = status("memcheck", SANITIZER_GVISOR, 1)
+        self.assertEqual(gvisor["status"], "unavailable")
+        self.assertEqual(status("racecheck", RACECHECK_CLEAN, 0)["status"], "clean")
+        hazard = status("racecheck", RACECHECK_HAZARD, 86)
+        self.assertEqual((hazard["status"], hazard["errors"], hazard["hazards"]), ("errors", 1, 2))
+        self.assertEqual(status("memcheck", "partial", None)["status"], "timeout")
+        self.assertEqual(status("memcheck", "Traceback ...", 1)["status"], "failed")
+        crashed = SANITIZER_CLEAN.replace("DETGRID_CASES_DONE cases=29 mismatches=0\n", "")
+        self.assertEqual(status("memcheck", crashed, 1)["status"], "case_failed")
+        mismatch = SANITIZER_CLEAN.replace("mismatches=0", "mismatches=2")
+        self.assertEqual(status("memcheck", mismatch, 1)["status"], "case_failed")
+
+    def test_sanitizer_driver_with_a_stand_in_tool(self):
+        # A stand-in compute-sanitizer that runs the case program on the
+        # host executor and prints the real tool's summary line.
+        fake = (
+            "#!/usr/bin/env bash\n"
+            "echo '========= COMPUTE-SANITIZER'\n"
+            "echo \"tool=$2 caching=$PYTORCH_NO_CUDA_MEMORY_CACHING\"\n"
+            "while [[ \"$1\" == --* ]]; do shift 2; done\n"
+            "args=(\"$@\"); args=(\"${args[@]/cuda/cpu}\")\n"
+            "\"${args[@]}\"; rc=$?\n"
+            "echo '========= ERROR SUMMARY: 0 errors'\n"
+            "exit $rc\n")
+        with tempfile.TemporaryDirectory() as bindir:
+            path = os.path.join(bindir, "compute-sanitizer")
+            with open(path, "w") as f:
+                f.write(fake)
+            os.chmod(path, 0o755)
+            old = os.environ["PATH"]
+            os.environ["PATH"] = bindir + os.pathsep + old
+            try:
+                result = gpucheck.run_sanitizer("racecheck", "tiny", timeout=60)
+            finally:
+                os.environ["PATH"] = old
+        self.assertEqual(result["status"], "clean", result["output_tail"])
+        self.assertEqual((result["cases"], result["mismatches"]), (1, 0))
+        self.assertIn("tool=racecheck caching=1", result["output_tail"])
+        self.assertIn("--report-api-errors no", result["command"])
+
+    def test_jsonable(self):
+        self.assertEqual(gpucheck.jsonable({"a": [math.nan, -math.inf, 1.5], "b": (math.inf,)}),
+                         {"a": ["nan", "-inf", 1.5], "b": ["inf"]})
+
+
+class TestGpuCheckWorkloads(TestCase):
+    def test_full_size_shapes_follow_the_benchmarks(self):
+        w = gpucheck.WORKLOADS
+        self.assertEqual(w["rtdetr_l80"].shapes(), ((128, 32, 80, 80), (128, 500, 4, 2)))
+        self.assertEqual(w["mask2former_l32"].shapes(), ((16, 32, 32, 32), (16, 21504, 4, 2)))
+        self.assertEqual(w["tensorf_line"].shapes(), ((1, 48, 300, 1), (1, 1000000, 1, 2)))
+        self.assertEqual(w["positional_table_c1024"].shapes()[0], (8, 1024, 31, 31))
+        self.assertEqual(w["rgb_warp_bicubic_fp16"].dtype, torch.float16)
+        self.assertEqual((w["rgb_warp_bicubic_fp16"].mode, w["rgb_warp_bicubic_fp16"].padding),
+                         ("bicubic", "reflection"))
+        self.assertEqual(w["monodepth2_grid_only"].output_mask, (False, True))
+        self.assertEqual(w["monodepth2_grid_only"].padding, "border")
+        self.assertEqual(w["liif_nearest"].mode, "nearest")
+        self.assertTrue(w["basicvsr_flow_warp"].align_corners)
+
+    def test_builders_give_consistent_inputs(self):
+        for name, workload in gpucheck.WORKLOADS.items():
+            case = workload.build("cpu", seed=3, scale=0.02)
+            n, c, h, w = case.input.shape
+            _, gh, gw, two = case.grid.shape
+            self.assertEqual(two, 2, name)
+            self.assertEqual(case.grid.shape[0], n, name)
+            self.assertEqual(tuple(case.grad_output.shape), (n, c, gh, gw), name)
+            for t in (case.input, case.grid, case.grad_output):
+                self.assertEqual(t.dtype, workload.dtype, name)
+            self.assertEqual(case.interpolation_mode, gpucheck.MODES[workload.mode], name)
+            self.assertEqual(case.padding_mode, gpucheck.PADDINGS[workload.padding], name)
+            self.assertEqual(case.output_mask, workload.output_mask, name)
+            self.assertTrue(bool(case.grid.isfinite().all()), name)
+            if workload.expanded_batch and n > 1:
+                self.assertEqual(case.input.stride(0), 0, name)
+            again = workload.build("cpu", seed=3, scale=0.02)
+            self.assertTrue(gpucheck.bitwise_equal(case.grid, again.grid), name)
+            other = workload.build("cpu", seed=4, scale=0.02)
+            self.assertFalse(gpucheck.bitwise_equal(case.grad_output, other.grad_output), name)
+
+    def test_grid_kinds(self):
+        for align in (False, True):
+            ident = gpucheck._identity_grid(2, 3, 4, align)
+            theta = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]).expand(2, 2, 3)
+            ref = torch.nn.functional.affine_grid(theta, [2, 1, 3, 4], align_corners=align)
+            self.assertEqual(ident, ref, atol=1e-6, rtol=0)
+        g = torch.Generator().manual_seed(0)
+        zoom = gpucheck.make_grid("zoom", 2, 16, 16, (31, 31), False, g, extent=0.28)
+        self.assertLess(float(zoom.abs().max()), 0.28 + 2 / 31)
+        line = gpucheck.make_grid("line", 1, 100, 1, (300, 1), True, g)
+        self.assertEqual(float(line[..., 0].abs().max()), 0.0)
+        smooth = gpucheck.make_grid("smooth", 1, 8, 8, (8, 8), True, g)
+        self.assertLess(float(smooth.abs().max()), 2.5)
+        with self.assertRaises(ValueError):
+            gpucheck.make_grid("spiral", 1, 2, 2, (2, 2), True, g)
+
+    def test_sanitizer_cases_cover_modes_specials_and_chunks(self):
+        cases = gpucheck.sanitizer_cases("all")
+        names = [c.name for c in cases]
+        self.assertEqual(len(names), len(set(names)))
+        combos = {(c.interpolation_mode, c.padding_mode) for c in cases}
+        self.assertEqual(len(combos), 9)
+        grids = torch.cat([c.grid.double().reshape(-1) for c in cases])
+        self.assertTrue(bool(grids.isnan().any()))
+        self.assertTrue(bool((grids == math.inf).any()) and bool((grids == -math.inf).any()))
+        huge = grids.isfinite() & (grids.abs() > 1e37)  # +-1e38 stays finite in float32
+        self.assertTrue(bool(huge.any()))
+        chunked = [c for c in cases if c.options.get("chunk_points") == 4096]
+        self.assertTrue(chunked)
+        for c in chunked:
+            self.assertGreater(c.grid.shape[1] * c.grid.shape[2], 2 * 4096)
+        self.assertEqual({c.input.dtype for c in cases},
+                         {torch.float32, torch.float64, torch.float16, torch.bfloat16})
+        self.assertEqual(len(gpucheck.sanitizer_cases("tiny")), 1)
+
+    def test_sanitizer_cases_run_on_the_host_executor(self):
+        result = gpucheck.run_sanitizer_cases("cpu", "all")
+        self.assertEqual(result["cases"], len(gpucheck.sanitizer_cases("all")))
+        self.assertEqual(result["mismatches"], [])
+
+    def test_case_moves_keep_layouts(self):
+        case = gpucheck.WORKLOADS["positional_table_c1024"].build("cpu", scale=0.3)
+        moved = gpucheck._move_input(case.input, "meta")
+        self.assertEqual(moved.stride(0), 0)
+        cl = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+        self.assertTrue(gpucheck._move_input(cl, "meta").is_contiguous(
+            memory_format=torch.channels_last))
+
+
+class TestGpuCheckHostRuns(TestCase):
+    def test_bitwise_on_host(self):
+        result = gpucheck.run_bitwise("cpu", reps=3, scale=0.005, dtypes=("float32", "float64"))
+        repeat = result["repeat"]
+        self.assertEqual(repeat["detgrid"]["grad_input_distinct"], 1)
+        self.assertEqual(repeat["detgrid"]["grad_grid_distinct"], 1)
+        self.assertEqual(repeat["stock"]["grad_input_distinct"], 1)  # CPU stock is deterministic
+        self.assertEqual(result["knobs"]["distinct"], 1)
+        for row in result["executor"]:
+            self.assertEqual(row["bitwise_equal"], row["cases"], row)
+            self.assertEqual(row["errors"], [])
+
+    def test_repeat_hashes_count_distinct_results(self):
+        values = iter(range(10))
+        result = gpucheck.repeat_hashes(
+            lambda: (torch.tensor([float(next(values) % 2)]), None), 4, "cpu")
+        self.assertEqual(result["grad_input_distinct"], 2)
+        self.assertIsNone(result["grad_grid_distinct"])
+
+    def test_comparisons(self):
+        a = torch.tensor([1.0, math.nan, math.inf, -0.0])
+        self.assertTrue(gpucheck.bitwise_equal(a, a.clone()))
+        self.assertFalse(gpucheck.bitwise_equal(a, torch.tensor([1.0, math.nan, math.inf, 0.0])))
+        self.assertEqual(gpucheck.max_abs_diff(a, a.clone()), 0.0)
+        self.assertEqual(gpucheck.max_abs_diff(a, torch.tensor([1.5, math.nan, math.inf, 0.0])),
+                         0.5)
+        self.assertEqual(gpucheck.max_abs_diff(a, torch.tensor([1.0, 0.0, math.inf, 0.0])),
+                         math.inf)
+        self.assertAlmostEqual(gpucheck.rel_err(torch.tensor([1.0, 2.2]),
+                                                torch.tensor([1.0, 2.0])), 0.1, places=6)
+        self.assertIsNone(gpucheck.rel_err(None, torch.tensor([1.0])))
+
+    def test_timing_on_host(self):
+        names = ["basicvsr_flow_warp", "rgb_warp_bicubic_fp16", "monodepth2_grid_only"]
+        result = gpucheck.run_timing("cpu", names, warmup=1, reps=3, scale=0.05)
+        self.assertEqual([r["name"] for r in result["rows"]], names)
+        for row in result["rows"]:
+            self.assertNotIn("error", row)
+            self.assertGreater(row["stock_ms"], 0)
+            self.assertGreater(row["detgrid_ms"], 0)
+            self.assertAlmostEqual(row["ratio"], row["detgrid_ms"] / row["stock_ms"])
+            self.assertIsNone(row["extra_peak_mib"])  # measured on CUDA only
+        fp32 = result["rows"][0]
+        self.assertLess(fp32["rel_err_grad_input"], 1e-5)
+        self.assertLess(fp32["rel_err_grad_grid"], 1e-5)
+        self.assertIsNone(result["rows"][2]["rel_err_grad_input"])  # grid-only workload
+
+    def test_timing_stops_at_its_deadline(self):
+        result = gpucheck.run_timing("cpu", ["liif_nearest"], scale=0.05, deadline=0.0)
+        self.assertEqual(result["rows"], [{"name": "liif_nearest", "skipped": "time budget"}])
+
+    def test_command_line(self):
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "t.json")
+            with open(os.devnull, "w") as devnull:
+                stdout, sys.stdout = sys.stdout, devnull
+                try:
+                    rc = gpucheck.main(["timing", "--device", "cpu", "--reps", "2", "--warmup",
+                                        "1", "--scale", "0.02", "--workloads", "liif_nearest",
+                                        "--json", path])
+                finally:
+                    sys.stdout = stdout
+            self.assertEqual(rc, 0)
+            self.assertEqual(strict_json(path)["rows"][0]["name"], "liif_nearest")
+
+
+class TestGpuCheckScript(TestCase):
+    def test_syntax(self):
+        subprocess.run(["bash", "-n", SCRIPT], check=True)
+
+    def test_expecttest_wheel_travels(self):
+        wheels = glob.glob(os.path.join(ROOT, "tools", "gpu_wheels", "expecttest-*.whl"))
+        self.assertEqual(len(wheels), 1)
+
+    def test_dry_run_lists_every_step(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script({"DETGRID_GPU_CHECK_DRY_RUN": "1", "OUT": out})
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            for name in STEP_NAMES:
+                self.assertIn(f"dry-run: {name} ", proc.stdout)
+            data = strict_json(os.path.join(out, "gpu_check.json"))
+            self.assertEqual(data["verdict"], "DRY-RUN")
+            self.assertEqual({s["status"] for s in data["steps"]}, {"dry-run"})
+            self.assertEqual(sorted(os.listdir(out)),
+                             ["gpu_check.json", "gpu_check.log", "gpu_check.md"])
+
+    def test_host_run_records_results_and_timeouts(self):
+        with tempfile.TemporaryDirectory() as out:
+            proc = run_script({
+                "OUT": out,
+                "DETGRID_GPU_CHECK_DEVICE": "cpu",
+                "DETGRID_GPU_CHECK_SCALE": "0.005",
+                "DETGRID_GPU_CHECK_REPS": "2",
+                "DETGRID_GPU_CHECK_STEPS": "env,kernels,bitwise,memcheck",
+            })
+            data = strict_json(os.path.join(out, "gpu_check.json"))
+            status = {s["name"]: s["status"] for s in data["steps"]}
+            self.assertEqual({k: status[k] for k in ("env", "kernels", "bitwise", "memcheck")},
+                             dict.fromkeys(("env", "kernels", "bitwise", "memcheck"), "ok"),
+                             proc.stdout)
+            self.assertEqual(status["build"], "skipped")
+            self.assertEqual(data["bitwise"]["knobs"]["distinct"], 1)
+            self.assertIn(data["sanitizer"]["memcheck"]["status"], ("unavailable", "failed"))
+            self.assertEqual(data["verdict"], "INCOMPLETE")
+            self.assertNotEqual(proc.returncode, 0)
+            with open(os.path.join(out, "gpu_check.log")) as f:
+                self.assertIn("=================== bitwise", f.read())
+        with tempfile.TemporaryDirectory() as out:
+            # A step that outlives what is left of the budget is killed and
+            # recorded; the steps after it are skipped, the report still comes.
+            proc = run_script({
+                "OUT": out,
+                "DETGRID_GPU_CHECK_DEVICE": "cpu",
+                "DETGRID_GPU_CHECK_SCALE": "0.005",
+                "DETGRID_GPU_CHECK_REPS": "1000000",
+                "DETGRID_GPU_CHECK_BUDGET_S": "6",
+                "DETGRID_GPU_CHECK_MIN_S": "2",
+                "DETGRID_GPU_CHECK_STEPS": "bitwise,timing",
+            })
+            data = strict_json(os.path.join(out, "gpu_check.json"))
+            status = {s["name"]: s["status"] for s in data["steps"]}
+            self.assertEqual(status["bitwise"], "timeout", proc.stdout)
+            self.assertEqual(status["timing"], "skipped")
+            self.assertIn("bitwise: timeout", proc.stdout)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# detgrid's GPU check: the one script a session hands to the device tool.
+#
+#   bash tools/gpu_check.sh          (in the repository root, on a CUDA machine)
+#
+# Steps, each under its own `timeout` and all under one time budget; a step
+# that fails or times out is recorded and the next one still runs:
+#   env        nvidia-smi, torch, device, runtime facts          -> env.json
+#   deps       expecttest from tools/gpu_wheels (nothing can be downloaded there)
+#   build      setup.py build_ext --inplace for TORCH_CUDA_ARCH_LIST (9.0)
+#   kernels    detgrid imports and has_cuda_kernels() is True   -> build.json
+#   bitwise    100 repeats hashed, knob invariance, CUDA == host executor
+#   memcheck   compute-sanitizer memcheck over every mode x padding, NaN/Inf
+#              grids, multi-chunk ("unavailable" where the runtime refuses)
+#   tests      pytest tests -k cuda                              -> junit.xml
+#   timing     stock vs detgrid backward on the benchmark workloads
+#   racecheck, initcheck   one tiny case each, if time is left
+#   report     $OUT/gpu_check.json and $OUT/gpu_check.md (printed last)
+#
+# Files under $OUT (default ./out): gpu_check.json, gpu_check.md,
+# gpu_check.log (every step's output), junit.xml. Exit status 0 when the
+# verdict is PASS (or a dry run), 1 otherwise.
+#
+# Environment:
+#   DETGRID_GPU_CHECK_DRY_RUN=1   print the steps, run none (but the report)
+#   DETGRID_GPU_CHECK_BUDGET_S    seconds for all steps but the report (440)
+#   DETGRID_GPU_CHECK_STEPS       comma list of steps to run (default: all)
+#   DETGRID_GPU_CHECK_MIN_S       least time left to start any step (per step)
+#   DETGRID_GPU_CHECK_PYTEST_WORKERS   pytest-xdist workers (4; 0 = none)
+#   DETGRID_GPU_CHECK_PYTEST_K    pytest -k expression (cuda: the *_cuda* variants)
+#   DETGRID_GPU_CHECK_DEVICE      cuda; cpu runs the same logic on the host
+#                                 executor (for testing this script)
+#   DETGRID_GPU_CHECK_SCALE, _REPS, _TIMING_REPS   sizes (1, 100, 25)
+#   DETGRID_PYTHON                interpreter (python3)
+#   TORCH_CUDA_ARCH_LIST, MAX_JOBS     passed to the build (9.0, 16)
+
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SELF="$ROOT/tools/gpu_check.sh"
+GC="$ROOT/tools/detgrid/gpucheck.py"
+
+# ---------------------------------------------------------------- step bodies
+# `bash tools/gpu_check.sh __step NAME` runs one step's body; the driver below
+# runs each that way under `timeout`, so a hung step is killed as a whole.
+if [[ "${1:-}" == "__step" ]]; then
+  cd "$ROOT" || exit 2
+  PY=${DETGRID_PYTHON:-python3}
+  LIMIT=${DETGRID_STEP_LIMIT:-60}
+  DEVICE=${DETGRID_GPU_CHECK_DEVICE:-cuda}
+  SCALE=${DETGRID_GPU_CHECK_SCALE:-1}
+  case "$2" in
+    env)
+      nvidia-smi || true
+      "$PY" "$GC" env --root "$ROOT" --json "$WORK/env.json"
+      ;;
+    deps)
+      if "$PY" -c "import expecttest" 2>/dev/null; then
+        echo "expecttest already importable"
+      else
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+          --target "$SITE" "$ROOT"/tools/gpu_wheels/*.whl &&
+          "$PY" -c "import expecttest; print('expecttest', expecttest.__file__)"
+      fi
+      ;;
+    build)
+      rm -f "$ROOT"/tools/detgrid/_C*.so
+      TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
+        "$PY" setup.py build_ext --inplace
+      ;;
+    kernels)
+      require=(--require-cuda)
+      [[ "$DEVICE" == cpu ]] && require=()
+      "$PY" "$GC" build-info "${require[@]}" --json "$WORK/build.json"
+      ;;
+    bitwise)
+      "$PY" "$GC" bitwise --device "$DEVICE" --scale "$SCALE" \
+        --reps "${DETGRID_GPU_CHECK_REPS:-100}" --json "$WORK/bitwise.json"
+      ;;
+    memcheck | racecheck | initcheck)
+      set_name=tiny
+      [[ "$2" == memcheck ]] && set_name=all
+      "$PY" "$GC" sanitize --tool "$2" --set "$set_name" --timeout $((LIMIT - 5)) \
+        --json "$WORK/sanitizer_$2.json"
+      ;;
+    tests)
+      args=(-m pytest tests -q -k "${DETGRID_GPU_CHECK_PYTEST_K:-cuda}" -p no:cacheprovider -rfE
+            --junitxml="$OUT/junit.xml" -o junit_family=xunit1)
+      workers=${DETGRID_GPU_CHECK_PYTEST_WORKERS:-4}
+      if [[ "$workers" != 0 ]] && "$PY" -c "import xdist" 2>/dev/null; then
+        args+=(-n "$workers")
+      fi
+      if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+        args+=(--timeout 90)
+      fi
+      "$PY" "${args[@]}"
+      ;;
+    timing)
+      "$PY" "$GC" timing --device "$DEVICE" --scale "$SCALE" --warmup 5 \
+        --reps "${DETGRID_GPU_CHECK_TIMING_REPS:-25}" --budget-s $((LIMIT - 25)) \
+        --json "$WORK/timing.json"
+      ;;
+    *)
+      echo "unknown step $2" >&2
+      exit 2
+      ;;
+  esac
+  exit $?
+fi
+
+# --------------------------------------------------------------------- driver
+cd "$ROOT" || exit 2
+PY=${DETGRID_PYTHON:-python3}
+DRY=${DETGRID_GPU_CHECK_DRY_RUN:-0}
+BUDGET=${DETGRID_GPU_CHECK_BUDGET_S:-440}
+ONLY=${DETGRID_GPU_CHECK_STEPS:-}
+export OUT=${OUT:-$ROOT/out}
+export WORK=${DETGRID_GPU_CHECK_WORK:-$(mktemp -d /tmp/detgrid_gpu_check.XXXXXX)}
+export SITE=${DETGRID_GPU_CHECK_SITE:-/tmp/detgrid_gpu_site}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$ROOT/tools:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$OUT" "$WORK" "$SITE"
+LOG="$OUT/gpu_check.log"
+: >"$LOG"
+: >"$WORK/steps.tsv"
+START=$SECONDS
+KERNELS_OK=1
+
+say() { echo "[gpu_check +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
+
+record() { # name status rc seconds limit note
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" >>"$WORK/steps.tsv"
+}
+
+# step NAME TIMEOUT_S MIN_S NEEDS_KERNELS: runs the body under timeout, cut
+# to what is left of the budget; skipped when less than MIN_S is left.
+step() {
+  local name=$1 limit=$2 need=${DETGRID_GPU_CHECK_MIN_S:-$3} needs_kernels=$4
+  if [[ -n "$ONLY" && ",$ONLY," != *",$name,"* ]]; then
+    record "$name" skipped "" 0 "$limit" "not selected"
+    return
+  fi
+  local left=$((BUDGET - (SECONDS - START)))
+  ((limit > left)) && limit=$left
+  if [[ "$DRY" == 1 ]]; then
+    say "dry-run: $name (timeout ${limit}s): bash tools/gpu_check.sh __step $name"
+    record "$name" dry-run "" 0 "$limit" ""
+    return
+  fi
+  if [[ "$needs_kernels" == 1 && "$KERNELS_OK" != 1 ]]; then
+    say "$name: skipped (no CUDA kernels)"
+    record "$name" skipped "" 0 "$limit" "no CUDA kernels"
+    return
+  fi
+  if ((left < need)); then
+    say "$name: skipped (${left}s left of the budget, needs ${need}s)"
+    record "$name" skipped "" 0 "$limit" "out of budget"
+    return
+  fi
+  say "$name: start (timeout ${limit}s)"
+  local t0=$SECONDS rc status signal=TERM
+  [[ "$name" == tests ]] && signal=INT # pytest still writes its junit xml
+  {
+    echo "=================== $name ==================="
+  } >>"$LOG"
+  DETGRID_STEP_LIMIT=$limit timeout -s "$signal" -k 15 "$limit" \
+    bash "$SELF" __step "$name" >"$WORK/$name.log" 2>&1
+  rc=$?
+  cat "$WORK/$name.log" >>"$LOG"
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status=timeout ;;
+    *) status=fail ;;
+  esac
+  record "$name" "$status" "$rc" $((SECONDS - t0)) "$limit" ""
+  say "$name: $status (rc=$rc, $((SECONDS - t0))s)"
+  if [[ "$status" != ok ]]; then
+    tail -n 25 "$WORK/$name.log" | sed "s/^/    [$name] /"
+    [[ "$name" == build || "$name" == kernels ]] && KERNELS_OK=0
+  fi
+}
+
+say "detgrid GPU check in $ROOT; out=$OUT work=$WORK budget=${BUDGET}s dry_run=$DRY"
+#    name      timeout  min  needs kernels   (typical on an H200)
+step env         45       5   0              # ~5 s
+step deps        45       5   0              # ~3 s
+step build      300      60   0              # ~1-2 min (nvcc of one .cu ~30 s)
+step kernels     60      10   0              # ~5 s
+step bitwise     90      20   1              # ~20 s
+step memcheck   120      40   1              # ~30-60 s
+step tests      150      40   1              # depends on tests/
+step timing      90      30   1              # ~20-40 s
+step racecheck   60      25   1              # ~20 s
+step initcheck   60      25   1              # ~20 s
+
+say "report"
+JUNIT="$OUT/junit.xml"
+timeout 60 "$PY" "$GC" report --work "$WORK" --out "$OUT" --junit "$JUNIT" \
+  >"$WORK/report.log" 2>&1
+rc=$?
+cat "$WORK/report.log" >>"$LOG"
+if [[ $rc != 0 ]]; then
+  say "report failed (rc=$rc)"
+  tail -n 30 "$WORK/report.log"
+  exit 1
+fi
+say "done in $((SECONDS - START))s; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+cat "$OUT/gpu_check.md"
+verdict=$(sed -n '1s/^# detgrid GPU check: //p' "$OUT/gpu_check.md")
+[[ "$verdict" == PASS || "$verdict" == DRY-RUN ]]
