@@ -1,0 +1,295 @@
+# Owner(s): ["module: nn"]
+"""Helpers shared by detgrid's tests (not a test module itself).
+
+Terminology follows GridSamplerDeterministic.cu: a *point* is one output
+location (n, h, w), a *tap* one input pixel a point reads, a *record* one
+(point, tap) pair, a *tile* 4096 consecutive points.
+"""
+
+import torch
+from torch.testing._internal.common_utils import TestCase
+
+import detgrid
+from detgrid import ops
+
+BILINEAR, NEAREST, BICUBIC = 0, 1, 2
+ZEROS, BORDER, REFLECTION = 0, 1, 2
+MODES = (BILINEAR, NEAREST, BICUBIC)
+PADDINGS = (ZEROS, BORDER, REFLECTION)
+MODE_NAMES = {BILINEAR: "bilinear", NEAREST: "nearest", BICUBIC: "bicubic"}
+PADDING_NAMES = {ZEROS: "zeros", BORDER: "border", REFLECTION: "reflection"}
+TAPS_PER_POINT = {BILINEAR: 4, NEAREST: 1, BICUBIC: 16}
+
+TILE_POINTS = 4096
+RECORDS_PER_PARTIAL = 256
+
+ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+REDUCED_DTYPES = (torch.float16, torch.bfloat16)
+
+HAS_DETGRID_CUDA = ops.has_cuda_kernels() and torch.cuda.is_available()
+
+
+
+def mode_name(mode):
+    return MODE_NAMES[mode]
+
+
+def padding_name(padding):
+    return PADDING_NAMES[padding]
+
+
+# ---------------------------------------------------------------------------
+# Bitwise comparison
+# ---------------------------------------------------------------------------
+
+_INT_VIEW = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
+
+
+def bits(t):
+    """The raw bit patterns of a floating tensor (NaN-safe, sign of zero
+    included)."""
+    return t.detach().cpu().contiguous().view(_INT_VIEW[t.dtype])
+
+
+def same_bits(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(bits(a), bits(b))
+    )
+
+
+def assert_bitwise_equal(test, actual, expected, what="tensor"):
+    """Same dtype, shape and bits; also torch.equal wherever no NaN is
+    involved (so the two notions of equality can't silently diverge)."""
+    if actual is None or expected is None:
+        test.assertIs(actual, expected, f"{what}: one side is None")
+        return
+    test.assertEqual(actual.dtype, expected.dtype, msg=f"{what}: dtype")
+    test.assertEqual(tuple(actual.shape), tuple(expected.shape), msg=f"{what}: shape")
+    a_bits, e_bits = bits(actual), bits(expected)
+    differ = a_bits != e_bits
+    if differ.any():
+        index = tuple(int(i) for i in differ.nonzero()[0])
+        test.fail(
+            f"{what}: {int(differ.sum())} of {differ.numel()} elements differ "
+            f"bitwise; first at {index}: {actual.detach().cpu()[index].item()!r} "
+            f"vs {expected.detach().cpu()[index].item()!r}")
+    a_cpu, e_cpu = actual.detach().cpu(), expected.detach().cpu()
+    if not (a_cpu.isnan().any() or e_cpu.isnan().any()):
+        test.assertTrue(torch.equal(a_cpu, e_cpu), f"{what}: torch.equal")
+
+
+def assert_pair_bitwise_equal(test, actual, expected, what=""):
+    assert_bitwise_equal(test, actual[0], expected[0], f"{what} grad_input")
+    assert_bitwise_equal(test, actual[1], expected[1], f"{what} grad_grid")
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+def pixel_to_grid(coord, size, align_corners):
+    """Normalized grid coordinate of a pixel-unit source coordinate (inverse
+    of grid_sampler_unnormalize)."""
+    if align_corners:
+        return coord * 2.0 / (size - 1) - 1.0
+    return (2.0 * coord + 1.0) / size - 1.0
+
+
+def make_problem(N, C, H, W, out_H, out_W, *, dtype=torch.float64,
+                 device="cpu", seed=0, grid_range=1.2):
+    """(grad_output, input, grid): values drawn in float64 from a seeded
+    generator and then cast, so every dtype sees the same problem."""
+    gen = torch.Generator().manual_seed(seed)
+    inp = torch.randn(N, C, H, W, generator=gen, dtype=torch.float64)
+    grid = (torch.rand(N, out_H, out_W, 2, generator=gen, dtype=torch.float64)
+            * 2 - 1) * grid_range
+    grad_output = torch.randn(N, C, out_H, out_W, generator=gen, dtype=torch.float64)
+    return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
+
+
+def make_zoom_problem(N, C, H, W, out_H, out_W, *, dtype=torch.float32,
+                      device="cpu", seed=0, hot_fraction=0.7,
+                      align_corners=False):
+    """A high-collision problem: `hot_fraction` of the points land inside one
+    pixel cell (so each of its four corner pixels receives a record from
+    almost every point, thousands per destination), the rest are spread over
+    the image (so record counts per tile are not multiples of 256). The grad
+    outputs span several binades so that the summation order shows in the
+    bits."""
+    gen = torch.Generator().manual_seed(seed)
+    inp = torch.randn(N, C, H, W, generator=gen, dtype=torch.float64)
+    points = N * out_H * out_W
+    hot = torch.rand(points, generator=gen, dtype=torch.float64) < hot_fraction
+    cx = torch.where(
+        hot,
+        1.0 + torch.rand(points, generator=gen, dtype=torch.float64),
+        torch.rand(points, generator=gen, dtype=torch.float64) * (W - 1))
+    cy = torch.where(
+        hot,
+        1.0 + torch.rand(points, generator=gen, dtype=torch.float64),
+        torch.rand(points, generator=gen, dtype=torch.float64) * (H - 1))
+    grid = torch.stack(
+        (pixel_to_grid(cx, W, align_corners), pixel_to_grid(cy, H, align_corners)),
+        dim=-1).reshape(N, out_H, out_W, 2)
+    scale = torch.exp2(torch.randint(-6, 7, (N, C, out_H, out_W), generator=gen)
+                       .to(torch.float64))
+    grad_output = torch.randn(N, C, out_H, out_W, generator=gen,
+                              dtype=torch.float64) * scale
+    return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
+
+
+def hard_grid(N, out_H, out_W, H, W, align_corners, *, seed=0):
+    """A float64 grid whose points sit where implementations are most likely
+    to disagree: on pixel centers, half-way between them, on and beyond the
+    image edges, mixed with random points. With H, W chosen so that the
+    normalization is exact (power-of-two W for align_corners=False,
+    power-of-two W - 1 for True), every such coordinate is exact in every
+    dtype."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def axis(size):
+        special = torch.tensor(
+            [0.0, 1.0, size - 1.0, size - 2.0, 0.5, size / 2.0, size - 1.5,
+             -0.5, size - 0.5, -1.0, size, -2.0, size + 1.0, 1.5, 2.0],
+            dtype=torch.float64)
+        count = N * out_H * out_W
+        pick = torch.randint(0, special.numel(), (count,), generator=gen)
+        coords = special[pick]
+        random = torch.rand(count, generator=gen, dtype=torch.float64) * (size + 2) - 1.5
+        use_random = torch.rand(count, generator=gen) < 0.3
+        coords = torch.where(use_random, random, coords)
+        return pixel_to_grid(coords, size, align_corners)
+
+    return torch.stack((axis(W), axis(H)), dim=-1).reshape(N, out_H, out_W, 2)
+
+
+def smooth_grid(N, out_H, out_W, H, W, align_corners, *, seed=0):
+    """A float64 grid whose pixel coordinates are k + u with u in
+    [0.15, 0.35]: away from integers (bilinear/bicubic kinks, reflection and
+    clipping edges) and from half-integers (nearest's rounding), so finite
+    differences are well defined."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def axis(size):
+        count = N * out_H * out_W
+        base = torch.randint(-1, size, (count,), generator=gen).to(torch.float64)
+        offset = 0.15 + 0.2 * torch.rand(count, generator=gen, dtype=torch.float64)
+        return pixel_to_grid(base + offset, size, align_corners)
+
+    return torch.stack((axis(W), axis(H)), dim=-1).reshape(N, out_H, out_W, 2)
+
+
+def strided_like(t, layout):
+    """A copy of `t` with the requested memory layout (same values)."""
+    if layout == "channels_last":
+        return t.contiguous(memory_format=torch.channels_last)
+    if layout == "transposed":
+        # (N, A, B, K) stored as (N, B, A, K + 1), viewed back: no dimension
+        # is contiguous in the usual sense.
+        N, A, B, K = t.shape
+        storage = torch.empty(N, B, A, K + 1, dtype=t.dtype, device=t.device)
+        view = storage.transpose(1, 2)[..., 1:]
+        view.copy_(t)
+        assert not view.is_contiguous()
+        return view
+    if layout == "contiguous":
+        return t.contiguous()
+    raise ValueError(layout)
+
+
+def expanded(value, shape, dtype, device="cpu"):
+    """A zero-stride tensor, like the grad_output `out.sum().backward()` gives."""
+    return torch.full((), value, dtype=dtype, device=device).expand(*shape)
+
+
+# ---------------------------------------------------------------------------
+# Calls
+# ---------------------------------------------------------------------------
+
+
+def detgrid_backward(grad_output, inp, grid, mode, padding, align_corners,
+                     output_mask=(True, True), **options):
+    if options:
+        return ops.grid_sampler_2d_backward_with_options(
+            grad_output, inp, grid, mode, padding, align_corners,
+            list(output_mask), **options)
+    return ops.grid_sampler_2d_backward(
+        grad_output, inp, grid, mode, padding, align_corners, list(output_mask))
+
+
+def stock_backward(grad_output, inp, grid, mode, padding, align_corners,
+                   output_mask=(True, True)):
+    """Stock aten backward, bypassing any detgrid override: the CPU override
+    only acts under deterministic mode, so run it with determinism off.
+    Never call this with NaN grids on CPU (upstream #24823)."""
+    with _determinism(False):
+        return torch.ops.aten.grid_sampler_2d_backward(
+            grad_output, inp, grid, mode, padding, align_corners,
+            list(output_mask))
+
+
+class _determinism:
+    def __init__(self, on):
+        self.on = on
+
+    def __enter__(self):
+        self.prev = torch.are_deterministic_algorithms_enabled()
+        self.prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(self.on, warn_only=self.prev_warn)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.prev, warn_only=self.prev_warn)
+
+
+class DetGridSample(torch.autograd.Function):
+    """grid_sampler_2d with detgrid's backward, without touching the global
+    switch: what gradcheck differentiates."""
+
+    @staticmethod
+    def forward(ctx, inp, grid, mode, padding, align_corners):
+        ctx.save_for_backward(inp, grid)
+        ctx.args = (mode, padding, align_corners)
+        return torch.grid_sampler_2d(inp, grid, mode, padding, align_corners)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        inp, grid = ctx.saved_tensors
+        grad_input, grad_grid = ops.grid_sampler_2d_backward(
+            grad_output, inp, grid, *ctx.args, list(ctx.needs_input_grad[:2]))
+        return grad_input, grad_grid, None, None, None
+
+
+def ulp_rtol(dtype):
+    """One unit in the last place of `dtype` at 1.0 (twice the bound of a
+    single round-to-nearest)."""
+    return torch.finfo(dtype).eps
+
+
+def reset_switch():
+    detgrid.disable(("cpu",))
+    if ops.has_cuda_kernels():
+        detgrid.disable(("cuda",))
+
+
+
+class DetgridTestCase(TestCase):
+    """Base of detgrid's test classes: every test starts and ends with the
+    switch off, and the CUDA variant of a device-generic test is skipped
+    when detgrid has no CUDA kernels (a CUDA torch alone is not enough)."""
+
+    def setUp(self):
+        super().setUp()
+        if getattr(self, "device_type", "cpu") == "cuda" and not ops.has_cuda_kernels():
+            self.skipTest("detgrid was built without CUDA kernels")
+        reset_switch()
+        self.addCleanup(reset_switch)

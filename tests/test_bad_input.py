@@ -1,0 +1,442 @@
+# Owner(s): ["module: nn"]
+"""Hostile inputs: non-finite and huge grid coordinates, degenerate and empty
+shapes, and invalid arguments. detgrid never crashes; it gives the
+documented result (GridSamplerDeterministic.cu, invariant (c)) or a clear
+error.
+
+Stock CPU grid_sampler crashes on NaN grids with border/reflection padding
+(upstream #24823), so nothing here hands a NaN grid to stock."""
+
+import math
+
+import torch
+from torch.testing._internal.common_device_type import (
+    dtypes,
+    instantiate_device_type_tests,
+    onlyCUDA,
+)
+from torch.testing._internal.common_utils import (
+    parametrize,
+    run_tests,
+)
+
+from detgrid_testing import (
+    DetgridTestCase,
+    ALL_DTYPES,
+    BICUBIC,
+    BILINEAR,
+    BORDER,
+    MODES,
+    NEAREST,
+    PADDINGS,
+    REFLECTION,
+    ZEROS,
+    assert_bitwise_equal,
+    detgrid_backward,
+    make_problem,
+    make_zoom_problem,
+    mode_name,
+    padding_name,
+    stock_backward,
+)
+
+INF = math.inf
+NAN = math.nan
+BAD_VALUES = (NAN, INF, -INF, 1e38, -1e38, 1e30, -1e30)
+# Points (n, h, w) that get a bad coordinate, and which of x (0) / y (1).
+BAD_POINTS = (((0, 1, 2), (0,)), ((1, 0, 3), (1,)), ((1, 2, 0), (0, 1)))
+
+
+def _value_name(value):
+    return {NAN: "nan", INF: "inf", -INF: "neg_inf"}.get(
+        value, ("neg_" if value < 0 else "") + f"{abs(value):.0e}".replace("+", ""))
+
+
+def _unnormalized(value, size, align_corners, dtype):
+    """The pixel coordinate detgrid computes for a grid value, in its opmath
+    precision (float32 for Half/BFloat16), one rounding per operation."""
+    opmath = torch.float64 if dtype == torch.float64 else torch.float32
+    g = torch.tensor(value, dtype=dtype).to(opmath)
+    one, half = torch.tensor(1.0, dtype=opmath), torch.tensor(0.5, dtype=opmath)
+    if align_corners:
+        return (((g + one) * half) * (size - 1)).item()
+    return (((g + one) * size - one) * half).item()
+
+
+def _classify_axis(value, size, mode, padding, align_corners, dtype):
+    """What invariant (c) makes of one bad coordinate: "void" (the point
+    contributes nothing and gets a zero grad_grid), "edge" (border padding
+    clamps it to the image edge) or "folded" (reflection padding folds a
+    huge finite coordinate back into the image)."""
+    coord = _unnormalized(value, size, align_corners, dtype)
+    if math.isnan(coord):
+        return "void"
+    if mode == BICUBIC:
+        # Bicubic pads tap positions, not the coordinate: the unnormalized
+        # coordinate itself must be finite and within 2^40.
+        return "void"
+    if padding == BORDER:
+        return "edge"
+    if padding == REFLECTION and math.isfinite(coord):
+        return "folded"
+    return "void"
+
+
+class TestNonFiniteCoordinates(DetgridTestCase):
+    H, W = 5, 6
+
+    def _classify(self, value, axes, mode, padding, align_corners, dtype):
+        kinds = {_classify_axis(value, (self.W, self.H)[axis], mode, padding,
+                                align_corners, dtype) for axis in axes}
+        if "void" in kinds:
+            return "void"
+        return "folded" if "folded" in kinds else "edge"
+
+    @dtypes(*ALL_DTYPES)
+    @parametrize("value", BAD_VALUES, name_fn=_value_name)
+    @parametrize("padding", PADDINGS, name_fn=padding_name)
+    @parametrize("mode", MODES, name_fn=mode_name)
+    def test_bad_coordinate_gives_documented_gradient(self, device, dtype, mode,
+                                                      padding, value):
+        for align_corners in (False, True):
+            grad_output, inp, grid = make_problem(
+                2, 2, self.H, self.W, 3, 4, seed=13 + align_corners)
+            bad_grid = grid.clone()
+            # The expected result is that of a finite problem: void points
+            # carry no gradient there, edge points sit beyond the edge,
+            # folded points are kept as they are.
+            expected_grad_output = grad_output.clone()
+            expected_grid = grid.clone()
+            void_points, kinds = [], []
+            for (n, h, w), axes in BAD_POINTS:
+                # Bad points carry a sizable gradient, so losing or keeping
+                # them shows.
+                grad_output[n, :, h, w] = torch.tensor([1.5, -2.0])
+                expected_grad_output[n, :, h, w] = grad_output[n, :, h, w]
+                kind = self._classify(value, axes, mode, padding, align_corners, dtype)
+                kinds.append(kind)
+                for axis in axes:
+                    bad_grid[n, h, w, axis] = value
+                    if kind != "void":
+                        expected_grid[n, h, w, axis] = (
+                            value if kind == "folded" else math.copysign(2.0, value))
+                if kind == "void":
+                    expected_grad_output[n, :, h, w] = 0
+                    void_points.append((n, h, w))
+            grad_output, inp, bad_grid, expected_grad_output, expected_grid = (
+                t.to(device=device, dtype=dtype) for t in (
+                    grad_output, inp, bad_grid, expected_grad_output, expected_grid))
+            msg = f"align_corners={align_corners} points: {kinds}"
+
+            grad_input, grad_grid = detgrid_backward(
+                grad_output, inp, bad_grid, mode, padding, align_corners)
+            self.assertTrue(grad_input.isfinite().all(), msg)
+            self.assertTrue(grad_grid.isfinite().all(), msg)
+            for n, h, w in void_points:
+                self.assertTrue((grad_grid[n, h, w] == 0).all(),
+                                f"{msg}: grad_grid at {(n, h, w)}: "
+                                f"{grad_grid[n, h, w].tolist()}")
+            expected_input, expected_grid_grad = detgrid_backward(
+                expected_grad_output, inp, expected_grid, mode, padding,
+                align_corners)
+            # Same bits as the finite problem: void points add nothing to
+            # grad_input (their records would add +-0 to a partial sum, and
+            # this problem has far fewer than 256 records per pixel, so the
+            # partition cannot change either), edge points act as if beyond
+            # the edge, other points' grid gradients are untouched.
+            assert_bitwise_equal(self, grad_input, expected_input, f"{msg} grad_input")
+            for n, h, w in void_points:
+                expected_grid_grad[n, h, w] = grad_grid[n, h, w]
+            assert_bitwise_equal(self, grad_grid, expected_grid_grad, f"{msg} grad_grid")
+            if padding == REFLECTION and mode != BICUBIC:
+                # Every non-void point is folded into the image, where its
+                # weights sum to one: grad_input's total per channel is the
+                # total gradient of the non-void points.
+                tol = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+                self.assertEqual(grad_input.double().sum((2, 3)),
+                                 expected_grad_output.double().sum((2, 3)),
+                                 rtol=tol, atol=tol, msg=msg)
+
+    @dtypes(torch.float32, torch.bfloat16)
+    @parametrize("mode", MODES, name_fn=mode_name)
+    def test_void_points_leave_the_summation_order_alone(self, device, dtype, mode):
+        # In a multi-tile, high-collision problem (partials and tiles both
+        # matter), points with non-finite coordinates must act exactly like
+        # points far outside the image under zeros padding: neither has a
+        # record on any pixel, so every pixel's canonical order is the same.
+        grad_output, inp, grid = make_zoom_problem(2, 2, 6, 7, 48, 48, dtype=dtype,
+                                                   device=device, seed=17)
+        gen = torch.Generator().manual_seed(0)
+        chosen = torch.rand(grid.shape[:3], generator=gen) < 0.2
+        values = torch.tensor([NAN, INF, -INF, 1e30])[
+            torch.randint(0, 4, grid.shape[:3], generator=gen)]
+        bad = grid.clone()
+        bad[..., 0][chosen.to(device)] = values[chosen].to(device=device, dtype=dtype)
+        far = grid.clone()
+        far[..., 0][chosen.to(device)] = -5.0
+        for chunk_points in (0, 4096):
+            assert_bitwise_equal(
+                self,
+                detgrid_backward(grad_output, inp, bad, mode, ZEROS, False,
+                                 chunk_points=chunk_points)[0],
+                detgrid_backward(grad_output, inp, far, mode, ZEROS, False,
+                                 chunk_points=chunk_points)[0],
+                f"grad_input chunk_points={chunk_points}")
+
+    @dtypes(torch.float32, torch.float64)
+    @parametrize("padding", PADDINGS, name_fn=padding_name)
+    @parametrize("mode", MODES, name_fn=mode_name)
+    def test_all_nan_grid_gives_zero_gradients(self, device, dtype, mode, padding):
+        grad_output, inp, grid = make_problem(2, 3, 4, 5, 6, 7, dtype=dtype,
+                                              device=device)
+        grid = torch.full_like(grid, NAN)
+        for chunk_points in (0, 4096):
+            grad_input, grad_grid = detgrid_backward(
+                grad_output, inp, grid, mode, padding, False, chunk_points=chunk_points)
+            self.assertEqual(grad_input, torch.zeros_like(inp), atol=0, rtol=0)
+            self.assertTrue((grad_grid == 0).all())
+
+    @parametrize("mode", MODES, name_fn=mode_name)
+    def test_non_finite_grad_output_reaches_grad_input_like_stock(self, device, mode):
+        # Not a coordinate problem: an Inf/NaN gradient flows through the
+        # weights into grad_input as in stock (finite grid: stock is safe).
+        grad_output, inp, grid = make_problem(1, 2, 4, 5, 3, 3, device=device)
+        grad_output[0, 0, 1, 1] = INF
+        grad_output[0, 1, 2, 2] = NAN
+        grad_input, _ = detgrid_backward(grad_output, inp, grid, mode, ZEROS, False)
+        expected, _ = stock_backward(grad_output, inp, grid, mode, ZEROS, False)
+        self.assertEqual(grad_input.isnan(), expected.isnan())
+        self.assertEqual(grad_input.isinf(), expected.isinf())
+        self.assertEqual(grad_input, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+    def test_nearest_grad_grid_is_zero_even_for_non_finite_grad_output(self, device):
+        # Nearest sampling is piecewise constant in the grid: stock returns
+        # an all-zero grid gradient, whatever grad_output holds.
+        grad_output, inp, grid = make_problem(1, 2, 4, 5, 3, 3, device=device)
+        grad_output[0, 0, 1, 1] = INF
+        grad_output[0, 1, 2, 2] = NAN
+        _, expected = stock_backward(grad_output, inp, grid, NEAREST, ZEROS, False)
+        self.assertEqual(expected, torch.zeros_like(grid), atol=0, rtol=0)
+        _, grad_grid = detgrid_backward(grad_output, inp, grid, NEAREST, ZEROS, False)
+        self.assertEqual(grad_grid, torch.zeros_like(grid), atol=0, rtol=0)
+
+
+class TestDegenerateShapes(DetgridTestCase):
+
+    @parametrize("size", ((1, 1), (1, 6), (6, 1)), name_fn=lambda s: "%dx%d" % s)
+    @parametrize("padding", PADDINGS, name_fn=padding_name)
+    @parametrize("mode", MODES, name_fn=mode_name)
+    def test_single_pixel_rows_and_columns_match_stock(self, device, mode, padding, size):
+        H, W = size
+        for align_corners in (False, True):
+            args = make_problem(2, 2, H, W, 3, 4, device=device, seed=H * 7 + W,
+                                grid_range=3.0)
+            grad_input, grad_grid = detgrid_backward(*args, mode, padding, align_corners)
+            ref_input, ref_grid = stock_backward(*args, mode, padding, align_corners)
+            msg = f"align_corners={align_corners}"
+            self.assertEqual(grad_input, ref_input, rtol=1e-12, atol=1e-12, msg=msg)
+            self.assertEqual(grad_grid, ref_grid, rtol=1e-12, atol=1e-12, msg=msg)
+            if align_corners:
+                # A size-1 axis maps every grid coordinate to pixel 0: the
+                # grid gradient along it is zero (reflection's special case
+                # included).
+                for axis, extent in ((0, W), (1, H)):
+                    if extent == 1:
+                        self.assertTrue((grad_grid[..., axis] == 0).all(), msg)
+
+    @dtypes(*ALL_DTYPES)
+    @parametrize("empty", ("N", "C", "H_out", "W_out"))
+    @parametrize("mode", MODES, name_fn=mode_name)
+    def test_empty_dimension_gives_zero_gradients_of_right_shape(self, device, dtype,
+                                                               mode, empty):
+        sizes = dict(N=2, C=3, H=4, W=5, out_H=6, out_W=7)
+        sizes[{"N": "N", "C": "C", "H_out": "out_H", "W_out": "out_W"}[empty]] = 0
+        grad_output, inp, grid = make_problem(**sizes, dtype=dtype, device=device)
+        for chunk_points in (0, 4096):
+            grad_input, grad_grid = detgrid_backward(
+                grad_output, inp, grid, mode, REFLECTION, False,
+                chunk_points=chunk_points)
+            self.assertEqual(grad_input.shape, inp.shape)
+            self.assertEqual(grad_grid.shape, grid.shape)
+            self.assertEqual(grad_input.dtype, dtype)
+            self.assertEqual(grad_grid.dtype, dtype)
+            self.assertEqual(grad_input, torch.zeros_like(inp), atol=0, rtol=0)
+            self.assertEqual(grad_grid, torch.zeros_like(grid), atol=0, rtol=0)
+
+    @parametrize("output_mask", ((True, False), (False, True)),
+                 name_fn=lambda m: "input%d_grid%d" % m)
+    def test_empty_batch_respects_output_mask(self, device, output_mask):
+        args = make_problem(0, 3, 4, 5, 6, 7, device=device)
+        grads = detgrid_backward(*args, BILINEAR, ZEROS, False, output_mask)
+        for requested, grad, like in zip(output_mask, grads, args[1:]):
+            if requested:
+                self.assertEqual(grad.shape, like.shape)
+            else:
+                self.assertIsNone(grad)
+
+
+class TestInvalidArguments(DetgridTestCase):
+
+    def _args(self, device, dtype=torch.float32):
+        return list(make_problem(2, 3, 5, 6, 4, 7, dtype=dtype, device=device))
+
+    def _first_line(self, error_type, *args, **options):
+        with self.assertRaises(error_type) as ctx:
+            detgrid_backward(*args, **options)
+        return str(ctx.exception).splitlines()[0]
+
+    def test_input_and_grid_must_be_4d(self, device):
+        grad_output, inp, grid = self._args(device)
+        # 5-D input and grid that pass the common checks (a 3-D grid).
+        grid = torch.zeros(2, 1, 4, 7, 3, dtype=grid.dtype, device=device)
+        message = self._first_line(
+            RuntimeError, grad_output, inp.unsqueeze(2), grid, BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler(): expected 4D input and grid with same number of dimensions, but got input with sizes [2, 3, 1, 5, 6] and grid with sizes [2, 1, 4, 7, 3]""")  # noqa: B950
+
+    def test_input_and_grid_must_have_same_number_of_dims(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid.unsqueeze(1),
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler(): expected 4D input and grid with same number of dimensions, but got input with sizes [2, 3, 5, 6] and grid with sizes [2, 1, 4, 7, 2]""")  # noqa: B950
+
+    def test_grid_last_dimension_must_be_2(self, device):
+        grad_output, inp, grid = self._args(device)
+        grid = torch.cat((grid, grid[..., :1]), dim=-1)
+        message = self._first_line(RuntimeError, grad_output, inp, grid,
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler(): expected grid to have size 2 in last dimension, but got grid with sizes [2, 4, 7, 3]""")  # noqa: B950
+
+    def test_input_spatial_dimensions_must_be_non_empty(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp[:, :, :0], grid,
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes [2, 3, 0, 6] with dimension 2 being empty""")  # noqa: B950
+
+    def test_batch_sizes_must_match(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid[:1],
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler(): expected grid and input to have same batch size, but got input with sizes [2, 3, 5, 6] and grid with sizes [1, 4, 7, 2]""")  # noqa: B950
+
+    def test_integer_grid_is_rejected(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid.int(),
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected input, grid and grad_output to have the same dtype, but got Float, Int and Float""")  # noqa: B950
+
+    def test_grid_dtype_must_match_input(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid.double(),
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected input, grid and grad_output to have the same dtype, but got Float, Double and Float""")  # noqa: B950
+
+    def test_grad_output_dtype_must_match_input(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output.half(), inp, grid,
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected input, grid and grad_output to have the same dtype, but got Float, Float and Half""")  # noqa: B950
+
+    def test_integer_tensors_are_rejected(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output.long(), inp.long(),
+                                   grid.long(), BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected a floating-point input, but got Long""")  # noqa: B950
+
+    def test_grad_output_must_have_the_output_shape(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(ValueError, grad_output[..., :6], inp, grid,
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected grad_output to have sizes [2, 3, 4, 7] but got grad_output with sizes [2, 3, 4, 6]""")  # noqa: B950
+
+    def test_grad_output_must_be_4d(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(ValueError, grad_output[0], inp, grid,
+                                   BILINEAR, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected grad_output to have sizes [2, 3, 4, 7] but got grad_output with sizes [3, 4, 7]""")  # noqa: B950
+
+    @parametrize("mode", (3, -1, 1 << 40))
+    def test_interpolation_mode_must_be_known(self, device, mode):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid, mode,
+                                   ZEROS, False)
+        self.assertEqual(
+            message,
+            "grid_sampler_2d_backward(): interpolation_mode must be 0 (bilinear), "
+            f"1 (nearest) or 2 (bicubic), but got {mode}")
+
+    def test_interpolation_mode_message(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid, 3, ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): interpolation_mode must be 0 (bilinear), 1 (nearest) or 2 (bicubic), but got 3""")  # noqa: B950
+
+    @parametrize("padding", (3, -1))
+    def test_padding_mode_must_be_known(self, device, padding):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid, BILINEAR,
+                                   padding, False)
+        self.assertEqual(
+            message,
+            "grid_sampler_2d_backward(): padding_mode must be 0 (zeros), 1 (border) "
+            f"or 2 (reflection), but got {padding}")
+
+    def test_padding_mode_message(self, device):
+        grad_output, inp, grid = self._args(device)
+        message = self._first_line(RuntimeError, grad_output, inp, grid, BILINEAR, 3, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): padding_mode must be 0 (zeros), 1 (border) or 2 (reflection), but got 3""")  # noqa: B950
+
+    def test_sparse_grad_output_is_rejected(self, device):
+        grad_output, inp, grid = self._args(device)
+        with self.assertRaises((RuntimeError, NotImplementedError)):
+            detgrid_backward(grad_output.to_sparse(), inp, grid, BILINEAR, ZEROS, False)
+
+    @parametrize("chunk_points", (100, 4097, 6144))
+    def test_chunk_points_must_be_a_multiple_of_the_tile(self, device, chunk_points):
+        args = self._args(device)
+        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
+                                   chunk_points=chunk_points)
+        self.assertIn("chunk_points must be a positive multiple of 4096", message)
+
+    @parametrize("chunk_points", (-4096, -1))
+    def test_negative_chunk_points_are_rejected(self, device, chunk_points):
+        args = self._args(device)
+        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
+                                   chunk_points=chunk_points)
+        self.assertIn("chunk_points must be a positive multiple of 4096", message)
+
+    def test_chunk_points_message(self, device):
+        args = self._args(device)
+        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
+                                   chunk_points=100)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward (deterministic): chunk_points must be a positive multiple of 4096 with chunk_points * taps < 2^31, got 100""")  # noqa: B950
+
+    @onlyCUDA
+    @parametrize("block_size", (33, 1024, 544))
+    def test_cuda_block_size_must_be_warp_multiple_up_to_512(self, device, block_size):
+        args = self._args(device)
+        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
+                                   block_size=block_size)
+        self.assertIn("block_size must be a multiple of the warp size and at most 512",
+                      message)
+
+    @onlyCUDA
+    def test_cuda_grid_on_another_device_is_rejected(self, device):
+        grad_output, inp, grid = self._args(device)
+        with self.assertRaisesRegex(RuntimeError, "grid_sampler.*device"):
+            detgrid_backward(grad_output, inp, grid.cpu(), BILINEAR, ZEROS, False)
+
+    @onlyCUDA
+    def test_cuda_grad_output_on_another_device_is_rejected(self, device):
+        grad_output, inp, grid = self._args(device)
+        with self.assertRaisesRegex(
+                RuntimeError,
+                r"^grid_sampler_2d_backward\(\): expected grad_output and input to be on "
+                r"the same device, but grad_output is on cpu and input is on cuda"):
+            detgrid_backward(grad_output.cpu(), inp, grid, BILINEAR, ZEROS, False)
+
+
+instantiate_device_type_tests(TestNonFiniteCoordinates, globals(), only_for=("cpu", "cuda"))
+instantiate_device_type_tests(TestDegenerateShapes, globals(), only_for=("cpu", "cuda"))
+instantiate_device_type_tests(TestInvalidArguments, globals(), only_for=("cpu", "cuda"))
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,338 @@
+# Owner(s): ["module: nn"]
+"""detgrid.enable()/disable()/enabled(): while enabled on a device,
+grid_sample's backward there runs detgrid under deterministic mode and
+stock otherwise.
+
+The CPU switch (devices=("cpu",)) exists so that all of this can be tested
+without a GPU: detgrid's bits differ from stock CPU's on the inputs used
+here (asserted), so the tests can tell which backward ran. The CUDA tests
+need a GPU and detgrid's CUDA kernels."""
+
+import unittest
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.testing._internal.common_utils import (
+    DeterministicGuard,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+import detgrid
+from detgrid import ops
+from detgrid_testing import (
+    BICUBIC,
+    BILINEAR,
+    HAS_DETGRID_CUDA,
+    MODE_NAMES,
+    ZEROS,
+    DetgridTestCase,
+    assert_bitwise_equal,
+    detgrid_backward,
+    make_problem,
+    make_zoom_problem,
+    mode_name,
+    same_bits,
+    stock_backward,
+)
+
+
+def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
+                       align_corners=False, input_grad=True, grid_grad=True):
+    """(input.grad, grid.grad) of F.grid_sample through autograd."""
+    inp = inp.detach().clone().requires_grad_(input_grad)
+    grid = grid.detach().clone().requires_grad_(grid_grad)
+    out = F.grid_sample(inp, grid, mode=MODE_NAMES[mode], padding_mode=padding_mode,
+                        align_corners=align_corners)
+    out.backward(grad_output)
+    return inp.grad, grid.grad
+
+
+class TestSwitchOnCPU(DetgridTestCase):
+    def _problem(self):
+        # float32 and many points per pixel: stock's sequential sums and
+        # detgrid's canonical order give different bits.
+        return make_zoom_problem(1, 2, 6, 7, 40, 40, dtype=torch.float32, seed=3)
+
+    def _expected(self, args, mode, output_mask=(True, True)):
+        """(detgrid's gradients, stock's gradients), which must differ in
+        their bits or the test could not tell them apart."""
+        ours = detgrid_backward(*args, mode, ZEROS, False, output_mask)
+        stock = stock_backward(*args, mode, ZEROS, False, output_mask)
+        for got, theirs in zip(ours, stock):
+            if got is not None:
+                self.assertFalse(same_bits(got, theirs),
+                                 "precondition: detgrid and stock bits differ")
+        return ours, stock
+
+    @parametrize("mode", (BILINEAR, BICUBIC), name_fn=mode_name)
+    def test_enabled_deterministic_backward_runs_detgrid(self, mode):
+        args = self._problem()
+        ours, _ = self._expected(args, mode)
+        with detgrid.enabled(("cpu",)), DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, mode)
+        assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
+        assert_bitwise_equal(self, grads[1], ours[1], "grid.grad")
+
+    def test_enabled_backward_for_input_only_runs_detgrid(self):
+        # Only the input requires grad: autograd asks for grad_input alone.
+        args = self._problem()
+        ours, _ = self._expected(args, BILINEAR, (True, False))
+        with detgrid.enabled(("cpu",)), DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR, grid_grad=False)
+        assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
+        self.assertIsNone(grads[1])
+
+    def test_enabled_backward_for_grid_only_runs_detgrid(self):
+        args = self._problem()
+        ours, _ = self._expected(args, BILINEAR, (False, True))
+        with detgrid.enabled(("cpu",)), DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR, input_grad=False)
+        self.assertIsNone(grads[0])
+        assert_bitwise_equal(self, grads[1], ours[1], "grid.grad")
+
+    def test_enabled_backward_without_determinism_runs_stock(self):
+        args = self._problem()
+        _, stock = self._expected(args, BILINEAR)
+        with detgrid.enabled(("cpu",)), DeterministicGuard(False):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
+        assert_bitwise_equal(self, grads[1], stock[1], "grid.grad")
+
+    def test_enabled_backward_with_warn_only_determinism_runs_detgrid(self):
+        args = self._problem()
+        ours, _ = self._expected(args, BILINEAR)
+        with detgrid.enabled(("cpu",)), DeterministicGuard(True, warn_only=True):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
+
+    def test_disable_restores_stock_backward(self):
+        args = self._problem()
+        _, stock = self._expected(args, BILINEAR)
+        detgrid.enable(("cpu",))
+        detgrid.disable(("cpu",))
+        self.assertFalse(detgrid.is_enabled("cpu"))
+        with DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
+        assert_bitwise_equal(self, grads[1], stock[1], "grid.grad")
+
+    def test_disable_without_arguments_disables_every_device(self):
+        detgrid.enable(("cpu",))
+        detgrid.disable()
+        self.assertFalse(detgrid.is_enabled("cpu"))
+
+    def test_enable_twice_then_disable_once_restores_stock(self):
+        args = self._problem()
+        _, stock = self._expected(args, BILINEAR)
+        detgrid.enable(("cpu",))
+        detgrid.enable(("cpu",))
+        detgrid.disable(("cpu",))
+        with DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
+
+    def test_enabled_context_restores_disabled_state(self):
+        args = self._problem()
+        _, stock = self._expected(args, BILINEAR)
+        with detgrid.enabled(("cpu",)):
+            self.assertTrue(detgrid.is_enabled("cpu"))
+        self.assertFalse(detgrid.is_enabled("cpu"))
+        with DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
+
+    def test_enabled_context_keeps_an_already_enabled_device_enabled(self):
+        args = self._problem()
+        ours, _ = self._expected(args, BILINEAR)
+        detgrid.enable(("cpu",))
+        with detgrid.enabled(("cpu",)):
+            pass
+        self.assertTrue(detgrid.is_enabled("cpu"))
+        with DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
+
+    def test_enabled_context_restores_state_after_an_exception(self):
+        with self.assertRaisesRegex(KeyError, "boom"):
+            with detgrid.enabled(("cpu",)):
+                raise KeyError("boom")
+        self.assertFalse(detgrid.is_enabled("cpu"))
+
+    def test_is_enabled_defaults_to_cuda(self):
+        with detgrid.enabled(("cpu",)):
+            self.assertTrue(detgrid.is_enabled("cpu"))
+            self.assertEqual(detgrid.is_enabled(), detgrid.is_enabled("cuda"))
+            self.assertFalse(detgrid.is_enabled("cuda"))
+
+    def test_unknown_device_is_rejected(self):
+        with self.assertRaisesRegex(ValueError, "^detgrid: device must be one of"):
+            detgrid.enable(("mps",))
+        self.assertFalse(detgrid.is_enabled("mps"))
+
+    def test_enable_accepts_a_single_device_string(self):
+        # enable("cpu") means the device "cpu", not the devices "c", "p", "u".
+        detgrid.enable("cpu")
+        self.assertTrue(detgrid.is_enabled("cpu"))
+        detgrid.disable("cpu")
+        self.assertFalse(detgrid.is_enabled("cpu"))
+
+    def test_create_graph_backward_runs_detgrid(self):
+        grad_output, inp, grid = self._problem()
+        ours, _ = self._expected((grad_output, inp, grid), BILINEAR, (True, False))
+        x = inp.clone().requires_grad_()
+        with detgrid.enabled(("cpu",)), DeterministicGuard(True):
+            out = F.grid_sample(x, grid, mode="bilinear", align_corners=False)
+            (gx,) = torch.autograd.grad(out, x, grad_output, create_graph=True)
+        self.assertIsNotNone(gx.grad_fn)
+        assert_bitwise_equal(self, gx, ours[0], "input gradient")
+
+    @parametrize("grid_requires_grad", (False, True),
+                 name_fn=lambda r: "grid_grad" if r else "input_grad_only")
+    def test_double_backward_works_while_enabled(self, grid_requires_grad):
+        # StyleGAN2's R1 penalty differentiates the gradient w.r.t. the
+        # sampled images once more.
+        grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, seed=21)
+
+        def r1_grads():
+            x = inp.clone().requires_grad_()
+            g = grid.clone().requires_grad_(grid_requires_grad)
+            out = F.grid_sample(x, g, mode="bilinear", padding_mode="reflection",
+                                align_corners=False)
+            logits = (out * grad_output).sum() + out.square().sum()
+            (gx,) = torch.autograd.grad(logits, x, create_graph=True)
+            gx.square().sum().backward()
+            return x.grad, g.grad
+
+        with DeterministicGuard(True):
+            expected = r1_grads()
+            with detgrid.enabled(("cpu",)):
+                got = r1_grads()
+        self.assertIsNotNone(got[0])
+        self.assertEqual(got[0], expected[0], rtol=1e-12, atol=1e-12)
+        if grid_requires_grad:
+            self.assertEqual(got[1], expected[1], rtol=1e-12, atol=1e-12)
+        else:
+            self.assertIsNone(got[1])
+
+    @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
+    def test_enable_cuda_without_kernels_warns_and_does_nothing(self):
+        with self.assertWarnsRegex(UserWarning, "built without CUDA kernels"):
+            detgrid.enable(("cuda",))
+        self.assertFalse(detgrid.is_enabled("cuda"))
+
+    @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
+    def test_enable_by_default_targets_cuda(self):
+        with self.assertWarnsRegex(UserWarning, "built without CUDA kernels"):
+            detgrid.enable()
+        self.assertFalse(detgrid.is_enabled("cuda"))
+        self.assertFalse(detgrid.is_enabled("cpu"))
+
+    @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
+    def test_enabled_context_without_cuda_kernels_warns_and_does_nothing(self):
+        with self.assertWarnsRegex(UserWarning, "built without CUDA kernels"):
+            with detgrid.enabled():
+                self.assertFalse(detgrid.is_enabled("cuda"))
+        self.assertFalse(detgrid.is_enabled("cuda"))
+
+    @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
+    def test_enable_cuda_without_kernels_leaves_cpu_alone(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            detgrid.enable(("cuda", "cpu"))
+        self.assertTrue(detgrid.is_enabled("cpu"))
+        self.assertFalse(detgrid.is_enabled("cuda"))
+
+
+@unittest.skipUnless(HAS_DETGRID_CUDA, "needs a GPU and detgrid's CUDA kernels")
+class TestSwitchOnCUDA(DetgridTestCase):
+    def _problem(self, dtype=torch.float32):
+        return make_zoom_problem(2, 3, 16, 20, 64, 64, dtype=dtype, device="cuda",
+                                 seed=4)
+
+    def _backward_records_no_warning(self, fn, *, warn_only):
+        with detgrid.enabled(), DeterministicGuard(True, warn_only=warn_only):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = fn()
+        self.assertEqual([str(w.message) for w in caught], [])
+        return result
+
+    @parametrize("warn_only", (False, True))
+    def test_enabled_cuda_backward_raises_no_error_and_no_warning(self, warn_only):
+        args = self._problem()
+        grads = self._backward_records_no_warning(
+            lambda: _grid_sample_grads(*args, BILINEAR), warn_only=warn_only)
+        self.assertTrue(all(g is not None for g in grads))
+
+    @parametrize("mode", (0, 1, 2), name_fn=mode_name)
+    def test_enabled_cuda_backward_runs_detgrid(self, mode):
+        args = self._problem()
+        expected = detgrid_backward(*args, mode, ZEROS, False)
+        with detgrid.enabled(), DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, mode)
+        assert_bitwise_equal(self, grads[0], expected[0], "input.grad")
+        assert_bitwise_equal(self, grads[1], expected[1], "grid.grad")
+
+    @parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32, torch.float64),
+                 name_fn=lambda d: str(d).split(".")[1])
+    def test_enabled_cuda_backward_is_bitwise_reproducible(self, dtype):
+        args = self._problem(dtype)
+        with detgrid.enabled(), DeterministicGuard(True):
+            first = _grid_sample_grads(*args, BILINEAR, padding_mode="border")
+            for _ in range(3):
+                again = _grid_sample_grads(*args, BILINEAR, padding_mode="border")
+                assert_bitwise_equal(self, again[0], first[0], "input.grad")
+                assert_bitwise_equal(self, again[1], first[1], "grid.grad")
+
+    @parametrize("warn_only", (False, True))
+    def test_enabled_cudnn_route_is_deterministic(self, warn_only):
+        # bilinear, zeros, align_corners=True, float32 4-D: grid_sample takes
+        # cuDNN, whose backward detgrid replaces in deterministic mode.
+        args = self._problem()
+        expected = detgrid_backward(*args, BILINEAR, ZEROS, True)
+        with torch.backends.cudnn.flags(enabled=True):
+            runs = [self._backward_records_no_warning(
+                lambda: _grid_sample_grads(*args, BILINEAR, align_corners=True),
+                warn_only=warn_only) for _ in range(3)]
+        for grads in runs:
+            assert_bitwise_equal(self, grads[0], expected[0], "input.grad")
+            assert_bitwise_equal(self, grads[1], expected[1], "grid.grad")
+
+    def test_enabled_cuda_double_backward_works(self):
+        grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, device="cuda", seed=21)
+        with detgrid.enabled(), DeterministicGuard(True):
+            x = inp.clone().requires_grad_()
+            out = F.grid_sample(x, grid, align_corners=False)
+            (gx,) = torch.autograd.grad((out * grad_output).sum() + out.square().sum(),
+                                        x, create_graph=True)
+            gx.square().sum().backward()
+        self.assertTrue(x.grad.isfinite().all())
+
+    def test_disabled_cuda_backward_raises_the_stock_determinism_error(self):
+        args = self._problem()
+        detgrid.enable()
+        detgrid.disable()
+        with DeterministicGuard(True):
+            with self.assertRaisesRegex(
+                    RuntimeError,
+                    "grid_sampler_2d_backward_cuda does not have a deterministic "
+                    "implementation"):
+                _grid_sample_grads(*args, BILINEAR)
+
+    def test_enabled_cuda_leaves_cpu_stock(self):
+        args = tuple(t.cpu() for t in self._problem())
+        stock = stock_backward(*args, BILINEAR, ZEROS, False)
+        with detgrid.enabled(), DeterministicGuard(True):
+            self.assertFalse(detgrid.is_enabled("cpu"))
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
+
+
+instantiate_parametrized_tests(TestSwitchOnCPU)
+instantiate_parametrized_tests(TestSwitchOnCUDA)
+
+if __name__ == "__main__":
+    run_tests()
