@@ -34,6 +34,27 @@ def build_cuda() -> bool:
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def cuda_library_includes():
+    """Header folders of the CUDA libraries pip installed beside torch, for a
+    toolkit that lacks them: ATen's CUDA headers include cusparse.h and
+    cublas_v2.h, which a runtime-only toolkit does not ship. They are searched
+    after everything else (-idirafter), so the toolkit's own runtime headers
+    win over the copies in those folders."""
+    toolkit_include = os.path.join(cpp_extension.CUDA_HOME, "include")
+    if os.path.exists(os.path.join(toolkit_include, "cusparse.h")):
+        return []
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return [
+        os.path.join(root, entry, "include")
+        for root in nvidia.__path__
+        for entry in sorted(os.listdir(root))
+        if os.path.exists(os.path.join(root, entry, "include", "cusparse.h"))
+    ]
+
+
 def extension():
     sources = [
         os.path.join(EXTENSION, name)
@@ -47,12 +68,16 @@ def extension():
             include_dirs=include_dirs,
             extra_compile_args={"cxx": CXX_FLAGS},
         )
+    late_includes = [f"-idirafter{folder}" for folder in cuda_library_includes()]
     return cpp_extension.CUDAExtension(
         "detgrid._C",
         sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE],
         include_dirs=include_dirs,
         define_macros=[("DETGRID_WITH_CUDA", None)],
-        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+        extra_compile_args={
+            "cxx": CXX_FLAGS + late_includes,
+            "nvcc": NVCC_FLAGS + [f"-Xcompiler={flag}" for flag in late_includes],
+        },
     )
 
 

@@ -122,7 +122,7 @@ void backward(
   auto point_pass = [&](int64_t first, int64_t count, const auto* chunk) {
     at::parallel_for(0, count, point_grain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        process_point_2d(args, first + i, num_destinations, chunk);
+        process_point(args, first + i, num_destinations, chunk);
       }
     });
   };
@@ -133,17 +133,8 @@ void backward(
   }
 
   const int64_t taps = args.taps_per_point();
-  const int64_t chunk_points = options.chunk_points > 0
-      ? options.chunk_points
-      : default_chunk_points(taps);
-  TORCH_CHECK(
-      chunk_points % kTilePoints == 0 &&
-          chunk_points * taps <= std::numeric_limits<int32_t>::max(),
-      "grid_sampler_2d_backward (deterministic): chunk_points must be a "
-      "positive multiple of ",
-      kTilePoints,
-      " with chunk_points * taps < 2^31, got ",
-      chunk_points);
+  const int64_t chunk_points =
+      resolve_chunk_points(options.chunk_points, taps);
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t capacity = std::min(num_points, chunk_points) * taps;
@@ -179,7 +170,7 @@ void backward(
           grain_or_default(options.grain_size, 1024),
           [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
-              reduce_destination_2d(
+              reduce_destination(
                   args, sorted_chunk, weights.data(), i / channels,
                   i % channels, carry, out, /*has_carry=*/!first,
                   write_untouched);
@@ -219,6 +210,11 @@ void grid_sampler_2d_backward_executor(
     bool align_corners,
     std::array<bool, 2> output_mask,
     const ExecutorOptions& options) {
+  TORCH_CHECK(
+      options.grain_size >= 0,
+      "grid_sampler_2d_backward (deterministic): grain_size must be positive, "
+      "or 0 for the default, got ",
+      options.grain_size);
   if (!output_mask[0] && !output_mask[1]) {
     return;
   }

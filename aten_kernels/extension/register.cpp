@@ -9,6 +9,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -101,6 +102,24 @@ std::tuple<at::Tensor, at::Tensor> aten_backward_cpu(
       align_corners, output_mask);
 }
 
+// Replacing aten's kernel is the point of the switch, so the dispatcher's
+// "Overriding a previously registered kernel" warning is dropped while we
+// register; every other warning goes on to the handler that was in place.
+class DropOverrideWarning : public c10::WarningHandler {
+ public:
+  explicit DropOverrideWarning(c10::WarningHandler* next) : next_(next) {}
+
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel") ==
+        std::string::npos) {
+      next_->process(warning);
+    }
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
+
 // Registrations on the aten namespace live exactly as long as these
 // libraries; dropping one restores the stock kernels.
 std::unique_ptr<torch::Library>& override_slot(c10::DispatchKey key) {
@@ -131,6 +150,8 @@ void set_aten_override(const std::string& device, bool enabled) {
       "detgrid: this build has no CUDA kernels (torch or nvcc had no CUDA "
       "when it was built)");
 #endif
+  DropOverrideWarning handler(c10::WarningUtils::get_warning_handler());
+  const c10::WarningUtils::WarningHandlerGuard guard(&handler);
   auto library = std::make_unique<torch::Library>(
       torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
   if (key == c10::DispatchKey::CPU) {

@@ -8,7 +8,7 @@ otherwise. The switch is the only global state of the package.
 
 import contextlib
 import warnings
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, List, Sequence, Union
 
 import torch
 
@@ -18,28 +18,32 @@ _DEVICES = ("cpu", "cuda")
 _enabled: set = set()
 
 
-def _default_devices() -> Sequence[str]:
-    return ("cuda",)
+Devices = Union[str, Iterable[str], None]
+
+
+def _device_list(devices: Devices, default: Sequence[str]) -> List[str]:
+    if devices is None:
+        return list(default)
+    if isinstance(devices, str):
+        return [devices]
+    return list(devices)
 
 
 def _set(device: str, on: bool) -> None:
     if device not in _DEVICES:
         raise ValueError(f"detgrid: device must be one of {_DEVICES}, got {device!r}")
-    with warnings.catch_warnings():
-        # Replacing an aten kernel is the point; the dispatcher warns about it.
-        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
-        torch.ops.detgrid._set_aten_override(device, on)
+    torch.ops.detgrid._set_aten_override(device, on)
     (_enabled.add if on else _enabled.discard)(device)
 
 
-def enable(devices: Optional[Iterable[str]] = None) -> None:
+def enable(devices: Devices = None) -> None:
     """Route grid_sample's backward on `devices` (default: CUDA) to detgrid.
 
     "cpu" exists so that the switch can be exercised without a GPU; stock's
     CPU backward is deterministic already. Without CUDA kernels in this
     build, enabling CUDA only warns: there is nothing to route.
     """
-    for device in devices if devices is not None else _default_devices():
+    for device in _device_list(devices, ("cuda",)):
         if device == "cuda" and not ops.has_cuda_kernels():
             warnings.warn(
                 "detgrid was built without CUDA kernels (no CUDA torch or nvcc at "
@@ -50,9 +54,9 @@ def enable(devices: Optional[Iterable[str]] = None) -> None:
         _set(device, True)
 
 
-def disable(devices: Optional[Iterable[str]] = None) -> None:
+def disable(devices: Devices = None) -> None:
     """Restore the stock kernels on `devices` (default: every enabled one)."""
-    for device in list(devices if devices is not None else _enabled):
+    for device in _device_list(devices, sorted(_enabled)):
         _set(device, False)
 
 
@@ -61,9 +65,9 @@ def is_enabled(device: str = "cuda") -> bool:
 
 
 @contextlib.contextmanager
-def enabled(devices: Optional[Iterable[str]] = None) -> Iterator[None]:
+def enabled(devices: Devices = None) -> Iterator[None]:
     """Context manager form of enable(); restores the previous state."""
-    wanted = list(devices if devices is not None else _default_devices())
+    wanted = _device_list(devices, ("cuda",))
     newly = [d for d in wanted if d not in _enabled]
     enable(newly)
     try:

@@ -84,11 +84,15 @@ struct LaunchConfig {
 };
 
 LaunchConfig make_launch_config(const GridSamplerDeterministicOptions& options) {
+  TORCH_CHECK(
+      options.block_size >= 0 && options.max_blocks >= 0,
+      "grid_sampler_2d_backward (deterministic): block_size and max_blocks "
+      "must be positive, or 0 for the default");
   LaunchConfig config{
       options.block_size > 0 ? options.block_size : kDefaultBlockSize,
       options.max_blocks > 0 ? options.max_blocks : kDefaultMaxBlocks};
   TORCH_CHECK(
-      config.block_size % C10_WARP_SIZE == 0 &&
+      config.block_size % at::cuda::warp_size() == 0 &&
           config.block_size <= kMaxBlockSize,
       "grid_sampler_2d_backward (deterministic): block_size must be a "
       "multiple of the warp size and at most ",
@@ -98,21 +102,24 @@ LaunchConfig make_launch_config(const GridSamplerDeterministicOptions& options) 
   return config;
 }
 
-template <typename scalar_t, typename index_t, typename key_t>
+// The kernels are generic in Args (the per-dimensionality description of a
+// call: Backward2dArgs today) and reach the math through the overloads
+// process_point and reduce_destination.
+template <typename Args, typename key_t>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void point_pass_kernel(
-    const Backward2dArgs<scalar_t, index_t> args,
+    const Args args,
     int64_t first_point,
     int64_t num_points,
     int64_t num_destinations,
-    const ChunkRecords<key_t, at::opmath_type<scalar_t>> chunk,
+    const ChunkRecords<key_t, typename Args::opmath_t> chunk,
     bool emit_records) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x +
            threadIdx.x;
        i < num_points;
        i += stride) {
-    process_point_2d(
+    process_point(
         args, first_point + i, num_destinations,
         emit_records ? &chunk : nullptr);
   }
@@ -138,15 +145,15 @@ __global__ void segment_starts_kernel(
 
 // One thread per (destination, channel), channel fastest so that a warp
 // shares a destination's record list.
-template <typename scalar_t, typename index_t, typename out_t>
+template <typename Args, typename CarryView, typename OutView>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void reduce_kernel(
-    const Backward2dArgs<scalar_t, index_t> args,
+    const Args args,
     const SortedChunk<int32_t> chunk,
-    const at::opmath_type<scalar_t>* weights,
+    const typename Args::opmath_t* weights,
     int64_t num_destinations,
-    const View4d<const at::opmath_type<scalar_t>, index_t> carry,
-    const View4d<out_t, index_t> out,
+    const CarryView carry,
+    const OutView out,
     bool has_carry,
     bool write_untouched) {
   const int64_t channels = args.channels;
@@ -156,9 +163,10 @@ __global__ void reduce_kernel(
            threadIdx.x;
        i < total;
        i += stride) {
-    reduce_destination_2d(
-        args, chunk, weights, i / channels, static_cast<index_t>(i % channels),
-        carry, out, has_carry, write_untouched);
+    reduce_destination(
+        args, chunk, weights, i / channels,
+        static_cast<typename Args::index_type>(i % channels), carry, out,
+        has_carry, write_untouched);
   }
 }
 
@@ -223,7 +231,7 @@ void launch_point_pass(
   if (num_points == 0) {
     return;
   }
-  point_pass_kernel<scalar_t, index_t, key_t>
+  point_pass_kernel<Backward2dArgs<scalar_t, index_t>, key_t>
       <<<config.blocks_for(num_points),
          config.block_size,
          0,
@@ -325,18 +333,15 @@ void backward_with_records(
       continue;
     }
     auto launch_reduce = [&](auto out, auto carry, bool write_untouched) {
-      using out_t = std::remove_const_t<
-          std::remove_reference_t<decltype(*out.data)>>;
-      reduce_kernel<scalar_t, index_t, out_t>
-          <<<config.blocks_for(total), config.block_size, 0, stream>>>(
-              args,
-              sorted,
-              static_cast<const opmath_t*>(weights.get()),
-              num_destinations,
-              carry,
-              out,
-              /*has_carry=*/!first,
-              write_untouched);
+      reduce_kernel<<<config.blocks_for(total), config.block_size, 0, stream>>>(
+          args,
+          sorted,
+          static_cast<const opmath_t*>(weights.get()),
+          num_destinations,
+          carry,
+          out,
+          /*has_carry=*/!first,
+          write_untouched);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     const auto grad_input_view = make_view<scalar_t, index_t>(grad_input);
@@ -387,17 +392,8 @@ void backward(
   }
 
   const int64_t taps = args.taps_per_point();
-  const int64_t chunk_points = options.chunk_points > 0
-      ? options.chunk_points
-      : default_chunk_points(taps);
-  TORCH_CHECK(
-      chunk_points % kTilePoints == 0 &&
-          chunk_points * taps <= std::numeric_limits<int32_t>::max(),
-      "grid_sampler_2d_backward (deterministic): chunk_points must be a "
-      "positive multiple of ",
-      kTilePoints,
-      " with chunk_points * taps < 2^31, got ",
-      chunk_points);
+  const int64_t chunk_points =
+      resolve_chunk_points(options.chunk_points, taps);
   if (num_destinations < std::numeric_limits<int32_t>::max()) {
     backward_with_records<scalar_t, index_t, int32_t>(
         args, config, grad_input, batch, chunk_points);

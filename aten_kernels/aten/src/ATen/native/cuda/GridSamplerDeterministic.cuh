@@ -12,9 +12,11 @@
 #include <ATen/OpMathType.h>
 #include <ATen/native/GridSamplerUtils.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace at::native::grid_sampler_deterministic {
 
@@ -402,6 +404,13 @@ C10_HOST_DEVICE inline void point_grid_gradient_2d(
     index_t channels,
     T* grad_x,
     T* grad_y) {
+  if (taps.x.count == 1) {
+    // Nearest sampling is piecewise constant: the grid gradient is zero, and
+    // written without reading grad_output, so an Inf there cannot make NaN.
+    *grad_x = static_cast<T>(0);
+    *grad_y = static_cast<T>(0);
+    return;
+  }
   T gx = static_cast<T>(0);
   T gy = static_cast<T>(0);
   for (index_t c = 0; c < channels; ++c) {
@@ -480,6 +489,7 @@ C10_HOST_DEVICE inline T fold_destination(
 template <typename scalar_t, typename index_t>
 struct Backward2dArgs {
   using opmath_t = at::opmath_type<scalar_t>;
+  using index_type = index_t;
 
   View4d<const scalar_t, index_t> input;
   View4d<const scalar_t, index_t> grad_output;
@@ -518,7 +528,7 @@ struct ChunkRecords {
 // Point pass for one point: its grid gradient (single writer) and, when
 // grad_input is requested, one record per tap.
 template <typename scalar_t, typename index_t, typename key_t>
-C10_HOST_DEVICE inline void process_point_2d(
+C10_HOST_DEVICE inline void process_point(
     const Backward2dArgs<scalar_t, index_t>& args,
     int64_t point,
     int64_t num_destinations,
@@ -580,7 +590,7 @@ struct SortedChunk {
 // this chunk does not touch are written only when `write_untouched`, which
 // is how the first chunk zero-fills grad_input without a memset.
 template <typename scalar_t, typename index_t, typename out_t, typename start_t>
-C10_HOST_DEVICE inline void reduce_destination_2d(
+C10_HOST_DEVICE inline void reduce_destination(
     const Backward2dArgs<scalar_t, index_t>& args,
     const SortedChunk<start_t>& chunk,
     const at::opmath_type<scalar_t>* weights,
@@ -618,10 +628,23 @@ C10_HOST_DEVICE inline void reduce_destination_2d(
   out.at(n, c, y, x) = static_cast<out_t>(sum);
 }
 
-// Points sampled per chunk: whole tiles, about kChunkRecords records.
-inline int64_t default_chunk_points(int64_t taps_per_point) {
-  const int64_t tiles = kChunkRecords / (taps_per_point * kTilePoints);
-  return (tiles > 0 ? tiles : 1) * kTilePoints;
+// Points per chunk: `requested` (a test knob) or, for 0, whole tiles making
+// about kChunkRecords records. Chunks must be whole tiles, or the chunk size
+// would change the partials and so the result.
+inline int64_t resolve_chunk_points(int64_t requested, int64_t taps_per_point) {
+  if (requested == 0) {
+    const int64_t tiles = kChunkRecords / (taps_per_point * kTilePoints);
+    return (tiles > 0 ? tiles : 1) * kTilePoints;
+  }
+  TORCH_CHECK(
+      requested > 0 && requested % kTilePoints == 0 &&
+          requested * taps_per_point <= std::numeric_limits<int32_t>::max(),
+      "grid_sampler_2d_backward (deterministic): chunk_points must be a "
+      "positive multiple of ",
+      kTilePoints,
+      " with chunk_points * taps < 2^31, got ",
+      requested);
+  return requested;
 }
 
 } // namespace at::native::grid_sampler_deterministic
