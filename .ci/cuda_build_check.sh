@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the extension WITH its CUDA kernels against torch 2.14.1+cu130 (the
+# CUDA wheel on this machine's disk; no GPU needed), then proves that the
+# result links and loads: every symbol it takes from libtorch_cuda resolves,
+# the CUDA overrides register (their C++ signatures must match aten's
+# schemas), and the test suite passes with this build (its CPU side; the CUDA
+# tests skip without a GPU).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${DETGRID_CU130_VENV:-$HOME/.cache/detgrid/venv-torch-2.14.1-cu130}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  torch==2.14.1 numpy pytest expecttest hypothesis "setuptools>=77" wheel 2>&1 \
+  | { grep -v "^WARNING: Location" || true; }
+
+# Build in a copy so that the .so of this build and the one in .venv (both
+# for the same Python) never overwrite each other.
+git -C "$root" ls-files -z | (cd "$root" && xargs -0 tar -cf - --) | tar -xf - -C "$work"
+(cd "$work" && CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0 \
+  MAX_JOBS=2 "$venv/bin/python" setup.py -q build_ext --inplace)
+
+cd "$work"
+PYTHONPATH="$work/tools" "$venv/bin/python" - <<'PY'
+import warnings
+
+import torch
+
+import detgrid
+
+warnings.simplefilter("error")
+assert torch.version.cuda, torch.__version__
+assert detgrid.ops.has_cuda_kernels(), "the CUDA kernels were not built"
+with detgrid.enabled("cuda"):
+    assert detgrid.is_enabled("cuda")
+assert not detgrid.is_enabled("cuda")
+print(f"CUDA build of detgrid loads on torch {torch.__version__}; overrides register")
+PY
+PYTHONPATH="$work/tools" "$venv/bin/python" -m pytest tests -q -p no:cacheprovider
