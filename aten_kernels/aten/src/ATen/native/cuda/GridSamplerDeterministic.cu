@@ -105,7 +105,7 @@ LaunchConfig make_launch_config(const GridSamplerDeterministicOptions& options) 
 // The kernels are generic in Args (the per-dimensionality description of a
 // call: Backward2dArgs today) and reach the math through the overloads
 // process_point and reduce_destination.
-template <typename Args, typename key_t>
+template <int kTaps, typename Args, typename key_t>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void point_pass_kernel(
     const Args args,
@@ -119,7 +119,7 @@ __global__ void point_pass_kernel(
            threadIdx.x;
        i < num_points;
        i += stride) {
-    process_point(
+    process_point<kTaps>(
         args, first_point + i, num_destinations,
         emit_records ? &chunk : nullptr);
   }
@@ -231,14 +231,16 @@ void launch_point_pass(
   if (num_points == 0) {
     return;
   }
-  point_pass_kernel<Backward2dArgs<scalar_t, index_t>, key_t>
-      <<<config.blocks_for(num_points),
-         config.block_size,
-         0,
-         at::cuda::getCurrentCUDAStream()>>>(
-          args, first_point, num_points, num_destinations, chunk,
-          emit_records);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
+    point_pass_kernel<decltype(taps_per_axis)::value>
+        <<<config.blocks_for(num_points),
+           config.block_size,
+           0,
+           at::cuda::getCurrentCUDAStream()>>>(
+            args, first_point, num_points, num_destinations, chunk,
+            emit_records);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 // The whole grad_input pipeline for one key type.

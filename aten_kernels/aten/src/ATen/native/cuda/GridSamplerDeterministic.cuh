@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace at::native::grid_sampler_deterministic {
 
@@ -31,8 +32,6 @@ constexpr int64_t kTilePoints = 4096;
 constexpr int64_t kRecordsPerPartial = 256;
 // Records sorted at once; bounds the workspace (see the .cu file).
 constexpr int64_t kChunkRecords = int64_t{1} << 21;
-// Most taps one point can have (bicubic: 4 x 4).
-constexpr int kMaxTapsPerAxis = 4;
 // Coordinates are converted to integers only inside this range; no input
 // dimension comes close to it, so a point beyond it has no tap in bounds.
 constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
@@ -242,15 +241,17 @@ C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
       static_cast<T>(-6));
 }
 
-// The taps of one point along one spatial axis. A point's taps are the
-// product of its axes' taps, so the same code serves 2D and 3D.
-template <typename T>
+// The taps of one point along one spatial axis; kTaps is 1 (nearest),
+// 2 (bilinear) or 4 (bicubic). A point's taps are the product of its axes'
+// taps, so the same code serves 2D and 3D. kTaps is a compile-time constant
+// so that these arrays live in registers on the GPU.
+template <typename T, int kTaps>
 struct AxisTaps {
-  int count; // 1 (nearest), 2 (bilinear), 4 (bicubic)
-  int64_t index[kMaxTapsPerAxis];
-  bool in_bounds[kMaxTapsPerAxis];
-  T weight[kMaxTapsPerAxis]; // interpolation weight along this axis
-  T dweight[kMaxTapsPerAxis]; // d weight / d source coordinate
+  static constexpr int count = kTaps;
+  int64_t index[kTaps];
+  bool in_bounds[kTaps];
+  T weight[kTaps]; // interpolation weight along this axis
+  T dweight[kTaps]; // d weight / d source coordinate
   T mult; // d source coordinate / d grid coordinate
   bool usable; // false when the coordinate is NaN, infinite or huge
 };
@@ -267,13 +268,31 @@ C10_HOST_DEVICE inline int taps_per_axis(
   }
 }
 
+// Calls fn(std::integral_constant<int, taps per axis>) for the mode, so
+// kernels are instantiated once per interpolation mode.
+template <typename Fn>
+inline void dispatch_taps_per_axis(
+    GridSamplerInterpolation interpolation_mode,
+    const Fn& fn) {
+  switch (taps_per_axis(interpolation_mode)) {
+    case 1:
+      fn(std::integral_constant<int, 1>{});
+      break;
+    case 4:
+      fn(std::integral_constant<int, 4>{});
+      break;
+    default:
+      fn(std::integral_constant<int, 2>{});
+  }
+}
+
 // An axis whose coordinate is NaN, infinite or huge: no tap is in bounds,
 // and every weight is zero, so the point contributes nothing anywhere and
 // its grid gradient is zero.
-template <typename T>
-C10_HOST_DEVICE inline void make_void(AxisTaps<T>& taps) {
+template <typename T, int kTaps>
+C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   taps.usable = false;
-  for (int k = 0; k < taps.count; ++k) {
+  for (int k = 0; k < kTaps; ++k) {
     taps.index[k] = 0;
     taps.in_bounds[k] = false;
     taps.weight[k] = static_cast<T>(0);
@@ -281,46 +300,47 @@ C10_HOST_DEVICE inline void make_void(AxisTaps<T>& taps) {
   }
 }
 
+// Bicubic: four taps around floor(coord), each position padded on its own
+// (as stock does), not the coordinate.
 template <typename T>
-C10_HOST_DEVICE inline AxisTaps<T> compute_axis_taps(
+C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
+    std::integral_constant<int, 4>,
     T grid_coord,
     int64_t size,
-    GridSamplerInterpolation interpolation_mode,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  AxisTaps<T> taps;
-  taps.count = taps_per_axis(interpolation_mode);
+  AxisTaps<T, 4> taps;
   taps.usable = true;
-  if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
-    // Bicubic pads each tap position, not the coordinate (as stock does).
-    const T coord = unnormalize(grid_coord, size, align_corners, &taps.mult);
-    if (!is_safe_coordinate(coord)) {
-      make_void(taps);
-      return taps;
-    }
-    const T base = std::floor(coord);
-    cubic_weights(sub_rn(coord, base), taps.weight, taps.dweight);
-    for (int k = 0; k < 4; ++k) {
-      const int64_t index = pad_index(
-          static_cast<int64_t>(base) - 1 + k, size, padding_mode, align_corners);
-      taps.index[k] = index;
-      taps.in_bounds[k] = index >= 0 && index < size;
-    }
-    return taps;
-  }
-
-  const T coord = source_coordinate(
-      grid_coord, size, padding_mode, align_corners, &taps.mult);
+  const T coord = unnormalize(grid_coord, size, align_corners, &taps.mult);
   if (!is_safe_coordinate(coord)) {
     make_void(taps);
     return taps;
   }
-  if (interpolation_mode == GridSamplerInterpolation::Nearest) {
-    const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
-    taps.index[0] = index;
-    taps.in_bounds[0] = index >= 0 && index < size;
-    taps.weight[0] = static_cast<T>(1);
-    taps.dweight[0] = static_cast<T>(0);
+  const T base = std::floor(coord);
+  cubic_weights(sub_rn(coord, base), taps.weight, taps.dweight);
+  for (int k = 0; k < 4; ++k) {
+    const int64_t index = pad_index(
+        static_cast<int64_t>(base) - 1 + k, size, padding_mode, align_corners);
+    taps.index[k] = index;
+    taps.in_bounds[k] = index >= 0 && index < size;
+  }
+  return taps;
+}
+
+// Bilinear: the two pixels around the padded source coordinate.
+template <typename T>
+C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
+    std::integral_constant<int, 2>,
+    T grid_coord,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  AxisTaps<T, 2> taps;
+  taps.usable = true;
+  const T coord = source_coordinate(
+      grid_coord, size, padding_mode, align_corners, &taps.mult);
+  if (!is_safe_coordinate(coord)) {
+    make_void(taps);
     return taps;
   }
   const int64_t low = static_cast<int64_t>(std::floor(coord));
@@ -336,16 +356,38 @@ C10_HOST_DEVICE inline AxisTaps<T> compute_axis_taps(
   return taps;
 }
 
+// Nearest: the pixel at the padded source coordinate, rounded half to even.
+template <typename T>
+C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
+    std::integral_constant<int, 1>,
+    T grid_coord,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  AxisTaps<T, 1> taps;
+  taps.usable = true;
+  const T coord = source_coordinate(
+      grid_coord, size, padding_mode, align_corners, &taps.mult);
+  if (!is_safe_coordinate(coord)) {
+    make_void(taps);
+    return taps;
+  }
+  const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
+  taps.index[0] = index;
+  taps.in_bounds[0] = index >= 0 && index < size;
+  taps.weight[0] = static_cast<T>(1);
+  taps.dweight[0] = static_cast<T>(0);
+  return taps;
+}
+
 // Record order within a point: tap (i along x, j along y) is tap j * nx + i,
 // the order stock's bilinear kernel visits nw, ne, sw, se.
-template <typename T>
+template <typename T, int kTaps>
 struct PointTaps2d {
-  AxisTaps<T> x;
-  AxisTaps<T> y;
+  static constexpr int count = kTaps * kTaps;
+  AxisTaps<T, kTaps> x;
+  AxisTaps<T, kTaps> y;
 
-  C10_HOST_DEVICE int count() const {
-    return x.count * y.count;
-  }
   C10_HOST_DEVICE bool in_bounds(int i, int j) const {
     return x.in_bounds[i] && y.in_bounds[j];
   }
@@ -354,20 +396,20 @@ struct PointTaps2d {
   }
 };
 
-template <typename T>
-C10_HOST_DEVICE inline PointTaps2d<T> compute_point_taps_2d(
+template <int kTaps, typename T>
+C10_HOST_DEVICE inline PointTaps2d<T, kTaps> compute_point_taps_2d(
     T grid_x,
     T grid_y,
     int64_t inp_H,
     int64_t inp_W,
-    GridSamplerInterpolation interpolation_mode,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  PointTaps2d<T> taps;
+  const std::integral_constant<int, kTaps> taps_per_axis_c;
+  PointTaps2d<T, kTaps> taps;
   taps.x = compute_axis_taps(
-      grid_x, inp_W, interpolation_mode, padding_mode, align_corners);
+      taps_per_axis_c, grid_x, inp_W, padding_mode, align_corners);
   taps.y = compute_axis_taps(
-      grid_y, inp_H, interpolation_mode, padding_mode, align_corners);
+      taps_per_axis_c, grid_y, inp_H, padding_mode, align_corners);
   // A point with one unusable coordinate has no tap in bounds at all.
   if (!taps.x.usable || !taps.y.usable) {
     make_void(taps.x);
@@ -393,9 +435,9 @@ struct View4d {
 
 // d loss / d (grid_x, grid_y) of one point, single writer: channels in
 // ascending order, taps in record order, each term (value * dweight) * gOut.
-template <typename scalar_t, typename index_t, typename T>
+template <typename scalar_t, typename index_t, typename T, int kTaps>
 C10_HOST_DEVICE inline void point_grid_gradient_2d(
-    const PointTaps2d<T>& taps,
+    const PointTaps2d<T, kTaps>& taps,
     View4d<const scalar_t, index_t> input,
     View4d<const scalar_t, index_t> grad_output,
     index_t n,
@@ -404,7 +446,7 @@ C10_HOST_DEVICE inline void point_grid_gradient_2d(
     index_t channels,
     T* grad_x,
     T* grad_y) {
-  if (taps.x.count == 1) {
+  if (kTaps == 1) {
     // Nearest sampling is piecewise constant: the grid gradient is zero, and
     // written without reading grad_output, so an Inf there cannot make NaN.
     *grad_x = static_cast<T>(0);
@@ -415,8 +457,8 @@ C10_HOST_DEVICE inline void point_grid_gradient_2d(
   T gy = static_cast<T>(0);
   for (index_t c = 0; c < channels; ++c) {
     const T gout = static_cast<T>(grad_output.at(n, c, h, w));
-    for (int j = 0; j < taps.y.count; ++j) {
-      for (int i = 0; i < taps.x.count; ++i) {
+    for (int j = 0; j < kTaps; ++j) {
+      for (int i = 0; i < kTaps; ++i) {
         if (!taps.in_bounds(i, j)) {
           continue;
         }
@@ -526,8 +568,9 @@ struct ChunkRecords {
 };
 
 // Point pass for one point: its grid gradient (single writer) and, when
-// grad_input is requested, one record per tap.
-template <typename scalar_t, typename index_t, typename key_t>
+// grad_input is requested, one record per tap. kTaps (taps per axis) must
+// match args.interpolation_mode; dispatch_taps_per_axis picks it.
+template <int kTaps, typename scalar_t, typename index_t, typename key_t>
 C10_HOST_DEVICE inline void process_point(
     const Backward2dArgs<scalar_t, index_t>& args,
     int64_t point,
@@ -539,21 +582,20 @@ C10_HOST_DEVICE inline void process_point(
   const index_t q = static_cast<index_t>(point % points_per_image);
   const index_t h = q / args.out_W;
   const index_t w = q % args.out_W;
-  const PointTaps2d<T> taps = compute_point_taps_2d(
+  const PointTaps2d<T, kTaps> taps = compute_point_taps_2d<kTaps>(
       static_cast<T>(args.grid.at(n, h, w, 0)),
       static_cast<T>(args.grid.at(n, h, w, 1)),
       static_cast<int64_t>(args.inp_H),
       static_cast<int64_t>(args.inp_W),
-      args.interpolation_mode,
       args.padding_mode,
       args.align_corners);
 
   if (chunk != nullptr) {
     const int64_t image_base =
         static_cast<int64_t>(n) * args.inp_H * args.inp_W;
-    int64_t r = (point - chunk->first_point) * taps.count();
-    for (int j = 0; j < taps.y.count; ++j) {
-      for (int i = 0; i < taps.x.count; ++i, ++r) {
+    int64_t r = (point - chunk->first_point) * taps.count;
+    for (int j = 0; j < kTaps; ++j) {
+      for (int i = 0; i < kTaps; ++i, ++r) {
         chunk->keys[r] = static_cast<key_t>(
             taps.in_bounds(i, j)
                 ? image_base + taps.y.index[j] * args.inp_W + taps.x.index[i]
