@@ -3,7 +3,6 @@
 
 #include "ops.h"
 
-#include <ATen/Context.h>
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
 #include <ATen/ops/cudnn_grid_sampler_backward_native.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
@@ -34,24 +33,6 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> aten_backward_cuda(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask) {
-  if (at::globalContext().deterministicAlgorithms()) {
-    return backward_cuda(
-        grad_output, input, grid, interpolation_mode, padding_mode,
-        align_corners, output_mask);
-  }
-  return at::native::grid_sampler_2d_backward_cuda(
-      grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask);
-}
-
 // grid_sample takes cuDNN for bilinear, zeros padding and align_corners=True;
 // in deterministic mode its backward ends in the same deterministic kernel.
 std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
@@ -63,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
     constexpr int64_t kZeros = 0;
     return backward_cuda(
         grad_output, input, grid, kBilinear, kZeros, /*align_corners=*/true,
-        {true, true});
+        {true, true}, BackwardOptions{});
   }
   return at::native::cudnn_grid_sampler_backward(input, grid, grad_output);
 }
@@ -71,7 +52,11 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
 } // namespace
 
 void register_cuda_overrides(torch::Library& aten_cuda) {
-  aten_cuda.impl("grid_sampler_2d_backward", TORCH_FN(aten_backward_cuda));
+  aten_cuda.impl(
+      "grid_sampler_2d_backward",
+      TORCH_FN((routed_backward<
+                with_default_options<backward_cuda>,
+                at::native::grid_sampler_2d_backward_cuda>)));
   aten_cuda.impl("cudnn_grid_sampler_backward", TORCH_FN(aten_cudnn_backward));
 }
 

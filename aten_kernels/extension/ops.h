@@ -1,7 +1,8 @@
 #pragma once
 // The extension's operators: the deterministic backward on each device, and
-// the switch that routes stock aten kernels to it (detgrid.enable()).
+// the routing behind detgrid.enable().
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -34,6 +35,26 @@ std::tuple<at::Tensor, at::Tensor> allocate_gradients(
     const at::Tensor& grid,
     std::array<bool, 2> output_mask);
 
+// The kernel signature of aten::grid_sampler_2d_backward, and the same with
+// the knobs as a last argument.
+using AtenBackwardFn = std::tuple<at::Tensor, at::Tensor> (*)(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask);
+using BackwardWithOptionsFn = std::tuple<at::Tensor, at::Tensor> (*)(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const BackwardOptions& options);
+
 std::tuple<at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -42,7 +63,40 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask,
-    const BackwardOptions& options = {});
+    const BackwardOptions& options);
+
+// A backward with the default knobs, as an aten kernel.
+template <BackwardWithOptionsFn backward>
+std::tuple<at::Tensor, at::Tensor> with_default_options(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  return backward(
+      grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask, BackwardOptions{});
+}
+
+// aten::grid_sampler_2d_backward on a device where detgrid is enabled:
+// `deterministic` while deterministic algorithms are on, `stock` otherwise.
+template <AtenBackwardFn deterministic, AtenBackwardFn stock>
+std::tuple<at::Tensor, at::Tensor> routed_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  const AtenBackwardFn backward =
+      at::globalContext().deterministicAlgorithms() ? deterministic : stock;
+  return backward(
+      grad_output, input, grid, interpolation_mode, padding_mode,
+      align_corners, output_mask);
+}
 
 #ifdef DETGRID_WITH_CUDA
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
@@ -53,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask,
-    const BackwardOptions& options = {});
+    const BackwardOptions& options);
 
 // Registers, on `aten_cuda`, the CUDA kernels of grid_sampler_2d_backward and
 // cudnn_grid_sampler_backward that pick the deterministic backward when

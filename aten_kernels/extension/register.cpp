@@ -7,7 +7,6 @@
 #include "GridSamplerDeterministicCPU.h"
 #include "ops.h"
 
-#include <ATen/Context.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -38,31 +37,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
 
 namespace {
 
-using BackwardFn = std::tuple<at::Tensor, at::Tensor> (*)(
-    const at::Tensor&,
-    const at::Tensor&,
-    const at::Tensor&,
-    int64_t,
-    int64_t,
-    bool,
-    std::array<bool, 2>,
-    const BackwardOptions&);
-
-template <BackwardFn backward>
-std::tuple<at::Tensor, at::Tensor> backward_default(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask) {
-  return backward(
-      grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask, BackwardOptions{});
-}
-
-template <BackwardFn backward>
+template <BackwardWithOptionsFn backward>
 std::tuple<at::Tensor, at::Tensor> backward_with_options(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -79,27 +54,6 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
       grad_output, input, grid, interpolation_mode, padding_mode,
       align_corners, output_mask,
       BackwardOptions{chunk_points, block_size, max_blocks, grain_size});
-}
-
-// aten::grid_sampler_2d_backward on CPU while enabled. Stock's CPU backward
-// is already deterministic; routing it lets the switch itself be tested on
-// machines without a GPU.
-std::tuple<at::Tensor, at::Tensor> aten_backward_cpu(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask) {
-  if (at::globalContext().deterministicAlgorithms()) {
-    return backward_cpu(
-        grad_output, input, grid, interpolation_mode, padding_mode,
-        align_corners, output_mask);
-  }
-  return at::native::grid_sampler_2d_backward_cpu(
-      grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask);
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's
@@ -155,7 +109,13 @@ void set_aten_override(const std::string& device, bool enabled) {
   auto library = std::make_unique<torch::Library>(
       torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
   if (key == c10::DispatchKey::CPU) {
-    library->impl("grid_sampler_2d_backward", TORCH_FN(aten_backward_cpu));
+    // Stock's CPU backward is deterministic already; routing it lets the
+    // switch itself be tested on machines without a GPU.
+    library->impl(
+        "grid_sampler_2d_backward",
+        TORCH_FN((routed_backward<
+                  with_default_options<backward_cpu>,
+                  at::native::grid_sampler_2d_backward_cpu>)));
   }
 #ifdef DETGRID_WITH_CUDA
   else {
@@ -191,7 +151,7 @@ TORCH_LIBRARY(detgrid, m) {
 }
 
 TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
-  m.impl("grid_sampler_2d_backward", TORCH_FN(backward_default<backward_cpu>));
+  m.impl("grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_cpu>));
   m.impl(
       "_grid_sampler_2d_backward_with_options",
       TORCH_FN(backward_with_options<backward_cpu>));
@@ -200,7 +160,7 @@ TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
 #ifdef DETGRID_WITH_CUDA
 TORCH_LIBRARY_IMPL(detgrid, CUDA, m) {
   m.impl(
-      "grid_sampler_2d_backward", TORCH_FN(backward_default<backward_cuda>));
+      "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_cuda>));
   m.impl(
       "_grid_sampler_2d_backward_with_options",
       TORCH_FN(backward_with_options<backward_cuda>));

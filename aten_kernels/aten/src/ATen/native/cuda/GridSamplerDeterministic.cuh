@@ -327,6 +327,26 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   return taps;
 }
 
+// Bilinear and nearest sampling start from the padded source coordinate;
+// false (and a void axis) when that coordinate is unusable.
+template <typename T, int kTaps>
+C10_HOST_DEVICE inline bool start_padded_axis(
+    AxisTaps<T, kTaps>& taps,
+    T grid_coord,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    T* coord) {
+  taps.usable = true;
+  *coord = source_coordinate(
+      grid_coord, size, padding_mode, align_corners, &taps.mult);
+  if (!is_safe_coordinate(*coord)) {
+    make_void(taps);
+    return false;
+  }
+  return true;
+}
+
 // Bilinear: the two pixels around the padded source coordinate.
 template <typename T>
 C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
@@ -336,11 +356,9 @@ C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
     GridSamplerPadding padding_mode,
     bool align_corners) {
   AxisTaps<T, 2> taps;
-  taps.usable = true;
-  const T coord = source_coordinate(
-      grid_coord, size, padding_mode, align_corners, &taps.mult);
-  if (!is_safe_coordinate(coord)) {
-    make_void(taps);
+  T coord;
+  if (!start_padded_axis(
+          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
     return taps;
   }
   const int64_t low = static_cast<int64_t>(std::floor(coord));
@@ -365,11 +383,9 @@ C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
     GridSamplerPadding padding_mode,
     bool align_corners) {
   AxisTaps<T, 1> taps;
-  taps.usable = true;
-  const T coord = source_coordinate(
-      grid_coord, size, padding_mode, align_corners, &taps.mult);
-  if (!is_safe_coordinate(coord)) {
-    make_void(taps);
+  T coord;
+  if (!start_padded_axis(
+          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
     return taps;
   }
   const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
