@@ -1,16 +1,19 @@
 # Owner(s): ["module: nn"]
 """Tests of the GPU check's parts that need no GPU (tools/gpu_check.sh,
-detgrid.gpucheck): report assembly, workloads, sanitizer parsing, and the
-bitwise and timing logic run on the host executor.
+detgrid.gpucheck, detgrid.gpucheck_report, detgrid.workloads): report
+assembly, workloads, sanitizer parsing, and the bitwise and timing logic run
+on the host executor.
 
 Names here avoid the word the device run selects tests by (-k cuda), so the
 GPU check does not run these again.
 """
 
 import glob
+import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,7 +21,7 @@ import tempfile
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import gpucheck
+from detgrid import gpucheck, gpucheck_report, workloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
@@ -117,7 +120,7 @@ class TestGpuCheckReport(TestCase):
             "env.json": {"device_name": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0"},
             "build.json": {"require_cuda": True, "has_cuda_kernels": True,
                            "sass_archs": ["sm_90"], "ok": True},
-            "bitwise.json": gpucheck.jsonable(bitwise or fake_bitwise()),
+            "bitwise.json": gpucheck_report.jsonable(bitwise or fake_bitwise()),
             "timing.json": fake_timing(),
             "sanitizer_memcheck.json": gpucheck.parse_sanitizer(
                 "memcheck", SANITIZER_CLEAN if memcheck == "clean" else SANITIZER_GVISOR, 0),
@@ -134,7 +137,7 @@ class TestGpuCheckReport(TestCase):
     def report(self, **kwargs):
         with tempfile.TemporaryDirectory() as work:
             junit = self.write_work(work, **kwargs)
-            data = gpucheck.write_report(work, work, junit)
+            data = gpucheck_report.write_report(work, work, junit)
             loaded = strict_json(os.path.join(work, "gpu_check.json"))
             with open(os.path.join(work, "gpu_check.md")) as f:
                 md = f.read()
@@ -194,7 +197,7 @@ class TestGpuCheckReport(TestCase):
 
     def test_empty_work_dir(self):
         with tempfile.TemporaryDirectory() as work:
-            data = gpucheck.write_report(work, work, os.path.join(work, "missing.xml"))
+            data = gpucheck_report.write_report(work, work, os.path.join(work, "missing.xml"))
             strict_json(os.path.join(work, "gpu_check.json"))
         self.assertEqual(data["verdict"], "INCOMPLETE")
         self.assertFalse(data["tests"]["present"])
@@ -204,7 +207,7 @@ class TestGpuCheckReport(TestCase):
             path = os.path.join(work, "j.xml")
             with open(path, "w") as f:
                 f.write(JUNIT)
-            s = gpucheck.junit_summary(path)
+            s = gpucheck_report.junit_summary(path)
         self.assertEqual((s["tests"], s["failures"], s["errors"], s["skipped"], s["passed"]),
                          (10, 1, 1, 2, 6))
         self.assertEqual([f["kind"] for f in s["failed"]], ["failure", "error"])
@@ -260,13 +263,13 @@ class TestGpuCheckReport(TestCase):
         self.assertIn("--report-api-errors no", result["command"])
 
     def test_jsonable(self):
-        self.assertEqual(gpucheck.jsonable({"a": [math.nan, -math.inf, 1.5], "b": (math.inf,)}),
+        self.assertEqual(gpucheck_report.jsonable({"a": [math.nan, -math.inf, 1.5], "b": (math.inf,)}),
                          {"a": ["nan", "-inf", 1.5], "b": ["inf"]})
 
 
 class TestGpuCheckWorkloads(TestCase):
     def test_full_size_shapes_follow_the_benchmarks(self):
-        w = gpucheck.WORKLOADS
+        w = workloads.WORKLOADS
         self.assertEqual(w["rtdetr_l80"].shapes(), ((128, 32, 80, 80), (128, 500, 4, 2)))
         self.assertEqual(w["mask2former_l32"].shapes(), ((16, 32, 32, 32), (16, 21504, 4, 2)))
         self.assertEqual(w["tensorf_line"].shapes(), ((1, 48, 300, 1), (1, 1000000, 1, 2)))
@@ -280,7 +283,7 @@ class TestGpuCheckWorkloads(TestCase):
         self.assertTrue(w["basicvsr_flow_warp"].align_corners)
 
     def test_builders_give_consistent_inputs(self):
-        for name, workload in gpucheck.WORKLOADS.items():
+        for name, workload in workloads.WORKLOADS.items():
             case = workload.build("cpu", seed=3, scale=0.02)
             n, c, h, w = case.input.shape
             _, gh, gw, two = case.grid.shape
@@ -289,35 +292,35 @@ class TestGpuCheckWorkloads(TestCase):
             self.assertEqual(tuple(case.grad_output.shape), (n, c, gh, gw), name)
             for t in (case.input, case.grid, case.grad_output):
                 self.assertEqual(t.dtype, workload.dtype, name)
-            self.assertEqual(case.interpolation_mode, gpucheck.MODES[workload.mode], name)
-            self.assertEqual(case.padding_mode, gpucheck.PADDINGS[workload.padding], name)
+            self.assertEqual(case.interpolation_mode, workloads.MODES[workload.mode], name)
+            self.assertEqual(case.padding_mode, workloads.PADDINGS[workload.padding], name)
             self.assertEqual(case.output_mask, workload.output_mask, name)
             self.assertTrue(bool(case.grid.isfinite().all()), name)
             if workload.expanded_batch and n > 1:
                 self.assertEqual(case.input.stride(0), 0, name)
             again = workload.build("cpu", seed=3, scale=0.02)
-            self.assertTrue(gpucheck.bitwise_equal(case.grid, again.grid), name)
+            self.assertTrue(workloads.bitwise_equal(case.grid, again.grid), name)
             other = workload.build("cpu", seed=4, scale=0.02)
-            self.assertFalse(gpucheck.bitwise_equal(case.grad_output, other.grad_output), name)
+            self.assertFalse(workloads.bitwise_equal(case.grad_output, other.grad_output), name)
 
     def test_grid_kinds(self):
         for align in (False, True):
-            ident = gpucheck._identity_grid(2, 3, 4, align)
+            ident = workloads._identity_grid(2, 3, 4, align)
             theta = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]).expand(2, 2, 3)
             ref = torch.nn.functional.affine_grid(theta, [2, 1, 3, 4], align_corners=align)
             self.assertEqual(ident, ref, atol=1e-6, rtol=0)
         g = torch.Generator().manual_seed(0)
-        zoom = gpucheck.make_grid("zoom", 2, 16, 16, (31, 31), False, g, extent=0.28)
+        zoom = workloads.make_grid("zoom", 2, 16, 16, (31, 31), False, g, extent=0.28)
         self.assertLess(float(zoom.abs().max()), 0.28 + 2 / 31)
-        line = gpucheck.make_grid("line", 1, 100, 1, (300, 1), True, g)
+        line = workloads.make_grid("line", 1, 100, 1, (300, 1), True, g)
         self.assertEqual(float(line[..., 0].abs().max()), 0.0)
-        smooth = gpucheck.make_grid("smooth", 1, 8, 8, (8, 8), True, g)
+        smooth = workloads.make_grid("smooth", 1, 8, 8, (8, 8), True, g)
         self.assertLess(float(smooth.abs().max()), 2.5)
         with self.assertRaises(ValueError):
-            gpucheck.make_grid("spiral", 1, 2, 2, (2, 2), True, g)
+            workloads.make_grid("spiral", 1, 2, 2, (2, 2), True, g)
 
     def test_sanitizer_cases_cover_modes_specials_and_chunks(self):
-        cases = gpucheck.sanitizer_cases("all")
+        cases = workloads.sanitizer_cases("all")
         names = [c.name for c in cases]
         self.assertEqual(len(names), len(set(names)))
         combos = {(c.interpolation_mode, c.padding_mode) for c in cases}
@@ -333,19 +336,19 @@ class TestGpuCheckWorkloads(TestCase):
             self.assertGreater(c.grid.shape[1] * c.grid.shape[2], 2 * 4096)
         self.assertEqual({c.input.dtype for c in cases},
                          {torch.float32, torch.float64, torch.float16, torch.bfloat16})
-        self.assertEqual(len(gpucheck.sanitizer_cases("tiny")), 1)
+        self.assertEqual(len(workloads.sanitizer_cases("tiny")), 1)
 
     def test_sanitizer_cases_run_on_the_host_executor(self):
         result = gpucheck.run_sanitizer_cases("cpu", "all")
-        self.assertEqual(result["cases"], len(gpucheck.sanitizer_cases("all")))
+        self.assertEqual(result["cases"], len(workloads.sanitizer_cases("all")))
         self.assertEqual(result["mismatches"], [])
 
     def test_case_moves_keep_layouts(self):
-        case = gpucheck.WORKLOADS["positional_table_c1024"].build("cpu", scale=0.3)
-        moved = gpucheck._move_input(case.input, "meta")
+        case = workloads.WORKLOADS["positional_table_c1024"].build("cpu", scale=0.3)
+        moved = workloads._move_input(case.input, "meta")
         self.assertEqual(moved.stride(0), 0)
         cl = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
-        self.assertTrue(gpucheck._move_input(cl, "meta").is_contiguous(
+        self.assertTrue(workloads._move_input(cl, "meta").is_contiguous(
             memory_format=torch.channels_last))
 
 
@@ -370,16 +373,27 @@ class TestGpuCheckHostRuns(TestCase):
 
     def test_comparisons(self):
         a = torch.tensor([1.0, math.nan, math.inf, -0.0])
-        self.assertTrue(gpucheck.bitwise_equal(a, a.clone()))
-        self.assertFalse(gpucheck.bitwise_equal(a, torch.tensor([1.0, math.nan, math.inf, 0.0])))
-        self.assertEqual(gpucheck.max_abs_diff(a, a.clone()), 0.0)
-        self.assertEqual(gpucheck.max_abs_diff(a, torch.tensor([1.5, math.nan, math.inf, 0.0])),
+        self.assertTrue(workloads.bitwise_equal(a, a.clone()))
+        self.assertFalse(workloads.bitwise_equal(a, torch.tensor([1.0, math.nan, math.inf, 0.0])))
+        self.assertEqual(workloads.max_abs_diff(a, a.clone()), 0.0)
+        self.assertEqual(workloads.max_abs_diff(a, torch.tensor([1.5, math.nan, math.inf, 0.0])),
                          0.5)
-        self.assertEqual(gpucheck.max_abs_diff(a, torch.tensor([1.0, 0.0, math.inf, 0.0])),
+        self.assertEqual(workloads.max_abs_diff(a, torch.tensor([1.0, 0.0, math.inf, 0.0])),
                          math.inf)
-        self.assertAlmostEqual(gpucheck.rel_err(torch.tensor([1.0, 2.2]),
+        self.assertAlmostEqual(workloads.rel_err(torch.tensor([1.0, 2.2]),
                                                 torch.tensor([1.0, 2.0])), 0.1, places=6)
-        self.assertIsNone(gpucheck.rel_err(None, torch.tensor([1.0])))
+        self.assertIsNone(workloads.rel_err(None, torch.tensor([1.0])))
+
+    def test_sha256_of_several_tensors(self):
+        a = torch.arange(6.0).reshape(2, 3)
+        b = torch.tensor([1.5], dtype=torch.float64)
+        self.assertEqual(workloads.sha256(a), hashlib.sha256(a.numpy().tobytes()).hexdigest())
+        self.assertEqual(workloads.sha256(a.t()), workloads.sha256(a.t().contiguous()))
+        joined = torch.cat([a.reshape(-1).view(torch.uint8), b.view(torch.uint8)])
+        self.assertEqual(workloads.sha256(a, b), workloads.sha256(joined))
+        self.assertNotEqual(workloads.sha256(a, b), workloads.sha256(b, a))
+        self.assertIsNone(workloads.sha256(None))
+        self.assertIsNone(workloads.sha256(a, None))
 
     def test_timing_on_host(self):
         names = ["basicvsr_flow_warp", "rgb_warp_bicubic_fp16", "monodepth2_grid_only"]
@@ -434,6 +448,35 @@ class TestGpuCheckScript(TestCase):
             self.assertEqual({s["status"] for s in data["steps"]}, {"dry-run"})
             self.assertEqual(sorted(os.listdir(out)),
                              ["gpu_check.json", "gpu_check.log", "gpu_check.md"])
+
+    def test_env_and_report_run_without_the_extension(self):
+        # The script's env, build-info and report steps where the build
+        # failed: a copy of the package without the compiled extension.
+        with tempfile.TemporaryDirectory() as tmp:
+            pkg = os.path.join(tmp, "tools", "detgrid")
+            os.makedirs(pkg)
+            for path in glob.glob(os.path.join(ROOT, "tools", "detgrid", "*.py")):
+                shutil.copy(path, pkg)
+            work, out = os.path.join(tmp, "work"), os.path.join(tmp, "out")
+            os.makedirs(work)
+
+            def run(*args):
+                return subprocess.run([sys.executable, os.path.join(pkg, "gpucheck.py"), *args],
+                                      cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, timeout=120)
+
+            proc = run("env", "--root", ROOT, "--json", os.path.join(work, "env.json"))
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            proc = run("build-info", "--json", os.path.join(work, "build.json"))
+            self.assertEqual(proc.returncode, 1, proc.stdout)
+            build = strict_json(os.path.join(work, "build.json"))
+            self.assertIn("detgrid._C", build["import_error"])
+            proc = run("report", "--work", work, "--out", out)
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            data = strict_json(os.path.join(out, "gpu_check.json"))
+        self.assertEqual(data["env"]["torch"], torch.__version__)
+        self.assertFalse(data["build"]["has_cuda_kernels"])
+        self.assertEqual(data["verdict"], "INCOMPLETE")
 
     def test_host_run_records_results_and_timeouts(self):
         with tempfile.TemporaryDirectory() as out:

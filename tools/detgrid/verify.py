@@ -7,12 +7,12 @@ also with the host executor, which must agree bit for bit.
 """
 
 import dataclasses
-import hashlib
 from typing import Dict, List, Optional
 
 import torch
 
 from detgrid import ops
+from detgrid.workloads import sha256
 
 # One 2-D bilinear/zeros call: input (N, C, H, W) sampled by a grid that
 # zooms into its centre, so about (OUT / (ZOOM * SIZE))^2 = 64 points land
@@ -67,13 +67,6 @@ def default_case(device: str, dtype: torch.dtype, seed: int = 0):
     grid = grid + 0.01 * torch.randn(grid.shape, generator=generator, dtype=dtype)
     grad_output = torch.randn(BATCH, CHANNELS, OUT, OUT, generator=generator, dtype=dtype)
     return grad_output.to(device), input.to(device), grid.to(device)
-
-
-def sha256(*tensors: torch.Tensor) -> str:
-    digest = hashlib.sha256()
-    for tensor in tensors:
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def resolve_device(device: str) -> str:

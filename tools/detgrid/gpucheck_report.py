@@ -1,0 +1,270 @@
+"""The GPU check's report: the fragments that tools/gpu_check.sh's steps left
+in its work folder (steps.tsv, *.json, the pytest junit xml) assembled into
+one dict, a verdict per claim and overall, and gpu_check.json / gpu_check.md.
+
+Needs neither torch nor the extension, so a report comes out of any run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def junit_summary(path: str) -> Dict[str, Any]:
+    """Counts and the failing tests of a pytest junit xml."""
+    if not os.path.isfile(path):
+        return {"present": False}
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        return {"present": True, "parse_error": str(e)}
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    summary: Dict[str, Any] = {"present": True, "tests": 0, "failures": 0, "errors": 0,
+                               "skipped": 0, "time_s": 0.0}
+    for s in suites:
+        for key in ("tests", "failures", "errors", "skipped"):
+            summary[key] += int(s.get(key, 0) or 0)
+        summary["time_s"] += float(s.get("time", 0) or 0)
+    summary["time_s"] = round(summary["time_s"], 1)
+    summary["passed"] = summary["tests"] - summary["failures"] - summary["errors"] - summary["skipped"]
+    failed = []
+    for tc in root.iter("testcase"):
+        for tag in ("failure", "error"):
+            el = tc.find(tag)
+            if el is not None:
+                msg = (el.get("message") or el.text or "").strip().splitlines()
+                failed.append({"test": f"{tc.get('classname')}::{tc.get('name')}",
+                               "kind": tag, "message": (msg[0] if msg else "")[:300]})
+    summary["failed"] = failed[:25]
+    return summary
+
+
+def read_steps(path: str) -> List[Dict[str, Any]]:
+    """steps.tsv lines: name, status, rc, seconds, limit, note."""
+    steps = []
+    if not os.path.isfile(path):
+        return steps
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if not parts or not parts[0]:
+                continue
+            parts += [""] * (6 - len(parts))
+            name, status, rc, secs, limit, note = parts[:6]
+            steps.append({
+                "name": name, "status": status,
+                "rc": int(rc) if rc.lstrip("-").isdigit() else None,
+                "seconds": int(secs) if secs.isdigit() else None,
+                "limit_s": int(limit) if limit.isdigit() else None,
+                "note": note,
+            })
+    return steps
+
+
+def _load_json(path: str) -> Optional[Any]:
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return {"error": f"unreadable {os.path.basename(path)}: {e}"}
+
+
+def _check(name: str, ok: Optional[bool], detail: str, required: bool = True) -> Dict[str, Any]:
+    result = "n/a" if ok is None else ("pass" if ok else "fail")
+    return {"check": name, "result": result, "detail": detail, "required": required}
+
+
+def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """pass / fail / n/a for each claim the GPU check is there to make."""
+    checks = []
+    build = data.get("build") or {}
+    if not build:
+        checks.append(_check("CUDA kernels built", None, "no build facts"))
+    else:
+        detail = (f"has_cuda_kernels={build.get('has_cuda_kernels')} "
+                  f"sass={build.get('sass_archs')}")
+        if build.get("import_error"):
+            detail += f"; {build['import_error'][:200]}"
+        if build.get("require_cuda", True):
+            checks.append(_check("CUDA kernels built", bool(build.get("has_cuda_kernels")), detail))
+        else:
+            checks.append(_check("CUDA kernels built", None, detail + " (cpu run)"))
+    tests = data.get("tests") or {}
+    if tests.get("present") and "tests" in tests:
+        bad = tests["failures"] + tests["errors"]
+        checks.append(_check("CUDA tests", bad == 0 and tests["tests"] > 0,
+                             f"{tests['passed']} passed, {tests['failures']} failed, "
+                             f"{tests['errors']} errors, {tests['skipped']} skipped"))
+    else:
+        checks.append(_check("CUDA tests", None, "no junit xml"))
+    bw = data.get("bitwise") or {}
+    rep = (bw.get("repeat") or {}).get("detgrid") or {}
+    if rep:
+        distinct = [v for v in (rep.get("grad_input_distinct"), rep.get("grad_grid_distinct"))
+                    if v is not None]
+        stock = (bw["repeat"].get("stock") or {})
+        checks.append(_check(
+            "repeat runs bitwise identical", all(v == 1 for v in distinct) and bool(distinct),
+            f"{rep.get('reps')} runs of {bw['repeat'].get('case')}: distinct hashes "
+            f"grad_input={rep.get('grad_input_distinct')} grad_grid={rep.get('grad_grid_distinct')}; "
+            f"stock grad_input={stock.get('grad_input_distinct', stock.get('error'))}"
+            + (f"; {rep['error']}" if rep.get("error") else "")))
+    else:
+        checks.append(_check("repeat runs bitwise identical", None, "not run"))
+    knobs = bw.get("knobs") or {}
+    checks.append(_check("knobs change no bit", knobs.get("distinct") == 1 if knobs else None,
+                         f"{len(knobs.get('settings', []))} settings, distinct={knobs.get('distinct')}"
+                         + (f"; {knobs['error']}" if knobs.get("error") else "")
+                         if knobs else "not run"))
+    for row in bw.get("executor") or []:
+        exact = row.get("must_be_equal")
+        ok = (row["bitwise_equal"] == row["cases"] and not row.get("errors")) if exact else (
+            not row.get("errors"))
+        checks.append(_check(
+            f"device == host executor ({row['dtype']})", ok,
+            f"{row['bitwise_equal']}/{row['cases']} bitwise equal, max abs diff "
+            f"{_fmt(row['max_abs_diff'])}" + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""),
+            required=bool(exact)))
+    if not bw.get("executor"):
+        checks.append(_check("device == host executor", None, "not run"))
+    for key, required in (("memcheck", True), ("racecheck", True), ("initcheck", False)):
+        s = (data.get("sanitizer") or {}).get(key)
+        if not s:
+            checks.append(_check(f"compute-sanitizer {key}", None, "not run", required))
+            continue
+        status = s.get("status")
+        ok = None if status == "unavailable" else status == "clean"
+        detail = f"{status}, errors={s.get('errors')}"
+        if s.get("cases") is not None:
+            detail += f", {s['cases']} cases, mismatches={s.get('mismatches')}"
+        if s.get("reason"):
+            detail += f" ({s['reason']})"
+        checks.append(_check(f"compute-sanitizer {key}", ok, detail, required))
+    timing = data.get("timing") or {}
+    rows = timing.get("rows") or []
+    timed = [r for r in rows if "detgrid_ms" in r]
+    checks.append(_check("timing table", bool(timed) if rows else None,
+                         f"{len(timed)}/{len(rows)} workloads timed", required=False))
+    return checks
+
+
+def overall(checks: List[Dict[str, Any]], steps: List[Dict[str, Any]]) -> str:
+    required = [c for c in checks if c["required"]]
+    if any(c["result"] == "fail" for c in required) or any(s["status"] == "fail" for s in steps):
+        return "FAIL"
+    if steps and all(s["status"] == "dry-run" for s in steps):
+        return "DRY-RUN"
+    if any(c["result"] == "n/a" for c in required) or any(
+            s["status"] in ("timeout", "skipped") for s in steps):
+        return "INCOMPLETE"
+    return "PASS"
+
+
+def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
+    """Everything the steps left in work/ (and the junit xml) as one dict."""
+    data: Dict[str, Any] = {"schema": 1}
+    data["steps"] = read_steps(os.path.join(work, "steps.tsv"))
+    data["env"] = _load_json(os.path.join(work, "env.json"))
+    data["build"] = _load_json(os.path.join(work, "build.json"))
+    data["tests"] = junit_summary(junit) if junit else {"present": False}
+    data["sanitizer"] = {}
+    for tool in ("memcheck", "racecheck", "initcheck"):
+        s = _load_json(os.path.join(work, f"sanitizer_{tool}.json"))
+        if s is not None:
+            data["sanitizer"][tool] = s
+    data["bitwise"] = _load_json(os.path.join(work, "bitwise.json"))
+    data["timing"] = _load_json(os.path.join(work, "timing.json"))
+    data["checks"] = verdict_checks(data)
+    data["verdict"] = overall(data["checks"], data["steps"])
+    return data
+
+
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def _shape(s: Optional[Sequence[int]]) -> str:
+    return "×".join(str(d) for d in s) if s else "–"
+
+
+def markdown_report(data: Dict[str, Any]) -> str:
+    env = data.get("env") or {}
+    lines = [f"# detgrid GPU check: {data.get('verdict')}", ""]
+    if env:
+        lines.append(
+            f"{env.get('device_name', 'no GPU')} (sm {env.get('capability', '–')}, "
+            f"{env.get('sm_count', '–')} SMs), torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), "
+            f"{env.get('nvcc') or 'no nvcc'}, kernel {env.get('kernel_release')} "
+            f"({env.get('runtime_guess')}), sources {str(env.get('sources_sha256'))[:12]}")
+        if env.get("nvidia_smi"):
+            lines.append(f"nvidia-smi: `{env['nvidia_smi']}`")
+        lines.append("")
+    lines += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
+    for c in data.get("checks", []):
+        mark = c["result"] + ("" if c["required"] else " (info)")
+        lines.append(f"| {c['check']} | {mark} | {c['detail']} |")
+    lines += ["", "## Steps", "", "| step | status | rc | s | limit s | note |", "|---|---|---|---|---|---|"]
+    for s in data.get("steps", []):
+        lines.append(f"| {s['name']} | {s['status']} | {_fmt(s['rc'])} | {_fmt(s['seconds'])} | "
+                     f"{_fmt(s['limit_s'])} | {s['note']} |")
+    tests = data.get("tests") or {}
+    for f in tests.get("failed", [])[:10]:
+        lines.append(f"- failed `{f['test']}`: {f['message']}")
+    bw = data.get("bitwise") or {}
+    if bw.get("executor"):
+        lines += ["", "## Device vs host executor", "",
+                  "| dtype | cases | bitwise equal | max abs diff | required |", "|---|---|---|---|---|"]
+        for r in bw["executor"]:
+            lines.append(f"| {r['dtype']} | {r['cases']} | {r['bitwise_equal']} | "
+                         f"{_fmt(r['max_abs_diff'])} | {'yes' if r['must_be_equal'] else 'no'} |")
+    rows = (data.get("timing") or {}).get("rows") or []
+    if rows:
+        clock = "CUDA events" if data["timing"].get("device") == "cuda" else "host clock"
+        lines += ["", f"## Backward timing (median ms, {clock})", "",
+                  "| workload | input | grid | dtype | mode·pad·ac | mask | stock ms | detgrid ms | "
+                  "det/stock | extra peak MiB | rel err gI | rel err gG |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "detgrid_ms" not in r:
+                lines.append(f"| {r['name']} | {r.get('error') or r.get('skipped')} |" + " |" * 10)
+                continue
+            mask = "".join("T" if m else "F" for m in r["output_mask"])
+            lines.append(
+                f"| {r['name']} | {_shape(r['input_shape'])} | {_shape(r['grid_shape'])} | "
+                f"{r['dtype']} | {r['mode']}·{r['padding']}·{int(r['align_corners'])} | {mask} | "
+                f"{_fmt(r['stock_ms'])} | {_fmt(r['detgrid_ms'])} | {_fmt(r['ratio'], '.2f')} | "
+                f"{_fmt(r['extra_peak_mib'], '.1f')} | {_fmt(r['rel_err_grad_input'], '.1e')} | "
+                f"{_fmt(r['rel_err_grad_grid'], '.1e')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(work: str, out: str, junit: Optional[str] = None) -> Dict[str, Any]:
+    data = assemble_report(work, junit)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu_check.json"), "w") as f:
+        json.dump(jsonable(data), f, indent=1, default=str, allow_nan=False)
+    with open(os.path.join(out, "gpu_check.md"), "w") as f:
+        f.write(markdown_report(data))
+    return data
+
+
+def jsonable(obj: Any) -> Any:
+    """obj with non-finite floats as the strings "inf", "-inf", "nan", so the
+    JSON stays standard (jq, browsers)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
