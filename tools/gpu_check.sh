@@ -65,6 +65,11 @@ if [[ "${1:-}" == "__step" ]]; then
       ;;
     build)
       rm -f "$ROOT"/tools/detgrid/_C*.so
+      # torch guesses CUDA_HOME from the nvcc on PATH, which may be a wrapper
+      # script outside the toolkit; name the toolkit when it is the usual one.
+      if [[ -z "${CUDA_HOME:-}" && -x /usr/local/cuda/bin/nvcc ]]; then
+        export CUDA_HOME=/usr/local/cuda
+      fi
       TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} \
         "$PY" setup.py build_ext --inplace
       ;;
