@@ -20,6 +20,55 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from detgrid import bench
+
+    if args.render:
+        with open(args.render) as f:
+            result = json.load(f)
+        paths = bench.render(result, args.render)
+        print("wrote " + ", ".join(p for p in paths.values() if p))
+        return 0 if paths["png"] else 1
+    if args.list:
+        for name, w in bench.BENCH_WORKLOADS.items():
+            in_shape, grid_shape = w.shapes()
+            reason = bench.unsupported_reason(w)
+            note = f"  [skipped: {reason}]" if reason else ""
+            print(f"#{w.row:<3}{name:<26}{str(in_shape):<26}{str(grid_shape):<24}"
+                  f"{w.mode_label}/{w.padding}/ac={w.align_corners}{note}")
+        return 0
+    device = args.device
+    if device == "auto":
+        from detgrid import ops
+
+        device = "cuda" if torch.cuda.is_available() and ops.has_cuda_kernels() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("detgrid bench: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    config = bench.default_config(device, quick=args.quick)
+    names = [n for n in (args.workloads or "").split(",") if n] or None
+    try:
+        config.names = bench.resolve_names(names)
+    except ValueError as e:
+        print(f"detgrid bench: {e}", file=sys.stderr)
+        return 2
+    for key in ("warmup", "reps", "scale", "seed", "budget_s"):
+        if getattr(args, key) is not None:
+            setattr(config, key, getattr(args, key))
+    result = bench.run_bench(config)
+    out = args.out or bench.default_out(result)
+    paths = bench.write_outputs(result, out)
+    print(bench.markdown(result))
+    print("wrote " + ", ".join(p for p in paths.values() if p))
+    if paths["png"] is None:
+        print("detgrid bench: no matplotlib here, so no PNG; draw it elsewhere with "
+              f"`detgrid bench --render {out}`", file=sys.stderr)
+    summary = result["summary"]
+    # Speed targets are benchmarks (reported, never the exit code); a wrong
+    # result or a failing variant is an error.
+    return 1 if summary["incorrect"] or summary["errors"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="detgrid",
@@ -36,6 +85,34 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=_verify)
+
+    bench = commands.add_parser(
+        "bench",
+        help="time stock vs deterministic backward on the BENCHMARKS.md workload matrix; "
+        "writes FILE.json, FILE.md and FILE.png",
+    )
+    bench.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="cuda: full-size workloads; cpu: the host executor vs stock CPU "
+                       "on small shapes (a smoke test of the harness)")
+    bench.add_argument("--quick", action="store_true",
+                       help="shapes scaled way down (CPU: the whole run in < 60 s)")
+    bench.add_argument("--workloads", metavar="NAMES",
+                       help="comma-separated workload names (default: all; see --list)")
+    bench.add_argument("--out", metavar="FILE.json",
+                       help="default: benchmarks/results/<device-name>-<date>[-quick].json; "
+                       "FILE.md and FILE.png go next to it")
+    bench.add_argument("--budget-s", type=float, default=None,
+                       help="start no workload after this many seconds (default 420); "
+                       "the rest are recorded as skipped")
+    bench.add_argument("--warmup", type=int, default=None)
+    bench.add_argument("--reps", type=int, default=None, help="timed calls per variant")
+    bench.add_argument("--scale", type=float, default=None,
+                       help="one scale for every workload's shapes (overrides the sizes)")
+    bench.add_argument("--seed", type=int, default=None)
+    bench.add_argument("--list", action="store_true", help="list the workloads and exit")
+    bench.add_argument("--render", metavar="FILE.json",
+                       help="only redraw FILE.md and FILE.png from an earlier FILE.json")
+    bench.set_defaults(handler=_bench)
     return parser
 
 

@@ -146,21 +146,89 @@ def make_grid(kind: str, n: int, h: int, w: int, input_hw: Tuple[int, int],
         grid = torch.zeros(n, h, w, 2)
         grid[..., 1] = (torch.rand(n, h, w, generator=g) * 2 - 1) * extent
         return grid
+    if kind == "window":
+        # One (h, w) window of whole-pixel offsets per batch item around a
+        # random sub-pixel centre anywhere over the input's pixels (RAFT's
+        # correlation lookup, radius (h-1)/2).
+        in_h, in_w = input_hw
+        centre = torch.rand(n, 1, 1, 2, generator=g) * torch.tensor(
+            [float(in_w), float(in_h)]) - 0.5
+        dy = torch.arange(h, dtype=torch.float32) - (h - 1) / 2
+        dx = torch.arange(w, dtype=torch.float32) - (w - 1) / 2
+        offsets = torch.stack(torch.broadcast_tensors(dx.view(1, w), dy.view(h, 1)), dim=-1)
+        return _normalize(centre + offsets, (in_w, in_h), align_corners)
+    if kind == "affine":
+        # The identity under a random similarity per batch item: scale in
+        # [1/extent, extent], rotation within +-0.3 rad, shift within +-0.1
+        # (a learned STN affine; StyleGAN2-ADA's geometric augmentation).
+        base = _identity_grid(n, h, w, align_corners)
+        scale = torch.exp((torch.rand(n, generator=g) * 2 - 1) * math.log(max(extent, 1.0)))
+        angle = (torch.rand(n, generator=g) * 2 - 1) * 0.3
+        shift = (torch.rand(n, 2, generator=g) * 2 - 1) * 0.1
+        cos, sin = torch.cos(angle) * scale, torch.sin(angle) * scale
+        mat = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
+        return torch.einsum("nhwj,nij->nhwi", base, mat) + shift.view(n, 1, 1, 2)
+    if kind == "clustered":
+        return _clustered(n, h * w, 2, g, extent).view(n, h, w, 2)
     raise ValueError(f"unknown grid kind {kind!r}")
+
+
+def _normalize(pixels: torch.Tensor, sizes: Sequence[int], align_corners: bool) -> torch.Tensor:
+    """Pixel coordinates (last dim x, y[, z]) to grid_sample's [-1, 1]."""
+    size = torch.tensor([float(s) for s in sizes])
+    if align_corners:
+        return pixels * 2 / (size - 1).clamp(min=1) - 1
+    return (pixels * 2 + 1) / size - 1
+
+
+def _clustered(n: int, points: int, dims: int, g: torch.Generator,
+               extent: float = 1.0) -> torch.Tensor:
+    """(n, points, dims) in [-1, 1]: three quarters of the points near 8
+    random centres per batch item (sigma 0.05 * extent), a quarter uniform,
+    as importance-sampled boundary points or rays through an occupied region."""
+    centres = torch.rand(n, 8, dims, generator=g) * 1.6 - 0.8
+    pick = torch.randint(0, 8, (n, points, 1), generator=g).expand(n, points, dims)
+    near = centres.gather(1, pick) + torch.randn(n, points, dims, generator=g) * 0.05 * extent
+    uniform = torch.rand(n, points, dims, generator=g) * 2 - 1
+    use_uniform = torch.rand(n, points, 1, generator=g) < 0.25
+    return torch.where(use_uniform, uniform, near).clamp(-1, 1)
+
+
+def make_grid_3d(kind: str, n: int, d: int, h: int, w: int, input_dhw: Tuple[int, int, int],
+                 align_corners: bool, g: torch.Generator, extent: float = 1.0) -> torch.Tensor:
+    """A float32 grid (n, d, h, w, 3) on the CPU (last dim x, y, z).
+
+    random: uniform in [-extent, extent]; smooth: the identity warp plus
+    about 1.5 voxels of noise; clustered: as _clustered.
+    """
+    if kind == "random":
+        return (torch.rand(n, d, h, w, 3, generator=g) * 2 - 1) * extent
+    if kind == "smooth":
+        zs, ys, xs = (_axis(s, align_corners) for s in (d, h, w))
+        base = torch.stack(torch.broadcast_tensors(
+            xs.view(1, 1, w), ys.view(1, h, 1), zs.view(d, 1, 1)), dim=-1)
+        step = torch.tensor([2.0 / max(s, 1) for s in reversed(input_dhw)])
+        return base.expand(n, d, h, w, 3) + torch.randn(n, d, h, w, 3, generator=g) * 1.5 * step
+    if kind == "clustered":
+        return _clustered(n, d * h * w, 3, g, extent).view(n, d, h, w, 3)
+    raise ValueError(f"unknown 3-D grid kind {kind!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """A benchmark workload (see shared BENCHMARKS.md), at full size.
 
-    build(device, seed, scale) makes its inputs: every dimension but the
-    last of the grid (and dimensions of size one) is multiplied by scale.
+    2-D (input N, C, H, W; grid N, H', W', 2) or 3-D (input N, C, D, H, W;
+    grid N, D', H', W', 3; mode "bilinear" is trilinear there). build(device,
+    seed, scale) makes its inputs from a seeded generator (random data,
+    never zeros): every dimension but the last of the grid (and dimensions
+    of size one) is multiplied by scale. row is the BENCHMARKS.md row.
     """
 
     name: str
     source: str
-    input_shape: Tuple[int, int, int, int]
-    grid_shape: Tuple[int, int, int, int]
+    input_shape: Tuple[int, ...]
+    grid_shape: Tuple[int, ...]
     mode: str
     padding: str
     align_corners: bool
@@ -171,25 +239,50 @@ class Workload:
     expanded_batch: bool = False
     channels_last: bool = False
     load: str = ""
+    row: int = 0
+
+    @property
+    def dim(self) -> int:
+        """Spatial dimensions: 2 or 3."""
+        return len(self.input_shape) - 2
+
+    @property
+    def layout(self) -> str:
+        if self.channels_last:
+            return "channels_last"
+        return "stride-0 batch" if self.expanded_batch else "contiguous"
+
+    @property
+    def mode_label(self) -> str:
+        return "trilinear" if self.dim == 3 and self.mode == "bilinear" else self.mode
 
     def shapes(self, scale: float = 1.0) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-        n, c, h, w = (_scaled(d, scale) for d in self.input_shape)
-        gn, gh, gw, two = self.grid_shape
-        return (n, c, h, w), (n, _scaled(gh, scale), _scaled(gw, scale), two)
+        inp = tuple(_scaled(d, scale) for d in self.input_shape)
+        spatial = tuple(_scaled(d, scale) for d in self.grid_shape[1:-1])
+        return inp, (inp[0],) + spatial + (self.grid_shape[-1],)
 
     def build(self, device: str = "cpu", seed: int = 0, scale: float = 1.0,
               output_mask: Optional[Tuple[bool, bool]] = None) -> Case:
         g = torch.Generator().manual_seed(seed)
-        (n, c, h, w), (_, gh, gw, _) = self.shapes(scale)
-        inp = torch.randn(1 if self.expanded_batch else n, c, h, w, generator=g).to(self.dtype)
+        in_shape, grid_shape = self.shapes(scale)
+        n, c = in_shape[:2]
+        spatial, out_spatial = in_shape[2:], grid_shape[1:-1]
+        inp = torch.randn(1 if self.expanded_batch else n, c, *spatial,
+                          generator=g).to(self.dtype)
         if self.expanded_batch:
-            inp = inp.expand(n, c, h, w)
+            inp = inp.expand(in_shape)
         if self.channels_last:
-            inp = inp.contiguous(memory_format=torch.channels_last)
-        grid = make_grid(self.grid_kind, n, gh, gw, (h, w), self.align_corners, g, self.extent)
+            fmt = torch.channels_last if self.dim == 2 else torch.channels_last_3d
+            inp = inp.contiguous(memory_format=fmt)
+        if self.dim == 2:
+            grid = make_grid(self.grid_kind, n, *out_spatial, tuple(spatial), self.align_corners,
+                             g, self.extent)
+        else:
+            grid = make_grid_3d(self.grid_kind, n, *out_spatial, tuple(spatial),
+                                self.align_corners, g, self.extent)
         case = Case(
             name=self.name,
-            grad_output=torch.randn(n, c, gh, gw, generator=g).to(self.dtype),
+            grad_output=torch.randn(n, c, *out_spatial, generator=g).to(self.dtype),
             input=inp,
             grid=grid.to(self.dtype),
             interpolation_mode=MODES[self.mode],
@@ -200,27 +293,200 @@ class Workload:
         return case.to(device)
 
 
-WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
+_B, _Z, _BO, _R = "bilinear", "zeros", "border", "reflection"
+_IN_GRID, _IN, _GRID = (True, True), (True, False), (False, True)
+
+# The benchmark matrix of shared BENCHMARKS.md, in its row order: one
+# workload per pyramid level for the multi-level rows (#1, #2, #4: each
+# level is its own grid_sample call there), plus the variants it lists
+# (channels_last of #5 and #10, bf16 of #1). Rows #16-#18 are 3-D.
+BENCH_WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("rtdetr_l80", "BENCHMARKS #1 (level 80x80)", (128, 32, 80, 80), (128, 500, 4, 2),
-             "bilinear", "zeros", False, (True, True), "random", load="sparse"),
+             _B, _Z, False, _IN_GRID, "random", load="sparse", row=1),
+    Workload("rtdetr_l40", "BENCHMARKS #1 (level 40x40)", (128, 32, 40, 40), (128, 500, 4, 2),
+             _B, _Z, False, _IN_GRID, "random", load="~1.25/cell", row=1),
+    Workload("rtdetr_l20", "BENCHMARKS #1 (level 20x20)", (128, 32, 20, 20), (128, 500, 4, 2),
+             _B, _Z, False, _IN_GRID, "random", load="~5/cell", row=1),
+    Workload("rtdetr_l20_bf16", "BENCHMARKS #1 (level 20x20), bf16 variant", (128, 32, 20, 20),
+             (128, 500, 4, 2), _B, _Z, False, _IN_GRID, "random", dtype=torch.bfloat16,
+             load="~5/cell", row=1),
+    Workload("mask2former_l128", "BENCHMARKS #2 (level 128x128)", (16, 32, 128, 128),
+             (16, 21504, 4, 2), _B, _Z, False, _IN_GRID, "random", load="~5/cell", row=2),
+    Workload("mask2former_l64", "BENCHMARKS #2 (level 64x64)", (16, 32, 64, 64),
+             (16, 21504, 4, 2), _B, _Z, False, _IN_GRID, "random", load="~21/cell", row=2),
     Workload("mask2former_l32", "BENCHMARKS #2 (level 32x32)", (16, 32, 32, 32), (16, 21504, 4, 2),
-             "bilinear", "zeros", False, (True, True), "random", load="zoom ~84/cell"),
+             _B, _Z, False, _IN_GRID, "random", load="zoom ~84/cell", row=2),
+    Workload("rfdetr_deform_attn", "BENCHMARKS #3", (64, 16, 40, 40), (64, 3900, 2, 2),
+             _B, _Z, False, _IN_GRID, "random", load="~5/cell", row=3),
+    Workload("raft_corr_l0", "BENCHMARKS #4 (level 46x62)", (17112, 1, 46, 62), (17112, 9, 9, 2),
+             _B, _Z, True, _IN, "window", load="local 9x9 window", row=4),
+    Workload("raft_corr_l3", "BENCHMARKS #4 (level 5x7)", (17112, 1, 5, 7), (17112, 9, 9, 2),
+             _B, _Z, True, _IN, "window", load="9x9 window over a 5x7 map", row=4),
     Workload("basicvsr_flow_warp", "BENCHMARKS #5", (4, 64, 64, 64), (4, 64, 64, 2),
-             "bilinear", "zeros", True, (True, True), "smooth", load="smooth"),
-    Workload("tensorf_line", "BENCHMARKS #11", (1, 48, 300, 1), (1, 1000000, 1, 2),
-             "bilinear", "zeros", True, (True, False), "line", load=">1000/cell"),
-    Workload("positional_table_c1024", "BENCHMARKS #14 (stride-0 batch)", (8, 1024, 31, 31),
-             (8, 64, 64, 2), "bilinear", "zeros", False, (True, True), "zoom", extent=0.28,
-             expanded_batch=True, load="zoom ~50/cell"),
-    Workload("rgb_warp_bicubic_fp16", "BENCHMARKS #15", (16, 3, 224, 224), (16, 224, 224, 2),
-             "bicubic", "reflection", False, (True, True), "smooth", dtype=torch.float16,
-             load="smooth"),
+             _B, _Z, True, _IN_GRID, "smooth", load="smooth", row=5),
+    Workload("basicvsr_flow_warp_cl", "BENCHMARKS #5, channels_last variant", (4, 64, 64, 64),
+             (4, 64, 64, 2), _B, _Z, True, _IN_GRID, "smooth", channels_last=True,
+             load="smooth", row=5),
     Workload("monodepth2_grid_only", "BENCHMARKS #6", (12, 3, 192, 640), (12, 192, 640, 2),
-             "bilinear", "border", False, (False, True), "smooth", load="smooth, grid only"),
+             _B, _BO, False, _GRID, "smooth", load="smooth, grid only", row=6),
+    Workload("stn_mnist", "BENCHMARKS #7", (64, 1, 28, 28), (64, 28, 28, 2),
+             _B, _Z, False, _GRID, "affine", extent=1.25, load="learned affine, grid only",
+             row=7),
+    Workload("stylegan2_ada_augment", "BENCHMARKS #8", (8, 3, 524, 524), (8, 524, 524, 2),
+             _B, _Z, False, _IN, "affine", extent=1.25, load="smooth, scale 0.8-1.25", row=8),
+    Workload("mask2former_point_loss", "BENCHMARKS #9", (40, 1, 256, 256), (40, 12544, 1, 2),
+             _B, _Z, False, _IN, "clustered", load="clustered", row=9),
+    Workload("eg3d_triplane", "BENCHMARKS #10", (12, 32, 256, 256), (12, 1, 196608, 2),
+             _B, _Z, False, _IN, "random", load="~3/cell", row=10),
+    Workload("eg3d_triplane_cl", "BENCHMARKS #10, channels_last variant", (12, 32, 256, 256),
+             (12, 1, 196608, 2), _B, _Z, False, _IN, "random", channels_last=True,
+             load="~3/cell", row=10),
+    Workload("tensorf_line", "BENCHMARKS #11", (1, 48, 300, 1), (1, 1000000, 1, 2),
+             _B, _Z, True, _IN, "line", load=">1000/cell", row=11),
+    Workload("kplanes_proposal", "BENCHMARKS #12", (1, 8, 128, 128), (1, 1000000, 1, 2),
+             _B, _BO, True, _IN, "random", extent=0.5, load="~250/cell", row=12),
     Workload("liif_nearest", "BENCHMARKS #13", (16, 576, 48, 48), (16, 1, 2304, 2),
-             "nearest", "zeros", False, (True, False), "random", load="random, large C"),
+             "nearest", _Z, False, _IN, "random", load="random, large C", row=13),
+    Workload("positional_table_c1024", "BENCHMARKS #14 (stride-0 batch)", (8, 1024, 31, 31),
+             (8, 64, 64, 2), _B, _Z, False, _IN_GRID, "zoom", extent=0.28,
+             expanded_batch=True, load="zoom ~50/cell", row=14),
+    Workload("rgb_warp_bicubic_fp16", "BENCHMARKS #15", (16, 3, 224, 224), (16, 224, 224, 2),
+             "bicubic", _R, False, _IN_GRID, "smooth", dtype=torch.float16, load="smooth",
+             row=15),
+    Workload("voxelmorph_warp_3d", "BENCHMARKS #16", (1, 3, 80, 96, 112), (1, 80, 96, 112, 3),
+             _B, _Z, True, _IN_GRID, "smooth", load="smooth 3D", row=16),
+    Workload("dvgo_dense_grid_3d", "BENCHMARKS #17", (1, 12, 160, 160, 160),
+             (1, 1, 1, 1000000, 3), _B, _Z, True, _IN, "clustered", load="clustered", row=17),
+    Workload("simplebev_lift_3d", "BENCHMARKS #18", (6, 128, 1, 56, 100), (6, 200, 8, 200, 3),
+             _B, _Z, False, _IN, "random", load="zoom ~57/cell", row=18),
 ]}
 
+# The GPU check's timing set (detgrid.gpucheck timing): eight of the above.
+GPUCHECK_WORKLOADS = ("rtdetr_l80", "mask2former_l32", "basicvsr_flow_warp", "tensorf_line",
+                      "positional_table_c1024", "rgb_warp_bicubic_fp16",
+                      "monodepth2_grid_only", "liif_nearest")
+WORKLOADS: Dict[str, Workload] = {name: BENCH_WORKLOADS[name] for name in GPUCHECK_WORKLOADS}
+
+
+# --------------------------------------------------------------------------
+# What a workload asks of the backward
+# --------------------------------------------------------------------------
+
+TAPS = {("bilinear", 2): 4, ("nearest", 2): 1, ("bicubic", 2): 16,
+        ("bilinear", 3): 8, ("nearest", 3): 1}
+
+
+def records(case: Case) -> int:
+    """Records the deterministic backward sorts: points x taps when
+    grad_input is asked for, else 0 (the grid gradient needs none)."""
+    if not case.output_mask[0]:
+        return 0
+    dim = case.input.dim() - 2
+    mode = {v: k for k, v in MODES.items()}[case.interpolation_mode]
+    points = case.grid.numel() // case.grid.shape[-1]
+    return points * TAPS[(mode, dim)]
+
+
+def samples_per_cell(case: Case) -> Dict[str, float]:
+    """How many grid points land in each input cell that any point lands in
+    (nearest cell, per batch item), mean and max: the contention stock's
+    atomicAdd sees. Points outside the input are left out."""
+    spatial = list(case.input.shape[2:])
+    n = case.input.shape[0]
+    coords = case.grid.detach().double().reshape(n, -1, len(spatial))  # x, y[, z]
+    sizes = torch.tensor(list(reversed(spatial)), dtype=torch.float64, device=coords.device)
+    if case.align_corners:
+        pix = (coords + 1) / 2 * (sizes - 1)
+    else:
+        pix = ((coords + 1) * sizes - 1) / 2
+    idx = pix.round()
+    inside = ((idx >= 0) & (idx < sizes) & idx.isfinite()).all(-1)
+    idx = torch.where(inside.unsqueeze(-1), idx, torch.zeros_like(idx)).long()
+    key = torch.arange(n, device=idx.device).view(n, 1)
+    for axis in reversed(range(len(spatial))):  # z (or y) outermost, x innermost
+        key = key * int(sizes[axis]) + idx[..., axis]
+    key = key[inside]
+    if key.numel() == 0:
+        return {"mean": 0.0, "max": 0.0}
+    counts = torch.unique(key, return_counts=True)[1]
+    return {"mean": float(key.numel()) / counts.numel(), "max": float(counts.max())}
+
+
+def takes_cudnn(mode: str, padding: str, align_corners: bool, input_shape: Sequence[int],
+                dtype: torch.dtype, grid_numel: Optional[int] = None) -> bool:
+    """Whether stock grid_sample takes cuDNN on CUDA (when cuDNN is there and
+    enabled): bilinear, zeros, align_corners=True, 4-D, C <= 1024, float16,
+    float32 or float64 (not bfloat16), 32-bit indexable, non-empty: aten's
+    cond_cudnn_grid_sampler and the check in grid_sampler."""
+    numel = math.prod(input_shape)
+    limit = 2**31 - 1
+    return (mode == "bilinear" and padding == "zeros" and align_corners
+            and len(input_shape) == 4 and input_shape[1] <= 1024
+            and dtype in (torch.float16, torch.float32, torch.float64)
+            and 0 < numel <= limit and (grid_numel is None or 0 < grid_numel <= limit))
+
+
+def run_cudnn(case: Case) -> Gradients:
+    """Stock's cuDNN backward (aten::cudnn_grid_sampler_backward), outside
+    deterministic mode (it alerts there). cuDNN always computes both
+    gradients; the ones not asked for are dropped here."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        gi, gg = torch.ops.aten.cudnn_grid_sampler_backward(case.input, case.grid,
+                                                            case.grad_output)
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+    return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
+
+
+def run_in_tree(case: Case) -> Gradients:
+    """aten::grid_sampler_2d_backward under deterministic algorithms: on a
+    torch carrying the ATen change this is the in-tree deterministic kernel
+    (on stock torch it raises on CUDA)."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        gi, gg = torch.ops.aten.grid_sampler_2d_backward(*case.args())
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+    return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
+
+
+def contiguous_case(case: Case) -> Case:
+    """The case with contiguous input, grid and grad_output (what cuDNN's
+    grid sampler wants)."""
+    return dataclasses.replace(case, grad_output=case.grad_output.contiguous(),
+                               input=case.input.contiguous(), grid=case.grid.contiguous())
+
+
+def _clone_keeping_layout(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() >= 4 and t.size(0) > 1 and t.stride(0) == 0:
+        return t[:1].clone().expand(t.shape)  # a stride-0 batch stays stride-0
+    return t.clone()  # preserve_format: channels_last stays channels_last
+
+
+def case_bytes(case: Case) -> int:
+    """Bytes of memory the case's tensors occupy (a stride-0 batch once)."""
+    return sum(t.untyped_storage().nbytes() for t in (case.grad_output, case.input, case.grid))
+
+
+def rotation_copies(case: Case, cache_bytes: int, max_copies: int = 128) -> List[Case]:
+    """The case and copies of it (same values, own memory), enough that
+    cycling through them touches over twice cache_bytes between two uses of
+    one copy, so no timed call finds its inputs in the cache the previous
+    call left (at least two copies when cache_bytes > 0; one when 0)."""
+    if cache_bytes <= 0:
+        return [case]
+    need = max(2, math.ceil(2 * cache_bytes / max(case_bytes(case), 1)))
+    copies = [case]
+    for _ in range(min(need, max_copies) - 1):
+        copies.append(dataclasses.replace(
+            case, grad_output=_clone_keeping_layout(case.grad_output),
+            input=_clone_keeping_layout(case.input), grid=case.grid.clone()))
+    return copies
 
 
 def special_grid(grid: torch.Tensor) -> torch.Tensor:
@@ -410,6 +676,71 @@ def _time_interleaved(fns: Sequence[Callable[[], Any]], device: str, warmup: int
                 fn()
                 times[i].append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def time_rotating(fns: Sequence[Callable[[Case], Any]], cases: Sequence[Case], device: str,
+                  warmup: int, reps: int,
+                  before: Optional[Sequence[Optional[Callable[[], Any]]]] = None,
+                  fn_cases: Optional[Sequence[Optional[Sequence[Case]]]] = None
+                  ) -> List[List[float]]:
+    """Milliseconds of each fn(case) per rep, the fns interleaved rep by
+    rep; every call (warm-up too) takes the next copy in turn, so with
+    rotation_copies no call runs on inputs the call before left in the
+    cache. fn_cases[i], if given, is fn i's own list of copies (as many as
+    cases, e.g. contiguous ones); before[i], if given, runs before fn i's
+    timed region (outside it), e.g. to set deterministic mode. CUDA events
+    on the GPU (the time between the two events on the stream, launch gaps
+    included), the host clock on the CPU."""
+    count = [0]
+    lists = [(own if own is not None else cases)
+             for own in (fn_cases if fn_cases is not None else [None] * len(fns))]
+    if any(len(own) != len(cases) for own in lists):
+        raise ValueError("every fn needs as many copies as cases")
+
+    def next_case(i: int) -> Case:
+        case = lists[i][count[0] % len(cases)]
+        count[0] += 1
+        return case
+
+    prep = list(before) if before is not None else [None] * len(fns)
+    for _ in range(warmup):
+        for i, (fn, pre) in enumerate(zip(fns, prep)):
+            if pre is not None:
+                pre()
+            fn(next_case(i))
+    synchronize(device)
+    times: List[List[float]] = [[] for _ in fns]
+    if torch.device(device).type == "cuda":
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                   for _ in range(reps)] for _ in fns]
+        for r in range(reps):
+            for i, (fn, pre) in enumerate(zip(fns, prep)):
+                if pre is not None:
+                    pre()
+                case = next_case(i)
+                start, end = events[i][r]
+                start.record()
+                fn(case)
+                end.record()
+        torch.cuda.synchronize()
+        for i in range(len(fns)):
+            times[i] = [s.elapsed_time(e) for s, e in events[i]]
+    else:
+        for _ in range(reps):
+            for i, (fn, pre) in enumerate(zip(fns, prep)):
+                if pre is not None:
+                    pre()
+                case = next_case(i)
+                t0 = time.perf_counter()
+                fn(case)
+                times[i].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def peak_bytes(fn: Callable[[], Any], device: str) -> Optional[int]:
+    """Memory fn allocates at its peak beyond what was allocated before
+    (torch.cuda.max_memory_allocated); None off CUDA."""
+    return _peak_bytes(fn, device)
 
 
 def _peak_bytes(fn: Callable[[], Any], device: str) -> Optional[int]:

@@ -1,0 +1,442 @@
+# Owner(s): ["module: nn"]
+"""Tests of `detgrid bench` (detgrid.bench and the benchmark matrix in
+detgrid.workloads) that need no GPU: the workload registry against
+shared BENCHMARKS.md, the builders, the cuDNN-route classification, the
+summary and targets, the budget guard, and a small run on the host executor
+that writes JSON, Markdown and a PNG.
+
+Names here avoid the word the device run selects tests by (-k cuda).
+"""
+
+import json
+import math
+import os
+import tempfile
+from unittest import mock
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+from detgrid import bench, cli, workloads
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def strict_json(path):
+    def reject(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    with open(path) as f:
+        return json.load(f, parse_constant=reject)
+
+
+def measured_row(name, ratio, *, high=False, large=False, extra=1.0, records=1000,
+                 correct=True):
+    """A synthetic measured row, as bench_workload makes them."""
+    return {"name": name, "status": "measured", "ratio": ratio, "high_collision": high,
+            "large_channels": large, "extra_peak_mib": extra, "records": records,
+            "memory_bound_mib": bench.MEMORY_BASE_MIB + 16 * records / 2**20,
+            "correct": correct}
+
+
+class TestBenchRegistry(TestCase):
+    def test_matrix_has_every_benchmarks_row_and_the_listed_variants(self):
+        w = workloads.BENCH_WORKLOADS
+        two_d = [x for x in w.values() if x.dim == 2]
+        three_d = [x for x in w.values() if x.dim == 3]
+        self.assertGreaterEqual(len(two_d), 14)
+        self.assertEqual(sorted({x.row for x in two_d}), list(range(1, 16)))
+        self.assertEqual(sorted(x.row for x in three_d), [16, 17, 18])
+        self.assertEqual(len(set(w)), len(w))
+        # The variants BENCHMARKS.md asks for: channels_last of #5 and #10, bf16 of #1.
+        self.assertEqual({x.row for x in w.values() if x.channels_last}, {5, 10})
+        self.assertEqual([x.row for x in w.values() if x.dtype == torch.bfloat16], [1])
+        self.assertEqual([x.row for x in w.values() if x.dtype == torch.float16], [15])
+        # The GPU check's eight keep their names and definitions.
+        self.assertEqual(len(workloads.WORKLOADS), 8)
+        for name, x in workloads.WORKLOADS.items():
+            self.assertIs(w[name], x)
+
+    def test_full_size_shapes_follow_benchmarks_md(self):
+        w = workloads.BENCH_WORKLOADS
+        self.assertEqual(w["rtdetr_l40"].shapes(), ((128, 32, 40, 40), (128, 500, 4, 2)))
+        self.assertEqual(w["mask2former_l128"].shapes(),
+                         ((16, 32, 128, 128), (16, 21504, 4, 2)))
+        self.assertEqual(w["rfdetr_deform_attn"].shapes(), ((64, 16, 40, 40), (64, 3900, 2, 2)))
+        self.assertEqual(w["raft_corr_l0"].shapes(), ((17112, 1, 46, 62), (17112, 9, 9, 2)))
+        self.assertEqual(w["eg3d_triplane_cl"].shapes(),
+                         ((12, 32, 256, 256), (12, 1, 196608, 2)))
+        self.assertEqual(w["kplanes_proposal"].shapes(), ((1, 8, 128, 128), (1, 1000000, 1, 2)))
+        self.assertEqual(w["mask2former_point_loss"].shapes(),
+                         ((40, 1, 256, 256), (40, 12544, 1, 2)))
+        self.assertEqual(w["stylegan2_ada_augment"].shapes(),
+                         ((8, 3, 524, 524), (8, 524, 524, 2)))
+        self.assertEqual(w["voxelmorph_warp_3d"].shapes(),
+                         ((1, 3, 80, 96, 112), (1, 80, 96, 112, 3)))
+        self.assertEqual(w["dvgo_dense_grid_3d"].shapes(),
+                         ((1, 12, 160, 160, 160), (1, 1, 1, 1000000, 3)))
+        self.assertEqual(w["simplebev_lift_3d"].shapes(),
+                         ((6, 128, 1, 56, 100), (6, 200, 8, 200, 3)))
+        settings = {name: (x.mode_label, x.padding, x.align_corners, x.output_mask)
+                    for name, x in w.items()}
+        self.assertEqual(settings["kplanes_proposal"], ("bilinear", "border", True, (True, False)))
+        self.assertEqual(settings["stn_mnist"], ("bilinear", "zeros", False, (False, True)))
+        self.assertEqual(settings["raft_corr_l3"], ("bilinear", "zeros", True, (True, False)))
+        self.assertEqual(settings["voxelmorph_warp_3d"],
+                         ("trilinear", "zeros", True, (True, True)))
+        self.assertEqual(settings["simplebev_lift_3d"],
+                         ("trilinear", "zeros", False, (True, False)))
+
+    def test_builders_give_random_nonzero_data_of_the_right_kind(self):
+        for name, w in workloads.BENCH_WORKLOADS.items():
+            scale = bench.size_scale(w, "tiny")
+            case = w.build("cpu", seed=5, scale=scale)
+            in_shape, grid_shape = w.shapes(scale)
+            self.assertEqual(tuple(case.input.shape), in_shape, name)
+            self.assertEqual(tuple(case.grid.shape), grid_shape, name)
+            self.assertEqual(tuple(case.grad_output.shape),
+                             in_shape[:2] + grid_shape[1:-1], name)
+            for t in (case.input, case.grid, case.grad_output):
+                self.assertEqual(t.dtype, w.dtype, name)
+            self.assertEqual(case.output_mask, w.output_mask, name)
+            # random, never zeros
+            for t in (case.input, case.grad_output):
+                self.assertGreater(float((t != 0).double().mean()), 0.95, name)
+            self.assertTrue(bool(case.grid.isfinite().all()), name)
+            self.assertGreater(float(case.grid.double().abs().max()), 0.0, name)
+            self.assertGreater(float(case.grid.double().std()), 0.0, name)
+            if w.channels_last:
+                self.assertTrue(case.input.is_contiguous(memory_format=torch.channels_last), name)
+                if case.input.shape[1] > 1:  # with one channel both layouts coincide
+                    self.assertFalse(case.input.is_contiguous(), name)
+            if w.expanded_batch and case.input.shape[0] > 1:
+                self.assertEqual(case.input.stride(0), 0, name)
+            other = w.build("cpu", seed=6, scale=scale)
+            self.assertFalse(workloads.bitwise_equal(case.grad_output, other.grad_output), name)
+
+    def test_grid_kinds_land_where_they_should(self):
+        g = torch.Generator().manual_seed(0)
+        # RAFT window: 9x9 whole-pixel offsets around a centre.
+        win = workloads.make_grid("window", 3, 9, 9, (46, 62), True, g)
+        px = (win[..., 0] + 1) / 2 * 61
+        self.assertEqual(px[:, :, 1:] - px[:, :, :-1], torch.ones(3, 9, 8), atol=1e-4, rtol=0)
+        affine = workloads.make_grid("affine", 4, 8, 8, (8, 8), False, g, extent=1.25)
+        self.assertLess(float(affine.abs().max()), 1.25 * 1.5 + 0.1)
+        clustered = workloads.make_grid("clustered", 2, 1000, 1, (64, 64), False, g)
+        self.assertLessEqual(float(clustered.abs().max()), 1.0)
+        # 3-D smooth: the identity plus about 1.5 voxels of noise per axis.
+        smooth3 = workloads.make_grid_3d("smooth", 2, 8, 10, 12, (16, 20, 24), True, g)
+        self.assertEqual(tuple(smooth3.shape), (2, 8, 10, 12, 3))
+        ident = workloads.make_grid_3d("smooth", 2, 8, 10, 12, (1e9, 1e9, 1e9), True, g)
+        self.assertEqual(ident[0, 0, 0, 0], torch.tensor([-1.0, -1.0, -1.0]), atol=1e-6, rtol=0)
+        self.assertEqual(ident[0, -1, -1, -1], torch.tensor([1.0, 1.0, 1.0]), atol=1e-6, rtol=0)
+        voxels = (smooth3 - ident) / torch.tensor([2 / 24, 2 / 20, 2 / 16])
+        self.assertGreater(float(voxels.std()), 1.2)
+        self.assertLess(float(voxels.std()), 1.8)
+        with self.assertRaises(ValueError):
+            workloads.make_grid_3d("line", 1, 2, 2, 2, (2, 2, 2), True, g)
+
+    def test_records_count_points_times_taps_and_zero_without_grad_input(self):
+        w = workloads.BENCH_WORKLOADS
+        bil = w["rtdetr_l20"].build("cpu", scale=0.1)
+        self.assertEqual(workloads.records(bil), bil.grid[..., 0].numel() * 4)
+        near = w["liif_nearest"].build("cpu", scale=0.1)
+        self.assertEqual(workloads.records(near), near.grid[..., 0].numel())
+        cubic = w["rgb_warp_bicubic_fp16"].build("cpu", scale=0.05)
+        self.assertEqual(workloads.records(cubic), cubic.grid[..., 0].numel() * 16)
+        self.assertEqual(workloads.records(w["monodepth2_grid_only"].build("cpu", scale=0.05)),
+                         0)
+        tri = w["voxelmorph_warp_3d"].build("cpu", scale=0.05)
+        self.assertEqual(workloads.records(tri), tri.grid[..., 0].numel() * 8)
+
+    def test_samples_per_cell_counts_points_per_touched_cell(self):
+        # 2 images of 4x4; image 0: 6 points in pixel (1, 2), 2 in (3, 0);
+        # image 1: 4 points in (0, 0) and 3 outside the input.
+        def at(x, y, size=4):  # pixel centre, align_corners=False
+            return [(2 * x + 1) / size - 1, (2 * y + 1) / size - 1]
+
+        pts0 = [at(2, 1)] * 6 + [at(0, 3)] * 2 + [at(0, 3)] * 0
+        pts1 = [at(0, 0)] * 4 + [[5.0, 0.0], [0.0, -3.0], [math.nan, 0.0]] + [at(0, 0)]
+        grid = torch.tensor([pts0, pts1]).view(2, 8, 1, 2)
+        case = workloads.Case("t", torch.randn(2, 1, 8, 1), torch.randn(2, 1, 4, 4), grid,
+                              0, 0, False, (True, False))
+        stats = workloads.samples_per_cell(case)
+        self.assertEqual(stats, {"mean": 13 / 3, "max": 6.0})
+
+
+class TestBenchClassification(TestCase):
+    def test_cudnn_route_rows_are_bilinear_zeros_aligned_4d_small_c_not_bf16(self):
+        routed = {name for name, w in workloads.BENCH_WORKLOADS.items()
+                  if bench.workload_takes_cudnn(w)}
+        self.assertEqual(routed, {"raft_corr_l0", "raft_corr_l3", "basicvsr_flow_warp",
+                                  "basicvsr_flow_warp_cl", "tensorf_line"})
+        ok = dict(mode="bilinear", padding="zeros", align_corners=True,
+                  input_shape=(2, 64, 8, 8), dtype=torch.float32)
+        self.assertTrue(workloads.takes_cudnn(**ok))
+        self.assertTrue(workloads.takes_cudnn(**{**ok, "dtype": torch.float16}))
+        self.assertTrue(workloads.takes_cudnn(**{**ok, "dtype": torch.float64}))
+        self.assertTrue(workloads.takes_cudnn(**{**ok, "input_shape": (2, 1024, 8, 8)}))
+        for change in ({"dtype": torch.bfloat16}, {"input_shape": (2, 1025, 8, 8)},
+                       {"align_corners": False}, {"padding": "border"}, {"mode": "nearest"},
+                       {"mode": "bicubic"}, {"input_shape": (1, 3, 4, 8, 8)},
+                       {"input_shape": (2, 64, 0, 8)}, {"input_shape": (2**16, 64, 32, 32)}):
+            self.assertFalse(workloads.takes_cudnn(**{**ok, **change}), change)
+
+    def test_three_d_rows_are_skipped_with_a_reason(self):
+        for name, w in workloads.BENCH_WORKLOADS.items():
+            reason = bench.unsupported_reason(w)
+            if w.dim == 3:
+                self.assertIn("3-D backward", reason, name)
+            else:
+                self.assertIsNone(reason, name)
+
+    def test_in_tree_probe_on_the_host_reports_unpatched(self):
+        self.assertFalse(bench.detect_in_tree("cpu")["patched"])
+
+    def test_sizes_cap_shapes_and_full_is_scale_one(self):
+        for name, w in workloads.BENCH_WORKLOADS.items():
+            self.assertEqual(bench.size_scale(w, "full"), 1.0)
+            in_shape, grid_shape = w.shapes(bench.size_scale(w, "tiny"))
+            self.assertLessEqual(math.prod(in_shape), bench.SIZES["tiny"][0], name)
+            self.assertLessEqual(math.prod(grid_shape[:-1]), bench.SIZES["tiny"][1], name)
+
+    def test_judge_accepts_stock_agreement_or_float64_when_stock_is_worse(self):
+        self.assertEqual(bench.judge(1e-6, {"detgrid": 1e-7, "stock": 1e-7}, 1e-4),
+                         (True, "stock"))
+        self.assertEqual(bench.judge(0.9, {"detgrid": 3e-3, "stock": 0.9}, 5e-2),
+                         (True, "float64 (stock is further off)"))
+        self.assertFalse(bench.judge(0.9, {"detgrid": 0.9, "stock": 1e-3}, 5e-2)[0])
+        self.assertFalse(bench.judge(math.inf, {"detgrid": math.inf, "stock": 0.0}, 1e-4)[0])
+        self.assertFalse(bench.judge(2e-4, {"detgrid": 2e-4, "stock": 1e-3}, 1e-4)[0])
+
+
+class TestBenchSummary(TestCase):
+    def test_geomean_and_worst(self):
+        rows = [measured_row("a", 0.5), measured_row("b", 2.0), measured_row("c", 4.0),
+                {"name": "d", "status": "skipped", "skip_reason": "x"},
+                {"name": "e", "status": "error", "error": "boom"}]
+        s = bench.summarize(rows, cuda=True)
+        self.assertAlmostEqual(s["geomean"], (0.5 * 2.0 * 4.0) ** (1 / 3))
+        self.assertEqual((s["worst"], s["worst_workload"]), (4.0, "c"))
+        self.assertEqual((s["measured"], s["skipped"], s["errors"]), (3, ["d"], ["e"]))
+        self.assertAlmostEqual(bench.geomean([1.0, 4.0]), 2.0)
+        self.assertIsNone(bench.geomean([]))
+        self.assertIsNone(bench.summarize([], cuda=True)["geomean"])
+
+    def test_targets_met_or_not_on_the_device(self):
+        rows = [measured_row("fast_collide", 0.4, high=True),
+                measured_row("slow_wide", 0.7, large=True),
+                measured_row("plain", 0.9, extra=200.0, records=10)]
+        s = bench.summarize(rows, cuda=True)
+        met = {t["target"].split(" ")[0]: t for t in s["targets"]}
+        self.assertTrue(met["det/stock"]["met"])  # geomean 0.63
+        targets = s["targets"]
+        self.assertTrue(targets[1]["met"])         # worst 0.9 <= 1.5
+        self.assertFalse(targets[2]["met"])        # slow_wide is not 2x faster
+        self.assertEqual(targets[2]["failing"], ["slow_wide"])
+        self.assertFalse(targets[3]["met"])        # plain adds 200 MiB
+        self.assertEqual(targets[3]["failing"], ["plain"])
+        self.assertTrue(targets[4]["met"])
+        per_row = [bench.row_targets(r, cuda=True) for r in rows]
+        self.assertEqual([t["speed_goal"] for t in per_row], [0.5, 0.5, 1.5])
+        self.assertEqual([t["met"] for t in per_row], [True, False, False])
+        wrong = bench.summarize([measured_row("w", 0.1, correct=False)], cuda=True)
+        self.assertFalse(wrong["targets"][4]["met"])
+        self.assertEqual(wrong["incorrect"], ["w"])
+
+    def test_targets_are_not_applicable_on_the_host(self):
+        rows = [measured_row("a", 5.0, extra=None)]
+        s = bench.summarize(rows, cuda=False)
+        self.assertEqual([t["met"] for t in s["targets"][:4]], [bench.CPU_NA] * 4)
+        self.assertTrue(s["targets"][4]["met"])  # correctness counts everywhere
+        self.assertEqual(bench.row_targets(rows[0], cuda=False)["met"], bench.CPU_NA)
+
+    def test_outputs_without_matplotlib_skip_only_the_png(self):
+        result = {"device": "cpu", "device_name": "cpu x", "torch": "t", "torch_cuda": None,
+                  "cudnn": None, "git_commit": None, "time_utc": "2026-12-01T10:00:00+00:00",
+                  "size": "tiny", "warmup": 1, "reps": 2, "elapsed_s": 1.0,
+                  "in_tree": {"patched": False, "reason": "r"}, "workloads": [],
+                  "summary": bench.summarize([], cuda=False)}
+        with tempfile.TemporaryDirectory() as work, \
+                mock.patch.dict("sys.modules", {"matplotlib": None}):
+            paths = bench.write_outputs(result, os.path.join(work, "r.json"))
+            self.assertIsNone(paths["png"])
+            self.assertTrue(os.path.isfile(paths["markdown"]))
+            self.assertEqual(strict_json(paths["json"])["device"], "cpu")
+
+    def test_output_paths(self):
+        self.assertEqual(bench.sibling_paths("/x/r.json"), ("/x/r.md", "/x/r.png"))
+        self.assertEqual(bench.sibling_paths("/x/r"), ("/x/r.md", "/x/r.png"))
+        result = {"device": "cuda", "device_name": "NVIDIA H200", "time_utc":
+                  "2026-12-01T10:00:00+00:00", "quick": False}
+        self.assertEqual(bench.default_out(result),
+                         os.path.join("benchmarks", "results", "nvidia-h200-2026-12-01.json"))
+        self.assertTrue(bench.default_out({**result, "quick": True}).endswith("-quick.json"))
+
+
+class TestBenchHostRuns(TestCase):
+    def test_rotation_copies_cover_twice_the_cache_and_keep_layouts(self):
+        w = workloads.BENCH_WORKLOADS
+        case = w["positional_table_c1024"].build("cpu", scale=0.2)
+        size = workloads.case_bytes(case)
+        self.assertEqual(len(workloads.rotation_copies(case, 0)), 1)
+        copies = workloads.rotation_copies(case, 10 * size)
+        self.assertEqual(len(copies), 20)
+        self.assertEqual(len(workloads.rotation_copies(case, size // 10)), 2)
+        self.assertEqual(len(workloads.rotation_copies(case, 10 * size, max_copies=4)), 4)
+        ptrs = {c.input.data_ptr() for c in copies}
+        self.assertEqual(len(ptrs), 20)
+        for c in copies:
+            self.assertEqual(c.input.stride(0), 0)
+            self.assertEqual(c.input, case.input)
+            self.assertEqual(c.grid, case.grid)
+        cl = w["basicvsr_flow_warp_cl"].build("cpu", scale=0.2)
+        for c in workloads.rotation_copies(cl, 4 * workloads.case_bytes(cl)):
+            self.assertTrue(c.input.is_contiguous(memory_format=torch.channels_last))
+
+    def test_time_rotating_gives_each_call_the_next_copy(self):
+        cases = [workloads.Case(str(i), torch.zeros(1), torch.zeros(1), torch.zeros(1), 0, 0,
+                                False, (True, True)) for i in range(3)]
+        own = [workloads.Case("own" + c.name, *c.args()[:3], 0, 0, False, (True, True))
+               for c in cases]
+        seen = []
+        order = []
+        times = workloads.time_rotating(
+            [lambda c: seen.append(("a", c.name)), lambda c: seen.append(("b", c.name))],
+            cases, "cpu", warmup=1, reps=2,
+            before=[lambda: order.append("pre-a"), None], fn_cases=[None, own])
+        self.assertEqual([len(t) for t in times], [2, 2])
+        self.assertEqual(seen, [("a", "0"), ("b", "own1"), ("a", "2"), ("b", "own0"),
+                                ("a", "1"), ("b", "own2")])
+        self.assertEqual(order, ["pre-a"] * 3)
+        with self.assertRaises(ValueError):
+            workloads.time_rotating([lambda c: None], cases, "cpu", 0, 1, fn_cases=[own[:2]])
+
+    def test_small_run_writes_json_markdown_and_png(self):
+        names = ["rtdetr_l20_bf16", "basicvsr_flow_warp", "monodepth2_grid_only",
+                 "voxelmorph_warp_3d"]
+        with tempfile.TemporaryDirectory() as work:
+            out = os.path.join(work, "sub", "cpu.json")
+            with mock.patch("builtins.print"):
+                rc = cli.main(["bench", "--device", "cpu", "--quick", "--workloads",
+                               ",".join(names), "--out", out])
+            self.assertEqual(rc, 0)
+            data = strict_json(out)
+            with open(os.path.join(work, "sub", "cpu.md")) as f:
+                md = f.read()
+            png = os.path.join(work, "sub", "cpu.png")
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), PNG_MAGIC)
+            # --render redraws both from the JSON alone.
+            os.remove(png)
+            with mock.patch("builtins.print"):
+                self.assertEqual(cli.main(["bench", "--render", out]), 0)
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), PNG_MAGIC)
+            with open(os.path.join(work, "sub", "cpu.md")) as f:
+                self.assertEqual(f.read(), md)
+        self.assertEqual(data["device"], "cpu")
+        self.assertEqual(data["torch"], torch.__version__)
+        self.assertTrue(data["quick"])
+        self.assertEqual([r["name"] for r in data["workloads"]], names)
+        rows = {r["name"]: r for r in data["workloads"]}
+        measured = [rows[n] for n in names[:3]]
+        for r in measured:
+            self.assertEqual(r["status"], "measured", r.get("error"))
+            self.assertEqual(r["stock_route"], "native")
+            self.assertEqual(set(r["variants"]), {"native", "detgrid"})
+            for v in r["variants"].values():
+                self.assertGreater(v["median_ms"], 0)
+                self.assertEqual(v["n"], 20)
+            self.assertAlmostEqual(r["ratio"], r["detgrid_ms"] / r["stock_ms"])
+            self.assertIsNone(r["extra_peak_mib"])  # measured on the GPU only
+            self.assertTrue(r["correct"], r)
+            self.assertEqual(r["targets"]["met"], bench.CPU_NA)
+            self.assertEqual(r["copies"], 1)
+        self.assertTrue(rows["basicvsr_flow_warp"]["cudnn_route"])
+        self.assertLess(rows["basicvsr_flow_warp"]["max_rel_diff"], 1e-5)
+        self.assertEqual(rows["monodepth2_grid_only"]["records"], 0)
+        self.assertIsNone(rows["monodepth2_grid_only"]["rel_diff"]["grad_input"])
+        bf16 = rows["rtdetr_l20_bf16"]
+        self.assertEqual(bf16["dtype"], "bfloat16")
+        self.assertLess(bf16["err_vs_float64"]["detgrid"], bench.TOLERANCE["bfloat16"])
+        skipped = rows["voxelmorph_warp_3d"]
+        self.assertEqual(skipped["status"], "skipped")
+        self.assertIn("3-D backward", skipped["skip_reason"])
+        self.assertAlmostEqual(data["geomean"],
+                               math.exp(sum(math.log(r["ratio"]) for r in measured) / 3))
+        self.assertEqual(data["worst"], max(r["ratio"] for r in measured))
+        self.assertEqual(data["summary"]["skipped"], ["voxelmorph_warp_3d"])
+        self.assertIn("| # | workload |", md)
+        self.assertIn(bench.CPU_NA, md)
+        self.assertIn("det/stock geomean <= 1.0", md)
+        self.assertIn("skipped: needs the 3-D backward", md)
+        for name in names:
+            self.assertIn(name, md)
+
+    def test_budget_guard_skips_workloads_once_time_is_up(self):
+        ticks = iter([0.0, 0.0] + [100.0] * 20)  # start, first check, then late
+        config = bench.BenchConfig(device="cpu", names=["stn_mnist", "liif_nearest",
+                                                        "voxelmorph_warp_3d", "tensorf_line"],
+                                   size="tiny", warmup=0, reps=2, budget_s=10.0)
+        result = bench.run_bench(config, clock=lambda: next(ticks))
+        status = [(r["name"], r["status"]) for r in result["workloads"]]
+        self.assertEqual(status, [("stn_mnist", "measured"), ("liif_nearest", "skipped"),
+                                  ("voxelmorph_warp_3d", "skipped"),
+                                  ("tensorf_line", "skipped")])
+        rows = result["workloads"]
+        self.assertIn("time budget", rows[1]["skip_reason"])
+        self.assertIn("3-D backward", rows[2]["skip_reason"])
+        self.assertIn("time budget", rows[3]["skip_reason"])
+        self.assertEqual(result["summary"]["skipped"],
+                         ["liif_nearest", "voxelmorph_warp_3d", "tensorf_line"])
+        self.assertEqual(result["summary"]["measured"], 1)
+
+    def test_cudnn_and_in_tree_variants_are_timed_where_they_apply(self):
+        # The GPU-only variants, exercised on the host: cuDNN stands in as
+        # stock's native kernel, the in-tree path is aten's CPU backward
+        # under deterministic mode.
+        def fake_cudnn(case):
+            return torch.ops.aten.grid_sampler_2d_backward(*case.args())
+
+        def fake_run_cudnn(case):
+            return workloads.run_stock(case)
+
+        w = workloads.BENCH_WORKLOADS["basicvsr_flow_warp_cl"]
+        with mock.patch.object(bench, "cudnn_usable", lambda device: True), \
+                mock.patch.object(bench, "_raw_cudnn", fake_cudnn), \
+                mock.patch.object(bench, "run_cudnn", fake_run_cudnn):
+            row = bench.bench_workload(w, "cpu", 0.2, warmup=1, reps=3, in_tree=True)
+        self.assertEqual(row["stock_route"], "cudnn")
+        self.assertEqual(set(row["variants"]), {"native", "cudnn", "detgrid", "in_tree"})
+        self.assertEqual(row["stock_ms"], row["variants"]["cudnn"]["median_ms"])
+        self.assertAlmostEqual(row["ratio"], row["detgrid_ms"] / row["stock_ms"])
+        self.assertTrue(row["cudnn_inputs_made_contiguous"])
+        self.assertLess(max(row["rel_diff_vs_cudnn"].values()), 1e-5)
+        self.assertLess(max(row["in_tree_rel_diff"].values()), 1e-12)
+        self.assertIn("in_tree_ratio", row)
+        self.assertFalse(torch.are_deterministic_algorithms_enabled())
+
+    def test_failing_cudnn_leaves_native_stock_as_the_baseline(self):
+        def broken(case):
+            raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED")
+
+        w = workloads.BENCH_WORKLOADS["basicvsr_flow_warp"]
+        with mock.patch.object(bench, "cudnn_usable", lambda device: True), \
+                mock.patch.object(bench, "run_cudnn", broken):
+            row = bench.bench_workload(w, "cpu", 0.2, warmup=0, reps=2)
+        self.assertEqual(row["stock_route"], "native")
+        self.assertIn("CUDNN_STATUS_NOT_SUPPORTED", row["cudnn_error"])
+        self.assertEqual(set(row["variants"]), {"native", "detgrid"})
+
+    def test_unknown_workload_is_refused(self):
+        with self.assertRaises(ValueError):
+            bench.resolve_names(["rtdetr_l80", "nope"])
+        self.assertEqual(bench.resolve_names(["all"]), list(workloads.BENCH_WORKLOADS))
+        with mock.patch("builtins.print"):
+            self.assertEqual(cli.main(["bench", "--device", "cpu", "--workloads", "nope"]), 2)
+            self.assertEqual(cli.main(["bench", "--list"]), 0)
+
+
+if __name__ == "__main__":
+    run_tests()
