@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Builds the extension WITH its CUDA kernels against torch 2.14.1+cu130 (the
-# CUDA wheel on this machine's disk; no GPU needed), then proves that the
-# result links and loads: every symbol it takes from libtorch_cuda resolves,
-# the CUDA overrides register (their C++ signatures must match aten's
-# schemas), and the test suite passes with this build (its CPU side; the CUDA
-# tests skip without a GPU).
+# Builds the extension WITH its CUDA kernels against a CUDA build of torch
+# (no GPU needed), then proves that the result links and loads: every symbol
+# it takes from libtorch_cuda resolves, the CUDA overrides register (their C++
+# signatures must match aten's schemas), and the test suite passes with this
+# build (its CPU side; the CUDA tests skip without a GPU).
+#   bash .ci/cuda_build_check.sh 2.14.1   the cu130 wheel on this machine's disk
+#   bash .ci/cuda_build_check.sh 2.15.0   the newest release (cu132), from PyPI
+#                                          past this machine's pip cap
 set -euo pipefail
+version=${1:?usage: cuda_build_check.sh TORCH_VERSION}
 root=$(cd "$(dirname "$0")/.." && pwd)
-venv=${DETGRID_CU130_VENV:-$HOME/.cache/detgrid/venv-torch-2.14.1-cu130}
+venv=$HOME/.cache/detgrid/venv-torch-$version
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+pip_env=()
+if [ "$version" = 2.15.0 ]; then
+  pip_env=(XDG_CONFIG_DIRS=/nonexistent PIP_CONFIG_FILE=/dev/null)
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  torch==2.14.1 numpy pytest expecttest hypothesis "setuptools>=77" wheel 2>&1 \
+env "${pip_env[@]}" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  "torch==$version" numpy pytest expecttest hypothesis "setuptools>=77" wheel 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
 
 # Build in a copy so that the .so of this build and the one in .venv (both
