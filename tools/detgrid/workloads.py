@@ -647,37 +647,6 @@ def rel_err(a: Optional[torch.Tensor], ref: Optional[torch.Tensor]) -> Optional[
 # --------------------------------------------------------------------------
 
 
-def _time_interleaved(fns: Sequence[Callable[[], Any]], device: str, warmup: int,
-                      reps: int) -> List[List[float]]:
-    """Milliseconds of each fn per rep, the fns interleaved rep by rep (so
-    clock drift hits all alike); CUDA events on the GPU."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    synchronize(device)
-    cuda = torch.device(device).type == "cuda"
-    times: List[List[float]] = [[] for _ in fns]
-    if cuda:
-        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                   for _ in range(reps)] for _ in fns]
-        for r in range(reps):
-            for i, fn in enumerate(fns):
-                start, end = events[i][r]
-                start.record()
-                fn()
-                end.record()
-        torch.cuda.synchronize()
-        for i in range(len(fns)):
-            times[i] = [s.elapsed_time(e) for s, e in events[i]]
-    else:
-        for _ in range(reps):
-            for i, fn in enumerate(fns):
-                t0 = time.perf_counter()
-                fn()
-                times[i].append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
 def time_rotating(fns: Sequence[Callable[[Case], Any]], cases: Sequence[Case], device: str,
                   warmup: int, reps: int,
                   before: Optional[Sequence[Optional[Callable[[], Any]]]] = None,
@@ -740,11 +709,6 @@ def time_rotating(fns: Sequence[Callable[[Case], Any]], cases: Sequence[Case], d
 def peak_bytes(fn: Callable[[], Any], device: str) -> Optional[int]:
     """Memory fn allocates at its peak beyond what was allocated before
     (torch.cuda.max_memory_allocated); None off CUDA."""
-    return _peak_bytes(fn, device)
-
-
-def _peak_bytes(fn: Callable[[], Any], device: str) -> Optional[int]:
-    """Memory the call allocates at its peak, beyond what was allocated before."""
     if torch.device(device).type != "cuda":
         return None
     torch.cuda.synchronize()
@@ -781,15 +745,14 @@ def time_workload(workload: Workload, device: str = "cuda", warmup: int = 5, rep
     row["rel_err_grad_input"] = rel_err(det_out[0], stock_out[0])
     row["rel_err_grad_grid"] = rel_err(det_out[1], stock_out[1])
     del stock_out, det_out
-    stock_ms, det_ms = _time_interleaved(
-        [lambda: run_stock(case), lambda: run_detgrid(case)], device, warmup, reps)
+    stock_ms, det_ms = time_rotating([run_stock, run_detgrid], [case], device, warmup, reps)
     row["stock_ms"] = statistics.median(stock_ms)
     row["detgrid_ms"] = statistics.median(det_ms)
     row["stock_ms_range"] = [min(stock_ms), max(stock_ms)]
     row["detgrid_ms_range"] = [min(det_ms), max(det_ms)]
     row["ratio"] = row["detgrid_ms"] / row["stock_ms"] if row["stock_ms"] > 0 else None
-    stock_peak = _peak_bytes(lambda: run_stock(case), device)
-    det_peak = _peak_bytes(lambda: run_detgrid(case), device)
+    stock_peak = peak_bytes(lambda: run_stock(case), device)
+    det_peak = peak_bytes(lambda: run_detgrid(case), device)
     row["stock_peak_mib"] = None if stock_peak is None else stock_peak / 2**20
     row["detgrid_peak_mib"] = None if det_peak is None else det_peak / 2**20
     row["extra_peak_mib"] = (None if stock_peak is None or det_peak is None
