@@ -1,0 +1,170 @@
+"""Fetch and cache a real PyTorch source tree: Debian's ``pytorch`` source package.
+
+Debian trixie's ``pytorch 2.6.0+dfsg-7`` is upstream v2.6.0 (``version.txt`` 2.6.0a0) with its
+tests; the dfsg repack drops third_party sources, which the patch tool never touches. Used by the
+tests and by CI (``python -m detgrid.upstream_tree`` prints the tree's path, or exits 3 with the
+reason when Debian cannot be reached).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+DEBIAN_PACKAGE = "pytorch"
+DEBIAN_VERSION = "2.6.0+dfsg-7"
+DEBIAN_SUITE = "trixie"
+UPSTREAM_VERSION = "2.6.0"
+SOURCES_LIST = Path("/etc/apt/sources.list.d/detgrid-src.list")
+SOURCES_LINE = f"deb-src http://deb.debian.org/debian {DEBIAN_SUITE} main\n"
+
+
+class Unavailable(RuntimeError):
+    """The tree is not cached and cannot be fetched here (the reason is the message)."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DETGRID_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "detgrid"
+    )
+    return Path(root)
+
+
+def cached_tree() -> Path:
+    return cache_dir() / f"pytorch-{UPSTREAM_VERSION}"
+
+
+def _is_tree(path: Path) -> bool:
+    return (path / "version.txt").is_file() and (
+        path / "aten/src/ATen/native/cuda/GridSampler.cu"
+    ).is_file()
+
+
+def _run(cmd, cwd=None, timeout=900):
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _apt_has_trixie_sources() -> bool:
+    out = _run(["apt-cache", "showsrc", f"{DEBIAN_PACKAGE}={DEBIAN_VERSION}"])
+    return out.returncode == 0 and DEBIAN_VERSION in out.stdout
+
+
+def _ensure_apt_sources() -> None:
+    if shutil.which("apt-get") is None:
+        raise Unavailable("apt-get not found: cannot fetch Debian's pytorch source package")
+    if _apt_has_trixie_sources():
+        return
+    if not SOURCES_LIST.exists():
+        if os.geteuid() != 0:
+            raise Unavailable(f"no deb-src entry for {DEBIAN_SUITE} and not root to add {SOURCES_LIST}")
+        SOURCES_LIST.write_text(SOURCES_LINE)
+    upd = _run(["apt-get", "update"])
+    if upd.returncode != 0 or not _apt_has_trixie_sources():
+        raise Unavailable(
+            f"Debian unreachable or {DEBIAN_PACKAGE}={DEBIAN_VERSION} not in {DEBIAN_SUITE} "
+            f"sources (apt-get update: {(upd.stderr or upd.stdout).strip()[-300:]})"
+        )
+
+
+def fetch(refresh: bool = False) -> Path:
+    """Return the cached v2.6.0 tree, downloading and extracting it on first use."""
+    tree = cached_tree()
+    if _is_tree(tree) and not refresh:
+        return tree
+    _ensure_apt_sources()
+    dl = cache_dir() / "dl"
+    dl.mkdir(parents=True, exist_ok=True)
+    orig = dl / f"{DEBIAN_PACKAGE}_{DEBIAN_VERSION.split('-')[0]}.orig.tar.xz"
+    if not orig.is_file():
+        got = _run(
+            ["apt-get", "source", "--download-only", f"{DEBIAN_PACKAGE}={DEBIAN_VERSION}"], cwd=dl
+        )
+        if got.returncode != 0 or not orig.is_file():
+            raise Unavailable(
+                f"apt-get source {DEBIAN_PACKAGE}={DEBIAN_VERSION} failed: "
+                f"{(got.stderr or got.stdout).strip()[-300:]}"
+            )
+    staging = Path(tempfile.mkdtemp(prefix="extract-", dir=cache_dir()))
+    try:
+        # tar --no-same-owner: the archive's uids mean nothing here.
+        ext = _run(["tar", "--no-same-owner", "-xJf", str(orig), "-C", str(staging)])
+        if ext.returncode != 0:
+            raise Unavailable(f"extracting {orig.name} failed: {ext.stderr.strip()[-300:]}")
+        tops = [p for p in staging.iterdir() if p.is_dir()]
+        if len(tops) != 1 or not _is_tree(tops[0]):
+            raise Unavailable(f"{orig.name} does not hold one PyTorch tree")
+        if tree.exists():
+            shutil.rmtree(tree)
+        tops[0].rename(tree)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tree
+
+
+def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0") -> Path:
+    """Copy the tree's files the patch tool reads or writes into ``dest`` as a one-commit git repo.
+
+    Only the directories the change set touches are copied (aten/src/ATen, torch/__init__.py,
+    docs/source/notes, test/test_torch.py, test/test_nn.py, version.txt, .lintrunner.toml,
+    .clang-format): a full copy of the 158 MB tree per test would dominate the test time.
+    """
+    source = source or fetch()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in (
+        "aten/src/ATen",
+        "docs/source/notes",
+        "torch/__init__.py",
+        "test/test_torch.py",
+        "test/test_nn.py",
+        "version.txt",
+        ".lintrunner.toml",
+        ".clang-format",
+    ):
+        src = source / rel
+        if src.is_dir():
+            shutil.copytree(src, dest / rel, dirs_exist_ok=True)
+        elif src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "-m", "pristine"], ["git", "tag", tag]):
+        r = subprocess.run(cmd, cwd=dest, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr}")
+    return dest
+
+
+REGENERATE = "python -m detgrid.upstream_tree --write-patch patches/v2.6.0.patch"
+
+
+def write_patch(out: Path) -> int:
+    """Run `detgrid patch` on a fresh copy of the cached tree (never on the cache itself)."""
+    from detgrid import patch
+
+    with tempfile.TemporaryDirectory(prefix="detgrid-regen-") as tmp:
+        copy = fresh_git_copy(Path(tmp) / "pytorch")
+        return patch.main(["patch", "--pytorch", str(copy), "--out", str(Path(out).resolve())])
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        tree = fetch(refresh="--refresh" in argv)
+    except (Unavailable, subprocess.TimeoutExpired) as e:
+        print(f"upstream tree unavailable: {e}", file=sys.stderr)
+        return 3
+    if "--write-patch" in argv:
+        return write_patch(Path(argv[argv.index("--write-patch") + 1]))
+    print(tree)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
