@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--render", metavar="FILE.json",
                        help="only redraw FILE.md and FILE.png from an earlier FILE.json")
     bench.set_defaults(handler=_bench)
+    from detgrid import build as build_command
+    build_command.register(commands)
     return parser
 
 

@@ -1,0 +1,201 @@
+# Owner(s): ["module: nn"]
+"""Tests of repro/: each script run as a user runs it (a subprocess of this
+python), its JSON schema and its exit code, with and without detgrid
+importable; and the seeding helper (the seeds' recipe, check_determinism).
+
+Without a GPU the scripts must say that the claims about the GPU kernel are
+not checkable here and exit 77 when nothing at all could be checked; they
+must never report such a claim as passed. Names here avoid the word the
+device run selects tests by.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPRO = os.path.join(ROOT, "repro")
+sys.path.insert(0, REPRO)
+import common  # noqa: E402
+import seeding  # noqa: E402
+
+HAS_GPU = torch.cuda.is_available()
+RUNS = 3
+
+
+def cudnn_flags_mutable():
+    """common_utils freezes torch.backends.cudnn's global flags for tests; the
+    recipe sets them as a user script does, so lift the freeze around it."""
+    return getattr(torch.backends, "__allow_nonbracketed_mutation")()
+
+
+def run_script(name, *args, hide_detgrid=False):
+    """(exit code, parsed JSON) of `python repro/<name> --json args...`."""
+    env = dict(os.environ)
+    paths = [os.path.join(ROOT, "tools")]
+    with tempfile.TemporaryDirectory() as shim:
+        if hide_detgrid:  # a `detgrid` that fails to import, ahead of the real one
+            os.mkdir(os.path.join(shim, "detgrid"))
+            with open(os.path.join(shim, "detgrid", "__init__.py"), "w") as f:
+                f.write("raise ImportError('detgrid hidden by the test')\n")
+            paths = [shim]
+        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        proc = subprocess.run([sys.executable, os.path.join(REPRO, name), "--json", *args],
+                              env=env, capture_output=True, text=True, timeout=120)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"{name}: no JSON on stdout\n{proc.stdout}\n{proc.stderr}") from None
+    return proc.returncode, data
+
+
+class TestReproScripts(TestCase):
+    def check_schema(self, data, script, code):
+        for key in ("script", "torch", "cuda_available", "device", "claims", "exit_code"):
+            self.assertIn(key, data)
+        self.assertEqual(data["script"], script)
+        self.assertEqual(data["exit_code"], code)
+        for c in data["claims"]:
+            self.assertEqual(set(c), {"claim", "status", "detail"})
+            self.assertIn(c["status"], (common.PASS, common.FAIL, common.NOT_CHECKABLE))
+        self.assertEqual(code, common.exit_code(data["claims"]))
+
+    def test_show_error_captures_the_alert_or_says_it_is_not_checkable(self):
+        code, data = run_script("show_error.py")
+        self.check_schema(data, "show_error", code)
+        if HAS_GPU:
+            self.assertEqual(code, 0)
+            self.assertIn(common.ALERT, data["error_message"])
+            self.assertTrue(any(common.ALERT in w for w in data["warning_messages"]))
+        else:
+            self.assertEqual(code, common.EXIT_NOT_CHECKABLE)
+            self.assertIsNone(data["error_message"])
+            self.assertEqual(data["warning_messages"], [])
+            self.assertTrue(all(c["status"] == common.NOT_CHECKABLE for c in data["claims"]))
+            self.assertIn("no CUDA", data["claims"][0]["detail"])
+            self.assertIsNone(data["cpu_observation"]["error_message"])
+
+    def test_show_nondeterminism_hashes_every_run_and_checks_what_it_can(self):
+        code, data = run_script("show_nondeterminism.py", "--runs", str(RUNS))
+        self.check_schema(data, "show_nondeterminism", code)
+        self.assertEqual(code, 0)
+        for path in ("stock", "deterministic"):
+            self.assertEqual(len(data[path]["hashes"]), RUNS)
+            self.assertTrue(all(len(h) == 64 for h in data[path]["hashes"]))
+        self.assertEqual(data["deterministic"]["distinct"], 1)
+        self.assertLessEqual(data["max_abs_diff"], 1e-3)
+        stock_claim = data["claims"][0]
+        self.assertEqual(stock_claim["status"], common.PASS if HAS_GPU else common.NOT_CHECKABLE)
+        if not HAS_GPU:
+            self.assertEqual(data["deterministic_path"], "detgrid CPU executor (detgrid.ops)")
+
+    def test_show_fix_routes_the_backward_to_detgrid_with_one_hash(self):
+        code, data = run_script("show_fix.py", "--runs", str(RUNS))
+        self.check_schema(data, "show_fix", code)
+        self.assertEqual(code, 0)
+        self.assertIsNone(data["error_message"])
+        self.assertEqual(data["warning_messages"], [])
+        self.assertEqual(data["distinct"], 1)
+        if not HAS_GPU:
+            self.assertEqual(data["fix"], "detgrid.enable('cpu')")
+            self.assertEqual(data["detgrid_ops_hash"], data["hashes"][0])
+
+    def test_without_detgrid_on_cpu_nothing_is_checkable_and_exit_is_77(self):
+        if HAS_GPU:
+            self.skipTest("on a GPU machine the stock claims are checkable")
+        for script in ("show_nondeterminism.py", "show_fix.py"):
+            code, data = run_script(script, "--runs", "2", hide_detgrid=True)
+            self.check_schema(data, script[:-3], code)
+            self.assertEqual(code, common.EXIT_NOT_CHECKABLE)
+            self.assertTrue(all(c["status"] == common.NOT_CHECKABLE for c in data["claims"]))
+
+    def test_exit_code_is_nonzero_exactly_when_a_claim_fails(self):
+        ok, bad, na = (common.claim("x", s) for s in (common.PASS, common.FAIL, common.NOT_CHECKABLE))
+        self.assertEqual(common.exit_code([ok, na]), 0)
+        self.assertEqual(common.exit_code([ok, bad, na]), 1)
+        self.assertEqual(common.exit_code([na, na]), 77)
+
+    def test_scripts_stay_under_100_lines(self):
+        for name in os.listdir(REPRO):
+            if name.endswith(".py"):
+                with open(os.path.join(REPRO, name)) as f:
+                    self.assertLess(len(f.readlines()), 100, name)
+
+
+class TestSeeding(TestCase):
+    def setUp(self):
+        self.saved = (torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(),
+                      torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+
+    def tearDown(self):
+        torch.use_deterministic_algorithms(self.saved[0], warn_only=self.saved[1])
+        with cudnn_flags_mutable():
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = self.saved[2:]
+
+    def test_check_determinism_detects_an_unseeded_random_fn(self):
+        result = seeding.check_determinism(lambda: torch.randn(16), runs=3)
+        self.assertFalse(result["deterministic"])
+        self.assertEqual(result["distinct"], 3)
+
+    def test_check_determinism_passes_a_deterministic_fn(self):
+        def seeded():
+            torch.manual_seed(0)
+            return torch.randn(16), torch.arange(4)
+
+        result = seeding.check_determinism(seeded, runs=4)
+        self.assertTrue(result["deterministic"])
+        self.assertEqual(len(result["hashes"]), 4)
+
+    def test_check_determinism_needs_two_runs(self):
+        with self.assertRaises(ValueError):
+            seeding.check_determinism(lambda: torch.zeros(1), runs=1)
+
+    def test_hash_sees_bits_dtype_and_shape(self):
+        self.assertNotEqual(seeding.sha256(torch.zeros(4)), seeding.sha256(torch.zeros(2, 2)))
+        self.assertNotEqual(seeding.sha256(torch.zeros(4)), seeding.sha256(-torch.zeros(4)))
+        self.assertEqual(seeding.sha256(torch.ones(3)[1:]), seeding.sha256(torch.ones(2)))
+
+    def test_seed_everything_applies_the_recipe(self):
+        with cudnn_flags_mutable():
+            applied = seeding.seed_everything(7, warn_only=True)
+        self.assertTrue(torch.are_deterministic_algorithms_enabled())
+        self.assertTrue(torch.is_deterministic_algorithms_warn_only_enabled())
+        self.assertFalse(torch.backends.cudnn.benchmark)
+        self.assertTrue(torch.backends.cudnn.deterministic)
+        self.assertIn(os.environ["CUBLAS_WORKSPACE_CONFIG"], (":4096:8", ":16:8"))
+        self.assertEqual(applied["seed"], 7)
+
+    def test_seed_everything_makes_python_numpy_and_torch_draws_repeat(self):
+        def draws():
+            with cudnn_flags_mutable():
+                seeding.seed_everything(3, deterministic=False)
+            import numpy
+            return random.random(), float(numpy.random.rand()), torch.rand(2).tolist()
+
+        self.assertEqual(draws(), draws())
+
+    def test_dataloader_kwargs_make_shuffling_and_workers_repeat(self):
+        class Noisy(torch.utils.data.Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return torch.tensor([float(i), random.random(), torch.rand(()).item()])
+
+        def epoch():
+            loader = torch.utils.data.DataLoader(Noisy(), batch_size=2, shuffle=True,
+                                                 num_workers=2, **seeding.dataloader_kwargs(5))
+            return torch.cat(list(loader))
+
+        self.assertEqual(epoch(), epoch(), atol=0, rtol=0)
+
+
+if __name__ == "__main__":
+    run_tests()
