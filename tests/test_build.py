@@ -143,11 +143,21 @@ class TestBuildPlan(TestCase):
             build.plan_build(None, "full", cuda_arch="9.0")
 
     def test_extension_plan_installs_the_kit_against_installed_torch(self):
-        plan = build.plan_build(mode="extension", jobs=3, python="py", detect_arch=lambda: None)
+        plan = build.plan_build(mode="extension", jobs=3, python="py", detect_arch=lambda: None,
+                                editable=False)
         self.assertEqual(plan.cwd, build.KIT_ROOT)
         self.assertTrue(os.path.isfile(os.path.join(plan.cwd, "setup.py")))
         self.assertEqual(plan.commands, [["py", "-m", "pip", "install", "--no-build-isolation", "."]])
         self.assertEqual(plan.env, {"MAX_JOBS": "3"})
+        plan = build.plan_build(mode="extension", jobs=3, python="py", cuda_arch="9.0",
+                                editable=True)
+        self.assertEqual(plan.env["TORCH_CUDA_ARCH_LIST"], "9.0")
+
+    def test_extension_plan_keeps_an_editable_install_editable(self):
+        plan = build.plan_build(mode="extension", jobs=1, python="py", editable=True)
+        self.assertEqual(plan.commands,
+                         [["py", "-m", "pip", "install", "--no-build-isolation", "-e", "."]])
+        self.assertIn("kept editable", plan.script())
 
     def test_max_jobs_is_min_of_cores_and_memory_over_2_5_gib(self):
         self.assertEqual(build.default_max_jobs(16, 128 * GIB), 16)

@@ -11,7 +11,8 @@ full:      in the PyTorch checkout at PATH, upstream's own build
            ninja. Nothing is ever cleaned: running it again resumes the build
            incrementally (ninja rebuilds only what changed).
 extension: `pip install --no-build-isolation .` in the kit's root, against the
-           installed torch (minutes).
+           installed torch (minutes); `-e .` when detgrid is already installed
+           editable from the tree (as tools/setup.sh does), so that it stays so.
 
 plan_build() returns the plan (environment and commands) as data; run_build()
 runs it through a runner that streams lines, writes the full log, parses
@@ -21,9 +22,11 @@ handler prints.
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -105,10 +108,29 @@ def local_cuda_arch() -> Optional[str]:
     return None
 
 
+def installed_editable() -> bool:
+    """Whether detgrid is installed editable (`pip install -e .`, as tools/setup.sh does)."""
+    from importlib import metadata
+
+    try:
+        info = json.loads(metadata.distribution("detgrid").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    return bool(info.get("dir_info", {}).get("editable"))
+
+
+def ninja_note() -> List[str]:
+    if shutil.which("ninja"):
+        return []
+    return ["ninja is not on PATH: requirements.txt installs it; without it the build falls back "
+            "to make (slower, and no [n/m] progress)"]
+
+
 def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional[int] = None,
                cuda_arch: Optional[str] = None, python: str = sys.executable,
                kit_root: str = KIT_ROOT, detect_arch: Optional[Callable[[], Optional[str]]] = None,
-               cores: Optional[int] = None, mem_bytes: Optional[int] = None) -> BuildPlan:
+               cores: Optional[int] = None, mem_bytes: Optional[int] = None,
+               editable: Optional[bool] = None) -> BuildPlan:
     if jobs is not None and jobs < 1:
         raise BuildError("--jobs must be at least 1")
     max_jobs = str(jobs if jobs is not None else default_max_jobs(cores, mem_bytes))
@@ -125,9 +147,14 @@ def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional
         else:
             notes.append("no GPU visible and no --cuda-arch: torch picks the CUDA architectures "
                          "(the CUDA kernels are built only when torch has CUDA and nvcc is found)")
+        install = pip + ["install", "--no-build-isolation", "."]
+        if installed_editable() if editable is None else editable:
+            # replacing tools/setup.sh's editable install by a copy would leave
+            # the tree's tools/detgrid shadowed: rebuild it in place instead
+            install = pip + ["install", "--no-build-isolation", "-e", "."]
+            notes.append("detgrid is installed editable from this tree: kept editable (-e)")
         log = os.path.join(kit_root, "build", LOG_NAME)
-        return BuildPlan("extension", kit_root, env, [pip + ["install", "--no-build-isolation", "."]],
-                         log, notes)
+        return BuildPlan("extension", kit_root, env, [install], log, notes)
     if mode != "full":
         raise BuildError(f"unknown mode {mode!r} (full or extension)")
     if not pytorch:
@@ -148,6 +175,7 @@ def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional
         commands.append(pip + ["install", "-r", "requirements.txt"])
     commands.append(pip + ["install", "-e", ".", "-v", "--no-build-isolation"])
     notes = ["incremental: re-running resumes in build/ (nothing is cleaned; CMAKE_FRESH unset)"]
+    notes += ninja_note()
     return BuildPlan("full", checkout, env, commands, os.path.join(checkout, LOG_NAME), notes)
 
 
