@@ -29,14 +29,20 @@ using namespace at::native::grid_sampler_deterministic;
 template <typename scalar_t>
 View4d<scalar_t, int64_t> make_view(const at::Tensor& t) {
   return {
-      t.data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2),
+      t.data_ptr<scalar_t>(),
+      t.stride(0),
+      t.stride(1),
+      t.stride(2),
       t.stride(3)};
 }
 
 template <typename scalar_t>
 View4d<const scalar_t, int64_t> make_const_view(const at::Tensor& t) {
   return {
-      t.const_data_ptr<scalar_t>(), t.stride(0), t.stride(1), t.stride(2),
+      t.const_data_ptr<scalar_t>(),
+      t.stride(0),
+      t.stride(1),
+      t.stride(2),
       t.stride(3)};
 }
 
@@ -50,37 +56,45 @@ int64_t grain_or_default(int64_t grain_size, int64_t fallback) {
   return grain_size > 0 ? grain_size : fallback;
 }
 
-// Stages 2 and 3: stable sort of the chunk's records by destination, then
-// where each destination's run begins.
+// Stage 2: the stable sort of the chunk's records by destination.
 struct SortedRecords {
+  std::vector<int64_t> keys;
   std::vector<int32_t> ids;
-  std::vector<int64_t> starts;
 };
 
-SortedRecords sort_records(
-    const std::vector<int64_t>& keys,
-    int64_t num_records,
-    int64_t num_destinations,
-    int64_t grain_size) {
+SortedRecords sort_records(const std::vector<int64_t>& keys, int64_t count) {
   SortedRecords sorted;
-  sorted.ids.resize(num_records);
+  sorted.ids.resize(count);
   std::iota(sorted.ids.begin(), sorted.ids.end(), 0);
   std::stable_sort(
-      sorted.ids.begin(), sorted.ids.end(),
-      [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
-  std::vector<int64_t> sorted_keys(num_records);
-  for (int64_t i = 0; i < num_records; ++i) {
-    sorted_keys[i] = keys[sorted.ids[i]];
+      sorted.ids.begin(), sorted.ids.end(), [&](int32_t a, int32_t b) {
+        return keys[a] < keys[b];
+      });
+  sorted.keys.resize(count);
+  for (int64_t i = 0; i < count; ++i) {
+    sorted.keys[i] = keys[sorted.ids[i]];
   }
-  sorted.starts.resize(num_destinations + 1);
+  return sorted;
+}
+
+// Stage 3 of the dense reduction: where each destination's records begin.
+std::vector<int32_t> segment_starts(
+    const SortedRecords& sorted,
+    int64_t num_destinations,
+    int64_t grain_size) {
+  std::vector<int32_t> starts(num_destinations + 1);
+  const int64_t count = static_cast<int64_t>(sorted.keys.size());
   at::parallel_for(
-      0, num_destinations + 1, grain_or_default(grain_size, 4096),
+      0,
+      num_destinations + 1,
+      grain_or_default(grain_size, 4096),
       [&](int64_t begin, int64_t end) {
         for (int64_t d = begin; d < end; ++d) {
-          sorted.starts[d] = lower_bound(sorted_keys.data(), num_records, d);
+          starts[d] =
+              static_cast<int32_t>(lower_bound(sorted.keys.data(), count, d));
         }
       });
-  return sorted;
+  return starts;
 }
 
 template <typename scalar_t>
@@ -102,8 +116,9 @@ void backward(
   args.input = make_const_view<scalar_t>(input);
   args.grad_output = make_const_view<scalar_t>(grad_output);
   args.grid = make_const_view<scalar_t>(grid);
-  args.grad_grid = output_mask[1] ? make_view<scalar_t>(grad_grid)
-                                  : View4d<scalar_t, int64_t>{nullptr, 0, 0, 0, 0};
+  args.grad_grid = output_mask[1]
+      ? make_view<scalar_t>(grad_grid)
+      : View4d<scalar_t, int64_t>{nullptr, 0, 0, 0, 0};
   args.channels = input.size(1);
   args.inp_H = input.size(2);
   args.inp_W = input.size(3);
@@ -136,67 +151,109 @@ void backward(
   }
 
   const int64_t taps = args.taps_per_point();
-  const int64_t chunk_points =
-      resolve_chunk_points(options.chunk_points, taps);
+  const int64_t chunk_points = resolve_chunk_points(options.chunk_points, taps);
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t capacity = std::min(num_points, chunk_points) * taps;
 
+  const bool dense = use_dense_reduction(num_destinations, capacity);
+
   std::vector<int64_t> keys(capacity);
   std::vector<int32_t> record_ids(capacity);
   std::vector<T> weights(capacity);
-  // Running sums between chunks: grad_input itself when it holds opmath
-  // values, else a float buffer (only needed with more than one chunk).
-  at::Tensor float_carry;
-  if (kReducedPrecision && num_chunks > 1) {
-    float_carry = at::empty(
-        grad_input.sizes(), grad_input.options().dtype(at::kFloat));
+  // Running sums between chunks live in grad_input itself when it holds
+  // opmath values, else in a float buffer of its size.
+  const bool float_carry = kReducedPrecision && num_chunks > 1;
+  at::Tensor carry_storage;
+  if (float_carry) {
+    carry_storage =
+        at::empty(grad_input.sizes(), grad_input.options().dtype(at::kFloat));
+  }
+  const auto carry_buffer = float_carry
+      ? make_view<T>(carry_storage)
+      : View4d<T, int64_t>{nullptr, 0, 0, 0, 0};
+  const auto grad_input_view = make_view<scalar_t>(grad_input);
+
+  // Where chunk k reads its carry from and writes its sums to, exactly as
+  // the CUDA launcher chooses them.
+  auto for_each_target = [&](bool last, auto&& reduce) {
+    if constexpr (kReducedPrecision) {
+      if (!float_carry || (last && dense)) {
+        reduce(grad_input_view, as_const(carry_buffer));
+      } else {
+        reduce(carry_buffer, as_const(carry_buffer));
+      }
+    } else {
+      reduce(grad_input_view, as_const(grad_input_view));
+    }
+  };
+  if (!dense) {
+    (float_carry ? carry_storage : grad_input).zero_();
   }
 
+  const int64_t channels = args.channels;
   for (int64_t k = 0; k < num_chunks; ++k) {
     const int64_t first_point = k * chunk_points;
     const int64_t count = std::min(chunk_points, num_points - first_point);
     const ChunkRecords<int64_t, T> chunk{
         first_point, count, keys.data(), record_ids.data(), weights.data()};
     point_pass(first_point, count, &chunk);
-    const SortedRecords sorted = sort_records(
-        keys, count * taps, num_destinations, options.grain_size);
+    const SortedRecords sorted = sort_records(keys, count * taps);
     const SortedChunk<int64_t> sorted_chunk{
-        first_point, sorted.ids.data(), sorted.starts.data()};
-
+        first_point, count * taps, sorted.keys.data(), sorted.ids.data()};
     const bool first = k == 0;
     const bool last = k == num_chunks - 1;
-    auto reduce = [&](auto out, auto carry, bool write_untouched) {
-      const int64_t channels = args.channels;
-      at::parallel_for(
-          0, num_destinations * channels,
-          grain_or_default(options.grain_size, 1024),
-          [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-              reduce_destination(
-                  args, sorted_chunk, weights.data(), i / channels,
-                  i % channels, carry, out, /*has_carry=*/!first,
-                  write_untouched);
-            }
-          });
-    };
-    const auto grad_input_view = make_view<scalar_t>(grad_input);
-    if constexpr (kReducedPrecision) {
-      if (num_chunks == 1) {
-        reduce(grad_input_view, View4d<const T, int64_t>{nullptr, 0, 0, 0, 0},
-               /*write_untouched=*/true);
-        continue;
-      }
-      const auto carry = make_view<T>(float_carry);
-      if (last) {
-        reduce(grad_input_view, as_const(carry), /*write_untouched=*/true);
-      } else {
-        reduce(carry, as_const(carry), /*write_untouched=*/first);
-      }
+
+    if (dense) {
+      const std::vector<int32_t> starts =
+          segment_starts(sorted, num_destinations, options.grain_size);
+      for_each_target(last, [&](auto out, auto carry) {
+        const bool write_untouched =
+            first || static_cast<const void*>(out.data) != carry.data;
+        at::parallel_for(
+            0,
+            num_destinations * channels,
+            grain_or_default(options.grain_size, 1024),
+            [&](int64_t begin, int64_t end) {
+              for (int64_t i = begin; i < end; ++i) {
+                reduce_dense_element(
+                    args,
+                    sorted_chunk,
+                    starts.data(),
+                    weights.data(),
+                    i,
+                    carry,
+                    out,
+                    /*has_carry=*/!first,
+                    write_untouched);
+              }
+            });
+      });
     } else {
-      reduce(grad_input_view, as_const(grad_input_view),
-             /*write_untouched=*/first);
+      for_each_target(last, [&](auto out, auto carry) {
+        const bool has_carry = static_cast<const void*>(out.data) == carry.data;
+        at::parallel_for(
+            0,
+            count * taps * channels,
+            grain_or_default(options.grain_size, 1024),
+            [&](int64_t begin, int64_t end) {
+              for (int64_t i = begin; i < end; ++i) {
+                reduce_sparse_element(
+                    args,
+                    sorted_chunk,
+                    weights.data(),
+                    num_destinations,
+                    i,
+                    carry,
+                    out,
+                    has_carry);
+              }
+            });
+      });
     }
+  }
+  if (!dense && float_carry) {
+    grad_input.copy_(carry_storage);
   }
 }
 
@@ -228,8 +285,15 @@ void grid_sampler_2d_backward_executor(
       "grid_sampler_2d_backward_executor",
       [&] {
         backward<scalar_t>(
-            grad_input, grad_grid, grad_output, input, grid,
-            interpolation_mode, padding_mode, align_corners, output_mask,
+            grad_input,
+            grad_grid,
+            grad_output,
+            input,
+            grid,
+            interpolation_mode,
+            padding_mode,
+            align_corners,
+            output_mask,
             options);
       });
 }

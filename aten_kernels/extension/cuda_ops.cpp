@@ -24,8 +24,15 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
   const c10::cuda::CUDAGuard device_guard(input.device());
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   at::native::launch_grid_sampler_2d_backward_deterministic_kernel(
-      grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
-      padding_mode, align_corners, output_mask,
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
       at::native::GridSamplerDeterministicOptions{
           options.chunk_points, options.block_size, options.max_blocks});
   return {grad_input, grad_grid};
@@ -43,8 +50,14 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
     constexpr int64_t kBilinear = 0;
     constexpr int64_t kZeros = 0;
     return backward_cuda(
-        grad_output, input, grid, kBilinear, kZeros, /*align_corners=*/true,
-        {true, true}, BackwardOptions{});
+        grad_output,
+        input,
+        grid,
+        kBilinear,
+        kZeros,
+        /*align_corners=*/true,
+        {true, true},
+        BackwardOptions{});
   }
   return at::native::cudnn_grid_sampler_backward(input, grid, grad_output);
 }

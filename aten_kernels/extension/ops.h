@@ -76,8 +76,14 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
     bool align_corners,
     std::array<bool, 2> output_mask) {
   return backward(
-      grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask, BackwardOptions{});
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
+      BackwardOptions{});
 }
 
 // aten::grid_sampler_2d_backward on a device where detgrid is enabled:
@@ -94,8 +100,13 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
   const AtenBackwardFn backward =
       at::globalContext().deterministicAlgorithms() ? deterministic : stock;
   return backward(
-      grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask);
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask);
 }
 
 #ifdef DETGRID_WITH_CUDA

@@ -29,8 +29,15 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
       grad_output, input, grid, interpolation_mode, padding_mode);
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   grid_sampler_2d_backward_executor(
-      grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
-      padding_mode, align_corners, output_mask,
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
       ExecutorOptions{options.chunk_points, options.grain_size});
   return {grad_input, grad_grid};
 }
@@ -51,8 +58,13 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t max_blocks,
     int64_t grain_size) {
   return backward(
-      grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
       BackwardOptions{chunk_points, block_size, max_blocks, grain_size});
 }
 
@@ -145,13 +157,14 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size) -> (Tensor, Tensor)");
-  m.def("_set_aten_override(str device, bool enabled) -> ()",
-        &set_aten_override);
+  m.def(
+      "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);
   m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);
 }
 
 TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
-  m.impl("grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_cpu>));
+  m.impl(
+      "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_cpu>));
   m.impl(
       "_grid_sampler_2d_backward_with_options",
       TORCH_FN(backward_with_options<backward_cpu>));
@@ -160,7 +173,8 @@ TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
 #ifdef DETGRID_WITH_CUDA
 TORCH_LIBRARY_IMPL(detgrid, CUDA, m) {
   m.impl(
-      "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_cuda>));
+      "grid_sampler_2d_backward",
+      TORCH_FN(with_default_options<backward_cuda>));
   m.impl(
       "_grid_sampler_2d_backward_with_options",
       TORCH_FN(backward_with_options<backward_cuda>));

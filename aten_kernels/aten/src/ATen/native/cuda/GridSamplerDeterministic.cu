@@ -57,10 +57,10 @@
 #include <ATen/cuda/cub.h>
 #include <ATen/native/CanUse32BitIndexMath.h>
 #include <ATen/native/GridSamplerUtils.h>
-#include <ATen/native/cuda/GridSamplerDeterministic.cuh>
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/macros/Macros.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.cuh>
 
 #include <algorithm>
 #include <limits>
@@ -83,7 +83,8 @@ struct LaunchConfig {
   }
 };
 
-LaunchConfig make_launch_config(const GridSamplerDeterministicOptions& options) {
+LaunchConfig make_launch_config(
+    const GridSamplerDeterministicOptions& options) {
   TORCH_CHECK(
       options.block_size >= 0 && options.max_blocks >= 0,
       "grid_sampler_2d_backward (deterministic): block_size and max_blocks "
@@ -115,12 +116,13 @@ __global__ void point_pass_kernel(
     const ChunkRecords<key_t, typename Args::opmath_t> chunk,
     bool emit_records) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x +
-           threadIdx.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < num_points;
        i += stride) {
     process_point<kTaps>(
-        args, first_point + i, num_destinations,
+        args,
+        first_point + i,
+        num_destinations,
         emit_records ? &chunk : nullptr);
   }
 }
@@ -135,38 +137,87 @@ __global__ void segment_starts_kernel(
     int64_t num_destinations,
     int32_t* starts) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x +
-           threadIdx.x;
+  for (int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        d <= num_destinations;
        d += stride) {
     starts[d] = static_cast<int32_t>(lower_bound(sorted_keys, num_records, d));
   }
 }
 
-// One thread per (destination, channel), channel fastest so that a warp
-// shares a destination's record list.
-template <typename Args, typename CarryView, typename OutView>
+// Dense reduction over all (destination, channel) elements of grad_input.
+template <typename Args, typename key_t, typename CarryView, typename OutView>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
-__global__ void reduce_kernel(
+__global__ void reduce_dense_kernel(
     const Args args,
-    const SortedChunk<int32_t> chunk,
+    const SortedChunk<key_t> chunk,
+    const int32_t* starts,
     const typename Args::opmath_t* weights,
-    int64_t num_destinations,
+    int64_t num_elements,
     const CarryView carry,
     const OutView out,
     bool has_carry,
     bool write_untouched) {
-  const int64_t channels = args.channels;
-  const int64_t total = num_destinations * channels;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x +
-           threadIdx.x;
-       i < total;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < num_elements;
        i += stride) {
-    reduce_destination(
-        args, chunk, weights, i / channels,
-        static_cast<typename Args::index_type>(i % channels), carry, out,
-        has_carry, write_untouched);
+    reduce_dense_element(
+        args,
+        chunk,
+        starts,
+        weights,
+        i,
+        carry,
+        out,
+        has_carry,
+        write_untouched);
+  }
+}
+
+// Sparse reduction over (sorted record, channel) elements.
+template <typename Args, typename key_t, typename CarryView, typename OutView>
+C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
+__global__ void reduce_sparse_kernel(
+    const Args args,
+    const SortedChunk<key_t> chunk,
+    const typename Args::opmath_t* weights,
+    int64_t num_destinations,
+    const CarryView carry,
+    const OutView out,
+    bool has_carry) {
+  const int64_t num_elements = chunk.num_records * args.channels;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < num_elements;
+       i += stride) {
+    reduce_sparse_element(
+        args, chunk, weights, num_destinations, i, carry, out, has_carry);
+  }
+}
+
+// out = src (or zero when src.data is null), element by element over an
+// (N, C, H, W) view: the zero fill before a sparse reduction and the final
+// rounding of a float carry.
+template <typename out_t, typename in_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
+__global__ void copy_or_zero_kernel(
+    const View4d<out_t, index_t> out,
+    const View4d<const in_t, index_t> src,
+    index_t C,
+    index_t H,
+    index_t W,
+    int64_t num_elements) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < num_elements;
+       i += stride) {
+    const index_t x = static_cast<index_t>(i % W);
+    const index_t y = static_cast<index_t>((i / W) % H);
+    const index_t c = static_cast<index_t>((i / (W * H)) % C);
+    const index_t n = static_cast<index_t>(i / (W * H * C));
+    out.at(n, c, y, x) = src.data == nullptr
+        ? static_cast<out_t>(0)
+        : static_cast<out_t>(src.at(n, c, y, x));
   }
 }
 
@@ -237,10 +288,44 @@ void launch_point_pass(
            config.block_size,
            0,
            at::cuda::getCurrentCUDAStream()>>>(
-            args, first_point, num_points, num_destinations, chunk,
+            args,
+            first_point,
+            num_points,
+            num_destinations,
+            chunk,
             emit_records);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+}
+
+template <typename T, typename index_t>
+View4d<const T, index_t> as_const(const View4d<T, index_t>& view) {
+  return {
+      view.data, view.stride_n, view.stride_c, view.stride_h, view.stride_w};
+}
+
+template <typename out_t, typename in_t, typename index_t>
+void launch_copy_or_zero(
+    const View4d<out_t, index_t>& out,
+    const View4d<const in_t, index_t>& src,
+    const TensorBase& like,
+    const LaunchConfig& config) {
+  const int64_t num_elements = like.numel();
+  if (num_elements == 0) {
+    return;
+  }
+  copy_or_zero_kernel<<<
+      config.blocks_for(num_elements),
+      config.block_size,
+      0,
+      at::cuda::getCurrentCUDAStream()>>>(
+      out,
+      src,
+      static_cast<index_t>(like.size(1)),
+      static_cast<index_t>(like.size(2)),
+      static_cast<index_t>(like.size(3)),
+      num_elements);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The whole grad_input pipeline for one key type.
@@ -261,6 +346,7 @@ void backward_with_records(
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t capacity = std::min(num_points, chunk_points) * taps;
+  const bool dense = use_dense_reduction(num_destinations, capacity);
 
   auto& allocator = *at::cuda::getCUDADeviceAllocator();
   auto keys = allocator.allocate(capacity * sizeof(key_t));
@@ -268,22 +354,53 @@ void backward_with_records(
   auto ids = allocator.allocate(capacity * sizeof(int32_t));
   auto sorted_ids = allocator.allocate(capacity * sizeof(int32_t));
   auto weights = allocator.allocate(capacity * sizeof(opmath_t));
-  auto starts = allocator.allocate((num_destinations + 1) * sizeof(int32_t));
-  const bool needs_float_carry = kReducedPrecision && num_chunks > 1;
-  auto float_carry = allocator.allocate(
-      needs_float_carry ? grad_input.numel() * sizeof(opmath_t) : 0);
-
-  // Where running sums live between chunks: grad_input itself when it holds
-  // opmath values, else a contiguous float buffer.
+  auto starts =
+      allocator.allocate(dense ? (num_destinations + 1) * sizeof(int32_t) : 0);
+  // Running sums between chunks live in grad_input itself when it holds
+  // opmath values, else in a float buffer of its size.
+  const bool float_carry = kReducedPrecision && num_chunks > 1;
+  auto carry_storage = allocator.allocate(
+      float_carry ? grad_input.numel() * sizeof(opmath_t) : 0);
   const int64_t C = args.channels;
   const int64_t H = args.inp_H;
   const int64_t W = args.inp_W;
   const View4d<opmath_t, index_t> carry_buffer{
-      static_cast<opmath_t*>(float_carry.get()),
+      static_cast<opmath_t*>(carry_storage.get()),
       static_cast<index_t>(C * H * W),
       static_cast<index_t>(H * W),
       static_cast<index_t>(W),
       1};
+  const auto grad_input_view = make_view<scalar_t, index_t>(grad_input);
+
+  // Where chunk k reads its carry from and writes its sums to; `out` is a
+  // float buffer or grad_input, so the launch is written once as a lambda.
+  auto for_each_target = [&](bool last, auto&& launch) {
+    if constexpr (kReducedPrecision) {
+      if (!float_carry) {
+        launch(grad_input_view, as_const(carry_buffer));
+      } else if (last && dense) {
+        launch(grad_input_view, as_const(carry_buffer));
+      } else {
+        launch(carry_buffer, as_const(carry_buffer));
+      }
+    } else {
+      launch(grad_input_view, as_const(grad_input_view));
+    }
+  };
+  if (!dense) {
+    // Sparse: every element starts at zero; chunks then touch only the
+    // destinations they have records for.
+    if (float_carry) {
+      launch_copy_or_zero(
+          carry_buffer, View4d<const opmath_t, index_t>{}, grad_input, config);
+    } else {
+      launch_copy_or_zero(
+          grad_input_view,
+          View4d<const scalar_t, index_t>{},
+          grad_input,
+          config);
+    }
+  }
 
   const ChunkRecords<key_t, opmath_t> records{
       0,
@@ -292,7 +409,6 @@ void backward_with_records(
       static_cast<int32_t*>(ids.get()),
       static_cast<opmath_t*>(weights.get())};
   const int end_bit = at::cuda::cub::get_num_bits(num_destinations);
-
   for (int64_t k = 0; k < num_chunks; ++k) {
     const int64_t first_point = k * chunk_points;
     const int64_t count = std::min(chunk_points, num_points - first_point);
@@ -313,56 +429,72 @@ void backward_with_records(
           /*begin_bit=*/0,
           end_bit);
     }
-    segment_starts_kernel<key_t>
-        <<<config.blocks_for(num_destinations + 1),
-           config.block_size,
-           0,
-           stream>>>(
-            static_cast<const key_t*>(sorted_keys.get()),
-            num_records,
-            num_destinations,
-            static_cast<int32_t*>(starts.get()));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-
-    const SortedChunk<int32_t> sorted{
+    const SortedChunk<key_t> sorted{
         first_point,
-        static_cast<const int32_t*>(sorted_ids.get()),
-        static_cast<const int32_t*>(starts.get())};
+        num_records,
+        static_cast<const key_t*>(sorted_keys.get()),
+        static_cast<const int32_t*>(sorted_ids.get())};
+    const auto* weights_data = static_cast<const opmath_t*>(weights.get());
     const bool first = k == 0;
     const bool last = k == num_chunks - 1;
-    const int64_t total = num_destinations * C;
-    if (total == 0) {
-      continue;
-    }
-    auto launch_reduce = [&](auto out, auto carry, bool write_untouched) {
-      reduce_kernel<<<config.blocks_for(total), config.block_size, 0, stream>>>(
-          args,
-          sorted,
-          static_cast<const opmath_t*>(weights.get()),
-          num_destinations,
-          carry,
-          out,
-          /*has_carry=*/!first,
-          write_untouched);
+
+    if (dense) {
+      segment_starts_kernel<key_t>
+          <<<config.blocks_for(num_destinations + 1),
+             config.block_size,
+             0,
+             stream>>>(
+              sorted.keys,
+              num_records,
+              num_destinations,
+              static_cast<int32_t*>(starts.get()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    const auto grad_input_view = make_view<scalar_t, index_t>(grad_input);
-    if constexpr (kReducedPrecision) {
-      const View4d<const opmath_t, index_t> carry{
-          carry_buffer.data, carry_buffer.stride_n, carry_buffer.stride_c,
-          carry_buffer.stride_h, carry_buffer.stride_w};
-      if (last) {
-        launch_reduce(grad_input_view, carry, /*write_untouched=*/true);
-      } else {
-        launch_reduce(carry_buffer, carry, /*write_untouched=*/first);
+      const int64_t num_elements = num_destinations * C;
+      if (num_elements == 0) {
+        continue;
       }
-    } else {
-      const View4d<const opmath_t, index_t> carry{
-          grad_input_view.data, grad_input_view.stride_n,
-          grad_input_view.stride_c, grad_input_view.stride_h,
-          grad_input_view.stride_w};
-      launch_reduce(grad_input_view, carry, /*write_untouched=*/first);
+      for_each_target(last, [&](auto out, auto carry) {
+        // The first chunk writes every element (zeros included); so does the
+        // last one when it rounds a float carry into grad_input.
+        const bool write_untouched =
+            first || static_cast<const void*>(out.data) != carry.data;
+        reduce_dense_kernel<<<
+            config.blocks_for(num_elements),
+            config.block_size,
+            0,
+            stream>>>(
+            args,
+            sorted,
+            static_cast<const int32_t*>(starts.get()),
+            weights_data,
+            num_elements,
+            carry,
+            out,
+            /*has_carry=*/!first,
+            write_untouched);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+    } else if (num_records > 0 && C > 0) {
+      for_each_target(last, [&](auto out, auto carry) {
+        reduce_sparse_kernel<<<
+            config.blocks_for(num_records * C),
+            config.block_size,
+            0,
+            stream>>>(
+            args,
+            sorted,
+            weights_data,
+            num_destinations,
+            carry,
+            out,
+            /*has_carry=*/static_cast<const void*>(out.data) == carry.data);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     }
+  }
+  if (!dense && float_carry) {
+    launch_copy_or_zero(
+        grad_input_view, as_const(carry_buffer), grad_input, config);
   }
 }
 
@@ -379,13 +511,28 @@ void backward(
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
   const auto args = make_args<scalar_t, index_t>(
-      grad_grid, grad_output, input, grid, interpolation_mode, padding_mode,
-      align_corners, output_mask[1]);
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask[1]);
   const LaunchConfig config = make_launch_config(options);
   const int64_t batch = input.size(0);
   const int64_t num_points = batch * grid.size(1) * grid.size(2);
   const int64_t num_destinations = args.num_destinations(batch);
 
+  if (!output_mask[1] && grad_grid.defined()) {
+    // Not asked for, so not computed (upstream #64977); a grid gradient the
+    // caller allocated anyway is zeroed rather than left uninitialized.
+    launch_copy_or_zero(
+        make_view<scalar_t, index_t>(grad_grid),
+        View4d<const scalar_t, index_t>{},
+        grad_grid,
+        config);
+  }
   if (!output_mask[0] || grad_input.numel() == 0) {
     // Grid gradient only: no records, no sort, nothing to group.
     launch_point_pass<scalar_t, index_t, int32_t>(
@@ -394,8 +541,7 @@ void backward(
   }
 
   const int64_t taps = args.taps_per_point();
-  const int64_t chunk_points =
-      resolve_chunk_points(options.chunk_points, taps);
+  const int64_t chunk_points = resolve_chunk_points(options.chunk_points, taps);
   if (num_destinations < std::numeric_limits<int32_t>::max()) {
     backward_with_records<scalar_t, index_t, int32_t>(
         args, config, grad_input, batch, chunk_points);
@@ -432,7 +578,7 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
   const bool use_32bit = fits_32bit_indexing(input) &&
       fits_32bit_indexing(grid) && fits_32bit_indexing(grad_output) &&
       (!output_mask[0] || fits_32bit_indexing(grad_input)) &&
-      (!output_mask[1] || fits_32bit_indexing(grad_grid));
+      fits_32bit_indexing(grad_grid);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       ScalarType::Half,
       ScalarType::BFloat16,
@@ -441,13 +587,27 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
       [&] {
         if (use_32bit) {
           backward<scalar_t, int>(
-              grad_input, grad_grid, grad_output, input, grid,
-              interpolation_mode, padding_mode, align_corners, output_mask,
+              grad_input,
+              grad_grid,
+              grad_output,
+              input,
+              grid,
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              output_mask,
               options);
         } else {
           backward<scalar_t, int64_t>(
-              grad_input, grad_grid, grad_output, input, grid,
-              interpolation_mode, padding_mode, align_corners, output_mask,
+              grad_input,
+              grad_grid,
+              grad_output,
+              input,
+              grid,
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              output_mask,
               options);
         }
       });

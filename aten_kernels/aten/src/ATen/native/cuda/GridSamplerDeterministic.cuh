@@ -40,23 +40,47 @@ constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
 // told otherwise and the host compiler does not; the intrinsics pin the
 // device side, the host side is built with -ffp-contract=off.
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-C10_HOST_DEVICE inline float add_rn(float a, float b) { return __fadd_rn(a, b); }
-C10_HOST_DEVICE inline float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-C10_HOST_DEVICE inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-C10_HOST_DEVICE inline float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-C10_HOST_DEVICE inline double add_rn(double a, double b) { return __dadd_rn(a, b); }
-C10_HOST_DEVICE inline double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-C10_HOST_DEVICE inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-C10_HOST_DEVICE inline double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+C10_HOST_DEVICE inline float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+C10_HOST_DEVICE inline float sub_rn(float a, float b) {
+  return __fsub_rn(a, b);
+}
+C10_HOST_DEVICE inline float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+C10_HOST_DEVICE inline float div_rn(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+C10_HOST_DEVICE inline double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+C10_HOST_DEVICE inline double sub_rn(double a, double b) {
+  return __dsub_rn(a, b);
+}
+C10_HOST_DEVICE inline double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+C10_HOST_DEVICE inline double div_rn(double a, double b) {
+  return __ddiv_rn(a, b);
+}
 #else
 template <typename T>
-inline T add_rn(T a, T b) { return a + b; }
+inline T add_rn(T a, T b) {
+  return a + b;
+}
 template <typename T>
-inline T sub_rn(T a, T b) { return a - b; }
+inline T sub_rn(T a, T b) {
+  return a - b;
+}
 template <typename T>
-inline T mul_rn(T a, T b) { return a * b; }
+inline T mul_rn(T a, T b) {
+  return a * b;
+}
 template <typename T>
-inline T div_rn(T a, T b) { return a / b; }
+inline T div_rn(T a, T b) {
+  return a / b;
+}
 #endif
 
 // True for finite values whose integer part fits comfortably in int64_t;
@@ -72,7 +96,10 @@ C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
 // d(pixel coordinate) / d(grid coordinate).
 template <typename T>
 C10_HOST_DEVICE inline T unnormalize(
-    T coord, int64_t size, bool align_corners, T* mult) {
+    T coord,
+    int64_t size,
+    bool align_corners,
+    T* mult) {
   const T one = static_cast<T>(1);
   const T half = static_cast<T>(0.5);
   if (align_corners) {
@@ -106,7 +133,10 @@ C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
 // stays well defined (it yields NaN, which the caller rejects).
 template <typename T>
 C10_HOST_DEVICE inline T reflect(
-    T coord, int64_t twice_low, int64_t twice_high, T* grad) {
+    T coord,
+    int64_t twice_low,
+    int64_t twice_high,
+    T* grad) {
   if (twice_low == twice_high) {
     *grad = static_cast<T>(0);
     return static_cast<T>(0);
@@ -160,7 +190,9 @@ C10_HOST_DEVICE inline T source_coordinate(
 // of bicubic sampling; equal to the floating-point version wherever that one
 // is exact, and exact everywhere.
 C10_HOST_DEVICE inline int64_t reflect_index(
-    int64_t index, int64_t size, bool align_corners) {
+    int64_t index,
+    int64_t size,
+    bool align_corners) {
   if (align_corners) {
     if (size == 1) {
       return 0;
@@ -210,8 +242,8 @@ C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
         mul_rn(
             add_rn(
                 mul_rn(
-                    add_rn(mul_rn(static_cast<T>(-0.75), x),
-                           static_cast<T>(3.75)),
+                    add_rn(
+                        mul_rn(static_cast<T>(-0.75), x), static_cast<T>(3.75)),
                     x),
                 static_cast<T>(-6)),
             x),
@@ -230,11 +262,11 @@ C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
       mul_rn(add_rn(mul_rn(static_cast<T>(2.25), x), static_cast<T>(7.5)), x),
       static_cast<T>(-6));
   x = -t;
-  dweight[1] = -mul_rn(
-      sub_rn(mul_rn(static_cast<T>(-3.75), x), static_cast<T>(4.5)), x);
+  dweight[1] =
+      -mul_rn(sub_rn(mul_rn(static_cast<T>(-3.75), x), static_cast<T>(4.5)), x);
   x = one_minus_t;
-  dweight[2] = -mul_rn(
-      sub_rn(mul_rn(static_cast<T>(3.75), x), static_cast<T>(4.5)), x);
+  dweight[2] =
+      -mul_rn(sub_rn(mul_rn(static_cast<T>(3.75), x), static_cast<T>(4.5)), x);
   x = sub_rn(two, t);
   dweight[3] = -add_rn(
       mul_rn(sub_rn(mul_rn(static_cast<T>(-2.25), x), static_cast<T>(-7.5)), x),
@@ -497,7 +529,9 @@ C10_HOST_DEVICE inline void point_grid_gradient_2d(
 // First position in sorted[0, count) whose key is >= key.
 template <typename key_t>
 C10_HOST_DEVICE inline int64_t lower_bound(
-    const key_t* sorted, int64_t count, int64_t key) {
+    const key_t* sorted,
+    int64_t count,
+    int64_t key) {
   int64_t low = 0;
   int64_t high = count;
   while (low < high) {
@@ -626,44 +660,62 @@ C10_HOST_DEVICE inline void process_point(
     T grad_x;
     T grad_y;
     point_grid_gradient_2d(
-        taps, args.input, args.grad_output, n, h, w, args.channels, &grad_x,
+        taps,
+        args.input,
+        args.grad_output,
+        n,
+        h,
+        w,
+        args.channels,
+        &grad_x,
         &grad_y);
     args.grad_grid.at(n, h, w, 0) = static_cast<scalar_t>(grad_x);
     args.grad_grid.at(n, h, w, 1) = static_cast<scalar_t>(grad_y);
   }
 }
 
-// A chunk's records after the stable sort: record ids grouped by
-// destination, destination d owning [starts[d], starts[d + 1]).
-template <typename index_like_t>
+// A chunk's records after the stable sort by destination: keys ascending
+// (num_destinations marks taps that land nowhere), record ids ascending
+// within each destination.
+template <typename key_t>
 struct SortedChunk {
   int64_t first_point;
+  int64_t num_records;
+  const key_t* keys;
   const int32_t* record_ids;
-  const index_like_t* starts;
 };
 
-// Reduce for one (destination, channel): the single writer of that
-// grad_input element. `carry` holds the sum of earlier chunks (read unless
-// this is the first chunk); `out` receives the new sum. Destinations that
-// this chunk does not touch are written only when `write_untouched`, which
-// is how the first chunk zero-fills grad_input without a memset.
-template <typename scalar_t, typename index_t, typename out_t, typename start_t>
+// Two ways to reach every grad_input element, with the same sums.
+// Dense: one thread per (destination, channel) over all of grad_input, the
+// first chunk writing the zeros too (no memset); a per-destination table of
+// where its records start. Sparse: grad_input is zero-filled first, then one
+// thread per (run of one destination's records, channel); no per-destination
+// table. Dense is used when grad_input has no more destinations than a chunk
+// has records, so either way the work and the workspace are bounded by the
+// records of a chunk, not by the size of the input.
+inline bool use_dense_reduction(
+    int64_t num_destinations,
+    int64_t records_per_chunk) {
+  return num_destinations <= records_per_chunk;
+}
+
+// The single writer of grad_input[n][c][y][x] for destination (n, y, x):
+// folds the chunk's records [begin, end) of that destination in the
+// canonical order onto `carry` (the sum of earlier chunks; zero when
+// !has_carry) and writes the result to `out`.
+template <typename scalar_t, typename index_t, typename out_t, typename key_t>
 C10_HOST_DEVICE inline void reduce_destination(
     const Backward2dArgs<scalar_t, index_t>& args,
-    const SortedChunk<start_t>& chunk,
+    const SortedChunk<key_t>& chunk,
     const at::opmath_type<scalar_t>* weights,
     int64_t destination,
     index_t c,
+    int64_t begin,
+    int64_t end,
     View4d<const at::opmath_type<scalar_t>, index_t> carry,
     View4d<out_t, index_t> out,
-    bool has_carry,
-    bool write_untouched) {
+    bool has_carry) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t begin = static_cast<int64_t>(chunk.starts[destination]);
-  const int64_t end = static_cast<int64_t>(chunk.starts[destination + 1]);
-  if (begin == end && !write_untouched) {
-    return;
-  }
   const int64_t image_size = static_cast<int64_t>(args.inp_H) * args.inp_W;
   const index_t n = static_cast<index_t>(destination / image_size);
   const index_t s = static_cast<index_t>(destination % image_size);
@@ -681,9 +733,86 @@ C10_HOST_DEVICE inline void reduce_destination(
   };
   const T initial = has_carry ? carry.at(n, c, y, x) : static_cast<T>(0);
   const T sum = fold_destination(
-      chunk.record_ids, begin, end, int64_t{taps} * kTilePoints, initial,
+      chunk.record_ids,
+      begin,
+      end,
+      int64_t{taps} * kTilePoints,
+      initial,
       contribution);
   out.at(n, c, y, x) = static_cast<out_t>(sum);
+}
+
+// Dense reduction, element i = destination * C + c (channel fastest, so a
+// warp shares a destination's records). `starts[d]` is where destination
+// d's records begin. Untouched destinations are written only when
+// `write_untouched` (the first chunk, which writes the zeros).
+template <typename scalar_t, typename index_t, typename out_t, typename key_t>
+C10_HOST_DEVICE inline void reduce_dense_element(
+    const Backward2dArgs<scalar_t, index_t>& args,
+    const SortedChunk<key_t>& chunk,
+    const int32_t* starts,
+    const at::opmath_type<scalar_t>* weights,
+    int64_t i,
+    View4d<const at::opmath_type<scalar_t>, index_t> carry,
+    View4d<out_t, index_t> out,
+    bool has_carry,
+    bool write_untouched) {
+  const int64_t channels = args.channels;
+  const int64_t destination = i / channels;
+  const int64_t begin = starts[destination];
+  const int64_t end = starts[destination + 1];
+  if (begin == end && !write_untouched) {
+    return;
+  }
+  reduce_destination(
+      args,
+      chunk,
+      weights,
+      destination,
+      static_cast<index_t>(i % channels),
+      begin,
+      end,
+      carry,
+      out,
+      has_carry);
+}
+
+// Sparse reduction, element i = sorted position * C + c: the thread at the
+// first record of a destination reduces that destination; the others (and
+// the taps that land nowhere) do nothing.
+template <typename scalar_t, typename index_t, typename out_t, typename key_t>
+C10_HOST_DEVICE inline void reduce_sparse_element(
+    const Backward2dArgs<scalar_t, index_t>& args,
+    const SortedChunk<key_t>& chunk,
+    const at::opmath_type<scalar_t>* weights,
+    int64_t num_destinations,
+    int64_t i,
+    View4d<const at::opmath_type<scalar_t>, index_t> carry,
+    View4d<out_t, index_t> out,
+    bool has_carry) {
+  const int64_t channels = args.channels;
+  const int64_t begin = i / channels;
+  const int64_t destination = static_cast<int64_t>(chunk.keys[begin]);
+  if (destination == num_destinations ||
+      (begin > 0 &&
+       static_cast<int64_t>(chunk.keys[begin - 1]) == destination)) {
+    return;
+  }
+  const int64_t end =
+      begin +
+      lower_bound(
+          chunk.keys + begin, chunk.num_records - begin, destination + 1);
+  reduce_destination(
+      args,
+      chunk,
+      weights,
+      destination,
+      static_cast<index_t>(i % channels),
+      begin,
+      end,
+      carry,
+      out,
+      has_carry);
 }
 
 // Points per chunk: `requested` (a test knob) or, for 0, whole tiles making

@@ -20,8 +20,9 @@ struct GridSamplerDeterministicOptions {
 
 // Same contract as launch_grid_sampler_2d_backward_kernel (GridSampler.h),
 // without floating-point atomics: the result is bitwise reproducible. Every
-// element of grad_input is written (it need not be zeroed), and grad_grid
-// is written only when output_mask[1] is set.
+// element of grad_input is written (it need not be zeroed). The grid
+// gradient is computed only when output_mask[1] is set; otherwise a defined
+// grad_grid is filled with zeros.
 void launch_grid_sampler_2d_backward_deterministic_kernel(
     const TensorBase& grad_input,
     const TensorBase& grad_grid,
