@@ -114,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only redraw FILE.md and FILE.png from an earlier FILE.json")
     bench.set_defaults(handler=_bench)
     from detgrid import build as build_command
+    from detgrid import patch as patch_command
+
     build_command.register(commands)
+    patch_command.register(commands)
     return parser
 
 

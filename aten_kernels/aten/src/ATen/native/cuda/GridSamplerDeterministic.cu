@@ -8,9 +8,13 @@
 //      value = record id (point * taps + tap); the tap weight beside it.
 //   2. stable radix sort of the records by key (at::cuda::cub), so each
 //      destination's records are in ascending record id order.
-//   3. segment starts: for every destination, where its records begin.
-//   4. reduce, one thread per (destination, channel): the single writer of
-//      that grad_input element, folding the records in the canonical order.
+//   3. reduce: the single writer of each grad_input element folds its
+//      records in the canonical order; no atomics. Dense when grad_input
+//      has no more destinations than a chunk has records: one thread per
+//      (destination, channel) over all of grad_input, the first chunk
+//      writing the zeros (no memset), starts found by binary search.
+//      Sparse otherwise: a zero fill, then one thread per (touched
+//      destination, channel), found at the first of its sorted records.
 // When grad_input is not requested only the point pass runs: the grid
 // gradient is single-writer already, so nothing needs grouping and the
 // backward raises no determinism alert.
@@ -35,11 +39,11 @@
 //     (chunk_points defaults to about kChunkRecords / taps, so R <= 2^21):
 //     keys 2 * R * sizeof(key) + record ids 2 * R * 4 + weights
 //     R * sizeof(opmath) + CUB's radix-sort scratch (about R * (sizeof(key)
-//     + 4)) + segment starts (N * H_in * W_in + 1) * 4 bytes, plus, for
-//     Half/BFloat16 inputs that need more than one chunk, a float carry of
-//     N * C * H_in * W_in elements. With int32 keys and fp32 that is about
-//     28 bytes per record of one chunk: at most 56 MiB + 4 bytes per input
-//     pixel.
+//     + 4)), plus in the dense reduction (N * H_in * W_in + 1) * 4 <=
+//     (R + 1) * 4 bytes of segment starts, plus, for Half/BFloat16 inputs
+//     that need more than one chunk, a float carry of N * C * H_in * W_in
+//     elements. With int32 keys and fp32 that is about 32 bytes per record
+//     of one chunk: at most 64 MiB, whatever the input size.
 // (c) Safe coordinates. No index is formed from a coordinate that is not
 //     finite and within +-2^40 after unnormalizing and padding (the bicubic
 //     taps are padded in integers). A point with such a coordinate (NaN,
