@@ -20,7 +20,7 @@ if [ "$version" = 2.15.0 ]; then
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 env "${pip_env[@]}" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  "torch==$version" numpy pytest expecttest hypothesis "setuptools>=77" wheel 2>&1 \
+  "torch==$version" numpy pytest expecttest hypothesis matplotlib "setuptools>=77" wheel 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
 
 # Build in a copy so that the .so of this build and the one in .venv (both

@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     build_command.register(commands)
     patch_command.register(commands)
+    __import__("detgrid.report", fromlist=["register"]).register(commands)
     return parser
 
 
