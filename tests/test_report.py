@@ -240,6 +240,12 @@ class TestReportRendering(TestCase):
         self.assertIn("`git apply --check`: applies", R.render_pr(report))
         self.assertFalse((tree / "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu").exists())
 
+    def test_a_path_that_is_no_checkout_fails_before_anything_runs(self):
+        runner = StubRunner(DEFAULT_OUTCOMES)
+        with self.assertRaises(P.AnchorError):
+            R.gather(pytorch=self.tmp, kit_root=make_kit(self.tmp), runner=runner, env=dict(ENV))
+        self.assertEqual(runner.commands, [])
+
     def test_write_puts_both_files_in_the_out_dir(self):
         out = Path(self.tmp) / "out"
         paths = R.write(stub_report(self.tmp)[0], out)

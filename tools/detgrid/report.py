@@ -282,6 +282,7 @@ def inspect_checkout(tree: Path, kit_root: Path = KIT_ROOT) -> Checkout:
 def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root: Path = KIT_ROOT,
            runner: Runner = run_command, env: Optional[Dict[str, Any]] = None) -> Report:
     kit_root = Path(kit_root)
+    checkout = inspect_checkout(Path(pytorch), kit_root) if pytorch else None  # fails fast
     return Report(
         environment=env if env is not None else environment(),
         collect_env=collect_env(runner, kit_root),
@@ -289,7 +290,7 @@ def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root:
         tests=parse_junit(junit) if junit else None,
         bench=newest_bench(kit_root),
         patches=all_patch_stats(kit_root),
-        checkout=inspect_checkout(Path(pytorch), kit_root) if pytorch else None,
+        checkout=checkout,
     )
 
 
@@ -340,8 +341,9 @@ def render_stock_error(report: Report) -> str:
         why = (f"the machine this report was generated on has no CUDA device, so neither the "
                f"snippet nor `repro/show_error.py` could show it (exit {run.exit_code}, "
                f"{run.status}): the error text was not captured here")
-    return ("The error (its first words are fixed by `alertNotDeterministic(\"grid_sampler_2d_backward_cuda\")`"
-            " in `aten/src/ATen/native/cuda/GridSampler.cu`) is `grid_sampler_2d_backward_cuda does not "
+    return ("The error (its first words are fixed by "
+            "`alertNotDeterministic(\"grid_sampler_2d_backward_cuda\")` in "
+            "`aten/src/ATen/native/cuda/GridSampler.cu`) is `grid_sampler_2d_backward_cuda does not "
             f"have a deterministic implementation, ...`; {why}.")
 
 
@@ -500,7 +502,8 @@ def render_issue(report: Report) -> str:
         "stay nondeterministic.",
         "- Turning determinism off around `grid_sample`: the same.",
         "- Running the backward on the CPU: stock's CPU kernel is deterministic (no alert), but "
-        "slow, and it crashes on NaN grids with border/reflection padding (#24823).",
+        "takes the step off the GPU, and it crashes on NaN grids with border/reflection padding "
+        "(#24823).",
         "- A user-level autograd Function accumulating with `index_put_(..., accumulate=True)` "
         "(deterministic in deterministic mode): materialises indices and values for every "
         "(point, tap, channel).",
@@ -508,8 +511,9 @@ def render_issue(report: Report) -> str:
         "",
         "### Additional context",
         "",
-        "- #68959: the issue this closes. #196856: the sort-based deterministic backward on main "
-        "(2D + 3D; the cuDNN backward delegates to it in deterministic mode). #180417: the cuDNN "
+        "- #68959: the open issue for this since 2021 (the PR will say `Fixes #68959`). "
+        "#196856: the sort-based deterministic backward on main (2D + 3D; the cuDNN backward "
+        "delegates to it in deterministic mode). #180417: the cuDNN "
         "backward route now alerts. Related: #24823 (NaN/Inf grids crash the CPU kernel).",
         "- The change, as generated against a real PyTorch tree by the kit's `detgrid patch`:",
         "",
@@ -638,6 +642,9 @@ def render_test_plan(report: Report) -> str:
 def render_pr(report: Report) -> str:
     env = report.environment
     ck = report.checkout
+    gpu = bool(env.get("cuda_available") or (report.bench and report.bench.on_gpu))
+    t = report.tests
+    tests_ok = bool(t and t.tests and t.failures == t.errors == 0)
     lint = ("not run by this report (needs `lintrunner init` in a PyTorch checkout)")
     grep = ("clean" if ck and ck.lint == [] else "; ".join(ck.lint) if ck and ck.lint else
             "not run by this report (no `--pytorch PATH` given)")
@@ -691,10 +698,10 @@ def render_pr(report: Report) -> str:
         "- [x] tests added: `test_grid_sample_2d_backward_deterministic*` in `test/test_nn.py`, "
         "the alert test in `test/test_torch.py` updated; `use_deterministic_algorithms` docstring "
         "lists the op.",
-        f"- [{'x' if report.tests and report.tests.failures == report.tests.errors == 0 else ' '}] "
+        f"- [{'x' if tests_ok else ' '}] "
         f"the kit's test suite: {render_tests(report).split(': ', 1)[1]}",
-        f"- [ ] GPU evidence (CUDA repro, CUDA tests, benchmarks): "
-        f"{'see above' if env.get('cuda_available') or (report.bench and report.bench.on_gpu) else 'none gathered for this report (no GPU)'}.",
+        f"- [{'x' if gpu else ' '}] GPU evidence (CUDA repro, benchmarks): "
+        f"{'see above' if gpu else 'none gathered for this report (no GPU)'}.",
         "",
         "Versions of the machine that generated this report:",
         "",
