@@ -187,6 +187,18 @@ class TestReportRendering(TestCase):
         self.assertIn("![det/stock per workload](benchmarks/results/new.png)", bench)
         self.assertNotIn("CPU smoke run", bench)
 
+    def test_cpu_benchmark_results_are_not_a_performance_claim(self):
+        report = stub_report(self.tmp)[0]
+        report.bench = R.BenchResults("benchmarks/results/cpu.json", None, {
+            "device": "cpu", "device_name": "cpu x86_64", "workloads": [
+                {"row": 2, "name": "big", "status": "skipped", "skip_reason": "too large"}]})
+        bench = R.render_bench(report)
+        self.assertIn("**CPU smoke run**", bench)
+        self.assertIn("no GPU results yet", bench)
+        self.assertIn("| 2 | big | skipped: too large |", bench)
+        self.assertIn("No plot (PNG)", bench)
+        self.assertIn("- [ ] GPU evidence", R.render_pr(report))
+
     def test_patch_stats_parsed_from_a_synthetic_patch(self):
         stats = R.patch_stats(make_kit(self.tmp) / "patches" / "v9.1.0.patch", Path(self.tmp) / "kit")
         self.assertEqual(stats.path, "patches/v9.1.0.patch")
