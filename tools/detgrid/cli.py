@@ -115,10 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(handler=_bench)
     from detgrid import build as build_command
     from detgrid import patch as patch_command
+    from detgrid import report as report_command
 
     build_command.register(commands)
     patch_command.register(commands)
-    __import__("detgrid.report", fromlist=["register"]).register(commands)
+    report_command.register(commands)
     return parser
 
 

@@ -650,13 +650,15 @@ algorithms are on and the input gradient is requested:
 1. point pass, one thread per output point: grid gradient (single writer)
    and one (destination pixel, record id, weight) record per tap;
 2. stable radix sort of the records by destination (at::cuda::cub);
-3. segment starts per destination;
-4. reduce, one thread per (destination, channel), the single writer of
-   that grad_input element, in a canonical order that does not depend on
-   GPU model, launch configuration or chunking.
+3. reduce without atomics, one writer per grad_input element, in a
+   canonical order that does not depend on GPU model, launch
+   configuration or chunking: over every element when grad_input has no
+   more pixels than a chunk has records (zeros written by the same pass),
+   else over the touched pixels after a zero fill.
 
 Workspace comes from the caching allocator and is bounded independently
-of the grid values (chunks of about 2^21 records). Non-finite grid
+of the grid values and of the input size (chunks of about 2^21 records,
+about 64 MiB). Non-finite grid
 coordinates never form an index. When only the grid gradient is
 requested the existing kernel runs and no alert is raised (it has a
 single writer per element). 3D still alerts.
