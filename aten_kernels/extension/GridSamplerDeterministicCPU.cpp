@@ -46,12 +46,6 @@ View4d<const scalar_t, int64_t> make_const_view(const at::Tensor& t) {
       t.stride(3)};
 }
 
-template <typename T>
-View4d<const T, int64_t> as_const(const View4d<T, int64_t>& view) {
-  return {
-      view.data, view.stride_n, view.stride_c, view.stride_h, view.stride_w};
-}
-
 int64_t grain_or_default(int64_t grain_size, int64_t fallback) {
   return grain_size > 0 ? grain_size : fallback;
 }
@@ -174,19 +168,6 @@ void backward(
       : View4d<T, int64_t>{nullptr, 0, 0, 0, 0};
   const auto grad_input_view = make_view<scalar_t>(grad_input);
 
-  // Where chunk k reads its carry from and writes its sums to, exactly as
-  // the CUDA launcher chooses them.
-  auto for_each_target = [&](bool last, auto&& reduce) {
-    if constexpr (kReducedPrecision) {
-      if (!float_carry || (last && dense)) {
-        reduce(grad_input_view, as_const(carry_buffer));
-      } else {
-        reduce(carry_buffer, as_const(carry_buffer));
-      }
-    } else {
-      reduce(grad_input_view, as_const(grad_input_view));
-    }
-  };
   if (!dense) {
     (float_carry ? carry_storage : grad_input).zero_();
   }
@@ -207,49 +188,58 @@ void backward(
     if (dense) {
       const std::vector<int32_t> starts =
           segment_starts(sorted, num_destinations, options.grain_size);
-      for_each_target(last, [&](auto out, auto carry) {
-        const bool write_untouched =
-            first || static_cast<const void*>(out.data) != carry.data;
-        at::parallel_for(
-            0,
-            num_destinations * channels,
-            grain_or_default(options.grain_size, 1024),
-            [&](int64_t begin, int64_t end) {
-              for (int64_t i = begin; i < end; ++i) {
-                reduce_dense_element(
-                    args,
-                    sorted_chunk,
-                    starts.data(),
-                    weights.data(),
-                    i,
-                    carry,
-                    out,
-                    /*has_carry=*/!first,
-                    write_untouched);
-              }
-            });
-      });
+      with_reduce_target(
+          grad_input_view,
+          carry_buffer,
+          last && dense,
+          [&](auto out, auto carry) {
+            const bool write_untouched =
+                first || static_cast<const void*>(out.data) != carry.data;
+            at::parallel_for(
+                0,
+                num_destinations * channels,
+                grain_or_default(options.grain_size, 1024),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t i = begin; i < end; ++i) {
+                    reduce_dense_element(
+                        args,
+                        sorted_chunk,
+                        starts.data(),
+                        weights.data(),
+                        i,
+                        carry,
+                        out,
+                        /*has_carry=*/!first,
+                        write_untouched);
+                  }
+                });
+          });
     } else {
-      for_each_target(last, [&](auto out, auto carry) {
-        const bool has_carry = static_cast<const void*>(out.data) == carry.data;
-        at::parallel_for(
-            0,
-            count * taps * channels,
-            grain_or_default(options.grain_size, 1024),
-            [&](int64_t begin, int64_t end) {
-              for (int64_t i = begin; i < end; ++i) {
-                reduce_sparse_element(
-                    args,
-                    sorted_chunk,
-                    weights.data(),
-                    num_destinations,
-                    i,
-                    carry,
-                    out,
-                    has_carry);
-              }
-            });
-      });
+      with_reduce_target(
+          grad_input_view,
+          carry_buffer,
+          last && dense,
+          [&](auto out, auto carry) {
+            const bool has_carry =
+                static_cast<const void*>(out.data) == carry.data;
+            at::parallel_for(
+                0,
+                count * taps * channels,
+                grain_or_default(options.grain_size, 1024),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t i = begin; i < end; ++i) {
+                    reduce_sparse_element(
+                        args,
+                        sorted_chunk,
+                        weights.data(),
+                        num_destinations,
+                        i,
+                        carry,
+                        out,
+                        has_carry);
+                  }
+                });
+          });
     }
   }
   if (!dense && float_carry) {

@@ -302,12 +302,6 @@ void launch_point_pass(
   });
 }
 
-template <typename T, typename index_t>
-View4d<const T, index_t> as_const(const View4d<T, index_t>& view) {
-  return {
-      view.data, view.stride_n, view.stride_c, view.stride_h, view.stride_w};
-}
-
 template <typename out_t, typename in_t, typename index_t>
 void launch_copy_or_zero(
     const View4d<out_t, index_t>& out,
@@ -376,21 +370,6 @@ void backward_with_records(
       1};
   const auto grad_input_view = make_view<scalar_t, index_t>(grad_input);
 
-  // Where chunk k reads its carry from and writes its sums to; `out` is a
-  // float buffer or grad_input, so the launch is written once as a lambda.
-  auto for_each_target = [&](bool last, auto&& launch) {
-    if constexpr (kReducedPrecision) {
-      if (!float_carry) {
-        launch(grad_input_view, as_const(carry_buffer));
-      } else if (last && dense) {
-        launch(grad_input_view, as_const(carry_buffer));
-      } else {
-        launch(carry_buffer, as_const(carry_buffer));
-      }
-    } else {
-      launch(grad_input_view, as_const(grad_input_view));
-    }
-  };
   if (!dense) {
     // Sparse: every element starts at zero; chunks then touch only the
     // destinations they have records for.
@@ -457,43 +436,51 @@ void backward_with_records(
       if (num_elements == 0) {
         continue;
       }
-      for_each_target(last, [&](auto out, auto carry) {
-        // The first chunk writes every element (zeros included); so does the
-        // last one when it rounds a float carry into grad_input.
-        const bool write_untouched =
-            first || static_cast<const void*>(out.data) != carry.data;
-        reduce_dense_kernel<<<
-            config.blocks_for(num_elements),
-            config.block_size,
-            0,
-            stream>>>(
-            args,
-            sorted,
-            static_cast<const int32_t*>(starts.get()),
-            weights_data,
-            num_elements,
-            carry,
-            out,
-            /*has_carry=*/!first,
-            write_untouched);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
+      with_reduce_target(
+          grad_input_view,
+          carry_buffer,
+          last && dense,
+          [&](auto out, auto carry) {
+            // The first chunk writes every element (zeros included); so does
+            // the last one when it rounds a float carry into grad_input.
+            const bool write_untouched =
+                first || static_cast<const void*>(out.data) != carry.data;
+            reduce_dense_kernel<<<
+                config.blocks_for(num_elements),
+                config.block_size,
+                0,
+                stream>>>(
+                args,
+                sorted,
+                static_cast<const int32_t*>(starts.get()),
+                weights_data,
+                num_elements,
+                carry,
+                out,
+                /*has_carry=*/!first,
+                write_untouched);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
     } else if (num_records > 0 && C > 0) {
-      for_each_target(last, [&](auto out, auto carry) {
-        reduce_sparse_kernel<<<
-            config.blocks_for(num_records * C),
-            config.block_size,
-            0,
-            stream>>>(
-            args,
-            sorted,
-            weights_data,
-            num_destinations,
-            carry,
-            out,
-            /*has_carry=*/static_cast<const void*>(out.data) == carry.data);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
+      with_reduce_target(
+          grad_input_view,
+          carry_buffer,
+          last && dense,
+          [&](auto out, auto carry) {
+            reduce_sparse_kernel<<<
+                config.blocks_for(num_records * C),
+                config.block_size,
+                0,
+                stream>>>(
+                args,
+                sorted,
+                weights_data,
+                num_destinations,
+                carry,
+                out,
+                /*has_carry=*/static_cast<const void*>(out.data) == carry.data);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
     }
   }
   if (!dense && float_carry) {

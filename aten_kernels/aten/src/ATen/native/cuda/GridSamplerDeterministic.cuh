@@ -481,6 +481,12 @@ struct View4d {
   }
 };
 
+template <typename T, typename index_t>
+View4d<const T, index_t> as_const(const View4d<T, index_t>& view) {
+  return {
+      view.data, view.stride_n, view.stride_c, view.stride_h, view.stride_w};
+}
+
 // d loss / d (grid_x, grid_y) of one point, single writer: channels in
 // ascending order, taps in record order, each term (value * dweight) * gOut.
 template <typename scalar_t, typename index_t, typename T, int kTaps>
@@ -813,6 +819,27 @@ C10_HOST_DEVICE inline void reduce_sparse_element(
       carry,
       out,
       has_carry);
+}
+
+// Where a chunk's reduce reads the sums of earlier chunks (`carry`) and
+// writes its own (`out`); calls reduce(out, carry). grad_input itself when it
+// holds opmath values. For Half/BFloat16, the float carry while one is used
+// (`float_carry.data` set: more than one chunk), except that the last chunk
+// of a dense reduction rounds straight into grad_input; a sparse reduction
+// copies the carry out after its last chunk.
+template <typename scalar_t, typename index_t, typename Reduce>
+void with_reduce_target(
+    const View4d<scalar_t, index_t>& grad_input,
+    const View4d<at::opmath_type<scalar_t>, index_t>& float_carry,
+    bool last_dense_chunk,
+    const Reduce& reduce) {
+  if constexpr (std::is_same_v<scalar_t, at::opmath_type<scalar_t>>) {
+    reduce(grad_input, as_const(grad_input));
+  } else if (float_carry.data == nullptr || last_dense_chunk) {
+    reduce(grad_input, as_const(float_carry));
+  } else {
+    reduce(float_carry, as_const(float_carry));
+  }
 }
 
 // Points per chunk: `requested` (a test knob) or, for 0, whole tiles making
