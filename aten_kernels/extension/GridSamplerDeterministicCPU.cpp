@@ -1,4 +1,4 @@
-// Host executor of the deterministic grid_sampler_2d backward.
+// Host executor of the deterministic grid_sampler_2d/3d backward.
 //
 // It runs the stages of ATen/native/cuda/GridSamplerDeterministic.cu on the
 // CPU, calling the same C10_HOST_DEVICE functions for every floating-point
@@ -25,26 +25,6 @@ namespace detgrid {
 namespace {
 
 using namespace at::native::grid_sampler_deterministic;
-
-template <typename scalar_t>
-View4d<scalar_t, int64_t> make_view(const at::Tensor& t) {
-  return {
-      t.data_ptr<scalar_t>(),
-      t.stride(0),
-      t.stride(1),
-      t.stride(2),
-      t.stride(3)};
-}
-
-template <typename scalar_t>
-View4d<const scalar_t, int64_t> make_const_view(const at::Tensor& t) {
-  return {
-      t.const_data_ptr<scalar_t>(),
-      t.stride(0),
-      t.stride(1),
-      t.stride(2),
-      t.stride(3)};
-}
 
 int64_t grain_or_default(int64_t grain_size, int64_t fallback) {
   return grain_size > 0 ? grain_size : fallback;
@@ -91,7 +71,7 @@ std::vector<int32_t> segment_starts(
   return starts;
 }
 
-template <typename scalar_t>
+template <typename scalar_t, int kDims>
 void backward(
     const at::Tensor& grad_input,
     const at::Tensor& grad_grid,
@@ -106,37 +86,34 @@ void backward(
   using T = at::opmath_type<scalar_t>;
   constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
 
-  Backward2dArgs<scalar_t, int64_t> args;
-  args.input = make_const_view<scalar_t>(input);
-  args.grad_output = make_const_view<scalar_t>(grad_output);
-  args.grid = make_const_view<scalar_t>(grid);
-  args.grad_grid = output_mask[1]
-      ? make_view<scalar_t>(grad_grid)
-      : View4d<scalar_t, int64_t>{nullptr, 0, 0, 0, 0};
-  args.channels = input.size(1);
-  args.inp_H = input.size(2);
-  args.inp_W = input.size(3);
-  args.out_H = grid.size(1);
-  args.out_W = grid.size(2);
-  args.interpolation_mode =
-      static_cast<GridSamplerInterpolation>(interpolation_mode);
-  args.padding_mode = static_cast<GridSamplerPadding>(padding_mode);
-  args.align_corners = align_corners;
+  const auto args = make_backward_args<scalar_t, int64_t, kDims>(
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask[1]);
+  using Args = decltype(args);
 
   const int64_t batch = input.size(0);
-  const int64_t num_points = batch * args.out_H * args.out_W;
+  const int64_t num_points = batch * args.points_per_image();
   const int64_t num_destinations = args.num_destinations(batch);
   const int64_t point_grain = grain_or_default(options.grain_size, 256);
 
   auto point_pass = [&](int64_t first, int64_t count, const auto* chunk) {
-    dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
-      constexpr int kTaps = decltype(taps_per_axis)::value;
-      at::parallel_for(0, count, point_grain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          process_point<kTaps>(args, first + i, num_destinations, chunk);
-        }
-      });
-    });
+    dispatch_taps_per_axis<kDims>(
+        args.interpolation_mode, [&](auto taps_per_axis) {
+          constexpr int kTaps = decltype(taps_per_axis)::value;
+          at::parallel_for(
+              0, count, point_grain, [&](int64_t begin, int64_t end) {
+                for (int64_t i = begin; i < end; ++i) {
+                  process_point<kTaps>(
+                      args, first + i, num_destinations, chunk);
+                }
+              });
+        });
   };
 
   if (!output_mask[0] || grad_input.numel() == 0) {
@@ -145,7 +122,8 @@ void backward(
   }
 
   const int64_t taps = args.taps_per_point();
-  const int64_t chunk_points = resolve_chunk_points(options.chunk_points, taps);
+  const int64_t chunk_points =
+      resolve_chunk_points(options.chunk_points, taps, Args::op_name());
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t capacity = std::min(num_points, chunk_points) * taps;
@@ -164,9 +142,11 @@ void backward(
         at::empty(grad_input.sizes(), grad_input.options().dtype(at::kFloat));
   }
   const auto carry_buffer = float_carry
-      ? make_view<T>(carry_storage)
-      : View4d<T, int64_t>{nullptr, 0, 0, 0, 0};
-  const auto grad_input_view = make_view<scalar_t>(grad_input);
+      ? image_view<int64_t, kDims>(
+            carry_storage.data_ptr<T>(), carry_storage.strides())
+      : View<T, int64_t, kDims>{nullptr, 0, 0, {}};
+  const auto grad_input_view = image_view<int64_t, kDims>(
+      grad_input.data_ptr<scalar_t>(), grad_input.strides());
 
   if (!dense) {
     (float_carry ? carry_storage : grad_input).zero_();
@@ -249,7 +229,7 @@ void backward(
 
 } // namespace
 
-void grid_sampler_2d_backward_executor(
+void grid_sampler_backward_executor(
     const at::Tensor& grad_input,
     const at::Tensor& grad_grid,
     const at::Tensor& grad_output,
@@ -262,9 +242,15 @@ void grid_sampler_2d_backward_executor(
     const ExecutorOptions& options) {
   TORCH_CHECK(
       options.grain_size >= 0,
-      "grid_sampler_2d_backward (deterministic): grain_size must be positive, "
+      "grid_sampler backward (deterministic): grain_size must be positive, "
       "or 0 for the default, got ",
       options.grain_size);
+  TORCH_CHECK(
+      input.dim() == 4 || input.dim() == 5,
+      "grid_sampler backward (deterministic): expected a 4-D or 5-D input, "
+      "got ",
+      input.dim(),
+      "-D");
   if (!output_mask[0] && !output_mask[1]) {
     return;
   }
@@ -272,10 +258,11 @@ void grid_sampler_2d_backward_executor(
       at::ScalarType::Half,
       at::ScalarType::BFloat16,
       input.scalar_type(),
-      "grid_sampler_2d_backward_executor",
+      "grid_sampler_backward_executor",
       [&] {
-        backward<scalar_t>(
-            grad_input,
+        const auto run =
+            input.dim() == 4 ? backward<scalar_t, 2> : backward<scalar_t, 3>;
+        run(grad_input,
             grad_grid,
             grad_output,
             input,

@@ -6,10 +6,12 @@
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
 #include <ATen/ops/cudnn_grid_sampler_backward_native.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
+#include <ATen/ops/grid_sampler_3d_backward_native.h>
 #include <c10/cuda/CUDAGuard.h>
 
 namespace detgrid {
 
+template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -20,10 +22,13 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     std::array<bool, 2> output_mask,
     const BackwardOptions& options) {
   check_backward_inputs(
-      grad_output, input, grid, interpolation_mode, padding_mode);
+      kDims, grad_output, input, grid, interpolation_mode, padding_mode);
   const c10::cuda::CUDAGuard device_guard(input.device());
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
-  at::native::launch_grid_sampler_2d_backward_deterministic_kernel(
+  const auto launch = kDims == 2
+      ? at::native::launch_grid_sampler_2d_backward_deterministic_kernel
+      : at::native::launch_grid_sampler_3d_backward_deterministic_kernel;
+  launch(
       grad_input,
       grad_grid,
       grad_output,
@@ -38,6 +43,25 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
   return {grad_input, grad_grid};
 }
 
+template std::tuple<at::Tensor, at::Tensor> backward_cuda<2>(
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    int64_t,
+    int64_t,
+    bool,
+    std::array<bool, 2>,
+    const BackwardOptions&);
+template std::tuple<at::Tensor, at::Tensor> backward_cuda<3>(
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    int64_t,
+    int64_t,
+    bool,
+    std::array<bool, 2>,
+    const BackwardOptions&);
+
 namespace {
 
 // grid_sample takes cuDNN for bilinear, zeros padding and align_corners=True;
@@ -49,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
   if (at::globalContext().deterministicAlgorithms()) {
     constexpr int64_t kBilinear = 0;
     constexpr int64_t kZeros = 0;
-    return backward_cuda(
+    return backward_cuda<2>(
         grad_output,
         input,
         grid,
@@ -68,8 +92,13 @@ void register_cuda_overrides(torch::Library& aten_cuda) {
   aten_cuda.impl(
       "grid_sampler_2d_backward",
       TORCH_FN((routed_backward<
-                with_default_options<backward_cuda>,
+                with_default_options<backward_cuda<2>>,
                 at::native::grid_sampler_2d_backward_cuda>)));
+  aten_cuda.impl(
+      "grid_sampler_3d_backward",
+      TORCH_FN((routed_backward<
+                with_default_options<backward_cuda<3>>,
+                at::native::grid_sampler_3d_backward_cuda>)));
   aten_cuda.impl("cudnn_grid_sampler_backward", TORCH_FN(aten_cudnn_backward));
 }
 

@@ -20,9 +20,10 @@ struct BackwardOptions {
   int64_t grain_size = 0;
 };
 
-// Same checks as stock grid_sampler_2d_backward, plus dtype and mode checks
-// that stock leaves to the kernel.
+// Same checks as stock grid_sampler_{2d,3d}_backward (spatial_dims 2 or 3),
+// plus dtype and mode checks that stock leaves to the kernel.
 void check_backward_inputs(
+    int64_t spatial_dims,
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& grid,
@@ -35,8 +36,8 @@ std::tuple<at::Tensor, at::Tensor> allocate_gradients(
     const at::Tensor& grid,
     std::array<bool, 2> output_mask);
 
-// The kernel signature of aten::grid_sampler_2d_backward, and the same with
-// the knobs as a last argument.
+// The kernel signature of aten::grid_sampler_{2d,3d}_backward, and the same
+// with the knobs as a last argument.
 using AtenBackwardFn = std::tuple<at::Tensor, at::Tensor> (*)(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -55,6 +56,8 @@ using BackwardWithOptionsFn = std::tuple<at::Tensor, at::Tensor> (*)(
     std::array<bool, 2> output_mask,
     const BackwardOptions& options);
 
+// The deterministic backward of kDims spatial dimensions on each device.
+template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -86,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
       BackwardOptions{});
 }
 
-// aten::grid_sampler_2d_backward on a device where detgrid is enabled:
+// aten::grid_sampler_{2d,3d}_backward on a device where detgrid is enabled:
 // `deterministic` while deterministic algorithms are on, `stock` otherwise.
 template <AtenBackwardFn deterministic, AtenBackwardFn stock>
 std::tuple<at::Tensor, at::Tensor> routed_backward(
@@ -110,6 +113,7 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
 }
 
 #ifdef DETGRID_WITH_CUDA
+template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -120,9 +124,10 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     std::array<bool, 2> output_mask,
     const BackwardOptions& options);
 
-// Registers, on `aten_cuda`, the CUDA kernels of grid_sampler_2d_backward and
-// cudnn_grid_sampler_backward that pick the deterministic backward when
-// deterministic algorithms are on, and the stock kernels otherwise.
+// Registers, on `aten_cuda`, the CUDA kernels of grid_sampler_2d_backward,
+// grid_sampler_3d_backward and cudnn_grid_sampler_backward that pick the
+// deterministic backward when deterministic algorithms are on, and the stock
+// kernels otherwise.
 void register_cuda_overrides(torch::Library& aten_cuda);
 #endif
 

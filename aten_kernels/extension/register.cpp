@@ -8,6 +8,7 @@
 #include "ops.h"
 
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
+#include <ATen/ops/grid_sampler_3d_backward_native.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -16,6 +17,7 @@
 
 namespace detgrid {
 
+template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -26,9 +28,9 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
     std::array<bool, 2> output_mask,
     const BackwardOptions& options) {
   check_backward_inputs(
-      grad_output, input, grid, interpolation_mode, padding_mode);
+      kDims, grad_output, input, grid, interpolation_mode, padding_mode);
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
-  grid_sampler_2d_backward_executor(
+  grid_sampler_backward_executor(
       grad_input,
       grad_grid,
       grad_output,
@@ -126,8 +128,13 @@ void set_aten_override(const std::string& device, bool enabled) {
     library->impl(
         "grid_sampler_2d_backward",
         TORCH_FN((routed_backward<
-                  with_default_options<backward_cpu>,
+                  with_default_options<backward_cpu<2>>,
                   at::native::grid_sampler_2d_backward_cpu>)));
+    library->impl(
+        "grid_sampler_3d_backward",
+        TORCH_FN((routed_backward<
+                  with_default_options<backward_cpu<3>>,
+                  at::native::grid_sampler_3d_backward_cpu>)));
   }
 #ifdef DETGRID_WITH_CUDA
   else {
@@ -153,7 +160,16 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)");
   m.def(
+      "grid_sampler_3d_backward(Tensor grad_output, Tensor input, "
+      "Tensor grid, int interpolation_mode, int padding_mode, "
+      "bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)");
+  m.def(
       "_grid_sampler_2d_backward_with_options(Tensor grad_output, "
+      "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
+      "bool align_corners, bool[2] output_mask, int chunk_points, "
+      "int block_size, int max_blocks, int grain_size) -> (Tensor, Tensor)");
+  m.def(
+      "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size) -> (Tensor, Tensor)");
@@ -162,22 +178,28 @@ TORCH_LIBRARY(detgrid, m) {
   m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);
 }
 
-TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
+// Registers one device's 2-D and 3-D backward.
+template <BackwardWithOptionsFn backward_2d, BackwardWithOptionsFn backward_3d>
+void impl_backward(torch::Library& m) {
   m.impl(
-      "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_cpu>));
+      "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_2d>));
+  m.impl(
+      "grid_sampler_3d_backward", TORCH_FN(with_default_options<backward_3d>));
   m.impl(
       "_grid_sampler_2d_backward_with_options",
-      TORCH_FN(backward_with_options<backward_cpu>));
+      TORCH_FN(backward_with_options<backward_2d>));
+  m.impl(
+      "_grid_sampler_3d_backward_with_options",
+      TORCH_FN(backward_with_options<backward_3d>));
+}
+
+TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
+  impl_backward<backward_cpu<2>, backward_cpu<3>>(m);
 }
 
 #ifdef DETGRID_WITH_CUDA
 TORCH_LIBRARY_IMPL(detgrid, CUDA, m) {
-  m.impl(
-      "grid_sampler_2d_backward",
-      TORCH_FN(with_default_options<backward_cuda>));
-  m.impl(
-      "_grid_sampler_2d_backward_with_options",
-      TORCH_FN(backward_with_options<backward_cuda>));
+  impl_backward<backward_cuda<2>, backward_cuda<3>>(m);
 }
 #endif
 

@@ -1,11 +1,13 @@
-// Deterministic CUDA backward of grid_sampler_2d: grad_input without
-// floating-point atomics.
+// Deterministic CUDA backward of grid_sampler_2d and grid_sampler_3d:
+// grad_input without floating-point atomics. One pipeline serves both; the
+// spatial dimensionality is a template parameter of the shared math.
 //
 // Pipeline, per chunk of points (whole tiles of kTilePoints points):
 //   1. point pass, one thread per point: source coordinates once, the grid
 //      gradient (single writer), and one record per tap: key = destination
-//      (n, y, x) of grad_input, or "none" when the tap is out of bounds;
-//      value = record id (point * taps + tap); the tap weight beside it.
+//      (n, y, x) or (n, z, y, x) of grad_input, or "none" when the tap is out
+//      of bounds; value = record id (point * taps + tap); the tap weight beside
+//      it.
 //   2. stable radix sort of the records by key (at::cuda::cub), so each
 //      destination's records are in ascending record id order.
 //   3. reduce: the single writer of each grad_input element folds its
@@ -22,11 +24,11 @@
 // Invariants (tested in the kit's tests against the host executor, which
 // runs the same C10_HOST_DEVICE functions from GridSamplerDeterministic.cuh):
 //
-// (a) Canonical order. grad_input[n][c][y][x] is
+// (a) Canonical order. grad_input[n][c][position] is
 //       fold_+ over partials P of (fold_+ over the records r in P of
 //       round(weight(r) * grad_output(r, c)))
 //     starting from zero, where the records are those whose tap lands on
-//     (n, y, x) in ascending record id, and a partial is a run of at most
+//     (n, position) in ascending record id, and a partial is a run of at most
 //     kRecordsPerPartial of them that does not cross a tile boundary. Sums
 //     are in opmath_type (float for Half/BFloat16), rounded once to the
 //     output dtype. grad_grid of a point sums channels in ascending order and
@@ -39,11 +41,12 @@
 //     (chunk_points defaults to about kChunkRecords / taps, so R <= 2^21):
 //     keys 2 * R * sizeof(key) + record ids 2 * R * 4 + weights
 //     R * sizeof(opmath) + CUB's radix-sort scratch (about R * (sizeof(key)
-//     + 4)), plus in the dense reduction (N * H_in * W_in + 1) * 4 <=
-//     (R + 1) * 4 bytes of segment starts, plus, for Half/BFloat16 inputs
-//     that need more than one chunk, a float carry of N * C * H_in * W_in
-//     elements. With int32 keys and fp32 that is about 32 bytes per record
-//     of one chunk: at most 64 MiB, whatever the input size.
+//     + 4)), plus in the dense reduction (destinations + 1) * 4 <= (R + 1)
+//     * 4 bytes of segment starts (destinations = N * H_in * W_in, times
+//     D_in in 3-D), plus, for Half/BFloat16 inputs that need more than one
+//     chunk, a float carry the size of grad_input. With int32 keys and fp32
+//     that is about 32 bytes per record of one chunk: at most 64 MiB,
+//     whatever the input size.
 // (c) Safe coordinates. No index is formed from a coordinate that is not
 //     finite and within +-2^40 after unnormalizing and padding (the bicubic
 //     taps are padded in integers). A point with such a coordinate (NaN,
@@ -88,28 +91,31 @@ struct LaunchConfig {
 };
 
 LaunchConfig make_launch_config(
-    const GridSamplerDeterministicOptions& options) {
+    const GridSamplerDeterministicOptions& options,
+    const char* op_name) {
   TORCH_CHECK(
       options.block_size >= 0 && options.max_blocks >= 0,
-      "grid_sampler_2d_backward (deterministic): block_size and max_blocks "
-      "must be positive, or 0 for the default");
+      op_name,
+      " (deterministic): block_size and max_blocks must be positive, or 0 "
+      "for the default");
   LaunchConfig config{
       options.block_size > 0 ? options.block_size : kDefaultBlockSize,
       options.max_blocks > 0 ? options.max_blocks : kDefaultMaxBlocks};
   TORCH_CHECK(
       config.block_size % at::cuda::warp_size() == 0 &&
           config.block_size <= kMaxBlockSize,
-      "grid_sampler_2d_backward (deterministic): block_size must be a "
-      "multiple of the warp size and at most ",
+      op_name,
+      " (deterministic): block_size must be a multiple of the warp size and "
+      "at most ",
       kMaxBlockSize,
       ", got ",
       config.block_size);
   return config;
 }
 
-// The kernels are generic in Args (the per-dimensionality description of a
-// call: Backward2dArgs today) and reach the math through the overloads
-// process_point and reduce_destination.
+// The kernels are generic in Args (BackwardArgs of 2 or 3 spatial
+// dimensions) and reach the math through process_point and the reduce
+// functions of GridSamplerDeterministic.cuh.
 template <int kTaps, typename Args, typename key_t>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void point_pass_kernel(
@@ -200,83 +206,54 @@ __global__ void reduce_sparse_kernel(
 }
 
 // out = src (or zero when src.data is null), element by element over an
-// (N, C, H, W) view: the zero fill before a sparse reduction and the final
-// rounding of a float carry.
-template <typename out_t, typename in_t, typename index_t>
+// (N, C, spatial...) view: the zero fill before a sparse reduction, the
+// zeros of a grid gradient that was not asked for, and the final rounding
+// of a float carry.
+template <typename out_t, typename in_t, typename index_t, int kDims>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void copy_or_zero_kernel(
-    const View4d<out_t, index_t> out,
-    const View4d<const in_t, index_t> src,
-    index_t C,
-    index_t H,
-    index_t W,
+    const View<out_t, index_t, kDims> out,
+    const View<const in_t, index_t, kDims> src,
+    index_t channels,
+    const Spatial<index_t, kDims> sizes,
     int64_t num_elements) {
+  const int64_t image_size = spatial_numel(sizes);
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < num_elements;
        i += stride) {
-    const index_t x = static_cast<index_t>(i % W);
-    const index_t y = static_cast<index_t>((i / W) % H);
-    const index_t c = static_cast<index_t>((i / (W * H)) % C);
-    const index_t n = static_cast<index_t>(i / (W * H * C));
-    out.at(n, c, y, x) = src.data == nullptr
+    const auto position = unravel(i % image_size, sizes);
+    const index_t c = static_cast<index_t>((i / image_size) % channels);
+    const index_t n = static_cast<index_t>(i / (image_size * channels));
+    out.at(n, c, position) = src.data == nullptr
         ? static_cast<out_t>(0)
-        : static_cast<out_t>(src.at(n, c, y, x));
+        : static_cast<out_t>(src.at(n, c, position));
   }
 }
 
-template <typename scalar_t, typename index_t>
-View4d<scalar_t, index_t> make_view(const TensorBase& t) {
-  return {
-      t.data_ptr<scalar_t>(),
-      static_cast<index_t>(t.stride(0)),
-      static_cast<index_t>(t.stride(1)),
-      static_cast<index_t>(t.stride(2)),
-      static_cast<index_t>(t.stride(3))};
+template <typename index_t, int kDims, typename scalar_t>
+View<scalar_t, index_t, kDims> contiguous_view(
+    scalar_t* data,
+    const TensorBase& like) {
+  View<scalar_t, index_t, kDims> view{data, 0, 0, {}};
+  int64_t stride = 1;
+  for (int a = kDims - 1; a >= 0; --a) {
+    view.stride[a] = static_cast<index_t>(stride);
+    stride *= like.size(2 + a);
+  }
+  view.stride_c = static_cast<index_t>(stride);
+  view.stride_n = static_cast<index_t>(stride * like.size(1));
+  return view;
 }
 
-template <typename scalar_t, typename index_t>
-View4d<const scalar_t, index_t> make_const_view(const TensorBase& t) {
-  return {
-      t.const_data_ptr<scalar_t>(),
-      static_cast<index_t>(t.stride(0)),
-      static_cast<index_t>(t.stride(1)),
-      static_cast<index_t>(t.stride(2)),
-      static_cast<index_t>(t.stride(3))};
+template <typename index_t, int kDims, typename scalar_t>
+View<scalar_t, index_t, kDims> mutable_image_view(const TensorBase& t) {
+  return image_view<index_t, kDims>(t.data_ptr<scalar_t>(), t.strides());
 }
 
-template <typename scalar_t, typename index_t>
-Backward2dArgs<scalar_t, index_t> make_args(
-    const TensorBase& grad_grid,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    bool grid_grad_requested) {
-  Backward2dArgs<scalar_t, index_t> args;
-  args.input = make_const_view<scalar_t, index_t>(input);
-  args.grad_output = make_const_view<scalar_t, index_t>(grad_output);
-  args.grid = make_const_view<scalar_t, index_t>(grid);
-  args.grad_grid = grid_grad_requested
-      ? make_view<scalar_t, index_t>(grad_grid)
-      : View4d<scalar_t, index_t>{nullptr, 0, 0, 0, 0};
-  args.channels = static_cast<index_t>(input.size(1));
-  args.inp_H = static_cast<index_t>(input.size(2));
-  args.inp_W = static_cast<index_t>(input.size(3));
-  args.out_H = static_cast<index_t>(grid.size(1));
-  args.out_W = static_cast<index_t>(grid.size(2));
-  args.interpolation_mode =
-      static_cast<GridSamplerInterpolation>(interpolation_mode);
-  args.padding_mode = static_cast<GridSamplerPadding>(padding_mode);
-  args.align_corners = align_corners;
-  return args;
-}
-
-template <typename scalar_t, typename index_t, typename key_t>
+template <int kDims, typename scalar_t, typename index_t, typename key_t>
 void launch_point_pass(
-    const Backward2dArgs<scalar_t, index_t>& args,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
     const LaunchConfig& config,
     int64_t first_point,
     int64_t num_points,
@@ -286,29 +263,33 @@ void launch_point_pass(
   if (num_points == 0) {
     return;
   }
-  dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
-    point_pass_kernel<decltype(taps_per_axis)::value>
-        <<<config.blocks_for(num_points),
-           config.block_size,
-           0,
-           at::cuda::getCurrentCUDAStream()>>>(
-            args,
-            first_point,
-            num_points,
-            num_destinations,
-            chunk,
-            emit_records);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  dispatch_taps_per_axis<kDims>(
+      args.interpolation_mode, [&](auto taps_per_axis) {
+        point_pass_kernel<decltype(taps_per_axis)::value>
+            <<<config.blocks_for(num_points),
+               config.block_size,
+               0,
+               at::cuda::getCurrentCUDAStream()>>>(
+                args,
+                first_point,
+                num_points,
+                num_destinations,
+                chunk,
+                emit_records);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
 }
 
-template <typename out_t, typename in_t, typename index_t>
+// `like` is an (N, C, spatial...) tensor of the views' shape; a grid, laid
+// out (N, spatial..., kDims), passes its coordinate axis as C.
+template <typename out_t, typename in_t, typename index_t, int kDims>
 void launch_copy_or_zero(
-    const View4d<out_t, index_t>& out,
-    const View4d<const in_t, index_t>& src,
-    const TensorBase& like,
+    const View<out_t, index_t, kDims>& out,
+    const View<const in_t, index_t, kDims>& src,
+    index_t channels,
+    const Spatial<index_t, kDims>& sizes,
+    int64_t num_elements,
     const LaunchConfig& config) {
-  const int64_t num_elements = like.numel();
   if (num_elements == 0) {
     return;
   }
@@ -317,29 +298,24 @@ void launch_copy_or_zero(
       config.block_size,
       0,
       at::cuda::getCurrentCUDAStream()>>>(
-      out,
-      src,
-      static_cast<index_t>(like.size(1)),
-      static_cast<index_t>(like.size(2)),
-      static_cast<index_t>(like.size(3)),
-      num_elements);
+      out, src, channels, sizes, num_elements);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The whole grad_input pipeline for one key type.
-template <typename scalar_t, typename index_t, typename key_t>
+template <typename scalar_t, typename index_t, int kDims, typename key_t>
 void backward_with_records(
-    const Backward2dArgs<scalar_t, index_t>& args,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
     const LaunchConfig& config,
     const TensorBase& grad_input,
     int64_t batch,
     int64_t chunk_points) {
   using opmath_t = at::opmath_type<scalar_t>;
+  using ConstView = View<const opmath_t, index_t, kDims>;
   constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, opmath_t>;
   const auto stream = at::cuda::getCurrentCUDAStream();
   const int64_t taps = args.taps_per_point();
-  const int64_t num_points =
-      batch * static_cast<int64_t>(args.out_H) * args.out_W;
+  const int64_t num_points = batch * args.points_per_image();
   const int64_t num_destinations = args.num_destinations(batch);
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
@@ -360,28 +336,22 @@ void backward_with_records(
   auto carry_storage = allocator.allocate(
       float_carry ? grad_input.numel() * sizeof(opmath_t) : 0);
   const int64_t C = args.channels;
-  const int64_t H = args.inp_H;
-  const int64_t W = args.inp_W;
-  const View4d<opmath_t, index_t> carry_buffer{
-      static_cast<opmath_t*>(carry_storage.get()),
-      static_cast<index_t>(C * H * W),
-      static_cast<index_t>(H * W),
-      static_cast<index_t>(W),
-      1};
-  const auto grad_input_view = make_view<scalar_t, index_t>(grad_input);
+  const auto carry_buffer = contiguous_view<index_t, kDims>(
+      static_cast<opmath_t*>(carry_storage.get()), grad_input);
+  const auto grad_input_view =
+      mutable_image_view<index_t, kDims, scalar_t>(grad_input);
+  auto fill_grad_input = [&](const auto& out, const auto& src) {
+    launch_copy_or_zero(
+        out, src, args.channels, args.inp_size, grad_input.numel(), config);
+  };
 
   if (!dense) {
     // Sparse: every element starts at zero; chunks then touch only the
     // destinations they have records for.
     if (float_carry) {
-      launch_copy_or_zero(
-          carry_buffer, View4d<const opmath_t, index_t>{}, grad_input, config);
+      fill_grad_input(carry_buffer, ConstView{});
     } else {
-      launch_copy_or_zero(
-          grad_input_view,
-          View4d<const scalar_t, index_t>{},
-          grad_input,
-          config);
+      fill_grad_input(grad_input_view, View<const scalar_t, index_t, kDims>{});
     }
   }
 
@@ -484,12 +454,11 @@ void backward_with_records(
     }
   }
   if (!dense && float_carry) {
-    launch_copy_or_zero(
-        grad_input_view, as_const(carry_buffer), grad_input, config);
+    fill_grad_input(grad_input_view, as_const(carry_buffer));
   }
 }
 
-template <typename scalar_t, typename index_t>
+template <typename scalar_t, typename index_t, int kDims>
 void backward(
     const TensorBase& grad_input,
     const TensorBase& grad_grid,
@@ -501,7 +470,8 @@ void backward(
     bool align_corners,
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
-  const auto args = make_args<scalar_t, index_t>(
+  using Args = BackwardArgs<scalar_t, index_t, kDims>;
+  const auto args = make_backward_args<scalar_t, index_t, kDims>(
       grad_grid,
       grad_output,
       input,
@@ -510,40 +480,98 @@ void backward(
       padding_mode,
       align_corners,
       output_mask[1]);
-  const LaunchConfig config = make_launch_config(options);
+  const LaunchConfig config = make_launch_config(options, Args::op_name());
   const int64_t batch = input.size(0);
-  const int64_t num_points = batch * grid.size(1) * grid.size(2);
+  const int64_t num_points = batch * args.points_per_image();
   const int64_t num_destinations = args.num_destinations(batch);
 
   if (!output_mask[1] && grad_grid.defined()) {
     // Not asked for, so not computed (upstream #64977); a grid gradient the
     // caller allocated anyway is zeroed rather than left uninitialized.
+    const auto grid_gradient = grid_view<index_t, kDims>(
+        grad_grid.data_ptr<scalar_t>(), grad_grid.strides());
     launch_copy_or_zero(
-        make_view<scalar_t, index_t>(grad_grid),
-        View4d<const scalar_t, index_t>{},
-        grad_grid,
+        grid_gradient,
+        View<const scalar_t, index_t, kDims>{},
+        static_cast<index_t>(kDims),
+        args.out_size,
+        grad_grid.numel(),
         config);
   }
   if (!output_mask[0] || grad_input.numel() == 0) {
     // Grid gradient only: no records, no sort, nothing to group.
-    launch_point_pass<scalar_t, index_t, int32_t>(
+    launch_point_pass<kDims, scalar_t, index_t, int32_t>(
         args, config, 0, num_points, num_destinations, {}, false);
     return;
   }
 
   const int64_t taps = args.taps_per_point();
-  const int64_t chunk_points = resolve_chunk_points(options.chunk_points, taps);
+  const int64_t chunk_points =
+      resolve_chunk_points(options.chunk_points, taps, Args::op_name());
   if (num_destinations < std::numeric_limits<int32_t>::max()) {
-    backward_with_records<scalar_t, index_t, int32_t>(
+    backward_with_records<scalar_t, index_t, kDims, int32_t>(
         args, config, grad_input, batch, chunk_points);
   } else {
-    backward_with_records<scalar_t, index_t, int64_t>(
+    backward_with_records<scalar_t, index_t, kDims, int64_t>(
         args, config, grad_input, batch, chunk_points);
   }
 }
 
 bool fits_32bit_indexing(const TensorBase& t) {
   return !t.defined() || canUse32BitIndexMath(t);
+}
+
+template <int kDims>
+void launch_backward(
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options) {
+  if (!output_mask[0] && !output_mask[1]) {
+    return;
+  }
+  const bool use_32bit = fits_32bit_indexing(input) &&
+      fits_32bit_indexing(grid) && fits_32bit_indexing(grad_output) &&
+      (!output_mask[0] || fits_32bit_indexing(grad_input)) &&
+      fits_32bit_indexing(grad_grid);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      ScalarType::Half,
+      ScalarType::BFloat16,
+      input.scalar_type(),
+      "grid_sampler_backward_deterministic_cuda",
+      [&] {
+        if (use_32bit) {
+          backward<scalar_t, int, kDims>(
+              grad_input,
+              grad_grid,
+              grad_output,
+              input,
+              grid,
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              output_mask,
+              options);
+        } else {
+          backward<scalar_t, int64_t, kDims>(
+              grad_input,
+              grad_grid,
+              grad_output,
+              input,
+              grid,
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              output_mask,
+              options);
+        }
+      });
 }
 
 } // namespace
@@ -563,45 +591,45 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
   // Add checks here in case this is called instead of grid_sampler.
   check_grid_sampler_common(input, grid);
   check_grid_sampler_2d(input, grid);
-  if (!output_mask[0] && !output_mask[1]) {
-    return;
-  }
-  const bool use_32bit = fits_32bit_indexing(input) &&
-      fits_32bit_indexing(grid) && fits_32bit_indexing(grad_output) &&
-      (!output_mask[0] || fits_32bit_indexing(grad_input)) &&
-      fits_32bit_indexing(grad_grid);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      ScalarType::Half,
-      ScalarType::BFloat16,
-      input.scalar_type(),
-      "grid_sampler_2d_backward_deterministic_cuda",
-      [&] {
-        if (use_32bit) {
-          backward<scalar_t, int>(
-              grad_input,
-              grad_grid,
-              grad_output,
-              input,
-              grid,
-              interpolation_mode,
-              padding_mode,
-              align_corners,
-              output_mask,
-              options);
-        } else {
-          backward<scalar_t, int64_t>(
-              grad_input,
-              grad_grid,
-              grad_output,
-              input,
-              grid,
-              interpolation_mode,
-              padding_mode,
-              align_corners,
-              output_mask,
-              options);
-        }
-      });
+  launch_backward<2>(
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
+      options);
+}
+
+void launch_grid_sampler_3d_backward_deterministic_kernel(
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options) {
+  // See NOTE [ grid_sampler Native Functions ].
+  // Add checks here in case this is called instead of grid_sampler.
+  check_grid_sampler_common(input, grid);
+  check_grid_sampler_3d(input, grid, interpolation_mode);
+  launch_backward<3>(
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
+      options);
 }
 
 } // namespace at::native

@@ -10,14 +10,24 @@
 // float and double.
 
 #include <ATen/OpMathType.h>
+#include <ATen/core/TensorBase.h>
 #include <ATen/native/GridSamplerUtils.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+
+// Loops over axes and taps must unroll on the GPU, or their small arrays
+// spill to local memory; the host compiler has no such pragma.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define GRID_SAMPLER_DET_UNROLL _Pragma("unroll")
+#else
+#define GRID_SAMPLER_DET_UNROLL
+#endif
 
 namespace at::native::grid_sampler_deterministic {
 
@@ -301,8 +311,9 @@ C10_HOST_DEVICE inline int taps_per_axis(
 }
 
 // Calls fn(std::integral_constant<int, taps per axis>) for the mode, so
-// kernels are instantiated once per interpolation mode.
-template <typename Fn>
+// kernels are instantiated once per interpolation mode. Bicubic sampling
+// exists only in 2-D (the callers check that), so 3-D never instantiates it.
+template <int kDims, typename Fn>
 inline void dispatch_taps_per_axis(
     GridSamplerInterpolation interpolation_mode,
     const Fn& fn) {
@@ -311,7 +322,11 @@ inline void dispatch_taps_per_axis(
       fn(std::integral_constant<int, 1>{});
       break;
     case 4:
-      fn(std::integral_constant<int, 4>{});
+      if constexpr (kDims == 2) {
+        fn(std::integral_constant<int, 4>{});
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "bicubic grid sampling is 2-D only");
+      }
       break;
     default:
       fn(std::integral_constant<int, 2>{});
@@ -428,108 +443,248 @@ C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
   return taps;
 }
 
-// Record order within a point: tap (i along x, j along y) is tap j * nx + i,
-// the order stock's bilinear kernel visits nw, ne, sw, se.
-template <typename T, int kTaps>
-struct PointTaps2d {
-  static constexpr int count = kTaps * kTaps;
-  AxisTaps<T, kTaps> x;
-  AxisTaps<T, kTaps> y;
+// A spatial position or extent, outermost axis first: (y, x) in 2-D,
+// (z, y, x) in 3-D. Linear indices are row-major over it (x fastest).
+template <typename index_t, int kDims>
+struct Spatial {
+  index_t v[kDims];
+};
 
-  C10_HOST_DEVICE bool in_bounds(int i, int j) const {
-    return x.in_bounds[i] && y.in_bounds[j];
+template <typename index_t, int kDims>
+C10_HOST_DEVICE inline int64_t spatial_numel(const Spatial<index_t, kDims>& s) {
+  int64_t numel = 1;
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    numel *= s.v[a];
   }
-  C10_HOST_DEVICE T weight(int i, int j) const {
-    return mul_rn(x.weight[i], y.weight[j]);
+  return numel;
+}
+
+template <typename index_t, int kDims>
+C10_HOST_DEVICE inline Spatial<index_t, kDims> unravel(
+    int64_t linear,
+    const Spatial<index_t, kDims>& sizes) {
+  Spatial<index_t, kDims> position;
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = kDims - 1; a >= 0; --a) {
+    position.v[a] = static_cast<index_t>(linear % sizes.v[a]);
+    linear /= sizes.v[a];
+  }
+  return position;
+}
+
+template <typename index_t, int kDims>
+C10_HOST_DEVICE inline int64_t ravel(
+    const Spatial<int64_t, kDims>& position,
+    const Spatial<index_t, kDims>& sizes) {
+  int64_t linear = 0;
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    linear = linear * sizes.v[a] + position.v[a];
+  }
+  return linear;
+}
+
+C10_HOST_DEVICE constexpr int ipow(int base, int exponent) {
+  int result = 1;
+  for (int i = 0; i < exponent; ++i) {
+    result *= base;
+  }
+  return result;
+}
+
+// The taps of one point, the product of its axes' taps. Tap t is numbered
+// row-major over the axes with x fastest: nw, ne, sw, se in 2-D and tnw,
+// tne, ..., bse in 3-D, the order stock's kernels visit them.
+template <typename T, int kTaps, int kDims>
+struct PointTaps {
+  static constexpr int count = ipow(kTaps, kDims);
+  AxisTaps<T, kTaps> axis[kDims]; // outermost first; axis[kDims - 1] is x
+
+  // Which of axis a's taps tap t uses.
+  // Which of axis a's taps tap t uses: its base-kTaps digit for that axis.
+  // kTaps is a power of two, so this is shifts and masks, which fold to
+  // constants once the loops over taps and axes unroll.
+  static constexpr int kDigitBits = kTaps == 4 ? 2 : (kTaps == 2 ? 1 : 0);
+  C10_HOST_DEVICE static int tap_along(int t, int a) {
+    return (t >> (kDigitBits * (kDims - 1 - a))) & (kTaps - 1);
+  }
+  C10_HOST_DEVICE bool in_bounds(int t) const {
+    bool inside = true;
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = 0; a < kDims; ++a) {
+      inside = inside && axis[a].in_bounds[tap_along(t, a)];
+    }
+    return inside;
+  }
+  C10_HOST_DEVICE Spatial<int64_t, kDims> position(int t) const {
+    Spatial<int64_t, kDims> position;
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = 0; a < kDims; ++a) {
+      position.v[a] = axis[a].index[tap_along(t, a)];
+    }
+    return position;
+  }
+  // The product of the axes' weights, multiplied from x outwards as stock
+  // writes it ((wx * wy) * wz); with the derivative in place of the weight
+  // along axis `derivative_axis` when that is a valid axis.
+  C10_HOST_DEVICE T weight(int t, int derivative_axis = -1) const {
+    T product = static_cast<T>(1);
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = kDims - 1; a >= 0; --a) {
+      const int k = tap_along(t, a);
+      const T factor =
+          a == derivative_axis ? axis[a].dweight[k] : axis[a].weight[k];
+      product = a == kDims - 1 ? factor : mul_rn(product, factor);
+    }
+    return product;
   }
 };
 
-template <int kTaps, typename T>
-C10_HOST_DEVICE inline PointTaps2d<T, kTaps> compute_point_taps_2d(
-    T grid_x,
-    T grid_y,
-    int64_t inp_H,
-    int64_t inp_W,
+// grid_coord holds the point's grid coordinates in the grid's own order
+// (x first); inp_size the input's spatial sizes, outermost first.
+template <int kTaps, int kDims, typename T, typename index_t>
+C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
+    const T (&grid_coord)[kDims],
+    const Spatial<index_t, kDims>& inp_size,
     GridSamplerPadding padding_mode,
     bool align_corners) {
   const std::integral_constant<int, kTaps> taps_per_axis_c;
-  PointTaps2d<T, kTaps> taps;
-  taps.x = compute_axis_taps(
-      taps_per_axis_c, grid_x, inp_W, padding_mode, align_corners);
-  taps.y = compute_axis_taps(
-      taps_per_axis_c, grid_y, inp_H, padding_mode, align_corners);
+  PointTaps<T, kTaps, kDims> taps;
+  bool usable = true;
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    taps.axis[a] = compute_axis_taps(
+        taps_per_axis_c,
+        grid_coord[kDims - 1 - a],
+        static_cast<int64_t>(inp_size.v[a]),
+        padding_mode,
+        align_corners);
+    usable = usable && taps.axis[a].usable;
+  }
   // A point with one unusable coordinate has no tap in bounds at all.
-  if (!taps.x.usable || !taps.y.usable) {
-    make_void(taps.x);
-    make_void(taps.y);
+  if (!usable) {
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = 0; a < kDims; ++a) {
+      make_void(taps.axis[a]);
+    }
   }
   return taps;
 }
 
-// Strided view of a 4-D (N, C, H, W) tensor.
-template <typename scalar_t, typename index_t>
-struct View4d {
+// Strided view of an (N, C, spatial...) tensor. The grid and its gradient,
+// laid out (N, spatial..., kDims), use it with the coordinate axis as C.
+template <typename scalar_t, typename index_t, int kDims>
+struct View {
   scalar_t* data;
   index_t stride_n;
   index_t stride_c;
-  index_t stride_h;
-  index_t stride_w;
+  index_t stride[kDims];
 
-  C10_HOST_DEVICE scalar_t& at(index_t n, index_t c, index_t h, index_t w)
-      const {
-    return data[n * stride_n + c * stride_c + h * stride_h + w * stride_w];
+  template <typename position_t>
+  C10_HOST_DEVICE scalar_t& at(
+      index_t n,
+      index_t c,
+      const Spatial<position_t, kDims>& position) const {
+    index_t offset = n * stride_n + c * stride_c;
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = 0; a < kDims; ++a) {
+      offset += static_cast<index_t>(position.v[a]) * stride[a];
+    }
+    return data[offset];
   }
 };
 
-template <typename T, typename index_t>
-View4d<const T, index_t> as_const(const View4d<T, index_t>& view) {
-  return {
-      view.data, view.stride_n, view.stride_c, view.stride_h, view.stride_w};
+template <typename T, typename index_t, int kDims>
+View<const T, index_t, kDims> as_const(const View<T, index_t, kDims>& view) {
+  View<const T, index_t, kDims> result{
+      view.data, view.stride_n, view.stride_c, {}};
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    result.stride[a] = view.stride[a];
+  }
+  return result;
 }
 
-// d loss / d (grid_x, grid_y) of one point, single writer: channels in
-// ascending order, taps in record order, each term (value * dweight) * gOut.
-template <typename scalar_t, typename index_t, typename T, int kTaps>
-C10_HOST_DEVICE inline void point_grid_gradient_2d(
-    const PointTaps2d<T, kTaps>& taps,
-    View4d<const scalar_t, index_t> input,
-    View4d<const scalar_t, index_t> grad_output,
+// View of an (N, C, spatial...) tensor from its data and strides.
+template <typename index_t, int kDims, typename scalar_t>
+View<scalar_t, index_t, kDims> image_view(
+    scalar_t* data,
+    c10::IntArrayRef strides) {
+  View<scalar_t, index_t, kDims> view{
+      data,
+      static_cast<index_t>(strides[0]),
+      static_cast<index_t>(strides[1]),
+      {}};
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    view.stride[a] = static_cast<index_t>(strides[2 + a]);
+  }
+  return view;
+}
+
+// View of an (N, spatial..., kDims) grid, the coordinate axis in C's place.
+template <typename index_t, int kDims, typename scalar_t>
+View<scalar_t, index_t, kDims> grid_view(
+    scalar_t* data,
+    c10::IntArrayRef strides) {
+  View<scalar_t, index_t, kDims> view{
+      data,
+      static_cast<index_t>(strides[0]),
+      static_cast<index_t>(strides[kDims + 1]),
+      {}};
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    view.stride[a] = static_cast<index_t>(strides[1 + a]);
+  }
+  return view;
+}
+
+// d loss / d grid of one point, single writer, in the grid's coordinate
+// order (x first): channels in ascending order, taps in record order, each
+// term (value * d weight) * gOut.
+template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
+C10_HOST_DEVICE inline void point_grid_gradient(
+    const PointTaps<T, kTaps, kDims>& taps,
+    View<const scalar_t, index_t, kDims> input,
+    View<const scalar_t, index_t, kDims> grad_output,
     index_t n,
-    index_t h,
-    index_t w,
+    const Spatial<index_t, kDims>& out_position,
     index_t channels,
-    T* grad_x,
-    T* grad_y) {
-  if (kTaps == 1) {
+    T (&grad)[kDims]) {
+  if constexpr (kTaps == 1) {
     // Nearest sampling is piecewise constant: the grid gradient is zero, and
     // written without reading grad_output, so an Inf there cannot make NaN.
-    *grad_x = static_cast<T>(0);
-    *grad_y = static_cast<T>(0);
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 0; k < kDims; ++k) {
+      grad[k] = static_cast<T>(0);
+    }
     return;
   }
-  T gx = static_cast<T>(0);
-  T gy = static_cast<T>(0);
+  T sum[kDims];
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kDims; ++k) {
+    sum[k] = static_cast<T>(0);
+  }
   for (index_t c = 0; c < channels; ++c) {
-    const T gout = static_cast<T>(grad_output.at(n, c, h, w));
-    for (int j = 0; j < kTaps; ++j) {
-      for (int i = 0; i < kTaps; ++i) {
-        if (!taps.in_bounds(i, j)) {
-          continue;
-        }
-        const T value = static_cast<T>(input.at(
-            n,
-            c,
-            static_cast<index_t>(taps.y.index[j]),
-            static_cast<index_t>(taps.x.index[i])));
-        const T dx = mul_rn(taps.x.dweight[i], taps.y.weight[j]);
-        const T dy = mul_rn(taps.x.weight[i], taps.y.dweight[j]);
-        gx = add_rn(gx, mul_rn(mul_rn(value, dx), gout));
-        gy = add_rn(gy, mul_rn(mul_rn(value, dy), gout));
+    const T gout = static_cast<T>(grad_output.at(n, c, out_position));
+    GRID_SAMPLER_DET_UNROLL
+    for (int t = 0; t < taps.count; ++t) {
+      if (!taps.in_bounds(t)) {
+        continue;
+      }
+      const T value = static_cast<T>(input.at(n, c, taps.position(t)));
+      GRID_SAMPLER_DET_UNROLL
+      for (int k = 0; k < kDims; ++k) {
+        const T dweight = taps.weight(t, /*derivative_axis=*/kDims - 1 - k);
+        sum[k] = add_rn(sum[k], mul_rn(mul_rn(value, dweight), gout));
       }
     }
   }
-  *grad_x = mul_rn(taps.x.mult, gx);
-  *grad_y = mul_rn(taps.y.mult, gy);
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kDims; ++k) {
+    grad[k] = mul_rn(taps.axis[kDims - 1 - k].mult, sum[k]);
+  }
 }
 
 // First position in sorted[0, count) whose key is >= key.
@@ -581,35 +736,75 @@ C10_HOST_DEVICE inline T fold_destination(
   return acc;
 }
 
-// Everything one stage needs to know about a 2-D backward call. Points are
-// numbered n * out_H * out_W + h * out_W + w, destinations (the spatial
-// elements of grad_input) n * inp_H * inp_W + y * inp_W + x.
-template <typename scalar_t, typename index_t>
-struct Backward2dArgs {
+// Everything one stage needs to know about a backward call with kDims
+// spatial dimensions. Points are numbered n * out_numel + (row-major output
+// position), destinations (the spatial elements of grad_input)
+// n * inp_numel + (row-major input position).
+template <typename scalar_t, typename index_t, int kDims>
+struct BackwardArgs {
   using opmath_t = at::opmath_type<scalar_t>;
   using index_type = index_t;
+  static constexpr int dims = kDims;
 
-  View4d<const scalar_t, index_t> input;
-  View4d<const scalar_t, index_t> grad_output;
-  View4d<const scalar_t, index_t> grid; // (N, out_H, out_W, 2) as n, h, w, xy
-  View4d<scalar_t, index_t> grad_grid; // data == nullptr: not requested
+  View<const scalar_t, index_t, kDims> input;
+  View<const scalar_t, index_t, kDims> grad_output;
+  View<const scalar_t, index_t, kDims> grid;
+  View<scalar_t, index_t, kDims> grad_grid; // data == nullptr: not requested
   index_t channels;
-  index_t inp_H;
-  index_t inp_W;
-  index_t out_H;
-  index_t out_W;
+  Spatial<index_t, kDims> inp_size;
+  Spatial<index_t, kDims> out_size;
   GridSamplerInterpolation interpolation_mode;
   GridSamplerPadding padding_mode;
   bool align_corners;
 
+  static constexpr const char* op_name() {
+    return kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward";
+  }
   C10_HOST_DEVICE int taps_per_point() const {
-    const int per_axis = taps_per_axis(interpolation_mode);
-    return per_axis * per_axis;
+    return ipow(taps_per_axis(interpolation_mode), kDims);
+  }
+  C10_HOST_DEVICE int64_t points_per_image() const {
+    return spatial_numel(out_size);
   }
   C10_HOST_DEVICE int64_t num_destinations(int64_t batch) const {
-    return batch * static_cast<int64_t>(inp_H) * inp_W;
+    return batch * spatial_numel(inp_size);
   }
 };
+
+// The arguments of one call; every tensor may have any strides.
+template <typename scalar_t, typename index_t, int kDims>
+BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    bool grid_grad_requested) {
+  BackwardArgs<scalar_t, index_t, kDims> args;
+  args.input = image_view<index_t, kDims>(
+      input.const_data_ptr<scalar_t>(), input.strides());
+  args.grad_output = image_view<index_t, kDims>(
+      grad_output.const_data_ptr<scalar_t>(), grad_output.strides());
+  args.grid = grid_view<index_t, kDims>(
+      grid.const_data_ptr<scalar_t>(), grid.strides());
+  args.grad_grid = grid_grad_requested
+      ? grid_view<index_t, kDims>(
+            grad_grid.data_ptr<scalar_t>(), grad_grid.strides())
+      : View<scalar_t, index_t, kDims>{nullptr, 0, 0, {}};
+  args.channels = static_cast<index_t>(input.size(1));
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    args.inp_size.v[a] = static_cast<index_t>(input.size(2 + a));
+    args.out_size.v[a] = static_cast<index_t>(grid.size(1 + a));
+  }
+  args.interpolation_mode =
+      static_cast<GridSamplerInterpolation>(interpolation_mode);
+  args.padding_mode = static_cast<GridSamplerPadding>(padding_mode);
+  args.align_corners = align_corners;
+  return args;
+}
 
 // Where one chunk's records live. Record r of a chunk is tap r % T of point
 // first_point + r / T; its key is its destination, or num_destinations when
@@ -626,57 +821,60 @@ struct ChunkRecords {
 // Point pass for one point: its grid gradient (single writer) and, when
 // grad_input is requested, one record per tap. kTaps (taps per axis) must
 // match args.interpolation_mode; dispatch_taps_per_axis picks it.
-template <int kTaps, typename scalar_t, typename index_t, typename key_t>
+template <
+    int kTaps,
+    typename scalar_t,
+    typename index_t,
+    int kDims,
+    typename key_t>
 C10_HOST_DEVICE inline void process_point(
-    const Backward2dArgs<scalar_t, index_t>& args,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
     int64_t point,
     int64_t num_destinations,
     const ChunkRecords<key_t, at::opmath_type<scalar_t>>* chunk) {
   using T = at::opmath_type<scalar_t>;
-  const index_t points_per_image = args.out_H * args.out_W;
+  const int64_t points_per_image = args.points_per_image();
   const index_t n = static_cast<index_t>(point / points_per_image);
-  const index_t q = static_cast<index_t>(point % points_per_image);
-  const index_t h = q / args.out_W;
-  const index_t w = q % args.out_W;
-  const PointTaps2d<T, kTaps> taps = compute_point_taps_2d<kTaps>(
-      static_cast<T>(args.grid.at(n, h, w, 0)),
-      static_cast<T>(args.grid.at(n, h, w, 1)),
-      static_cast<int64_t>(args.inp_H),
-      static_cast<int64_t>(args.inp_W),
-      args.padding_mode,
-      args.align_corners);
+  const Spatial<index_t, kDims> out_position =
+      unravel(point % points_per_image, args.out_size);
+  T grid_coord[kDims];
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kDims; ++k) {
+    grid_coord[k] = static_cast<T>(args.grid.at(n, k, out_position));
+  }
+  const PointTaps<T, kTaps, kDims> taps = compute_point_taps<kTaps>(
+      grid_coord, args.inp_size, args.padding_mode, args.align_corners);
 
   if (chunk != nullptr) {
     const int64_t image_base =
-        static_cast<int64_t>(n) * args.inp_H * args.inp_W;
-    int64_t r = (point - chunk->first_point) * taps.count;
-    for (int j = 0; j < kTaps; ++j) {
-      for (int i = 0; i < kTaps; ++i, ++r) {
-        chunk->keys[r] = static_cast<key_t>(
-            taps.in_bounds(i, j)
-                ? image_base + taps.y.index[j] * args.inp_W + taps.x.index[i]
-                : num_destinations);
-        chunk->record_ids[r] = static_cast<int32_t>(r);
-        chunk->weights[r] = taps.weight(i, j);
-      }
+        static_cast<int64_t>(n) * spatial_numel(args.inp_size);
+    const int64_t first_record = (point - chunk->first_point) * taps.count;
+    GRID_SAMPLER_DET_UNROLL
+    for (int t = 0; t < taps.count; ++t) {
+      const int64_t r = first_record + t;
+      chunk->keys[r] = static_cast<key_t>(
+          taps.in_bounds(t)
+              ? image_base + ravel(taps.position(t), args.inp_size)
+              : num_destinations);
+      chunk->record_ids[r] = static_cast<int32_t>(r);
+      chunk->weights[r] = taps.weight(t);
     }
   }
 
   if (args.grad_grid.data != nullptr) {
-    T grad_x;
-    T grad_y;
-    point_grid_gradient_2d(
+    T grad[kDims];
+    point_grid_gradient(
         taps,
         args.input,
         args.grad_output,
         n,
-        h,
-        w,
+        out_position,
         args.channels,
-        &grad_x,
-        &grad_y);
-    args.grad_grid.at(n, h, w, 0) = static_cast<scalar_t>(grad_x);
-    args.grad_grid.at(n, h, w, 1) = static_cast<scalar_t>(grad_y);
+        grad);
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 0; k < kDims; ++k) {
+      args.grad_grid.at(n, k, out_position) = static_cast<scalar_t>(grad[k]);
+    }
   }
 }
 
@@ -705,39 +903,42 @@ inline bool use_dense_reduction(
   return num_destinations <= records_per_chunk;
 }
 
-// The single writer of grad_input[n][c][y][x] for destination (n, y, x):
-// folds the chunk's records [begin, end) of that destination in the
-// canonical order onto `carry` (the sum of earlier chunks; zero when
+// The single writer of grad_input[n][c][position] for destination
+// (n, position): folds the chunk's records [begin, end) of that destination
+// in the canonical order onto `carry` (the sum of earlier chunks; zero when
 // !has_carry) and writes the result to `out`.
-template <typename scalar_t, typename index_t, typename out_t, typename key_t>
+template <
+    typename scalar_t,
+    typename index_t,
+    int kDims,
+    typename out_t,
+    typename key_t>
 C10_HOST_DEVICE inline void reduce_destination(
-    const Backward2dArgs<scalar_t, index_t>& args,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
     const SortedChunk<key_t>& chunk,
     const at::opmath_type<scalar_t>* weights,
     int64_t destination,
     index_t c,
     int64_t begin,
     int64_t end,
-    View4d<const at::opmath_type<scalar_t>, index_t> carry,
-    View4d<out_t, index_t> out,
+    View<const at::opmath_type<scalar_t>, index_t, kDims> carry,
+    View<out_t, index_t, kDims> out,
     bool has_carry) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t image_size = static_cast<int64_t>(args.inp_H) * args.inp_W;
+  const int64_t image_size = spatial_numel(args.inp_size);
   const index_t n = static_cast<index_t>(destination / image_size);
-  const index_t s = static_cast<index_t>(destination % image_size);
-  const index_t y = s / args.inp_W;
-  const index_t x = s % args.inp_W;
+  const Spatial<index_t, kDims> position =
+      unravel(destination % image_size, args.inp_size);
 
   const int taps = args.taps_per_point();
-  const index_t points_per_image = args.out_H * args.out_W;
+  const int64_t points_per_image = args.points_per_image();
   auto contribution = [&](int32_t record) {
     const int64_t point = chunk.first_point + record / taps;
-    const index_t q = static_cast<index_t>(point % points_per_image);
-    const T gout = static_cast<T>(
-        args.grad_output.at(n, c, q / args.out_W, q % args.out_W));
+    const T gout = static_cast<T>(args.grad_output.at(
+        n, c, unravel(point % points_per_image, args.out_size)));
     return mul_rn(weights[record], gout);
   };
-  const T initial = has_carry ? carry.at(n, c, y, x) : static_cast<T>(0);
+  const T initial = has_carry ? carry.at(n, c, position) : static_cast<T>(0);
   const T sum = fold_destination(
       chunk.record_ids,
       begin,
@@ -745,22 +946,27 @@ C10_HOST_DEVICE inline void reduce_destination(
       int64_t{taps} * kTilePoints,
       initial,
       contribution);
-  out.at(n, c, y, x) = static_cast<out_t>(sum);
+  out.at(n, c, position) = static_cast<out_t>(sum);
 }
 
 // Dense reduction, element i = destination * C + c (channel fastest, so a
 // warp shares a destination's records). `starts[d]` is where destination
 // d's records begin. Untouched destinations are written only when
 // `write_untouched` (the first chunk, which writes the zeros).
-template <typename scalar_t, typename index_t, typename out_t, typename key_t>
+template <
+    typename scalar_t,
+    typename index_t,
+    int kDims,
+    typename out_t,
+    typename key_t>
 C10_HOST_DEVICE inline void reduce_dense_element(
-    const Backward2dArgs<scalar_t, index_t>& args,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
     const SortedChunk<key_t>& chunk,
     const int32_t* starts,
     const at::opmath_type<scalar_t>* weights,
     int64_t i,
-    View4d<const at::opmath_type<scalar_t>, index_t> carry,
-    View4d<out_t, index_t> out,
+    View<const at::opmath_type<scalar_t>, index_t, kDims> carry,
+    View<out_t, index_t, kDims> out,
     bool has_carry,
     bool write_untouched) {
   const int64_t channels = args.channels;
@@ -786,15 +992,20 @@ C10_HOST_DEVICE inline void reduce_dense_element(
 // Sparse reduction, element i = sorted position * C + c: the thread at the
 // first record of a destination reduces that destination; the others (and
 // the taps that land nowhere) do nothing.
-template <typename scalar_t, typename index_t, typename out_t, typename key_t>
+template <
+    typename scalar_t,
+    typename index_t,
+    int kDims,
+    typename out_t,
+    typename key_t>
 C10_HOST_DEVICE inline void reduce_sparse_element(
-    const Backward2dArgs<scalar_t, index_t>& args,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
     const SortedChunk<key_t>& chunk,
     const at::opmath_type<scalar_t>* weights,
     int64_t num_destinations,
     int64_t i,
-    View4d<const at::opmath_type<scalar_t>, index_t> carry,
-    View4d<out_t, index_t> out,
+    View<const at::opmath_type<scalar_t>, index_t, kDims> carry,
+    View<out_t, index_t, kDims> out,
     bool has_carry) {
   const int64_t channels = args.channels;
   const int64_t begin = i / channels;
@@ -827,10 +1038,10 @@ C10_HOST_DEVICE inline void reduce_sparse_element(
 // (`float_carry.data` set: more than one chunk), except that the last chunk
 // of a dense reduction rounds straight into grad_input; a sparse reduction
 // copies the carry out after its last chunk.
-template <typename scalar_t, typename index_t, typename Reduce>
+template <typename scalar_t, typename index_t, int kDims, typename Reduce>
 void with_reduce_target(
-    const View4d<scalar_t, index_t>& grad_input,
-    const View4d<at::opmath_type<scalar_t>, index_t>& float_carry,
+    const View<scalar_t, index_t, kDims>& grad_input,
+    const View<at::opmath_type<scalar_t>, index_t, kDims>& float_carry,
     bool last_dense_chunk,
     const Reduce& reduce) {
   if constexpr (std::is_same_v<scalar_t, at::opmath_type<scalar_t>>) {
@@ -845,7 +1056,10 @@ void with_reduce_target(
 // Points per chunk: `requested` (a test knob) or, for 0, whole tiles making
 // about kChunkRecords records. Chunks must be whole tiles, or the chunk size
 // would change the partials and so the result.
-inline int64_t resolve_chunk_points(int64_t requested, int64_t taps_per_point) {
+inline int64_t resolve_chunk_points(
+    int64_t requested,
+    int64_t taps_per_point,
+    const char* op_name) {
   if (requested == 0) {
     const int64_t tiles = kChunkRecords / (taps_per_point * kTilePoints);
     return (tiles > 0 ? tiles : 1) * kTilePoints;
@@ -853,8 +1067,8 @@ inline int64_t resolve_chunk_points(int64_t requested, int64_t taps_per_point) {
   TORCH_CHECK(
       requested > 0 && requested % kTilePoints == 0 &&
           requested * taps_per_point <= std::numeric_limits<int32_t>::max(),
-      "grid_sampler_2d_backward (deterministic): chunk_points must be a "
-      "positive multiple of ",
+      op_name,
+      " (deterministic): chunk_points must be a positive multiple of ",
       kTilePoints,
       " with chunk_points * taps < 2^31, got ",
       requested);
@@ -862,3 +1076,5 @@ inline int64_t resolve_chunk_points(int64_t requested, int64_t taps_per_point) {
 }
 
 } // namespace at::native::grid_sampler_deterministic
+
+#undef GRID_SAMPLER_DET_UNROLL

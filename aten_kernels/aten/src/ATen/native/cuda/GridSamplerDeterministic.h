@@ -18,12 +18,24 @@ struct GridSamplerDeterministicOptions {
   int64_t max_blocks = 0;
 };
 
-// Same contract as launch_grid_sampler_2d_backward_kernel (GridSampler.h),
-// without floating-point atomics: the result is bitwise reproducible. Every
-// element of grad_input is written (it need not be zeroed). The grid
-// gradient is computed only when output_mask[1] is set; otherwise a defined
-// grad_grid is filled with zeros.
+// Same contracts as launch_grid_sampler_{2d,3d}_backward_kernel
+// (GridSampler.h), without floating-point atomics: the result is bitwise
+// reproducible. Every element of grad_input is written (it need not be
+// zeroed). The grid gradient is computed only when output_mask[1] is set;
+// otherwise a defined grad_grid is filled with zeros.
 void launch_grid_sampler_2d_backward_deterministic_kernel(
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options = {});
+
+void launch_grid_sampler_3d_backward_deterministic_kernel(
     const TensorBase& grad_input,
     const TensorBase& grad_grid,
     const TensorBase& grad_output,
