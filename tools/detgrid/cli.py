@@ -12,12 +12,12 @@ def _verify(args: argparse.Namespace) -> int:
     from detgrid import verify
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    result = verify.verify(device=args.device, runs=args.runs, dtype=dtype)
+    results = verify.verify(device=args.device, runs=args.runs, dtype=dtype)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps([result.to_dict() for result in results], indent=2))
     else:
-        print(verify.format_result(result))
-    return 0 if result.ok else 1
+        print("\n".join(verify.format_result(result) for result in results))
+    return 0 if all(result.ok for result in results) else 1
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -1,9 +1,10 @@
-"""`detgrid verify`: the kit's main job on its embedded default case.
+"""`detgrid verify`: the kit's main job on its embedded default cases.
 
-Runs the deterministic backward K times on a high-collision case (a zoom-in
-grid: many sample points per input pixel, the case where stock's atomicAdd
-order varies most), hashes every result, compares it with stock, and on CUDA
-also with the host executor, which must agree bit for bit.
+Runs the deterministic backward K times on a high-collision 2-D case and a
+3-D one (zoom-in grids: many sample points per input pixel or voxel, the case
+where stock's atomicAdd order varies most), hashes every result, compares it
+with stock, and on CUDA also with the host executor, which must agree bit for
+bit.
 """
 
 import dataclasses
@@ -14,15 +15,49 @@ import torch
 from detgrid import ops
 from detgrid.workloads import sha256
 
-# One 2-D bilinear/zeros call: input (N, C, H, W) sampled by a grid that
-# zooms into its centre, so about (OUT / (ZOOM * SIZE))^2 = 64 points land
-# in each input cell.
-BATCH, CHANNELS, SIZE, OUT, ZOOM = 2, 8, 32, 64, 0.25
 MODES = (0, 0, False)  # bilinear, zeros, align_corners=False
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyCase:
+    """One bilinear/zeros call: input (N, C, SIZE, ...) sampled by a grid
+    (N, OUT, ..., dims) that zooms into its centre, so about
+    (OUT / (ZOOM * SIZE))^dims points land in each input cell."""
+
+    dims: int
+    batch: int
+    channels: int
+    size: int
+    out: int
+    zoom: float = 0.25
+
+    @property
+    def samples_per_cell(self) -> int:
+        return round((self.out / (self.zoom * self.size)) ** self.dims)
+
+    @property
+    def stock(self):
+        return getattr(torch.ops.aten, f"grid_sampler_{self.dims}d_backward")
+
+    @property
+    def deterministic(self):
+        return getattr(ops, f"grid_sampler_{self.dims}d_backward")
+
+    def describe(self) -> str:
+        spatial = ", ".join([str(self.size)] * self.dims)
+        out = "x".join([str(self.out)] * self.dims)
+        return (f"grid_sampler_{self.dims}d backward, input ({self.batch}, {self.channels}, "
+                f"{spatial}), {out} zoom-in grid (~{self.samples_per_cell} points per input "
+                f"{'pixel' if self.dims == 2 else 'voxel'})")
+
+
+CASES = (VerifyCase(dims=2, batch=2, channels=8, size=32, out=64),
+         VerifyCase(dims=3, batch=2, channels=4, size=8, out=16))
 
 
 @dataclasses.dataclass
 class VerifyResult:
+    case: str
     device: str
     dtype: str
     runs: int
@@ -58,14 +93,18 @@ class VerifyResult:
         return data
 
 
-def default_case(device: str, dtype: torch.dtype, seed: int = 0):
+def default_case(case: VerifyCase, device: str, dtype: torch.dtype, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
-    input = torch.randn(BATCH, CHANNELS, SIZE, SIZE, generator=generator, dtype=dtype)
-    theta = torch.tensor([[ZOOM, 0.0, 0.0], [0.0, ZOOM, 0.0]], dtype=dtype)
+    spatial = [case.size] * case.dims
+    out = [case.out] * case.dims
+    input = torch.randn(case.batch, case.channels, *spatial, generator=generator, dtype=dtype)
+    theta = torch.cat((case.zoom * torch.eye(case.dims, dtype=dtype),
+                       torch.zeros(case.dims, 1, dtype=dtype)), dim=1)
     grid = torch.nn.functional.affine_grid(
-        theta.expand(BATCH, 2, 3), (BATCH, CHANNELS, OUT, OUT), align_corners=False)
+        theta.expand(case.batch, case.dims, case.dims + 1),
+        (case.batch, case.channels, *out), align_corners=False)
     grid = grid + 0.01 * torch.randn(grid.shape, generator=generator, dtype=dtype)
-    grad_output = torch.randn(BATCH, CHANNELS, OUT, OUT, generator=generator, dtype=dtype)
+    grad_output = torch.randn(case.batch, case.channels, *out, generator=generator, dtype=dtype)
     return grad_output.to(device), input.to(device), grid.to(device)
 
 
@@ -75,11 +114,12 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() and ops.has_cuda_kernels() else "cpu"
 
 
-def verify(device: str = "auto", runs: int = 10, dtype: torch.dtype = torch.float32) -> VerifyResult:
+def verify_case(case: VerifyCase, device: str = "auto", runs: int = 10,
+                dtype: torch.dtype = torch.float32) -> VerifyResult:
     device = resolve_device(device)
-    args = default_case(device, dtype)
-    deterministic = [ops.grid_sampler_2d_backward(*args, *MODES, (True, True)) for _ in range(runs)]
-    stock = [torch.ops.aten.grid_sampler_2d_backward(*args, *MODES, [True, True]) for _ in range(runs)]
+    args = default_case(case, device, dtype)
+    deterministic = [case.deterministic(*args, *MODES, (True, True)) for _ in range(runs)]
+    stock = [case.stock(*args, *MODES, [True, True]) for _ in range(runs)]
     max_diff = max(
         ((d - s).abs().max() / s.abs().max()).item()
         for d, s in zip(deterministic[0], stock[0])
@@ -87,9 +127,10 @@ def verify(device: str = "auto", runs: int = 10, dtype: torch.dtype = torch.floa
     equals_cpu = None
     if device != "cpu":
         cpu_args = [t.cpu() for t in args]
-        cpu = ops.grid_sampler_2d_backward(*cpu_args, *MODES, (True, True))
+        cpu = case.deterministic(*cpu_args, *MODES, (True, True))
         equals_cpu = sha256(*cpu) == sha256(*deterministic[0])
     return VerifyResult(
+        case=case.describe(),
         device=device,
         dtype=str(dtype),
         runs=runs,
@@ -100,12 +141,13 @@ def verify(device: str = "auto", runs: int = 10, dtype: torch.dtype = torch.floa
     )
 
 
+def verify(device: str = "auto", runs: int = 10,
+           dtype: torch.dtype = torch.float32) -> List[VerifyResult]:
+    return [verify_case(case, device, runs, dtype) for case in CASES]
+
+
 def format_result(result: VerifyResult) -> str:
-    lines = [
-        f"detgrid verify: grid_sampler_2d backward, bilinear/zeros, {result.dtype}, "
-        f"input ({BATCH}, {CHANNELS}, {SIZE}, {SIZE}), {OUT}x{OUT} zoom-in grid "
-        f"(~{round((OUT / (ZOOM * SIZE)) ** 2)} points per input pixel), on {result.device}",
-    ]
+    lines = [f"detgrid verify: {result.case}, bilinear/zeros, {result.dtype}, on {result.device}"]
     if result.device == "cpu":
         lines.append("  no CUDA here: the host executor ran (the same math and order as the CUDA kernel)")
     lines += [

@@ -659,31 +659,31 @@ C10_HOST_DEVICE inline void point_grid_gradient(
     for (int k = 0; k < kDims; ++k) {
       grad[k] = static_cast<T>(0);
     }
-    return;
-  }
-  T sum[kDims];
-  GRID_SAMPLER_DET_UNROLL
-  for (int k = 0; k < kDims; ++k) {
-    sum[k] = static_cast<T>(0);
-  }
-  for (index_t c = 0; c < channels; ++c) {
-    const T gout = static_cast<T>(grad_output.at(n, c, out_position));
+  } else {
+    T sum[kDims];
     GRID_SAMPLER_DET_UNROLL
-    for (int t = 0; t < taps.count; ++t) {
-      if (!taps.in_bounds(t)) {
-        continue;
-      }
-      const T value = static_cast<T>(input.at(n, c, taps.position(t)));
+    for (int k = 0; k < kDims; ++k) {
+      sum[k] = static_cast<T>(0);
+    }
+    for (index_t c = 0; c < channels; ++c) {
+      const T gout = static_cast<T>(grad_output.at(n, c, out_position));
       GRID_SAMPLER_DET_UNROLL
-      for (int k = 0; k < kDims; ++k) {
-        const T dweight = taps.weight(t, /*derivative_axis=*/kDims - 1 - k);
-        sum[k] = add_rn(sum[k], mul_rn(mul_rn(value, dweight), gout));
+      for (int t = 0; t < taps.count; ++t) {
+        if (!taps.in_bounds(t)) {
+          continue;
+        }
+        const T value = static_cast<T>(input.at(n, c, taps.position(t)));
+        GRID_SAMPLER_DET_UNROLL
+        for (int k = 0; k < kDims; ++k) {
+          const T dweight = taps.weight(t, /*derivative_axis=*/kDims - 1 - k);
+          sum[k] = add_rn(sum[k], mul_rn(mul_rn(value, dweight), gout));
+        }
       }
     }
-  }
-  GRID_SAMPLER_DET_UNROLL
-  for (int k = 0; k < kDims; ++k) {
-    grad[k] = mul_rn(taps.axis[kDims - 1 - k].mult, sum[k]);
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 0; k < kDims; ++k) {
+      grad[k] = mul_rn(taps.axis[kDims - 1 - k].mult, sum[k]);
+    }
   }
 }
 

@@ -1,0 +1,39 @@
+# Owner(s): ["module: nn"]
+"""`detgrid verify`, the kit's main job: both embedded cases pass, and the
+verdict fails when any of its claims fails."""
+
+import dataclasses
+
+import torch
+from torch.testing._internal.common_utils import run_tests
+
+from detgrid import verify
+from detgrid_testing import DetgridTestCase
+
+
+class TestVerify(DetgridTestCase):
+    def test_verify_runs_a_2d_and_a_3d_high_collision_case(self):
+        results = verify.verify(device="cpu", runs=2, dtype=torch.float64)
+        self.assertEqual([r.case.split(" ")[0] for r in results],
+                         ["grid_sampler_2d", "grid_sampler_3d"])
+        for result in results:
+            self.assertTrue(result.ok, verify.format_result(result))
+            self.assertEqual(result.distinct_deterministic, 1)
+        self.assertGreaterEqual(verify.CASES[1].samples_per_cell, 64)
+
+    def test_verdict_fails_on_differing_hashes_or_large_error(self):
+        result = verify.verify_case(verify.CASES[0], device="cpu", runs=2,
+                                    dtype=torch.float64)
+        self.assertTrue(result.ok)
+        two_hashes = dataclasses.replace(
+            result, deterministic_hashes=["a" * 64, "b" * 64])
+        self.assertFalse(two_hashes.ok)
+        self.assertIn("FAILED", verify.format_result(two_hashes))
+        far_from_stock = dataclasses.replace(result, max_rel_diff_vs_stock=1e-6)
+        self.assertFalse(far_from_stock.ok)
+        not_equal_to_executor = dataclasses.replace(result, equals_cpu_executor=False)
+        self.assertFalse(not_equal_to_executor.ok)
+
+
+if __name__ == "__main__":
+    run_tests()
