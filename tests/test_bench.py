@@ -8,13 +8,17 @@ that writes JSON, Markdown and a PNG.
 Names here avoid the word the device run selects tests by (-k cuda).
 """
 
+import dataclasses
+import io
 import json
 import math
 import os
 import tempfile
+from contextlib import redirect_stdout
 from unittest import mock
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from detgrid import bench, cli, workloads
@@ -28,6 +32,15 @@ def strict_json(path):
 
     with open(path) as f:
         return json.load(f, parse_constant=reject)
+
+
+def backward_ops_run(fn):
+    """fn() and the names of the grid_sampler backward ops it ran (aten's,
+    detgrid's), from the profiler."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = fn()
+    return result, {e.key for e in prof.key_averages() if "_backward" in e.key
+                    and "grid_sampler" in e.key}
 
 
 def measured_row(name, ratio, *, high=False, large=False, extra=1.0, records=1000,
@@ -148,6 +161,12 @@ class TestBenchRegistry(TestCase):
                          0)
         tri = w["voxelmorph_warp_3d"].build("cpu", scale=0.05)
         self.assertEqual(workloads.records(tri), tri.grid[..., 0].numel() * 8)
+        near3 = dataclasses.replace(w["simplebev_lift_3d"], mode="nearest").build("cpu",
+                                                                                 scale=0.05)
+        self.assertEqual(workloads.records(near3), near3.grid[..., 0].numel())
+        for name, x in w.items():  # the count without building the case
+            self.assertEqual(x.records(0.05), workloads.records(x.build("cpu", scale=0.05)),
+                             name)
 
     def test_samples_per_cell_counts_points_per_touched_cell(self):
         # 2 images of 4x4; image 0: 6 points in pixel (1, 2), 2 in (3, 0);
@@ -162,6 +181,22 @@ class TestBenchRegistry(TestCase):
                               0, 0, False, (True, False))
         stats = workloads.samples_per_cell(case)
         self.assertEqual(stats, {"mean": 13 / 3, "max": 6.0})
+
+    def test_samples_per_cell_counts_points_per_touched_voxel(self):
+        # One volume of depth 2, height 4, width 9 (align_corners=True: voxel
+        # i of a size-s axis at 2 i / (s - 1) - 1), points per voxel (z, y, x):
+        # (1, 3, 8) 3, (0, 0, 5) 2, (0, 0, 6) 1, (1, 0, 1) 2, (1, 1, 1) 1,
+        # (0, 0, 0) 1, and one outside. Reading the axes in any other order
+        # merges some of these voxels.
+        def at(x, y, z):
+            return [x / 4 - 1, 2 * y / 3 - 1, 2.0 * z - 1]
+
+        pts = ([at(8, 3, 1)] * 3 + [at(5, 0, 0)] * 2 + [at(6, 0, 0)] + [at(1, 0, 1)] * 2
+               + [at(1, 1, 1)] + [at(0, 0, 0)] + [[0.0, 0.0, 3.0]])
+        grid = torch.tensor(pts).view(1, 1, 1, 11, 3)
+        case = workloads.Case("t", torch.randn(1, 1, 1, 1, 11), torch.randn(1, 1, 2, 4, 9), grid,
+                              0, 0, True, (True, False))
+        self.assertEqual(workloads.samples_per_cell(case), {"mean": 10 / 6, "max": 3.0})
 
 
 class TestBenchClassification(TestCase):
@@ -182,16 +217,33 @@ class TestBenchClassification(TestCase):
                        {"input_shape": (2, 64, 0, 8)}, {"input_shape": (2**16, 64, 32, 32)}):
             self.assertFalse(workloads.takes_cudnn(**{**ok, **change}), change)
 
-    def test_three_d_rows_are_skipped_with_a_reason(self):
+    def test_rows_name_the_backward_of_their_rank(self):
         for name, w in workloads.BENCH_WORKLOADS.items():
-            reason = bench.unsupported_reason(w)
-            if w.dim == 3:
-                self.assertIn("3-D backward", reason, name)
-            else:
-                self.assertIsNone(reason, name)
+            row = bench.describe(w)
+            self.assertEqual(row["op"], f"grid_sampler_{w.dim}d_backward", name)
+            self.assertEqual(row["taps"], {("bilinear", 2): 4, ("nearest", 2): 1,
+                                           ("bicubic", 2): 16, ("bilinear", 3): 8,
+                                           ("nearest", 3): 1}[(w.mode, w.dim)], name)
+        listed = {r["name"]: r for r in bench.listing()}
+        self.assertEqual(list(listed), list(workloads.BENCH_WORKLOADS))
+        for name in ("voxelmorph_warp_3d", "dvgo_dense_grid_3d", "simplebev_lift_3d"):
+            self.assertEqual(listed[name]["stock_op"], "grid_sampler_3d_backward")
+            self.assertEqual(listed[name]["taps"], 8)
+            self.assertFalse(listed[name]["cudnn_route"])  # cuDNN has no 3-D sampler
+        self.assertEqual(listed["simplebev_lift_3d"]["records"], 6 * 200 * 8 * 200 * 8)
+        self.assertEqual(listed["voxelmorph_warp_3d"]["records"], 80 * 96 * 112 * 8)
+        self.assertEqual(listed["basicvsr_flow_warp"]["stock_op"], "cudnn_grid_sampler_backward")
 
     def test_in_tree_probe_on_the_host_reports_unpatched(self):
-        self.assertFalse(bench.detect_in_tree("cpu")["patched"])
+        tree = bench.detect_in_tree("cpu")
+        self.assertFalse(tree["patched"])
+        self.assertEqual(tree["dims"], [])
+        # The probe itself, for each rank: aten's CPU backward is
+        # deterministic, so under deterministic mode it runs.
+        for dim in (2, 3):
+            (patched, _), ops_run = backward_ops_run(lambda: bench._probe_in_tree(dim, "cpu"))
+            self.assertTrue(patched, dim)
+            self.assertEqual(ops_run, {f"aten::grid_sampler_{dim}d_backward"})
 
     def test_sizes_cap_shapes_and_full_is_scale_one(self):
         for name, w in workloads.BENCH_WORKLOADS.items():
@@ -255,7 +307,7 @@ class TestBenchSummary(TestCase):
         result = {"device": "cpu", "device_name": "cpu x", "torch": "t", "torch_cuda": None,
                   "cudnn": None, "git_commit": None, "time_utc": "2026-12-01T10:00:00+00:00",
                   "size": "tiny", "warmup": 1, "reps": 2, "elapsed_s": 1.0,
-                  "in_tree": {"patched": False, "reason": "r"}, "workloads": [],
+                  "in_tree": {"patched": False, "dims": [], "reason": "r"}, "workloads": [],
                   "summary": bench.summarize([], cuda=False)}
         with tempfile.TemporaryDirectory() as work, \
                 mock.patch.dict("sys.modules", {"matplotlib": None}):
@@ -314,7 +366,7 @@ class TestBenchHostRuns(TestCase):
 
     def test_small_run_writes_json_markdown_and_png(self):
         names = ["rtdetr_l20_bf16", "basicvsr_flow_warp", "monodepth2_grid_only",
-                 "voxelmorph_warp_3d"]
+                 "voxelmorph_warp_3d", "simplebev_lift_3d"]
         with tempfile.TemporaryDirectory() as work:
             out = os.path.join(work, "sub", "cpu.json")
             with mock.patch("builtins.print"):
@@ -340,7 +392,7 @@ class TestBenchHostRuns(TestCase):
         self.assertTrue(data["quick"])
         self.assertEqual([r["name"] for r in data["workloads"]], names)
         rows = {r["name"]: r for r in data["workloads"]}
-        measured = [rows[n] for n in names[:3]]
+        measured = [rows[n] for n in names]
         for r in measured:
             self.assertEqual(r["status"], "measured", r.get("error"))
             self.assertEqual(r["stock_route"], "native")
@@ -360,19 +412,74 @@ class TestBenchHostRuns(TestCase):
         bf16 = rows["rtdetr_l20_bf16"]
         self.assertEqual(bf16["dtype"], "bfloat16")
         self.assertLess(bf16["err_vs_float64"]["detgrid"], bench.TOLERANCE["bfloat16"])
-        skipped = rows["voxelmorph_warp_3d"]
-        self.assertEqual(skipped["status"], "skipped")
-        self.assertIn("3-D backward", skipped["skip_reason"])
-        self.assertAlmostEqual(data["geomean"],
-                               math.exp(sum(math.log(r["ratio"]) for r in measured) / 3))
+        # The 3-D rows: their own backward, 8 taps per point, voxels.
+        for name in names[3:]:
+            r = rows[name]
+            self.assertEqual((r["dim"], r["op"], r["mode"], r["taps"]),
+                             (3, "grid_sampler_3d_backward", "trilinear", 8), name)
+            self.assertEqual(len(r["input_shape"]), 5, name)
+            self.assertEqual(r["records"], math.prod(r["grid_shape"][:-1]) * 8, name)
+            self.assertLess(r["max_rel_diff"], 1e-5, name)
+        self.assertIsNotNone(rows["voxelmorph_warp_3d"]["rel_diff"]["grad_grid"])
+        self.assertIsNone(rows["simplebev_lift_3d"]["rel_diff"]["grad_grid"])  # input only
+        self.assertGreater(rows["simplebev_lift_3d"]["samples_per_cell"], 4)  # zoom-in
+        self.assertAlmostEqual(data["geomean"], math.exp(
+            sum(math.log(r["ratio"]) for r in measured) / len(measured)))
         self.assertEqual(data["worst"], max(r["ratio"] for r in measured))
-        self.assertEqual(data["summary"]["skipped"], ["voxelmorph_warp_3d"])
+        self.assertEqual(data["summary"]["skipped"], [])
         self.assertIn("| # | workload |", md)
         self.assertIn(bench.CPU_NA, md)
         self.assertIn("det/stock geomean <= 1.0", md)
-        self.assertIn("skipped: needs the 3-D backward", md)
+        self.assertIn("| 16 | voxelmorph_warp_3d | 1×1×13×16×19 | 1×13×16×19×3 | float32 · "
+                      "contiguous | trilinear · zeros · T | in+grid | native |", md)
+        self.assertIn("`aten::grid_sampler_3d_backward`", md)
+        self.assertIn("5 rows measured, 0 skipped, 0 errors", md)
         for name in names:
             self.assertIn(name, md)
+
+    def test_three_d_rows_time_the_three_d_backwards(self):
+        # Every variant of a 3-D row (stock, detgrid, the float64 judge,
+        # in-tree) runs the 3-D op, never the 2-D one.
+        w = workloads.BENCH_WORKLOADS["dvgo_dense_grid_3d"]
+        row, ops_run = backward_ops_run(
+            lambda: bench.bench_workload(w, "cpu", 0.06, warmup=1, reps=2, in_tree=True))
+        self.assertEqual(ops_run, {"aten::grid_sampler_3d_backward",
+                                   "detgrid::grid_sampler_3d_backward"})
+        self.assertEqual(set(row["variants"]), {"native", "detgrid", "in_tree"})
+        self.assertEqual(row["records"], math.prod(row["grid_shape"][:-1]) * 8)
+        self.assertLess(max(v for v in row["in_tree_rel_diff"].values() if v is not None),
+                        1e-12)
+        self.assertTrue(row["correct"], row)
+
+    def test_half_three_d_row_is_judged_against_float64(self):
+        # A float16 variant of a 3-D row: stock (in float16) and detgrid
+        # are both measured against stock's 3-D backward in float64.
+        w = dataclasses.replace(workloads.BENCH_WORKLOADS["simplebev_lift_3d"],
+                                dtype=torch.float16)
+        row = bench.bench_workload(w, "cpu", 0.08, warmup=0, reps=2)
+        self.assertEqual(row["dtype"], "float16")
+        self.assertEqual(row["tolerance"], bench.TOLERANCE["float16"])
+        det64 = row["err_vs_float64"]["detgrid"]
+        self.assertLess(det64, bench.TOLERANCE["float16"])
+        self.assertLessEqual(det64, row["err_vs_float64"]["stock"])
+        self.assertTrue(row["correct"], row)
+        case = w.build("cpu", 0, 0.08)
+        ref64 = workloads.run_stock(dataclasses.replace(
+            case, grad_output=case.grad_output.double(), input=case.input.double(),
+            grid=case.grid.double()))
+        self.assertEqual(det64, workloads.rel_err(workloads.run_detgrid(case)[0], ref64[0]))
+
+    def test_in_tree_is_timed_for_the_ranks_the_probe_found(self):
+        tree = {"patched": True, "dims": [3], "reason": "2-D: raises; 3-D: runs"}
+        config = bench.BenchConfig(device="cpu", names=["stn_mnist", "voxelmorph_warp_3d"],
+                                   size="tiny", warmup=0, reps=2)
+        with mock.patch.object(bench, "detect_in_tree", lambda device: tree):
+            result = bench.run_bench(config)
+        rows = {r["name"]: r for r in result["workloads"]}
+        self.assertEqual(set(rows["stn_mnist"]["variants"]), {"native", "detgrid"})
+        self.assertEqual(set(rows["voxelmorph_warp_3d"]["variants"]),
+                         {"native", "detgrid", "in_tree"})
+        self.assertIn("in-tree path: 3-D (2-D: raises; 3-D: runs)", bench.markdown(result))
 
     def test_budget_guard_skips_workloads_once_time_is_up(self):
         ticks = iter([0.0, 0.0] + [100.0] * 20)  # start, first check, then late
@@ -385,9 +492,8 @@ class TestBenchHostRuns(TestCase):
                                   ("voxelmorph_warp_3d", "skipped"),
                                   ("tensorf_line", "skipped")])
         rows = result["workloads"]
-        self.assertIn("time budget", rows[1]["skip_reason"])
-        self.assertIn("3-D backward", rows[2]["skip_reason"])
-        self.assertIn("time budget", rows[3]["skip_reason"])
+        for row in rows[1:]:
+            self.assertIn("time budget", row["skip_reason"])
         self.assertEqual(result["summary"]["skipped"],
                          ["liif_nearest", "voxelmorph_warp_3d", "tensorf_line"])
         self.assertEqual(result["summary"]["measured"], 1)
@@ -435,7 +541,20 @@ class TestBenchHostRuns(TestCase):
         self.assertEqual(bench.resolve_names(["all"]), list(workloads.BENCH_WORKLOADS))
         with mock.patch("builtins.print"):
             self.assertEqual(cli.main(["bench", "--device", "cpu", "--workloads", "nope"]), 2)
+
+    def test_listing_names_each_rows_op_and_taps(self):
+        out = io.StringIO()
+        with redirect_stdout(out):
             self.assertEqual(cli.main(["bench", "--list"]), 0)
+        lines = {line.split()[1]: line for line in out.getvalue().splitlines()}
+        self.assertEqual(list(lines), list(workloads.BENCH_WORKLOADS))
+        bev = lines["simplebev_lift_3d"]
+        self.assertTrue(bev.startswith("#18 "))
+        for part in ("(6, 128, 1, 56, 100)", "trilinear/zeros/ac=False", " 8 taps/point",
+                     "15,360,000 records", "stock aten::grid_sampler_3d_backward"):
+            self.assertIn(part, bev)
+        self.assertIn("stock aten::cudnn_grid_sampler_backward", lines["tensorf_line"])
+        self.assertNotIn("skipped", out.getvalue())
 
 
 if __name__ == "__main__":

@@ -81,21 +81,30 @@ DETGRID_CASES_DONE cases=1 mismatches=0
 """
 
 
-def fake_bitwise(distinct=1, fp32_equal=24):
+def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16):
+    def repeat(case, dim, input_shape, grid_shape, det_distinct):
+        return {"case": case, "dim": dim, "input_shape": input_shape, "grid_shape": grid_shape,
+                "detgrid": {"reps": 100, "grad_input_distinct": det_distinct,
+                            "grad_grid_distinct": 1},
+                "stock": {"reps": 100, "grad_input_distinct": 97, "grad_grid_distinct": 1}}
+
+    def executor(dtype, dim, cases, equal, exact):
+        return {"dtype": dtype, "dim": dim, "cases": cases, "bitwise_equal": equal,
+                "max_abs_diff": 0.0 if equal == cases else math.inf, "must_be_equal": exact,
+                "mismatches": [] if equal == cases else ["x"], "errors": []}
+
+    settings = [{}, {"chunk_points": 4096}]
     return {
         "device": "cuda",
-        "repeat": {"case": "tensorf_line", "input_shape": [1, 48, 300, 1],
-                   "grid_shape": [1, 1000000, 1, 2],
-                   "detgrid": {"reps": 100, "grad_input_distinct": distinct,
-                               "grad_grid_distinct": 1},
-                   "stock": {"reps": 100, "grad_input_distinct": 97, "grad_grid_distinct": 1}},
-        "knobs": {"case": "tensorf_line", "settings": [{}, {"chunk_points": 4096}], "distinct": 1},
-        "executor": [
-            {"dtype": "float32", "cases": 24, "bitwise_equal": fp32_equal, "max_abs_diff": 0.0,
-             "must_be_equal": True, "mismatches": [], "errors": []},
-            {"dtype": "float16", "cases": 24, "bitwise_equal": 20, "max_abs_diff": math.inf,
-             "must_be_equal": False, "mismatches": ["x"], "errors": []},
-        ],
+        "repeat": [repeat("tensorf_line", 2, [1, 48, 300, 1], [1, 1000000, 1, 2], distinct),
+                   repeat("simplebev_lift_3d", 3, [4, 96, 1, 42, 75], [4, 150, 6, 150, 3],
+                          distinct_3d)],
+        "knobs": [{"case": "tensorf_line", "dim": 2, "settings": settings, "distinct": 1},
+                  {"case": "simplebev_lift_3d", "dim": 3, "settings": settings, "distinct": 1}],
+        "executor": [executor("float32", 2, 24, fp32_equal, True),
+                     executor("float32", 3, 16, fp32_equal_3d, True),
+                     executor("float16", 2, 24, 20, False),
+                     executor("float16", 3, 16, 12, False)],
     }
 
 
@@ -152,13 +161,20 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(loaded["verdict"], "PASS")
         self.assertEqual(loaded["env"]["device_name"], "NVIDIA H200")
         self.assertEqual([s["name"] for s in loaded["steps"]], list(STEP_NAMES))
-        self.assertEqual(loaded["bitwise"]["executor"][1]["max_abs_diff"], "inf")
+        self.assertEqual(loaded["bitwise"]["executor"][2]["max_abs_diff"], "inf")
         self.assertEqual(loaded["sanitizer"]["memcheck"]["status"], "clean")
         self.assertEqual(len(loaded["timing"]["rows"]), 2)
         checks = self.checks(data)
-        self.assertEqual(checks["repeat runs bitwise identical"], "pass")
-        self.assertEqual(checks["device == host executor (float16)"], "pass")  # info only
+        for dims in ("2-D", "3-D"):
+            self.assertEqual(checks[f"repeat runs bitwise identical ({dims})"], "pass")
+            self.assertEqual(checks[f"knobs change no bit ({dims})"], "pass")
+            self.assertEqual(checks[f"device == host executor (float32, {dims})"], "pass")
+            self.assertEqual(checks[f"device == host executor (float16, {dims})"], "pass")  # info
         self.assertTrue(md.startswith("# detgrid GPU check: PASS"))
+        self.assertIn("| repeat runs bitwise identical (3-D) | pass | 100 runs of "
+                      "simplebev_lift_3d 4×96×1×42×75: distinct hashes grad_input=1", md)
+        self.assertIn("| float32 | 3-D | 16 | 16 | 0 | yes |", md)
+        self.assertIn("| float16 | 3-D | 16 | 12 | inf | no |", md)
         self.assertIn("| rtdetr_l80 | 128×32×80×80 | 128×500×4×2 | float32 |", md)
         self.assertIn("| 1.5 | 1.2 | 0.80 | 12.0 |", md)
         self.assertIn("RuntimeError: boom", md)
@@ -170,16 +186,36 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(self.checks(data)["CUDA tests"], "fail")
         self.assertIn("test_b_cuda", md)
         data, _, _ = self.report(bitwise=fake_bitwise(distinct=2))
-        self.assertEqual(self.checks(data)["repeat runs bitwise identical"], "fail")
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical (2-D)"], "fail")
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical (3-D)"], "pass")
+        data, _, _ = self.report(bitwise=fake_bitwise(distinct_3d=2))
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical (2-D)"], "pass")
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical (3-D)"], "fail")
+        self.assertEqual(data["verdict"], "FAIL")
         broken = fake_bitwise()
-        broken["repeat"]["detgrid"] = {"error": "RuntimeError: CUDA error: illegal address"}
-        broken["knobs"] = {"error": "RuntimeError: CUDA error: illegal address"}
+        broken["repeat"][1]["detgrid"] = {"error": "RuntimeError: CUDA error: illegal address"}
+        broken["knobs"][1] = {"case": "simplebev_lift_3d", "dim": 3,
+                              "error": "RuntimeError: CUDA error: illegal address"}
         data, _, md = self.report(bitwise=broken)
-        self.assertEqual(self.checks(data)["repeat runs bitwise identical"], "fail")
-        self.assertEqual(self.checks(data)["knobs change no bit"], "fail")
+        self.assertEqual(self.checks(data)["repeat runs bitwise identical (3-D)"], "fail")
+        self.assertEqual(self.checks(data)["knobs change no bit (3-D)"], "fail")
+        self.assertEqual(self.checks(data)["knobs change no bit (2-D)"], "pass")
         self.assertIn("illegal address", md)
         data, _, _ = self.report(bitwise=fake_bitwise(fp32_equal=23))
-        self.assertEqual(self.checks(data)["device == host executor (float32)"], "fail")
+        self.assertEqual(self.checks(data)["device == host executor (float32, 2-D)"], "fail")
+        data, _, _ = self.report(bitwise=fake_bitwise(fp32_equal_3d=15))
+        self.assertEqual(self.checks(data)["device == host executor (float32, 2-D)"], "pass")
+        self.assertEqual(self.checks(data)["device == host executor (float32, 3-D)"], "fail")
+        self.assertEqual(data["verdict"], "FAIL")
+
+    def test_bitwise_not_run_is_not_applicable(self):
+        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
+        data, _, _ = self.report(junit=passing, bitwise={"device": "cuda"})
+        checks = self.checks(data)
+        for name in ("repeat runs bitwise identical", "knobs change no bit",
+                     "device == host executor"):
+            self.assertEqual(checks[name], "n/a")
+        self.assertEqual(data["verdict"], "INCOMPLETE")
 
     def test_unavailable_sanitizer_and_skipped_steps_are_incomplete(self):
         passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
@@ -258,7 +294,7 @@ class TestGpuCheckReport(TestCase):
             finally:
                 os.environ["PATH"] = old
         self.assertEqual(result["status"], "clean", result["output_tail"])
-        self.assertEqual((result["cases"], result["mismatches"]), (1, 0))
+        self.assertEqual((result["cases"], result["mismatches"]), (2, 0))
         self.assertIn("tool=racecheck caching=1", result["output_tail"])
         self.assertIn("--report-api-errors no", result["command"])
 
@@ -323,20 +359,97 @@ class TestGpuCheckWorkloads(TestCase):
         cases = workloads.sanitizer_cases("all")
         names = [c.name for c in cases]
         self.assertEqual(len(names), len(set(names)))
-        combos = {(c.interpolation_mode, c.padding_mode) for c in cases}
-        self.assertEqual(len(combos), 9)
-        grids = torch.cat([c.grid.double().reshape(-1) for c in cases])
-        self.assertTrue(bool(grids.isnan().any()))
-        self.assertTrue(bool((grids == math.inf).any()) and bool((grids == -math.inf).any()))
-        huge = grids.isfinite() & (grids.abs() > 1e37)  # +-1e38 stays finite in float32
-        self.assertTrue(bool(huge.any()))
-        chunked = [c for c in cases if c.options.get("chunk_points") == 4096]
-        self.assertTrue(chunked)
-        for c in chunked:
-            self.assertGreater(c.grid.shape[1] * c.grid.shape[2], 2 * 4096)
-        self.assertEqual({c.input.dtype for c in cases},
-                         {torch.float32, torch.float64, torch.float16, torch.bfloat16})
-        self.assertEqual(len(workloads.sanitizer_cases("tiny")), 1)
+        for dim, combos in ((2, 9), (3, 6)):  # no bicubic in 3-D
+            ranked = [c for c in cases if c.dim == dim]
+            for c in ranked:
+                self.assertEqual((c.input.dim(), c.grid.shape[-1]), (dim + 2, dim), c.name)
+                self.assertEqual(c.grad_output.shape, c.input.shape[:2] + c.grid.shape[1:-1])
+            self.assertEqual(len({(c.interpolation_mode, c.padding_mode) for c in ranked}),
+                             combos, dim)
+            self.assertEqual({c.align_corners for c in ranked}, {False, True}, dim)
+            grids = torch.cat([c.grid.double().reshape(-1) for c in ranked])
+            self.assertTrue(bool(grids.isnan().any()), dim)
+            self.assertTrue(bool((grids == math.inf).any()) and bool((grids == -math.inf).any()))
+            huge = grids.isfinite() & (grids.abs() > 1e37)  # +-1e38 stays finite in float32
+            self.assertTrue(bool(huge.any()), dim)
+            self.assertEqual({c.input.dtype for c in ranked},
+                             {torch.float32, torch.float64, torch.float16, torch.bfloat16})
+            self.assertEqual({c.output_mask for c in ranked},
+                             {(True, True), (True, False), (False, True)}, dim)
+            chunked = [c for c in ranked if c.options.get("chunk_points") == 4096]
+            self.assertTrue(chunked, dim)
+            for c in chunked:
+                self.assertGreater(c.grid[..., 0].numel(), 2 * 4096, c.name)
+            layouts = [c for c in ranked if not c.input.is_contiguous()]
+            self.assertTrue(any(c.input.stride(0) == 0 for c in layouts), dim)
+            fmt = workloads.channels_last(dim)
+            self.assertTrue(any(c.input.is_contiguous(memory_format=fmt) for c in layouts), dim)
+        self.assertEqual([c.dim for c in workloads.sanitizer_cases("tiny")], [2, 3])
+
+    def test_three_d_specials_reach_each_axis_alone(self):
+        # NaN/Inf/huge in z with x and y finite and in range: the third axis
+        # takes its own path from a coordinate to a voxel index.
+        grid = workloads.special_grid(torch.zeros(1, 2, 3, 4, 3))
+        points = grid.reshape(-1, 3)
+        z_only = points[:, :2].abs().le(1).all(-1) & ~points[:, 2].abs().le(1)
+        self.assertTrue(bool(points[z_only, 2].isnan().any()))
+        self.assertEqual(set(points[z_only, 2].isinf().tolist()), {True, False})
+        self.assertTrue(bool((points[z_only, 2].abs() == 1e38).any()))
+        self.assertTrue(bool(points[:, 0].isnan().any() and points[:, 1].isinf().any()))
+        flat = workloads.special_grid(torch.zeros(1, 4, 4, 2)).reshape(-1, 2)
+        self.assertEqual(flat.shape, (16, 2))
+        self.assertFalse(bool(flat[:10].abs().le(1).all(-1).any()))  # each one out of range
+        self.assertTrue(bool(flat[10:].eq(0).all()))
+
+    def test_three_d_multichunk_cases_take_both_reductions(self):
+        # The reduction is dense when the input has no more destinations
+        # (batch x voxels) than a chunk has records (use_dense_reduction).
+        kinds = set()
+        for c in workloads.sanitizer_cases("all"):
+            if c.dim == 3 and "chunk_points" in c.options:
+                taps = workloads.TAPS[(workloads.mode_name(
+                    {v: k for k, v in workloads.MODES.items()}[c.interpolation_mode], 2), 3)]
+                destinations = c.input.shape[0] * math.prod(c.input.shape[2:])
+                dense = destinations <= c.options["chunk_points"] * taps
+                kinds.add((dense, c.input.dtype))
+                self.assertIn("dense" if dense else "sparse", c.name)
+        self.assertIn((True, torch.float32), kinds)
+        self.assertIn((False, torch.float32), kinds)
+        self.assertIn((False, torch.float16), kinds)  # the float carry, copied out
+
+    def test_executor_cases_per_rank(self):
+        for dim, count in ((2, 24), (3, 16)):
+            cases = workloads.executor_cases(torch.float64, dim=dim)
+            self.assertEqual(len(cases), count)
+            self.assertEqual({c.dim for c in cases}, {dim})
+            self.assertEqual({c.input.dtype for c in cases}, {torch.float64})
+            modes = {c.interpolation_mode for c in cases}
+            self.assertEqual(modes, {0, 1, 2} if dim == 2 else {0, 1})
+            self.assertEqual(len({(c.interpolation_mode, c.padding_mode, c.align_corners)
+                                  for c in cases}), 6 * len(modes))
+            self.assertTrue(any(not bool(c.grid.isfinite().all()) for c in cases), dim)
+            outside = torch.cat([c.grid.reshape(-1) for c in cases])
+            self.assertTrue(bool((outside.abs() > 1).any()), dim)  # some points out of bounds
+        names = {c.name for c in workloads.executor_cases(torch.float32, dim=3)}
+        self.assertIn("3d_trilinear_border_ac", names)
+        self.assertIn("3d_nearest_zeros_zoom", names)
+
+    def test_repeat_cases_collide_and_span_chunks(self):
+        # At --scale 1: the 2-D case is TensoRF's line, the 3-D one many
+        # points per voxel over more than two chunks of the default size
+        # (2^21 records: 262,144 trilinear points).
+        self.assertEqual([name for name, _ in gpucheck.REPEAT_WORKLOADS],
+                         ["tensorf_line", "simplebev_lift_3d"])
+        dims = [workloads.BENCH_WORKLOADS[name].dim for name, _ in gpucheck.REPEAT_WORKLOADS]
+        self.assertEqual(dims, [2, 3])
+        name, relative = gpucheck.REPEAT_WORKLOADS[1]
+        in_shape, grid_shape = workloads.BENCH_WORKLOADS[name].shapes(relative)
+        points = math.prod(grid_shape[:-1])
+        self.assertGreater(points, 2 * (2**21 // 8))
+        self.assertGreater(points / in_shape[0] / math.prod(in_shape[2:]), 16)
+        cases = gpucheck.repeat_cases("cpu", scale=0.01)
+        self.assertEqual([c.dim for c in cases], [2, 3])
+        self.assertEqual([c.output_mask for c in cases], [(True, True)] * 2)
 
     def test_sanitizer_cases_run_on_the_host_executor(self):
         result = gpucheck.run_sanitizer_cases("cpu", "all")
@@ -355,11 +468,17 @@ class TestGpuCheckWorkloads(TestCase):
 class TestGpuCheckHostRuns(TestCase):
     def test_bitwise_on_host(self):
         result = gpucheck.run_bitwise("cpu", reps=3, scale=0.005, dtypes=("float32", "float64"))
-        repeat = result["repeat"]
-        self.assertEqual(repeat["detgrid"]["grad_input_distinct"], 1)
-        self.assertEqual(repeat["detgrid"]["grad_grid_distinct"], 1)
-        self.assertEqual(repeat["stock"]["grad_input_distinct"], 1)  # CPU stock is deterministic
-        self.assertEqual(result["knobs"]["distinct"], 1)
+        self.assertEqual([(r["case"], r["dim"]) for r in result["repeat"]],
+                         [("tensorf_line", 2), ("simplebev_lift_3d", 3)])
+        for repeat in result["repeat"]:
+            self.assertEqual(repeat["detgrid"]["grad_input_distinct"], 1)
+            self.assertEqual(repeat["detgrid"]["grad_grid_distinct"], 1)
+            self.assertEqual(repeat["stock"]["grad_input_distinct"], 1)  # CPU stock is too
+            self.assertEqual(len(repeat["input_shape"]), repeat["dim"] + 2)
+        self.assertEqual([(k["dim"], k["distinct"]) for k in result["knobs"]], [(2, 1), (3, 1)])
+        self.assertEqual([(r["dtype"], r["dim"], r["cases"]) for r in result["executor"]],
+                         [("float32", 2, 24), ("float32", 3, 16), ("float64", 2, 24),
+                          ("float64", 3, 16)])
         for row in result["executor"]:
             self.assertEqual(row["bitwise_equal"], row["cases"], row)
             self.assertEqual(row["errors"], [])
@@ -493,7 +612,7 @@ class TestGpuCheckScript(TestCase):
                              dict.fromkeys(("env", "kernels", "bitwise", "memcheck"), "ok"),
                              proc.stdout)
             self.assertEqual(status["build"], "skipped")
-            self.assertEqual(data["bitwise"]["knobs"]["distinct"], 1)
+            self.assertEqual([k["distinct"] for k in data["bitwise"]["knobs"]], [1, 1])
             self.assertIn(data["sanitizer"]["memcheck"]["status"], ("unavailable", "failed"))
             self.assertEqual(data["verdict"], "INCOMPLETE")
             self.assertNotEqual(proc.returncode, 0)

@@ -9,12 +9,14 @@
 #   deps       expecttest from tools/gpu_wheels (nothing can be downloaded there)
 #   build      setup.py build_ext --inplace for TORCH_CUDA_ARCH_LIST (9.0)
 #   kernels    detgrid imports and has_cuda_kernels() is True   -> build.json
-#   bitwise    100 repeats hashed, knob invariance, CUDA == host executor
-#   memcheck   compute-sanitizer memcheck over every mode x padding, NaN/Inf
-#              grids, multi-chunk ("unavailable" where the runtime refuses)
+#   bitwise    100 repeats hashed and knob invariance (one 2-D, one 3-D
+#              case), CUDA == host executor per dtype, 2-D and 3-D
+#   memcheck   compute-sanitizer memcheck over every mode x padding, 2-D and
+#              3-D, NaN/Inf grids, multi-chunk (3-D: dense and sparse
+#              reductions) ("unavailable" where the runtime refuses)
 #   tests      pytest tests -k cuda                              -> junit.xml
 #   timing     stock vs detgrid backward on the benchmark workloads
-#   racecheck, initcheck   one tiny case each, if time is left
+#   racecheck, initcheck   one tiny case per rank each, if time is left
 #   report     $OUT/gpu_check.json and $OUT/gpu_check.md (printed last)
 #
 # Files under $OUT (default ./out): gpu_check.json, gpu_check.md,
@@ -191,8 +193,8 @@ step env         45       5   0              # ~5 s
 step deps        45       5   0              # ~3 s
 step build      300      60   0              # ~1-2 min (nvcc of one .cu ~30 s)
 step kernels     60      10   0              # ~5 s
-step bitwise     90      20   1              # ~20 s
-step memcheck   120      40   1              # ~30-60 s
+step bitwise     90      20   1              # ~30 s (2-D ~20 s, 3-D ~10 s)
+step memcheck   150      40   1              # ~40-90 s (29 2-D + 24 3-D cases)
 step tests      150      40   1              # depends on tests/
 step timing      90      30   1              # ~20-40 s
 step racecheck   60      25   1              # ~20 s

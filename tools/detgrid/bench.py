@@ -3,24 +3,25 @@
 Per workload (detgrid.workloads.BENCH_WORKLOADS) the backward variants run
 in one process, interleaved rep by rep on rotating copies of the inputs:
 
-- stock native: torch.ops.aten.grid_sampler_2d_backward (atomicAdd on CUDA);
+- stock native: torch.ops.aten.grid_sampler_2d_backward, or for the 3-D
+  rows (#16-#18) grid_sampler_3d_backward (atomicAdd on CUDA);
 - stock cuDNN: torch.ops.aten.cudnn_grid_sampler_backward, for the rows that
   take cuDNN in real life (bilinear, zeros, align_corners=True, 4-D,
-  C <= 1024, not bf16), when CUDA and cuDNN are there;
-- detgrid: detgrid.ops.grid_sampler_2d_backward (the CUDA kernel, or on the
-  CPU the host executor);
-- in-tree: on a torch carrying the ATen change (detected: under
-  torch.use_deterministic_algorithms(True) the stock CUDA backward does not
-  raise), aten's own backward in deterministic mode.
+  C <= 1024, not bf16), when CUDA and cuDNN are there (cuDNN has no 3-D
+  grid sampler);
+- detgrid: detgrid.ops.grid_sampler_2d_backward / grid_sampler_3d_backward
+  (the CUDA kernel, or on the CPU the host executor);
+- in-tree: on a torch carrying the ATen change for that rank (detected per
+  rank: under torch.use_deterministic_algorithms(True) the stock CUDA
+  backward does not raise), aten's own backward in deterministic mode.
 
 Each row gets the median ms per variant, ratio = detgrid / stock where stock
 is the route stock really takes (cuDNN where it applies, else native), the
 extra peak memory over that stock run (CUDA only), the records count, and
 max |det - stock| / max |stock| per gradient, flagged past a dtype
-tolerance so that a fast wrong kernel cannot win. The 3-D rows are listed
-and skipped (no 3-D backward yet). Functions return data; detgrid.cli
-prints. The CPU run (host executor vs stock CPU on small shapes) is a smoke
-test of this harness, not a performance claim.
+tolerance so that a fast wrong kernel cannot win. Functions return data;
+detgrid.cli prints. The CPU run (host executor vs stock CPU on small
+shapes) is a smoke test of this harness, not a performance claim.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from detgrid.workloads import (BENCH_WORKLOADS, Case, Gradients, Workload, bitwise_equal,
-                               case_bytes, contiguous_case, dtype_name, peak_bytes, records,
-                               rel_err, rotation_copies, run_cudnn, run_in_tree, run_stock,
-                               samples_per_cell, synchronize, takes_cudnn, time_rotating)
+from detgrid.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload, backward_name,
+                               bitwise_equal, case_bytes, contiguous_case, dtype_name,
+                               peak_bytes, records, rel_err, rotation_copies, run_cudnn,
+                               run_in_tree, run_stock, samples_per_cell, synchronize,
+                               takes_cudnn, time_rotating)
 
 # max |det - stock| / max |stock| per gradient beyond which a row is flagged.
 # Stock accumulates float16/bfloat16 grad_input in that type (atomics on
@@ -70,9 +72,6 @@ SIZES: Dict[str, Optional[Tuple[int, int]]] = {
     "small": (1 << 21, 1 << 17),
     "tiny": (1 << 15, 1 << 12),
 }
-
-THREE_D_REASON = ("needs the 3-D backward (grid_sampler_3d_backward), which detgrid does not "
-                  "have yet (a later issue)")
 
 
 @dataclasses.dataclass
@@ -104,13 +103,6 @@ def default_config(device: str, quick: bool = False) -> BenchConfig:
 # --------------------------------------------------------------------------
 
 
-def unsupported_reason(workload: Workload) -> Optional[str]:
-    """Why a workload is listed but not run, or None."""
-    if workload.dim != 2:
-        return THREE_D_REASON
-    return None
-
-
 def workload_takes_cudnn(workload: Workload, scale: float = 1.0) -> bool:
     """Whether stock takes cuDNN for this workload on a CUDA machine with cuDNN."""
     in_shape, grid_shape = workload.shapes(scale)
@@ -124,33 +116,42 @@ def cudnn_usable(device: str) -> bool:
 
 
 def detect_in_tree(device: str) -> Dict[str, Any]:
-    """Whether this torch carries the in-tree deterministic backward: on
-    CUDA, under deterministic algorithms, stock's backward with grad_input
-    does not raise (detgrid's own override switched off meanwhile)."""
+    """Which ranks' backwards this torch carries in-tree: {"patched": any,
+    "dims": [2 and/or 3], "reason": ...}. Probed per rank on CUDA: under
+    deterministic algorithms, stock's backward with grad_input does not
+    raise (detgrid's own override switched off meanwhile)."""
     if torch.device(device).type != "cuda":
-        return {"patched": False, "reason": "CPU: stock's CPU backward is deterministic anyway"}
+        return {"patched": False, "dims": [],
+                "reason": "CPU: stock's CPU backward is deterministic anyway"}
     from detgrid import switch
 
     was_enabled = switch.is_enabled("cuda")
     if was_enabled:
         switch.disable(["cuda"])
-    g = torch.Generator().manual_seed(0)
-    inp = torch.randn(1, 2, 4, 4, generator=g).to(device)
-    grid = (torch.rand(1, 8, 8, 2, generator=g) * 2 - 1).to(device)
-    grad = torch.randn(1, 2, 8, 8, generator=g).to(device)
-    case = Case("probe", grad, inp, grid, 0, 0, False, (True, True))
     try:
-        run_in_tree(case)
-        synchronize(device)
-        return {"patched": True, "reason": "stock CUDA backward runs under deterministic mode"}
-    except RuntimeError as e:
-        if "deterministic" in str(e):
-            return {"patched": False, "reason": "stock CUDA backward raises under deterministic "
-                    "mode (unpatched torch)"}
-        return {"patched": False, "reason": f"probe failed: {type(e).__name__}: {str(e)[:200]}"}
+        probes = {dim: _probe_in_tree(dim, device) for dim in DIMS}
     finally:
         if was_enabled:
             switch.enable(["cuda"])
+    dims = [dim for dim, (patched, _) in probes.items() if patched]
+    reason = "; ".join(f"{dim}-D: {why}" for dim, (_, why) in probes.items())
+    return {"patched": bool(dims), "dims": dims, "reason": reason}
+
+
+def _probe_in_tree(dim: int, device: str) -> Tuple[bool, str]:
+    """Whether the dim-D backward runs in deterministic mode, and why not."""
+    g = torch.Generator().manual_seed(0)
+    inp = torch.randn(1, 2, *(4,) * dim, generator=g).to(device)
+    grid = (torch.rand(1, *(8,) * dim, dim, generator=g) * 2 - 1).to(device)
+    grad = torch.randn(1, 2, *(8,) * dim, generator=g).to(device)
+    try:
+        run_in_tree(Case(f"probe_{dim}d", grad, inp, grid, 0, 0, False, (True, True)))
+        synchronize(device)
+        return True, "stock CUDA backward runs under deterministic mode"
+    except RuntimeError as e:
+        if "deterministic" in str(e):
+            return False, "stock CUDA backward raises under deterministic mode (unpatched torch)"
+        return False, f"probe failed: {type(e).__name__}: {str(e)[:200]}"
 
 
 def size_scale(workload: Workload, size: str) -> float:
@@ -174,20 +175,22 @@ def size_scale(workload: Workload, size: str) -> float:
 # --------------------------------------------------------------------------
 
 
+# The timed calls: the ops themselves, no wrapper around them (case.op picks
+# the 2-D or 3-D backward).
 def _raw_stock(case: Case) -> Any:
-    return torch.ops.aten.grid_sampler_2d_backward(*case.args())
+    return getattr(torch.ops.aten, case.op)(*case.args())
 
 
 def _raw_cudnn(case: Case) -> Any:
     return torch.ops.aten.cudnn_grid_sampler_backward(case.input, case.grid, case.grad_output)
 
 
-def _raw_detgrid(case: Case) -> Any:  # what detgrid.ops.grid_sampler_2d_backward calls
-    return torch.ops.detgrid.grid_sampler_2d_backward(*case.args())
+def _raw_detgrid(case: Case) -> Any:  # what detgrid.ops.grid_sampler_{2d,3d}_backward call
+    return getattr(torch.ops.detgrid, case.op)(*case.args())
 
 
 def _raw_aten(case: Case) -> Any:  # in deterministic mode: the in-tree kernel
-    return torch.ops.aten.grid_sampler_2d_backward(*case.args())
+    return getattr(torch.ops.aten, case.op)(*case.args())
 
 
 def _deterministic(on: bool) -> Callable[[], None]:
@@ -206,6 +209,8 @@ def describe(workload: Workload, case: Optional[Case] = None,
         "source": workload.source,
         "load": workload.load,
         "dim": workload.dim,
+        "op": backward_name(workload.dim),
+        "taps": workload.taps,
         "scale": scale,
         "input_shape": list(in_shape),
         "grid_shape": list(grid_shape),
@@ -219,6 +224,19 @@ def describe(workload: Workload, case: Optional[Case] = None,
             workload.mode, workload.padding, workload.align_corners, in_shape, workload.dtype,
             math.prod(grid_shape)),
     }
+
+
+def listing() -> List[Dict[str, Any]]:
+    """Every workload at full size as describe() gives it, plus the stock
+    op it is timed against (cuDNN's where stock takes it on CUDA with
+    cuDNN) and its records."""
+    rows = []
+    for workload in BENCH_WORKLOADS.values():
+        row = describe(workload)
+        row["stock_op"] = "cudnn_grid_sampler_backward" if row["cudnn_route"] else row["op"]
+        row["records"] = workload.records()
+        rows.append(row)
+    return rows
 
 
 def _stats(ms: Sequence[float]) -> Dict[str, Any]:
@@ -257,7 +275,7 @@ def judge(vs_stock: Optional[float], vs_float64: Dict[str, Optional[float]],
 def bench_workload(workload: Workload, device: str, scale: float, warmup: int, reps: int,
                    seed: int = 0, in_tree: bool = False,
                    cache_bytes: Optional[int] = None) -> Dict[str, Any]:
-    """Times and checks one 2-D workload; returns its row (see module doc)."""
+    """Times and checks one workload; returns its row (see module doc)."""
     t0 = time.monotonic()
     cuda = torch.device(device).type == "cuda"
     case = workload.build(device, seed, scale)
@@ -497,7 +515,7 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic
               ) -> Dict[str, Any]:
     """Runs the matrix; returns {"device", "torch", "workloads": [rows],
     "geomean", "worst", "summary", ...}. Rows never vanish: a workload not
-    run is a row with status "skipped" (3-D, time budget) or "error"."""
+    run is a row with status "skipped" (time budget) or "error"."""
     device = config.device
     cuda = torch.device(device).type == "cuda"
     names = resolve_names(config.names)
@@ -508,17 +526,15 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic
     for name in names:
         workload = BENCH_WORKLOADS[name]
         scale = config.scale if config.scale is not None else size_scale(workload, config.size)
-        reason = unsupported_reason(workload)
-        if reason is None and config.budget_s is not None and clock() - start > config.budget_s:
-            reason = f"time budget: --budget-s {config.budget_s:g} spent before it started"
-        if reason is not None:
+        if config.budget_s is not None and clock() - start > config.budget_s:
             row = describe(workload, None, scale)
-            row.update(status="skipped", skip_reason=reason)
+            row.update(status="skipped", skip_reason=f"time budget: --budget-s "
+                       f"{config.budget_s:g} spent before it started")
             rows.append(row)
             continue
         try:
             row = bench_workload(workload, device, scale, config.warmup, config.reps,
-                                 config.seed, in_tree=tree["patched"])
+                                 config.seed, in_tree=workload.dim in tree["dims"])
         except Exception as e:  # a row, not a crash: the rest still runs
             row = describe(workload, None, scale)
             row.update(status="error", error=f"{type(e).__name__}: {str(e)[:500]}")
@@ -589,6 +605,10 @@ def _shape(shape: Sequence[int]) -> str:
     return "×".join(str(d) for d in shape)
 
 
+def _in_tree_dims(tree: Dict[str, Any]) -> str:
+    return ", ".join(f"{dim}-D" for dim in tree["dims"]) or "no"
+
+
 def markdown(result: Dict[str, Any]) -> str:
     """The result as a Markdown report: header, table, targets, notes."""
     cuda = result["device"] != "cpu"
@@ -599,7 +619,7 @@ def markdown(result: Dict[str, Any]) -> str:
         f"torch {result['torch']} (CUDA {result['torch_cuda']}, cuDNN {result['cudnn']}), "
         f"commit {result.get('git_commit')}, {result['time_utc']}; sizes: {result['size']}; "
         f"{result['warmup']} warm-up + {result['reps']} timed calls per variant, interleaved, "
-        f"median; in-tree path: {'yes' if result['in_tree']['patched'] else 'no'} "
+        f"median; in-tree path: {_in_tree_dims(result['in_tree'])} "
         f"({result['in_tree']['reason']}); {result['elapsed_s']:.1f} s.",
         "",
     ]
@@ -680,22 +700,24 @@ def markdown(result: Dict[str, Any]) -> str:
         "- stock = the route stock takes: cuDNN (`aten::cudnn_grid_sampler_backward`, on "
         "contiguous copies made outside the timed region; it computes both gradients) for "
         "bilinear · zeros · align_corners=True · 4-D · C ≤ 1024 · not bf16 on CUDA with cuDNN; "
-        "else native `aten::grid_sampler_2d_backward`. det = `detgrid.ops."
-        "grid_sampler_2d_backward`; in-tree = aten's backward under deterministic mode on a "
-        "patched torch.",
+        "else native `aten::grid_sampler_2d_backward`, or `aten::grid_sampler_3d_backward` for "
+        "the 3-D rows (5-D input; cuDNN has no 3-D grid sampler). det = `detgrid.ops."
+        "grid_sampler_2d_backward` / `grid_sampler_3d_backward`; in-tree = aten's backward "
+        "under deterministic mode on a torch patched for that rank.",
         "- timing: CUDA events around each call (launch gaps included), the host clock on the "
         "CPU; variants interleaved call by call; every call takes the next of several input "
         "copies, enough that more than twice the L2 cache is touched before a copy is reused "
         "(one copy on the CPU).",
         "- extra MiB: `torch.cuda.max_memory_allocated` over one det call minus over one "
         "stock call (CUDA only); bound 64 MiB + 16 B per record; records = grid points × "
-        "taps when grad_input is asked for.",
+        "taps (bilinear 4, bicubic 16, nearest 1; 3-D: trilinear 8, nearest 1) when grad_input "
+        "is asked for.",
         "- max rel diff: max over gradients of max|det − stock native| / max|stock native|; "
         "tolerance float32 1e-4, float64 1e-10, float16 1e-2, bfloat16 5e-2. Past it a row is "
         "still right only if det is within the tolerance of stock run in float64 and closer "
         "to it than stock (stock accumulates half types in that type); else it is flagged.",
-        "- samples/cell: grid points per touched input cell (nearest cell, mean); ≥ 16 is "
-        "high-collision; goal ≤ 0.5 for those and for C ≥ 256, else ≤ 1.5.",
+        "- samples/cell: grid points per touched input cell or voxel (the nearest, mean); "
+        "≥ 16 is high-collision; goal ≤ 0.5 for those and for C ≥ 256, else ≤ 1.5.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -730,6 +752,11 @@ def plot(result: Dict[str, Any], path: str) -> str:
     ax.axhline(1.0, color="black", linewidth=1.0)
     ax.axhline(WORST_GOAL, color="0.4", linewidth=0.8, linestyle="--")
     ax.axhline(SPEEDUP_GOAL, color="0.4", linewidth=0.8, linestyle=":")
+    first_3d = next((x for x, r in zip(xs, rows) if r["dim"] == 3), None)
+    if first_3d:  # the 3-D rows (their own backward) after a divider, if 2-D rows precede
+        ax.axvline(first_3d - 0.5, color="0.5", linewidth=0.8, linestyle="-.")
+        ax.text(first_3d - 0.4, hi / 1.15, "3-D →", ha="left", va="top", fontsize=7,
+                color="0.3")
     ax.set_xlim(-0.7, len(rows) - 0.3)
     ax.set_xticks(xs)
     ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)

@@ -30,12 +30,11 @@ def _bench(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(p for p in paths.values() if p))
         return 0 if paths["png"] else 1
     if args.list:
-        for name, w in bench.BENCH_WORKLOADS.items():
-            in_shape, grid_shape = w.shapes()
-            reason = bench.unsupported_reason(w)
-            note = f"  [skipped: {reason}]" if reason else ""
-            print(f"#{w.row:<3}{name:<26}{str(in_shape):<26}{str(grid_shape):<24}"
-                  f"{w.mode_label}/{w.padding}/ac={w.align_corners}{note}")
+        for r in bench.listing():
+            settings = f"{r['mode']}/{r['padding']}/ac={r['align_corners']}"
+            print(f"#{r['row']:<3}{r['name']:<24}{str(tuple(r['input_shape'])):<24}"
+                  f"{str(tuple(r['grid_shape'])):<23}{settings:<29}{r['taps']:>2} taps/point "
+                  f"{r['records']:>11,} records  stock aten::{r['stock_op']}")
         return 0
     device = args.device
     if device == "auto":

@@ -8,9 +8,12 @@
     python3 -m detgrid.gpucheck sanitizer-case --device cuda --set all
     python3 -m detgrid.gpucheck report         --work DIR --out DIR [--junit X]
 
-Every subcommand also runs with `--device cpu` (or needs no device at all),
-so its logic is tested on machines without a GPU: there "detgrid" is the
-host executor and "stock" is aten's CPU kernel.
+The bitwise and sanitizer checks cover both backwards,
+grid_sampler_2d_backward and grid_sampler_3d_backward (timing: the 2-D
+set; `detgrid bench` times the 3-D rows). Every subcommand also runs with
+`--device cpu` (or needs no device at all), so its logic is tested on
+machines without a GPU: there "detgrid" is the host executor and "stock"
+is aten's CPU kernel.
 
 The functions return plain data (dicts, lists); only main() prints. This
 module runs the checks; the cases, workloads, comparisons and timing they
@@ -55,16 +58,21 @@ if __name__ == "__main__" and __package__ in (None, ""):
 import torch
 
 from detgrid.gpucheck_report import jsonable, markdown_report, write_report
-from detgrid.workloads import (DTYPES, WORKLOADS, Case, Gradients, bitwise_equal, dtype_name,
-                               executor_cases, max_abs_diff, run_detgrid, run_stock,
-                               sanitizer_cases, sha256, synchronize, time_workload)
+from detgrid.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
+                               bitwise_equal, dtype_name, executor_cases, max_abs_diff,
+                               run_detgrid, run_stock, sanitizer_cases, sha256, synchronize,
+                               time_workload)
 
 # dtypes whose device result must equal the host executor's bit for bit.
 EXACT_DTYPES = ("float32", "float64")
 
-# The case whose 100 repeats are hashed: extreme collisions (TensoRF line),
-# both gradients asked for.
-REPEAT_WORKLOAD = "tensorf_line"
+# The cases whose 100 repeats are hashed, both gradients asked for, each a
+# benchmark workload at a scale relative to --scale: extreme collisions in
+# 2-D (TensoRF line, 3333 points per cell) and in 3-D (SimpleBEV's lift at
+# 0.75: 540,000 points, ~43 per voxel, three chunks of the default size; at
+# full size its 40 MB of gradients per run would make hashing the step's
+# main cost).
+REPEAT_WORKLOADS = (("tensorf_line", 1.0), ("simplebev_lift_3d", 0.75))
 
 
 # --------------------------------------------------------------------------
@@ -101,42 +109,44 @@ def knob_settings(device: str) -> List[Dict[str, int]]:
 
 
 def executor_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
-    """The device backward against the host executor, bit for bit, per dtype.
+    """The device backward against the host executor, bit for bit: one row
+    per dtype and spatial dims (2-D, 3-D).
 
     On --device cpu the "device" run is the executor with grain_size=1 (as
     many threads as it will take), the reference its default.
     """
-    rows = []
-    for name in dtypes:
-        dtype = DTYPES[name]
-        cases = executor_cases(dtype, seed)
-        equal, worst, mismatches, errors = 0, 0.0, [], []
-        for case in cases:
-            try:
-                ref = run_detgrid(case)
-                if torch.device(device).type == "cpu":
-                    got = run_detgrid(case, grain_size=1)
-                else:
-                    got = run_detgrid(case.to(device))
-                    synchronize(device)
-            except Exception as e:  # recorded, the other cases still run
-                errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
-                continue
-            same = all(bitwise_equal(g, r) for g, r in zip(got, ref))
-            equal += same
-            worst = max(worst, *(max_abs_diff(g, r) for g, r in zip(got, ref)))
-            if not same:
-                mismatches.append(case.name)
-        rows.append({
-            "dtype": name,
-            "cases": len(cases),
-            "bitwise_equal": equal,
-            "max_abs_diff": worst,
-            "must_be_equal": name in EXACT_DTYPES,
-            "mismatches": mismatches[:10],
-            "errors": errors[:10],
-        })
-    return rows
+    return [executor_row(device, name, dim, executor_cases(DTYPES[name], seed, dim))
+            for name in dtypes for dim in DIMS]
+
+
+def executor_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
+    equal, worst, mismatches, errors = 0, 0.0, [], []
+    for case in cases:
+        try:
+            ref = run_detgrid(case)
+            if torch.device(device).type == "cpu":
+                got = run_detgrid(case, grain_size=1)
+            else:
+                got = run_detgrid(case.to(device))
+                synchronize(device)
+        except Exception as e:  # recorded, the other cases still run
+            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        same = all(bitwise_equal(g, r) for g, r in zip(got, ref))
+        equal += same
+        worst = max(worst, *(max_abs_diff(g, r) for g, r in zip(got, ref)))
+        if not same:
+            mismatches.append(case.name)
+    return {
+        "dtype": dtype,
+        "dim": dim,
+        "cases": len(cases),
+        "bitwise_equal": equal,
+        "max_abs_diff": worst,
+        "must_be_equal": dtype in EXACT_DTYPES,
+        "mismatches": mismatches[:10],
+        "errors": errors[:10],
+    }
 
 
 def _guarded(fn: Callable[[], Any]) -> Any:
@@ -154,25 +164,37 @@ def knob_invariance(case: Case, device: str) -> Dict[str, Any]:
         gi, gg = run_detgrid(case, **opts)
         synchronize(device)
         hashes.append((sha256(gi), sha256(gg)))
-    return {"case": case.name, "settings": settings, "distinct": len(set(hashes))}
+    return {"settings": settings, "distinct": len(set(hashes))}
+
+
+def repeat_cases(device: str, scale: float = 1.0, seed: int = 0) -> List[Case]:
+    """REPEAT_WORKLOADS' cases at scale times their own, both gradients."""
+    return [BENCH_WORKLOADS[name].build(device, seed, scale * relative, output_mask=(True, True))
+            for name, relative in REPEAT_WORKLOADS]
+
+
+def repeat_row(case: Case, reps: int, device: str) -> Dict[str, Any]:
+    return {
+        "case": case.name,
+        "dim": case.dim,
+        "input_shape": list(case.input.shape),
+        "grid_shape": list(case.grid.shape),
+        "detgrid": _guarded(lambda: repeat_hashes(lambda: run_detgrid(case), reps, device)),
+        "stock": _guarded(lambda: repeat_hashes(lambda: run_stock(case), reps, device)),
+    }
 
 
 def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed: int = 0,
                 dtypes: Sequence[str] = tuple(DTYPES)) -> Dict[str, Any]:
-    """Repeat hashes (detgrid and stock) of a high-collision case, knob
-    invariance, and device vs host executor per dtype."""
-    workload = WORKLOADS[REPEAT_WORKLOAD]
-    case = workload.build(device, seed, scale, output_mask=(True, True))
+    """Per high-collision case (2-D, 3-D): repeat hashes (detgrid and
+    stock) and knob invariance; then device vs host executor per dtype and
+    spatial dims."""
+    cases = repeat_cases(device, scale, seed)
     return {
         "device": device,
-        "repeat": {
-            "case": workload.name,
-            "input_shape": list(case.input.shape),
-            "grid_shape": list(case.grid.shape),
-            "detgrid": _guarded(lambda: repeat_hashes(lambda: run_detgrid(case), reps, device)),
-            "stock": _guarded(lambda: repeat_hashes(lambda: run_stock(case), reps, device)),
-        },
-        "knobs": _guarded(lambda: knob_invariance(case, device)),
+        "repeat": [repeat_row(case, reps, device) for case in cases],
+        "knobs": [{"case": case.name, "dim": case.dim,
+                   **_guarded(lambda: knob_invariance(case, device))} for case in cases],
         "executor": executor_match(device, dtypes, seed),
     }
 

@@ -104,30 +104,14 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     else:
         checks.append(_check("CUDA tests", None, "no junit xml"))
     bw = data.get("bitwise") or {}
-    rep = (bw.get("repeat") or {}).get("detgrid") or {}
-    if rep:
-        distinct = [v for v in (rep.get("grad_input_distinct"), rep.get("grad_grid_distinct"))
-                    if v is not None]
-        stock = (bw["repeat"].get("stock") or {})
-        checks.append(_check(
-            "repeat runs bitwise identical", all(v == 1 for v in distinct) and bool(distinct),
-            f"{rep.get('reps')} runs of {bw['repeat'].get('case')}: distinct hashes "
-            f"grad_input={rep.get('grad_input_distinct')} grad_grid={rep.get('grad_grid_distinct')}; "
-            f"stock grad_input={stock.get('grad_input_distinct', stock.get('error'))}"
-            + (f"; {rep['error']}" if rep.get("error") else "")))
-    else:
-        checks.append(_check("repeat runs bitwise identical", None, "not run"))
-    knobs = bw.get("knobs") or {}
-    checks.append(_check("knobs change no bit", knobs.get("distinct") == 1 if knobs else None,
-                         f"{len(knobs.get('settings', []))} settings, distinct={knobs.get('distinct')}"
-                         + (f"; {knobs['error']}" if knobs.get("error") else "")
-                         if knobs else "not run"))
+    checks += repeat_checks(bw.get("repeat") or [])
+    checks += knob_checks(bw.get("knobs") or [])
     for row in bw.get("executor") or []:
         exact = row.get("must_be_equal")
         ok = (row["bitwise_equal"] == row["cases"] and not row.get("errors")) if exact else (
             not row.get("errors"))
         checks.append(_check(
-            f"device == host executor ({row['dtype']})", ok,
+            f"device == host executor ({row['dtype']}, {row['dim']}-D)", ok,
             f"{row['bitwise_equal']}/{row['cases']} bitwise equal, max abs diff "
             f"{_fmt(row['max_abs_diff'])}" + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""),
             required=bool(exact)))
@@ -152,6 +136,39 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     checks.append(_check("timing table", bool(timed) if rows else None,
                          f"{len(timed)}/{len(rows)} workloads timed", required=False))
     return checks
+
+
+def repeat_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One check per repeated case (one per spatial dims): every run's
+    gradients hash the same."""
+    if not rows:
+        return [_check("repeat runs bitwise identical", None, "not run")]
+    checks = []
+    for row in rows:
+        rep = row.get("detgrid") or {}
+        stock = row.get("stock") or {}
+        distinct = [v for v in (rep.get("grad_input_distinct"), rep.get("grad_grid_distinct"))
+                    if v is not None]
+        checks.append(_check(
+            f"repeat runs bitwise identical ({row['dim']}-D)",
+            all(v == 1 for v in distinct) and bool(distinct),
+            f"{rep.get('reps')} runs of {row.get('case')} {_shape(row.get('input_shape'))}: "
+            f"distinct hashes grad_input={rep.get('grad_input_distinct')} "
+            f"grad_grid={rep.get('grad_grid_distinct')}; "
+            f"stock grad_input={stock.get('grad_input_distinct', stock.get('error'))}"
+            + (f"; {rep['error']}" if rep.get("error") else "")))
+    return checks
+
+
+def knob_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One check per repeated case: no launch or chunk setting changes a bit."""
+    if not rows:
+        return [_check("knobs change no bit", None, "not run")]
+    return [_check(f"knobs change no bit ({row['dim']}-D)", row.get("distinct") == 1,
+                   f"{row.get('case')}: {len(row.get('settings', []))} settings, "
+                   f"distinct={row.get('distinct')}"
+                   + (f"; {row['error']}" if row.get("error") else ""))
+            for row in rows]
 
 
 def overall(checks: List[Dict[str, Any]], steps: List[Dict[str, Any]]) -> str:
@@ -223,9 +240,10 @@ def markdown_report(data: Dict[str, Any]) -> str:
     bw = data.get("bitwise") or {}
     if bw.get("executor"):
         lines += ["", "## Device vs host executor", "",
-                  "| dtype | cases | bitwise equal | max abs diff | required |", "|---|---|---|---|---|"]
+                  "| dtype | dims | cases | bitwise equal | max abs diff | required |",
+                  "|---|---|---|---|---|---|"]
         for r in bw["executor"]:
-            lines.append(f"| {r['dtype']} | {r['cases']} | {r['bitwise_equal']} | "
+            lines.append(f"| {r['dtype']} | {r['dim']}-D | {r['cases']} | {r['bitwise_equal']} | "
                          f"{_fmt(r['max_abs_diff'])} | {'yes' if r['must_be_equal'] else 'no'} |")
     rows = (data.get("timing") or {}).get("rows") or []
     if rows:

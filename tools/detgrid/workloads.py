@@ -1,10 +1,11 @@
 """Benchmark workloads and test cases of detgrid's backward, and their timing.
 
 The layer that the GPU check (detgrid.gpucheck) and a benchmark command
-share: Case is one call of grid_sampler_2d_backward with its inputs;
-Workload (WORKLOADS) builds a benchmark's inputs from a seeded generator at
-any scale; the small case sets exercise every mode, padding, dtype and
-layout; run_detgrid / run_stock run a case; sha256, bitwise_equal,
+share: Case is one call of grid_sampler_2d_backward or
+grid_sampler_3d_backward (by the input's rank) with its inputs; Workload
+(WORKLOADS) builds a benchmark's inputs from a seeded generator at any
+scale; the small case sets exercise every mode, padding, dtype, layout and
+both ranks; run_detgrid / run_stock run a case; sha256, bitwise_equal,
 max_abs_diff and rel_err compare results; time_workload times stock against
 detgrid (CUDA events on the GPU, the host clock on the CPU).
 
@@ -23,6 +24,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+# Spatial dimensions of the backwards: grid_sampler_2d_backward and
+# grid_sampler_3d_backward.
+DIMS = (2, 3)
 MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
 DTYPES = {
@@ -33,6 +37,11 @@ DTYPES = {
 }
 
 Gradients = Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]
+
+
+def backward_name(dim: int) -> str:
+    """The dim-D backward's name, the same in aten and in detgrid.ops."""
+    return f"grid_sampler_{dim}d_backward"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -51,7 +60,8 @@ def synchronize(device: str) -> None:
 
 @dataclasses.dataclass
 class Case:
-    """One call of grid_sampler_2d_backward, inputs included."""
+    """One call of grid_sampler_2d_backward (4-D input) or
+    grid_sampler_3d_backward (5-D input), inputs included."""
 
     name: str
     grad_output: torch.Tensor
@@ -63,6 +73,15 @@ class Case:
     output_mask: Tuple[bool, bool]
     options: Dict[str, int] = dataclasses.field(default_factory=dict)
 
+    @property
+    def dim(self) -> int:
+        """Spatial dimensions: 2 or 3."""
+        return self.input.dim() - 2
+
+    @property
+    def op(self) -> str:
+        return backward_name(self.dim)
+
     def args(self) -> tuple:
         return (self.grad_output, self.input, self.grid, self.interpolation_mode,
                 self.padding_mode, self.align_corners, list(self.output_mask))
@@ -73,14 +92,20 @@ class Case:
             grid=self.grid.to(device))
 
 
+def channels_last(dim: int) -> torch.memory_format:
+    """The channels-last memory format of a dim-D (spatial) input."""
+    return torch.channels_last if dim == 2 else torch.channels_last_3d
+
+
 def _move_input(t: torch.Tensor, device: str) -> torch.Tensor:
-    """Keeps a stride-0 batch and channels_last across devices."""
+    """Keeps a stride-0 batch and channels_last(_3d) across devices."""
     if t.device.type == torch.device(device).type:
         return t
-    if t.dim() == 4 and t.size(0) > 1 and t.stride(0) == 0:
+    if t.dim() >= 4 and t.size(0) > 1 and t.stride(0) == 0:
         return t[:1].to(device).expand(t.shape)  # stride-0 batch stays stride-0
-    if t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
-        return t.to(device).contiguous(memory_format=torch.channels_last)
+    fmt = channels_last(t.dim() - 2)
+    if t.is_contiguous(memory_format=fmt) and not t.is_contiguous():
+        return t.to(device).contiguous(memory_format=fmt)
     return t.to(device)
 
 
@@ -89,8 +114,8 @@ def run_detgrid(case: Case, **options: int) -> Gradients:
 
     opts = {**case.options, **options}
     if opts:
-        return ops.grid_sampler_2d_backward_with_options(*case.args(), **opts)
-    return ops.grid_sampler_2d_backward(*case.args())
+        return getattr(ops, case.op + "_with_options")(*case.args(), **opts)
+    return getattr(ops, case.op)(*case.args())
 
 
 def run_stock(case: Case) -> Gradients:
@@ -99,7 +124,7 @@ def run_stock(case: Case) -> Gradients:
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
     try:
-        gi, gg = torch.ops.aten.grid_sampler_2d_backward(*case.args())
+        gi, gg = getattr(torch.ops.aten, case.op)(*case.args())
     finally:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
     return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
@@ -247,6 +272,10 @@ class Workload:
         return len(self.input_shape) - 2
 
     @property
+    def taps(self) -> int:
+        return TAPS[(self.mode, self.dim)]
+
+    @property
     def layout(self) -> str:
         if self.channels_last:
             return "channels_last"
@@ -254,12 +283,18 @@ class Workload:
 
     @property
     def mode_label(self) -> str:
-        return "trilinear" if self.dim == 3 and self.mode == "bilinear" else self.mode
+        return mode_name(self.mode, self.dim)
 
     def shapes(self, scale: float = 1.0) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         inp = tuple(_scaled(d, scale) for d in self.input_shape)
         spatial = tuple(_scaled(d, scale) for d in self.grid_shape[1:-1])
         return inp, (inp[0],) + spatial + (self.grid_shape[-1],)
+
+    def records(self, scale: float = 1.0) -> int:
+        """records(case) of the case build(scale) makes, without making it."""
+        if not self.output_mask[0]:
+            return 0
+        return math.prod(self.shapes(scale)[1][:-1]) * self.taps
 
     def build(self, device: str = "cpu", seed: int = 0, scale: float = 1.0,
               output_mask: Optional[Tuple[bool, bool]] = None) -> Case:
@@ -272,8 +307,7 @@ class Workload:
         if self.expanded_batch:
             inp = inp.expand(in_shape)
         if self.channels_last:
-            fmt = torch.channels_last if self.dim == 2 else torch.channels_last_3d
-            inp = inp.contiguous(memory_format=fmt)
+            inp = inp.contiguous(memory_format=channels_last(self.dim))
         if self.dim == 2:
             grid = make_grid(self.grid_kind, n, *out_spatial, tuple(spatial), self.align_corners,
                              g, self.extent)
@@ -386,8 +420,20 @@ WORKLOADS: Dict[str, Workload] = {name: BENCH_WORKLOADS[name] for name in GPUCHE
 # What a workload asks of the backward
 # --------------------------------------------------------------------------
 
+# Input cells one grid point touches, by (mode, spatial dims): "bilinear"
+# is trilinear in 3-D, and 3-D has no bicubic.
 TAPS = {("bilinear", 2): 4, ("nearest", 2): 1, ("bicubic", 2): 16,
         ("bilinear", 3): 8, ("nearest", 3): 1}
+
+
+def mode_name(mode: str, dim: int) -> str:
+    """A mode as users call it: "bilinear" is trilinear in 3-D."""
+    return "trilinear" if dim == 3 and mode == "bilinear" else mode
+
+
+def modes(dim: int) -> List[str]:
+    """The interpolation modes of the dim-D backward."""
+    return [mode for mode, d in TAPS if d == dim]
 
 
 def records(case: Case) -> int:
@@ -395,10 +441,9 @@ def records(case: Case) -> int:
     grad_input is asked for, else 0 (the grid gradient needs none)."""
     if not case.output_mask[0]:
         return 0
-    dim = case.input.dim() - 2
     mode = {v: k for k, v in MODES.items()}[case.interpolation_mode]
     points = case.grid.numel() // case.grid.shape[-1]
-    return points * TAPS[(mode, dim)]
+    return points * TAPS[(mode, case.dim)]
 
 
 def samples_per_cell(case: Case) -> Dict[str, float]:
@@ -456,14 +501,14 @@ def run_cudnn(case: Case) -> Gradients:
 
 
 def run_in_tree(case: Case) -> Gradients:
-    """aten::grid_sampler_2d_backward under deterministic algorithms: on a
-    torch carrying the ATen change this is the in-tree deterministic kernel
-    (on stock torch it raises on CUDA)."""
+    """aten::grid_sampler_{2d,3d}_backward under deterministic algorithms:
+    on a torch carrying the ATen change this is the in-tree deterministic
+    kernel (on stock torch it raises on CUDA)."""
     previous = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        gi, gg = torch.ops.aten.grid_sampler_2d_backward(*case.args())
+        gi, gg = getattr(torch.ops.aten, case.op)(*case.args())
     finally:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
     return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
@@ -503,31 +548,42 @@ def rotation_copies(case: Case, cache_bytes: int, max_copies: int = 128) -> List
     return copies
 
 
+_SPECIAL_XY = [
+    (math.nan, 0.1), (0.2, math.nan), (math.inf, 0.0), (-math.inf, 0.3),
+    (1e38, -1e38), (-1e38, 0.5), (math.inf, -math.inf), (math.nan, math.nan),
+    (0.3, 1e38), (-0.7, -math.inf),
+]
+# 3-D: the same x, y over an in-range z, then points whose x, y are in
+# range and only z is not (the third axis takes its own path to an index).
+_SPECIAL_XYZ = [(x, y, 0.1) for x, y in _SPECIAL_XY] + [
+    (0.1, -0.2, math.nan), (0.4, 0.0, math.inf), (-0.3, 0.6, -math.inf),
+    (0.2, 0.2, 1e38), (-0.5, 0.1, -1e38),
+]
+
+
 def special_grid(grid: torch.Tensor) -> torch.Tensor:
-    """Puts NaN, +-Inf and +-1e38 into the first points of a (n, h, w, 2) grid."""
-    specials = [
-        (math.nan, 0.1), (0.2, math.nan), (math.inf, 0.0), (-math.inf, 0.3),
-        (1e38, -1e38), (-1e38, 0.5), (math.inf, -math.inf), (math.nan, math.nan),
-        (0.3, 1e38), (-0.7, -math.inf),
-    ]
-    flat = grid.reshape(-1, 2)
-    for i, (x, y) in enumerate(specials[: flat.shape[0]]):
-        flat[i, 0], flat[i, 1] = x, y
+    """Puts NaN, +-Inf and +-1e38 into the first points of a (n, h, w, 2)
+    or (n, d, h, w, 3) grid."""
+    specials = _SPECIAL_XY if grid.shape[-1] == 2 else _SPECIAL_XYZ
+    flat = grid.reshape(-1, grid.shape[-1])
+    for i, point in enumerate(specials[: flat.shape[0]]):
+        flat[i] = torch.tensor(point, dtype=flat.dtype)
     return grid
 
 
 def _small_case(name: str, mode: str, padding: str, align: bool, dtype: torch.dtype,
-                g: torch.Generator, *, shape=(2, 3, 7, 9), grid_hw=(5, 6), extent=1.3,
+                g: torch.Generator, *, shape=(2, 3, 7, 9), grid_size=(5, 6), extent=1.3,
                 mask=(True, True), special=False, options=None) -> Case:
-    n, c, h, w = shape
-    gh, gw = grid_hw
-    grid = (torch.rand(n, gh, gw, 2, generator=g) * 2 - 1) * extent
+    """A case with random data: input shape (n, c, [d,] h, w), grid
+    (n, *grid_size, len(grid_size)) uniform in [-extent, extent]."""
+    n, c = shape[:2]
+    grid = (torch.rand(n, *grid_size, len(grid_size), generator=g) * 2 - 1) * extent
     if special:
         grid = special_grid(grid)
     return Case(
         name=name,
-        grad_output=torch.randn(n, c, gh, gw, generator=g).to(dtype),
-        input=torch.randn(n, c, h, w, generator=g).to(dtype),
+        grad_output=torch.randn(n, c, *grid_size, generator=g).to(dtype),
+        input=torch.randn(*shape, generator=g).to(dtype),
         grid=grid.to(dtype),
         interpolation_mode=MODES[mode],
         padding_mode=PADDINGS[padding],
@@ -538,13 +594,17 @@ def _small_case(name: str, mode: str, padding: str, align: bool, dtype: torch.dt
 
 
 def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
-    """CPU cases for the memory checker: every mode x padding, finite and
-    non-finite/huge grids, masks, dtypes, layouts and a multi-chunk case
-    (chunk_points=4096 with 10000 points per call, so three chunks)."""
+    """CPU cases for the memory checker, 2-D then 3-D: every mode x padding,
+    finite and non-finite/huge grids, masks, dtypes, layouts and multi-chunk
+    cases (chunk_points=4096 with 10000 or more points per call, so three
+    chunks). "tiny": one colliding case per rank."""
     g = torch.Generator().manual_seed(seed)
     if set_name == "tiny":
         return [_small_case("tiny_bilinear_zeros_collide", "bilinear", "zeros", False,
-                            torch.float32, g, shape=(1, 2, 3, 3), grid_hw=(8, 8), extent=0.9)]
+                            torch.float32, g, shape=(1, 2, 3, 3), grid_size=(8, 8), extent=0.9),
+                _small_case("tiny_3d_trilinear_zeros_collide", "bilinear", "zeros", False,
+                            torch.float32, g, shape=(1, 2, 3, 3, 3), grid_size=(4, 4, 4),
+                            extent=0.9)]
     if set_name != "all":
         raise ValueError(f"unknown case set {set_name!r}")
     cases = []
@@ -566,16 +626,16 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
                     special=True),
         _small_case("nearest_border_bf16", "nearest", "border", True, torch.bfloat16, g),
         _small_case("bilinear_zeros_multichunk", "bilinear", "zeros", False, torch.float32, g,
-                    shape=(1, 2, 11, 13), grid_hw=(100, 100), extent=1.1,
+                    shape=(1, 2, 11, 13), grid_size=(100, 100), extent=1.1,
                     options={"chunk_points": 4096}),
         _small_case("bicubic_reflection_multichunk_special", "bicubic", "reflection", True,
-                    torch.float32, g, shape=(1, 2, 11, 13), grid_hw=(100, 100), special=True,
+                    torch.float32, g, shape=(1, 2, 11, 13), grid_size=(100, 100), special=True,
                     options={"chunk_points": 4096}),
         _small_case("bilinear_border_f16_multichunk", "bilinear", "border", False,
-                    torch.float16, g, shape=(1, 3, 11, 13), grid_hw=(100, 100),
+                    torch.float16, g, shape=(1, 3, 11, 13), grid_size=(100, 100),
                     options={"chunk_points": 4096}),
         _small_case("nearest_zeros_small_blocks", "nearest", "zeros", False, torch.float32, g,
-                    shape=(2, 3, 5, 5), grid_hw=(40, 40),
+                    shape=(2, 3, 5, 5), grid_size=(40, 40),
                     options={"block_size": 64, "max_blocks": 3}),
     ]
     cl = _small_case("bilinear_zeros_channels_last", "bilinear", "zeros", True, torch.float32, g,
@@ -585,24 +645,95 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
                      shape=(3, 4, 6, 6))
     ex.input = ex.input[:1].expand(3, 4, 6, 6)
     cases += [cl, ex]
-    return cases
+    return cases + _sanitizer_cases_3d(g)
 
 
-def executor_cases(dtype: torch.dtype, seed: int = 0) -> List[Case]:
-    """Small cases for device-vs-host-executor equality: every mode x
-    padding x align_corners, some points out of bounds, plus non-finite grids."""
-    g = torch.Generator().manual_seed(seed)
+def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
+    """sanitizer_cases' 3-D part. Its multi-chunk cases take both reductions
+    (see use_dense_reduction): dense where the input has no more voxels
+    than a chunk has records (4096 points x taps), else sparse, which the
+    2-D multi-chunk cases never reach; the float16 one carries a float sum
+    across chunks and copies it out after the last (sparse)."""
+    f32, tri = torch.float32, "bilinear"
+    chunked = {"chunk_points": 4096}
+    small = dict(shape=(2, 3, 5, 6, 7), grid_size=(3, 4, 5))
     cases = []
-    for mode in MODES:
+    for mode in modes(3):
+        for padding in PADDINGS:
+            for special in (False, True):
+                tag = "special" if special else "finite"
+                cases.append(_small_case(f"3d_{mode_name(mode, 3)}_{padding}_{tag}", mode,
+                                         padding, special, f32, g, special=special, **small))
+    cases += [
+        _small_case("3d_trilinear_zeros_gi_only", tri, "zeros", False, f32, g,
+                    mask=(True, False), **small),
+        _small_case("3d_nearest_border_gg_only", "nearest", "border", True, f32, g,
+                    mask=(False, True), special=True, **small),
+        _small_case("3d_trilinear_reflection_f64_special", tri, "reflection", False,
+                    torch.float64, g, special=True, **small),
+        _small_case("3d_trilinear_zeros_f16_special", tri, "zeros", False, torch.float16, g,
+                    special=True, **small),
+        _small_case("3d_nearest_border_bf16", "nearest", "border", True, torch.bfloat16, g,
+                    **small),
+        # 12,000 points, 1,287 voxels <= 32,768 records per chunk: dense.
+        _small_case("3d_trilinear_zeros_multichunk_dense", tri, "zeros", False, f32, g,
+                    shape=(1, 2, 9, 11, 13), grid_size=(10, 30, 40), extent=1.1,
+                    options=chunked),
+        # 2 x 6,000 points, 40,960 voxels > 32,768: sparse.
+        _small_case("3d_trilinear_reflection_multichunk_sparse_special", tri, "reflection",
+                    True, f32, g, shape=(2, 2, 16, 32, 40), grid_size=(5, 30, 40),
+                    special=True, options=chunked),
+        # 38,400 voxels > 32,768: sparse, with the float carry.
+        _small_case("3d_trilinear_border_f16_multichunk_sparse", tri, "border", False,
+                    torch.float16, g, shape=(1, 3, 20, 40, 48), grid_size=(10, 30, 40),
+                    options=chunked),
+        # nearest: 4,096 records per chunk, 5,120 voxels: sparse.
+        _small_case("3d_nearest_zeros_multichunk_sparse", "nearest", "zeros", False, f32, g,
+                    shape=(1, 2, 16, 16, 20), grid_size=(10, 30, 40), options=chunked),
+        _small_case("3d_nearest_zeros_small_blocks", "nearest", "zeros", False, f32, g,
+                    shape=(2, 3, 4, 5, 5), grid_size=(10, 12, 14),
+                    options={"block_size": 64, "max_blocks": 3}),
+    ]
+    cl = _small_case("3d_trilinear_zeros_channels_last", tri, "zeros", True, f32, g,
+                     shape=(2, 5, 4, 6, 7), grid_size=(3, 4, 5))
+    cl.input = cl.input.contiguous(memory_format=torch.channels_last_3d)
+    ex = _small_case("3d_trilinear_zeros_expanded", tri, "zeros", False, f32, g,
+                     shape=(3, 4, 4, 5, 5), grid_size=(3, 4, 5))
+    ex.input = ex.input[:1].expand(3, 4, 4, 5, 5)
+    return cases + [cl, ex]
+
+
+# executor_cases' (input shape, grid size) per kind of case, by spatial dims.
+_EXECUTOR_SHAPES = {
+    2: {"plain": ((2, 5, 13, 17), (24, 20)), "zoom": ((2, 4, 6, 7), (40, 40)),
+        "special": ((2, 3, 8, 8), (9, 9))},
+    3: {"plain": ((2, 3, 6, 7, 9), (6, 8, 10)), "zoom": ((2, 4, 3, 4, 4), (8, 10, 10)),
+        "special": ((2, 3, 4, 4, 4), (3, 4, 5))},
+}
+
+
+def executor_cases(dtype: torch.dtype, seed: int = 0, dim: int = 2) -> List[Case]:
+    """Small dim-D cases for device-vs-host-executor equality: every mode x
+    padding x align_corners, some points out of bounds, plus zoom-in (many
+    points per cell) and non-finite grids."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = _EXECUTOR_SHAPES[dim]
+    prefix = "" if dim == 2 else "3d_"
+    cases = []
+    for mode in modes(dim):
+        label = prefix + mode_name(mode, dim)
+        shape, size = shapes["plain"]
         for padding in PADDINGS:
             for align in (False, True):
-                cases.append(_small_case(f"{mode}_{padding}_{'ac' if align else 'nac'}", mode,
-                                         padding, align, dtype, g, shape=(2, 5, 13, 17),
-                                         grid_hw=(24, 20), extent=1.2))
-        cases.append(_small_case(f"{mode}_zeros_zoom", mode, "zeros", False, dtype, g,
-                                 shape=(2, 4, 6, 7), grid_hw=(40, 40), extent=0.8))
-        cases.append(_small_case(f"{mode}_reflection_special", mode, "reflection", True, dtype,
-                                 g, shape=(2, 3, 8, 8), grid_hw=(9, 9), special=True))
+                cases.append(_small_case(f"{label}_{padding}_{'ac' if align else 'nac'}", mode,
+                                         padding, align, dtype, g, shape=shape,
+                                         grid_size=size, extent=1.2))
+        shape, size = shapes["zoom"]
+        cases.append(_small_case(f"{label}_zeros_zoom", mode, "zeros", False, dtype, g,
+                                 shape=shape, grid_size=size, extent=0.8))
+        shape, size = shapes["special"]
+        cases.append(_small_case(f"{label}_reflection_special", mode, "reflection", True, dtype,
+                                 g, shape=shape, grid_size=size, special=True))
     return cases
 
 
@@ -740,7 +871,7 @@ def _describe(case: Case) -> Dict[str, Any]:
         "input_shape": list(case.input.shape),
         "grid_shape": list(case.grid.shape),
         "dtype": dtype_name(case.input.dtype),
-        "mode": {v: k for k, v in MODES.items()}[case.interpolation_mode],
+        "mode": mode_name({v: k for k, v in MODES.items()}[case.interpolation_mode], case.dim),
         "padding": {v: k for k, v in PADDINGS.items()}[case.padding_mode],
         "align_corners": case.align_corners,
         "output_mask": list(case.output_mask),
