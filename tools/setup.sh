@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 torch_spec=${DETGRID_TORCH:-torch==2.13.0}
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "$torch_spec" numpy pytest expecttest hypothesis matplotlib setuptools wheel 2>&1 \
+  "$torch_spec" numpy pytest expecttest hypothesis matplotlib setuptools wheel flake8 ruff 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   --no-build-isolation -e . 2>&1 | { grep -v "^WARNING: Location" || true; }

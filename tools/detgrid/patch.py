@@ -25,9 +25,13 @@ KERNEL_FILES = (
     "GridSamplerDeterministic.cuh",
     "GridSamplerDeterministic.cu",
 )
-LAUNCHER = "launch_grid_sampler_2d_backward_kernel"
-DET_LAUNCHER = "launch_grid_sampler_2d_backward_deterministic_kernel"
+DET_HEADER = "GridSamplerDeterministic.h"
+DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
+LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
+DET_LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_deterministic_kernel" for d in DIMS}
+LAUNCHER, DET_LAUNCHER = LAUNCHERS[2], DET_LAUNCHERS[2]
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
+CUDA_CPP = "aten/src/ATen/native/cuda/GridSampler.cpp"  # allocates grad_input, calls the launchers
 COMPOSITE = "aten/src/ATen/native/GridSampler.cpp"
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
@@ -179,36 +183,38 @@ ROLES = ("grad_input", "grad_grid", "grad_output", "input", "grid", "interpolati
          "padding_mode", "align_corners", "output_mask")
 
 
-def _launcher_args(path: str, f: Func) -> Dict[str, str]:
+def _launcher_args(path: str, f: Func, launcher: str) -> Dict[str, str]:
     names = f.params
     if set(ROLES) <= set(names):
         return {r: r for r in ROLES}
     if len(names) == len(ROLES) and all(names):
         return dict(zip(ROLES, names))  # same order, renamed parameters
-    raise AnchorError(path, f"{LAUNCHER}(...) parameters",
+    raise AnchorError(path, f"{launcher}(...) parameters",
                       f"expected the 9 parameters {', '.join(ROLES)}; found {', '.join(names)}")
 
 
-def _remove_existing_det_branch(body: str) -> Tuple[str, bool]:
+def _remove_existing_det_branch(body: str) -> Tuple[str, Optional[str]]:
     """Remove an ``if (...deterministicAlgorithms()...) { ... }`` block (another deterministic
-    path, e.g. PR #196856's) from a launcher body; return the new body and whether it did."""
+    path, e.g. PR #196856's) from a launcher body; return the new body and the removed
+    ``if (...) {...}`` text (None when there was none)."""
     m = re.search(r"deterministicAlgorithms\(\)", body)
     if not m:
-        return body, False
+        return body, None
     ifm = None
     for cand in re.finditer(r"\bif\s*\(", body[: m.start()]):
         ifm = cand
     if ifm is None:
-        return body, False
+        return body, None
     cond_close = _match(body, ifm.end() - 1, "(", ")")
     if cond_close < m.start():
-        return body, False
+        return body, None
     k = cond_close + 1
     while body[k].isspace():
         k += 1
     if body[k] != "{":
-        return body, False
+        return body, None
     end = _match(body, k, "{", "}") + 1
+    removed = body[ifm.start() : end]
     # an else branch of that if keeps running as the non-deterministic path
     rest = body[end:]
     em = re.match(r"\s*else\s*\{", rest)
@@ -224,63 +230,132 @@ def _remove_existing_det_branch(body: str) -> Tuple[str, bool]:
         eb = end + em.end() - 1
         ee = _match(body, eb, "{", "}")
         inner = body[eb + 1 : ee]
-        tail = body[ee + 1 :]
-        return body[:start] + _dedent(inner, 2).strip("\n") + "\n" + tail.lstrip(" "), True
+        tail = body[ee + 1 :].lstrip(" ")
+        tail = tail[1:] if tail.startswith("\n") else tail  # the else's own line break
+        return body[:start] + _dedent(inner, 2).strip("\n") + "\n" + tail, removed
     tail = body[end:]
     if tail.startswith("\n"):
         tail = tail[1:]
-    return body[:start] + tail, True
+    return body[:start] + tail, removed
 
 
 def _dedent(block: str, n: int) -> str:
     return "\n".join(line[n:] if line.startswith(" " * n) else line for line in block.split("\n"))
 
 
-def edit_gridsampler_cu(path: str, text: str, notes: List[str]) -> str:
-    defs = _find_defs(text, r"\bvoid", LAUNCHER)
-    if len(defs) != 1:
-        raise AnchorError(path, f"void {LAUNCHER}(...) {{...}}", f"{len(defs)} definitions found")
-    f = defs[0]
-    body = text[f.body_open : f.body_close + 1]
-    if f"{DET_LAUNCHER}(" in body:
-        notes.append(f"{path}: deterministic dispatch already present")
-        return text
-    a = _launcher_args(path, f)
-    body, replaced = _remove_existing_det_branch(body)
-    if replaced:
-        notes.append(f"{path}: replaced an existing deterministic branch in {LAUNCHER} "
-                     "(upstream PR #196856's path) with detgrid's")
-    alert = re.search(
-        r'(?P<comments>(?:^[ \t]*//[^\n]*\n)*)^(?P<ind>[ \t]*)(?P<ctx>(?:at::)?globalContext\(\))'
-        r'\.alertNotDeterministic\(\s*"grid_sampler_2d_backward_cuda"\s*\);[ \t]*\n',
-        body, re.M)
-    if alert is None:
-        raise AnchorError(path, 'alertNotDeterministic("grid_sampler_2d_backward_cuda")',
-                          f"not found in the body of {LAUNCHER}")
-    ind, ctx = alert.group("ind"), alert.group("ctx")
-    block = (
+CPP_WORDS = frozenset((
+    "if", "for", "while", "switch", "return", "sizeof", "alignof", "alignas", "decltype",
+    "static_assert", "static_cast", "reinterpret_cast", "const_cast", "dynamic_cast", "noexcept",
+    "operator", "defined", "catch", "throw", "typeid", "namespace", "template", "typename"))
+
+
+def _calls(code: str) -> List[str]:
+    """Free functions called in a piece of code (not methods, keywords or macros), in order."""
+    out = []
+    for m in re.finditer(r"(?<![.>\w])((?:\w+::)*)([A-Za-z_]\w*)\s*\(", code):
+        name = m.group(2)
+        if name not in CPP_WORDS and not re.fullmatch(r"[A-Z0-9_]+", name) and name not in out:
+            out.append(name)
+    return out
+
+
+def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
+    """The dispatch that replaces a launcher's alert: deterministic path first, and no alert
+    after it (the only way left to grad_input's atomicAdd is with deterministic mode off)."""
+    return (
         f"{ind}// See Note [Enabling Deterministic Operations]\n"
         f"{ind}// With the input gradient requested, deterministic mode takes the sort-based\n"
         f"{ind}// path of GridSamplerDeterministic.cu: no atomics, every element of\n"
         f"{ind}// grad_input written once (no zero fill needed).\n"
         f"{ind}if ({ctx}.deterministicAlgorithms() && {a['output_mask']}[0]) {{\n"
-        f"{ind}  {DET_LAUNCHER}(\n"
+        f"{ind}  {det}(\n"
         f"{ind}      {a['grad_input']}, {a['grad_grid']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
         f"{ind}      {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']},\n"
         f"{ind}      {a['output_mask']});\n"
         f"{ind}  return;\n"
         f"{ind}}}\n"
-        f"{ind}// See Note [Writing Nondeterministic Operations]\n"
-        f"{ind}// Nondeterministic because of atomicAdd usage into grad_input; the grid\n"
-        f"{ind}// gradient alone has a single writer per element.\n"
-        f"{ind}if ({a['output_mask']}[0]) {{\n"
-        f"{ind}  {ctx}.alertNotDeterministic(\"grid_sampler_2d_backward_cuda\");\n"
-        f"{ind}}}\n"
+        f"{ind}// A requested grad_input is accumulated below with atomicAdd, which is\n"
+        f"{ind}// nondeterministic, but deterministic mode never gets here with it requested:\n"
+        f"{ind}// nothing to alert about (Note [Writing Nondeterministic Operations]). The\n"
+        f"{ind}// grid gradient alone has a single writer per element.\n"
     )
+
+
+def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
+    """Put the deterministic branch in place of launch_grid_sampler_<dims>d_backward_kernel's
+    nondeterministic alert (replacing another deterministic branch found there)."""
+    launcher, det = LAUNCHERS[dims], DET_LAUNCHERS[dims]
+    defs = _find_defs(text, r"\bvoid", launcher)
+    if len(defs) != 1:
+        raise AnchorError(path, f"void {launcher}(...) {{...}}", f"{len(defs)} definitions found")
+    f = defs[0]
+    body = text[f.body_open : f.body_close + 1]
+    if f"{det}(" in body:
+        notes.append(f"{path}: {dims}D deterministic dispatch already present")
+        return text
+    a = _launcher_args(path, f, launcher)
+    body, removed = _remove_existing_det_branch(body)
+    if removed is not None:
+        calls = ", ".join(f"{c}()" for c in _calls(removed) if c != "globalContext")
+        notes.append(f"{path}: replaced an existing deterministic branch in {launcher} "
+                     f"(upstream PR #196856's path, calling {calls or 'nothing'}) with detgrid's")
+    caller = f"grid_sampler_{dims}d_backward_cuda"
+    alert = re.search(
+        r'(?P<comments>(?:^[ \t]*//[^\n]*\n)*)^(?P<ind>[ \t]*)(?P<ctx>(?:at::)?globalContext\(\))'
+        rf'\.alertNotDeterministic\(\s*"{caller}"\s*\);[ \t]*\n',
+        body, re.M)
+    if alert is None:
+        raise AnchorError(path, f'alertNotDeterministic("{caller}")',
+                          f"not found in the body of {launcher}")
+    block = _det_block(alert.group("ind"), alert.group("ctx"), det, a)
     body = body[: alert.start()] + block + body[alert.end() :]
-    text = text[: f.body_open] + body + text[f.body_close + 1 :]
-    return _add_include(path, text, "ATen/native/cuda/GridSamplerDeterministic.h",
+    return text[: f.body_open] + body + text[f.body_close + 1 :]
+
+
+def edit_gridsampler_cu(path: str, text: str, notes: List[str]) -> str:
+    for dims in DIMS:
+        text = _add_det_dispatch(path, text, dims, notes)
+    return _add_include(path, text, f"ATen/native/cuda/{DET_HEADER}",
                         after=("ATen/native/cuda/GridSampler.h", "ATen/native/cuda/"))
+
+
+def _code_only(text: str) -> str:
+    """C++ text without comments and #include lines: what 'is this name used' looks at."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.sub(r"^[ \t]*#[ \t]*include[^\n]*", "", text, flags=re.M)
+
+
+def _declared_names(header: str) -> set:
+    """Functions and types a header declares (roughly: every name before a '(' and every
+    struct/class/enum/using name), keywords and ALL_CAPS macros aside. A forward declaration
+    (``class TensorBase;``) does not count: the type is another header's to provide."""
+    code = _code_only(header)
+    names = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", code))
+    names |= set(re.findall(r"\b(?:struct|class|enum|using)\s+(?:class\s+)?([A-Za-z_]\w*)(?!\s*;)", code))
+    return {n for n in names if n not in CPP_WORDS and not re.fullmatch(r"[A-Z0-9_]+", n)}
+
+
+def _uses(code: str, names: set) -> bool:
+    return any(re.search(rf"\b{re.escape(n)}\b", code) for n in names)
+
+
+def drop_stale_includes(tree: Path, path: str, old: str, new: str, notes: List[str]) -> str:
+    """Remove from ``new`` each #include whose header (read from the tree) declares names that
+    ``old`` used and ``new`` no longer does: the header of a deterministic branch we replaced.
+    A header the tree lacks, or one still used for anything it declares, stays."""
+    ours = {f"ATen/native/cuda/{n}" for n in KERNEL_FILES}
+    old_code, new_code = _code_only(old), _code_only(new)
+    for m in reversed(list(re.finditer(r"^#include <([^>]+)>[^\n]*\n", new, re.M))):
+        header = tree / "aten/src" / m.group(1)
+        if m.group(1) in ours or not header.is_file():
+            continue
+        names = _declared_names(header.read_text(encoding="utf-8", errors="replace"))
+        if names and _uses(old_code, names) and not _uses(new_code, names):
+            new = new[: m.start()] + new[m.end() :]
+            notes.append(f"{path}: removed #include <{m.group(1)}>: nothing it declares is used "
+                         "after the replaced deterministic branch")
+    return new
 
 
 def _add_include(path: str, text: str, header: str, after: Tuple[str, ...]) -> str:
@@ -368,6 +443,71 @@ def edit_cudnn(path: str, text: str, notes: List[str]) -> str:
     return text
 
 
+def _enclosing_if(body: str, pos: int) -> Optional[str]:
+    """Condition of the innermost ``if (...) {`` whose block contains body[pos]."""
+    best = None
+    for m in re.finditer(r"\bif\s*\(", body[:pos]):
+        cond_close = _match(body, m.end() - 1, "(", ")")
+        k = re.compile(r"\s*").match(body, cond_close + 1).end()
+        if k < len(body) and body[k] == "{" and _match(body, k, "{", "}") > pos:
+            best = body[m.end() : cond_close]
+    return best
+
+
+def _skip_zero_fill(path: str, text: str, dims: int, notes: List[str]) -> str:
+    """grid_sampler_<dims>d_backward_cuda allocates a requested grad_input with zeros_like; in
+    deterministic mode the launcher writes every element (GridSamplerDeterministic.h), so
+    allocate it with empty_like there. The non-deterministic path keeps its zeros. Optional:
+    an unfamiliar shape leaves the (correct, one fill slower) allocation alone, with a note."""
+    name = f"grid_sampler_{dims}d_backward_cuda"
+    skip = f"{path}: {name}: grad_input allocation not in the expected shape; kept its zero fill"
+    defs = _find_defs(text, r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>", name)
+    # grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
+    if len(defs) != 1 or len(defs[0].params) != 7:
+        notes.append(skip)
+        return text
+    f = defs[0]
+    body = text[f.body_open : f.body_close + 1]
+    if "deterministicAlgorithms()" in body:
+        notes.append(f"{path}: {name} already skips the zero fill in deterministic mode")
+        return text
+    inp, mask = f.params[1], f.params[6]
+    zs = list(re.finditer(rf"^(?P<ind>[ \t]*)return (?P<ns>(?:at::)?)zeros_like\((?P<args>\s*{inp}\b[^;]*)\);"
+                          r"[ \t]*\n", body, re.M))
+    cond = _enclosing_if(body, zs[0].start()) if len(zs) == 1 else None
+    # the allocation must be the one made only when grad_input is requested (output_mask[0]),
+    # exactly when the launcher takes the deterministic path in deterministic mode
+    flags = {f"{mask}[0]"} | set(re.findall(rf"\b(?:auto|bool)\s+(\w+)\s*=\s*{mask}\[0\];", body))
+    if cond is None or re.sub(r"\s", "", cond) not in flags:
+        notes.append(skip)
+        return text
+    z = zs[0]
+    ind, ns, args = z.group("ind"), z.group("ns"), z.group("args")
+    new = (
+        f"{ind}// The deterministic backward writes every element of grad_input, so it\n"
+        f"{ind}// needs no zero fill (see launch_grid_sampler_{dims}d_backward_kernel).\n"
+        f"{ind}if (at::globalContext().deterministicAlgorithms()) {{\n"
+        f"{ind}  return {ns}empty_like({args});\n"
+        f"{ind}}}\n"
+        f"{ind}return {ns}zeros_like({args});\n"
+    )
+    body = body[: z.start()] + new + body[z.end() :]
+    return text[: f.body_open] + body + text[f.body_close + 1 :]
+
+
+def edit_cuda_backward_alloc(path: str, text: str, notes: List[str]) -> str:
+    new = text
+    for dims in DIMS:
+        new = _skip_zero_fill(path, new, dims, notes)
+    if new == text:
+        return text
+    if "#include <ATen/Context.h>" not in new:
+        new = _add_include(path, new, "ATen/Context.h", after=("ATen/native/cuda/GridSampler.h", "ATen/"))
+    if "#include <ATen/ops/" in new and "#include <ATen/ops/empty_like.h>" not in new:
+        new = _add_include(path, new, "ATen/ops/empty_like.h", after=("ATen/ops/empty.h", "ATen/ops/"))
+    return new
+
+
 GS = ":func:`torch.nn.functional.grid_sample`"
 
 
@@ -379,81 +519,117 @@ def edit_init_doc(path: str, text: str, notes: List[str]) -> str:
     if not act or not throw:
         raise AnchorError(path, "use_deterministic_algorithms docstring lists",
                           "'will act deterministically' / 'will throw a RuntimeError' lists not found")
+    # the bullet with its continuation lines (e.g. an older "with 5-D input" qualifier)
+    gm = re.search(rf"^([ \t]+)\* {re.escape(GS)} when attempting to differentiate a CUDA tensor\n"
+                   r"(?:\1  [^\n]*\n)*", throw.group(1), re.M)
     if GS in act.group(1):
+        if gm is not None:
+            raise AnchorError(path, f"* {GS} ...", "listed as both deterministic and throwing "
+                              "(an older detgrid patch?); restore the docstring first")
         notes.append(f"{path}: grid_sample already listed as deterministic")
         return text
-    gm = re.search(rf"^([ \t]+)\* {re.escape(GS)} when attempting to differentiate a CUDA tensor\n",
-                   throw.group(1), re.M)
     if gm is None:
         raise AnchorError(path, f"* {GS} ... (throw list)", "grid_sample not in the throw list")
+    # 2D and 3D backwards are both deterministic now: the whole entry moves
     ind = gm.group(1)
-    new_throw = (throw.group(1)[: gm.start()]
-                 + f"{ind}* {GS} when attempting to differentiate a CUDA tensor\n"
-                 f"{ind}  with 5-D input\n" + throw.group(1)[gm.end() :])
-    new_act = (act.group(1) + f"{ind}* {GS} when attempting to differentiate a CUDA tensor\n"
-               f"{ind}  with 4-D input\n")
+    new_throw = throw.group(1)[: gm.start()] + throw.group(1)[gm.end() :]
+    new_act = act.group(1) + f"{ind}* {GS} when attempting to differentiate a CUDA tensor\n"
     # throw list comes after act list
     return (text[: act.start(1)] + new_act + text[act.end(1) : throw.start(1)] + new_throw
             + text[throw.end(1) :])
 
 
-def edit_test_torch(path: str, text: str, notes: List[str]) -> str:
-    m = re.search(r"^([ \t]+)def test_nondeterministic_alert_grid_sample_2d\(self, device\):\n", text, re.M)
+def _expect_no_alert(path: str, text: str, dims: int, notes: List[str]) -> str:
+    """test_nondeterministic_alert_grid_sample_<dims>d: should_alert becomes False."""
+    name, caller = f"test_nondeterministic_alert_grid_sample_{dims}d", f"grid_sampler_{dims}d_backward_cuda"
+    m = re.search(rf"^([ \t]+)def {name}\(self, device\):\n", text, re.M)
     if m is None:
-        raise AnchorError(path, "def test_nondeterministic_alert_grid_sample_2d")
+        raise AnchorError(path, f"def {name}")
     ind = m.group(1)
     end = re.compile(rf"^{ind}\S", re.M).search(text, m.end())
     end = end.start() if end else len(text)
     body = text[m.end() : end]
     c = re.search(r"self\.check_nondeterministic_alert\(", body)
     if c is None:
-        raise AnchorError(path, "self.check_nondeterministic_alert(...) in test_nondeterministic_alert_grid_sample_2d")
+        raise AnchorError(path, f"self.check_nondeterministic_alert(...) in {name}")
     close = _match(body, c.end() - 1, "(", ")")
     args = _split_top(body[c.end() : close])
-    if len(args) != 3 or "grid_sampler_2d_backward_cuda" not in args[1]:
-        raise AnchorError(path, "check_nondeterministic_alert(fn, 'grid_sampler_2d_backward_cuda', should_alert)",
+    if len(args) != 3 or caller not in args[1]:
+        raise AnchorError(path, f"check_nondeterministic_alert(fn, '{caller}', should_alert)",
                           f"arguments {args}")
     if args[2] == "False":
-        notes.append(f"{path}: 2D alert test already expects no alert")
+        notes.append(f"{path}: {dims}D alert test already expects no alert")
         return text
     arg_start = body.rfind(args[2], 0, close)
     cind = _indent_of(body, c.start())
-    comment = (f"{cind}# The CUDA backward of 2D grid_sample has a deterministic implementation\n"
+    comment = (f"{cind}# The CUDA backward of {dims}D grid_sample has a deterministic implementation\n"
                f"{cind}# (GridSamplerDeterministic.cu), so there is no alert on any device.\n")
     body = (body[: _line_start(body, c.start())] + comment + body[_line_start(body, c.start()) : arg_start]
             + "False" + body[arg_start + len(args[2]) :])
     return text[: m.end()] + body + text[end:]
 
 
+def edit_test_torch(path: str, text: str, notes: List[str]) -> str:
+    for dims in DIMS:
+        text = _expect_no_alert(path, text, dims, notes)
+    return text
+
+
 NN_TESTS = '''\
-    def _grid_sample_2d_grads(self, input, grid, grad_output, **kwargs):
+    def _grid_sample_grads(self, input, grid, grad_output, **kwargs):
         input = input.detach().clone().requires_grad_()
         grid = grid.detach().clone().requires_grad_()
         out = F.grid_sample(input, grid, **kwargs)
         out.backward(grad_output)
         return input.grad, grid.grad
 
-    @onlyCUDA
-    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
-    def test_grid_sample_2d_backward_deterministic(self, device, dtype):
-        # A zoom-in grid: many samples land on each input pixel, which is where
-        # atomicAdd ordering would show. Repeated runs must agree bit for bit.
-        torch.manual_seed(0)
-        input = torch.randn(2, 3, 7, 9, device=device, dtype=dtype)
-        grid = torch.rand(2, 40, 37, 2, device=device, dtype=dtype) * 0.6 - 0.3
-        grad_output = torch.randn(2, 3, 40, 37, device=device, dtype=dtype)
+    def _check_grid_sample_backward_reproducible(self, input, grid, grad_output, modes):
+        # Repeated runs in deterministic mode must agree bit for bit.
         for mode, padding_mode, align_corners in product(
-                ('bilinear', 'nearest', 'bicubic'), ('zeros', 'border', 'reflection'), (False, True)):
+                modes, ('zeros', 'border', 'reflection'), (False, True)):
             kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
             with DeterministicGuard(True):
-                expected = self._grid_sample_2d_grads(input, grid, grad_output, **kwargs)
+                expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
                 for _ in range(3):
-                    actual = self._grid_sample_2d_grads(input, grid, grad_output, **kwargs)
+                    actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
                     self.assertEqual(actual[0], expected[0], atol=0, rtol=0)
                     self.assertEqual(actual[1], expected[1], atol=0, rtol=0)
                 # Only the grid gradient requested: nothing to alert about.
                 g = grid.detach().clone().requires_grad_()
                 F.grid_sample(input, g, **kwargs).backward(grad_output)
+
+    def _check_grid_sample_backward_matches_default(self, input, grid, grad_output, modes):
+        for mode, padding_mode, align_corners in product(
+                modes, ('zeros', 'border', 'reflection'), (False, True)):
+            kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+            with DeterministicGuard(True):
+                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+            self.assertEqual(actual[0], expected[0])
+            self.assertEqual(actual[1], expected[1])
+
+    @onlyCUDA
+    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
+    def test_grid_sample_2d_backward_deterministic(self, device, dtype):
+        # A zoom-in grid: many samples land on each input pixel, which is where
+        # atomicAdd ordering would show.
+        torch.manual_seed(0)
+        input = torch.randn(2, 3, 7, 9, device=device, dtype=dtype)
+        grid = torch.rand(2, 40, 37, 2, device=device, dtype=dtype) * 0.6 - 0.3
+        grad_output = torch.randn(2, 3, 40, 37, device=device, dtype=dtype)
+        self._check_grid_sample_backward_reproducible(
+            input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
+
+    @onlyCUDA
+    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
+    def test_grid_sample_3d_backward_deterministic(self, device, dtype):
+        # A zoom-in grid: many samples land on each input voxel.
+        torch.manual_seed(0)
+        input = torch.randn(2, 3, 4, 5, 6, device=device, dtype=dtype)
+        grid = torch.rand(2, 9, 11, 10, 3, device=device, dtype=dtype) * 0.6 - 0.3
+        grad_output = torch.randn(2, 3, 9, 11, 10, device=device, dtype=dtype)
+        self._check_grid_sample_backward_reproducible(
+            input, grid, grad_output, ('bilinear', 'nearest'))
 
     @onlyCUDA
     @dtypes(torch.float, torch.double)
@@ -462,14 +638,18 @@ NN_TESTS = '''\
         input = torch.randn(2, 4, 11, 6, device=device, dtype=dtype)
         grid = torch.rand(2, 23, 29, 2, device=device, dtype=dtype) * 2.4 - 1.2
         grad_output = torch.randn(2, 4, 23, 29, device=device, dtype=dtype)
-        for mode, padding_mode, align_corners in product(
-                ('bilinear', 'nearest', 'bicubic'), ('zeros', 'border', 'reflection'), (False, True)):
-            kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-            expected = self._grid_sample_2d_grads(input, grid, grad_output, **kwargs)
-            with DeterministicGuard(True):
-                actual = self._grid_sample_2d_grads(input, grid, grad_output, **kwargs)
-            self.assertEqual(actual[0], expected[0])
-            self.assertEqual(actual[1], expected[1])
+        self._check_grid_sample_backward_matches_default(
+            input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
+
+    @onlyCUDA
+    @dtypes(torch.float, torch.double)
+    def test_grid_sample_3d_backward_deterministic_matches_default(self, device, dtype):
+        torch.manual_seed(0)
+        input = torch.randn(2, 4, 5, 7, 6, device=device, dtype=dtype)
+        grid = torch.rand(2, 8, 9, 7, 3, device=device, dtype=dtype) * 2.4 - 1.2
+        grad_output = torch.randn(2, 4, 8, 9, 7, device=device, dtype=dtype)
+        self._check_grid_sample_backward_matches_default(
+            input, grid, grad_output, ('bilinear', 'nearest'))
 
     @onlyCUDA
     @unittest.skipIf(not TEST_CUDNN, 'CUDNN not available')
@@ -483,9 +663,9 @@ NN_TESTS = '''\
         grad_output = torch.randn(2, 3, 32, 32, device=device)
         kwargs = dict(mode='bilinear', padding_mode='zeros', align_corners=True)
         with DeterministicGuard(True):
-            expected = self._grid_sample_2d_grads(input, grid, grad_output, **kwargs)
+            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
             for _ in range(3):
-                actual = self._grid_sample_2d_grads(input, grid, grad_output, **kwargs)
+                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
                 self.assertEqual(actual, expected, atol=0, rtol=0)
                 i = input.detach().clone().requires_grad_()
                 g = grid.detach().clone().requires_grad_()
@@ -494,12 +674,18 @@ NN_TESTS = '''\
                 self.assertEqual(g.grad, expected[1], atol=0, rtol=0)
 
 '''
+NN_TEST_NAMES = tuple(re.findall(r"def (test_\w+)\(", NN_TESTS))
 
 
 def edit_test_nn(path: str, text: str, notes: List[str]) -> str:
-    if "def test_grid_sample_2d_backward_deterministic(" in text:
+    present = [n for n in NN_TEST_NAMES if f"def {n}(" in text]
+    if len(present) == len(NN_TEST_NAMES):
         notes.append(f"{path}: deterministic grid_sample tests already present")
         return text
+    if present:  # inserting the block again would redefine these
+        raise AnchorError(path, "def test_grid_sample_*_backward_deterministic*",
+                          f"only some of the tests present ({', '.join(present)}; an older detgrid "
+                          "patch?); restore the file first")
     cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
     if cls is None:
         raise AnchorError(path, "class TestNNDeviceType")
@@ -529,15 +715,98 @@ def edit_test_nn(path: str, text: str, notes: List[str]) -> str:
     return text
 
 
-def note_randomness(tree: Path, notes: List[str]) -> None:
+# Where the notes page documents per-op determinism (v2.6.0's "Avoiding nondeterministic
+# algorithms" subsections; main added "CUDA grid sampling" right after this one).
+NOTES_ANCHOR = "CUDA convolution determinism"
+NOTES_TITLE = "CUDA grid sampling"
+NOTES_BODY = {
+    ".rst": """\
+The CUDA backward of :func:`torch.nn.functional.grid_sample` accumulates the
+input gradient with atomic additions, so by default its result may change from
+run to run. With :code:`torch.use_deterministic_algorithms(True)` (also with
+``warn_only=True``) it uses a deterministic implementation instead, for 4-D and
+5-D inputs alike and also when the forward pass used cuDNN: repeated runs then
+give bitwise identical gradients.
+""",
+    ".md": """\
+The CUDA backward of {func}`torch.nn.functional.grid_sample` accumulates the
+input gradient with atomic additions, so by default its result may change from
+run to run. With `torch.use_deterministic_algorithms(True)` (also with
+`warn_only=True`) it uses a deterministic implementation instead, for 4-D and
+5-D inputs alike and also when the forward pass used cuDNN: repeated runs then
+give bitwise identical gradients.
+""",
+}
+
+
+def _rst_headings(text: str) -> List[Tuple[int, str, int]]:
+    """(offset, title, level) of each section title; rst levels go by first use of a marker."""
+    out, order = [], []
+    for m in re.finditer(r"^(\S[^\n]*)\n([-=~^\"'`.*+#:])\2+[ \t]*\n", text, re.M):
+        title, marker = m.group(1).strip(), m.group(2)
+        if len(m.group(0).split("\n")[1].rstrip()) < len(title):
+            continue
+        if marker not in order:
+            order.append(marker)
+        out.append((m.start(), title, order.index(marker)))
+    return out
+
+
+def _md_headings(text: str) -> List[Tuple[int, str, int]]:
+    out, pos, fence = [], 0, False
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence  # a "# comment" inside a code block is no heading
+        elif not fence:
+            m = re.match(r"(#+)[ \t]+(.*?)[ \t]*#*[ \t]*$", line.rstrip("\n"))
+            if m:
+                out.append((pos, m.group(2), len(m.group(1))))
+        pos += len(line)
+    return out
+
+
+def edit_randomness(path: str, text: str, notes: List[str]) -> str:
+    """Add a grid sampling subsection next to the CUDA convolution one, unless the page already
+    talks about grid_sample (then only a note: its wording is upstream's to keep)."""
+    if "grid_sample" in text:
+        where = f" (in a '{NOTES_TITLE}' section)" if NOTES_TITLE in text else ""
+        notes.append(f"{path} mentions grid_sample{where}: review its wording by hand (not edited)")
+        return text
+    ext = os.path.splitext(path)[1]
+    heads = _rst_headings(text) if ext == ".rst" else _md_headings(text)
+    anchor = [i for i, h in enumerate(heads) if h[1] == NOTES_ANCHOR]
+    if len(anchor) != 1:
+        notes.append(f"{path}: no '{NOTES_ANCHOR}' section to put a '{NOTES_TITLE}' one beside; not "
+                     "edited (the page defers to use_deterministic_algorithms' docstring, edited)")
+        return text
+    i = anchor[0]
+    level = heads[i][2]
+    nxt = next((h[0] for h in heads[i + 1 :] if h[2] <= level), len(text))
+    if ext == ".rst":
+        marker = re.match(r"[^\n]*\n(.)", text[heads[i][0] :]).group(1)
+        head = f"{NOTES_TITLE}\n{marker * len(NOTES_TITLE)}\n"
+    else:
+        head = f"{'#' * level} {NOTES_TITLE}\n\n"
+    section = head + NOTES_BODY[ext] + "\n"
+    if nxt == len(text) and not text.endswith("\n\n"):
+        section = ("\n" if text.endswith("\n") else "\n\n") + section.rstrip("\n") + "\n"
+    return text[:nxt] + section + text[nxt:]
+
+
+def plan_randomness(tree: Path, p: Plan) -> None:
+    """The notes page is optional (and .rst or .md by release): edit whichever exists."""
     for rel in NOTES:
-        p = tree / rel
-        if p.is_file() and "grid_sample" in p.read_text():
-            notes.append(f"{rel} mentions grid_sample: review its wording by hand (not edited)")
+        f = tree / rel
+        if f.is_file():
+            old = f.read_bytes()
+            p.old[rel], p.new[rel] = old, edit_randomness(rel, old.decode("utf-8"), p.notes).encode("utf-8")
+            return
+    p.notes.append(f"no {' or '.join(NOTES)}: no notes page to document grid_sample in")
 
 
 EDITS = (
     (CU, edit_gridsampler_cu),
+    (CUDA_CPP, edit_cuda_backward_alloc),
     (COMPOSITE, edit_composite),
     (CUDNN, edit_cudnn),
     (INIT, edit_init_doc),
@@ -574,6 +843,15 @@ def dirty_paths(tree: Path) -> List[str]:
     return [line[3:] for line in r.stdout.splitlines() if line.strip()]
 
 
+def check_kit_header(path: str, header: bytes) -> None:
+    """The dispatch calls one launcher per dims: a kit header that lacks one would give a
+    patched tree that does not compile, so refuse before planning anything."""
+    code = _code_only(header.decode("utf-8"))
+    for dims, det in DET_LAUNCHERS.items():
+        if not re.search(rf"\bvoid\s+{det}\s*\(", code):
+            raise AnchorError(path, f"void {det}(...);", f"the kit does not declare the {dims}D launcher")
+
+
 def plan(tree: Path, kit_root: Optional[Path] = None) -> Plan:
     # DETGRID_KIT_ROOT: take aten_kernels/ from another checkout of the kit (e.g. `git archive HEAD`)
     kit_root = Path(kit_root or os.environ.get("DETGRID_KIT_ROOT") or KIT_ROOT)
@@ -587,6 +865,7 @@ def plan(tree: Path, kit_root: Optional[Path] = None) -> Plan:
         p.new[rel] = src.read_bytes()
         if p.old[rel] is not None and p.old[rel] != p.new[rel]:
             p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
+    check_kit_header(f"aten_kernels/{KERNEL_DIR}/{DET_HEADER}", p.new[f"{KERNEL_DIR}/{DET_HEADER}"])
     for rel, fn in EDITS:
         f = tree / rel
         if not f.is_file():
@@ -597,7 +876,10 @@ def plan(tree: Path, kit_root: Optional[Path] = None) -> Plan:
         except ValueError as e:
             raise AnchorError(rel, fn.__name__, f"cannot parse: {e}")
         p.old[rel], p.new[rel] = old, new
-    note_randomness(tree, p.notes)
+    # only the tree's headers tell whether an include served the deterministic branch we replaced
+    p.new[CU] = drop_stale_includes(tree, CU, p.old[CU].decode("utf-8"), p.new[CU].decode("utf-8"),
+                                    p.notes).encode("utf-8")
+    plan_randomness(tree, p)
     return p
 
 
@@ -637,18 +919,19 @@ def apply(tree: Path, pl: Plan, fail_after: Optional[int] = None) -> List[str]:
 # --------------------------------------------------------------------------- patch file
 
 COMMIT_MESSAGE = """\
-Subject: [PATCH] Add deterministic CUDA backward for grid_sampler_2d
+Subject: [PATCH] Add deterministic CUDA backward for grid_sampler_2d/3d
 
 Fixes #68959
 
-Under torch.use_deterministic_algorithms(True), the CUDA backward of 2D
+Under torch.use_deterministic_algorithms(True), the CUDA backward of
 grid_sample raised "grid_sampler_2d_backward_cuda does not have a
-deterministic implementation" because grad_input is scattered with
-atomicAdd. This adds a deterministic path, taken when deterministic
-algorithms are on and the input gradient is requested:
+deterministic implementation" (grid_sampler_3d_backward_cuda for 5-D
+inputs) because grad_input is scattered with atomicAdd. This adds a
+deterministic path for both, taken when deterministic algorithms are on
+and the input gradient is requested:
 
 1. point pass, one thread per output point: grid gradient (single writer)
-   and one (destination pixel, record id, weight) record per tap;
+   and one (destination pixel or voxel, record id, weight) record per tap;
 2. stable radix sort of the records by destination (at::cuda::cub);
 3. reduce without atomics, one writer per grad_input element, in a
    canonical order that does not depend on GPU model, launch
@@ -661,7 +944,9 @@ of the grid values and of the input size (chunks of about 2^21 records,
 about 64 MiB). Non-finite grid
 coordinates never form an index. When only the grid gradient is
 requested the existing kernel runs and no alert is raised (it has a
-single writer per element). 3D still alerts.
+single writer per element). grid_sampler_{2d,3d}_backward_cuda allocate
+grad_input with empty_like instead of zeros_like in deterministic mode,
+since the deterministic path writes every element.
 
 In deterministic mode the composite grid_sampler no longer picks cuDNN,
 and cudnn_grid_sampler_backward delegates to grid_sampler_2d_backward
@@ -669,6 +954,7 @@ and cudnn_grid_sampler_backward delegates to grid_sampler_2d_backward
 
 Test Plan:
 python test/test_nn.py -k test_grid_sample_2d_backward_deterministic
+python test/test_nn.py -k test_grid_sample_3d_backward_deterministic
 python test/test_torch.py -k test_nondeterministic_alert_grid_sample
 """
 
