@@ -1,9 +1,8 @@
-"""Shared by the repro scripts: the high-collision case, claims and exit codes.
+"""Shared by the repro scripts: the high-collision case (2-D or 3-D), claims and exit codes.
 
-Exit codes (every script): 0 = every claim that could be checked here held and
-at least one was checked; 1 = a claim failed; 77 = nothing could be checked on
-this machine (e.g. no CUDA and no detgrid), the automake/ctest SKIP convention.
-A claim is "pass", "fail" or "not checkable here" (with the reason), never guessed.
+Exit codes (every script): 0 = every claim that could be checked here held and at least one was
+checked; 1 = a claim failed; 77 = nothing could be checked here (e.g. no CUDA and no detgrid; the
+automake/ctest SKIP code). A claim is "pass", "fail" or "not checkable here" (with the reason).
 """
 
 import json
@@ -14,9 +13,13 @@ import torch.nn.functional as F
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_CHECKABLE = 0, 1, 77
 PASS, FAIL, NOT_CHECKABLE = "pass", "fail", "not checkable here"
-ALERT = "grid_sampler_2d_backward_cuda does not have a deterministic implementation"
-# bilinear, zeros, align_corners=False: the native kernel (cuDNN needs align_corners=True)
-MODE, PADDING, ALIGN = "bilinear", "zeros", False
+ALERTS = {d: f"grid_sampler_{d}d_backward_cuda does not have a deterministic implementation"
+          for d in (2, 3)}  # stock's deterministic-mode alert of each CUDA kernel, by dims
+ALERT = ALERTS[2]
+MODE, PADDING, ALIGN = "bilinear", "zeros", False  # the native kernel (cuDNN needs align_corners)
+# zoom-in cases by dims (2: 4-D input, 3: 5-D input): (size, out, zoom, batch, channels), with
+# (out / (zoom * size))^dims sample points per input cell: 256 in 2-D, 512 in 3-D
+CASES = {2: (32, 128, 0.25, 2, 8), 3: (8, 16, 0.25, 2, 4)}
 
 
 def import_detgrid():
@@ -28,20 +31,26 @@ def import_detgrid():
         return None
 
 
-def make_case(device, size=32, out=128, zoom=0.25, batch=2, channels=8, seed=0):
-    """A zoom-in grid: about (out / (zoom * size))^2 sample points per input cell
-    (256 by default), the case where atomicAdd order varies most."""
+def make_case(device, dims=2, seed=0):
+    """The zoom-in case CASES[dims], where atomicAdd order varies most: (x, grid, grad_out)."""
+    size, out, zoom, batch, channels = CASES[dims]
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, channels, size, size, generator=g)
-    theta = torch.tensor([[zoom, 0.0, 0.0], [0.0, zoom, 0.0]]).expand(batch, 2, 3)
-    grid = F.affine_grid(theta, (batch, channels, out, out), align_corners=ALIGN)
+    x = torch.randn(batch, channels, *[size] * dims, generator=g)
+    theta = torch.cat([zoom * torch.eye(dims), torch.zeros(dims, 1)], 1).expand(batch, -1, -1)
+    grid = F.affine_grid(theta, (batch, channels, *[out] * dims), align_corners=ALIGN)
     grid = grid + 0.01 * torch.randn(grid.shape, generator=g)
-    grad_out = torch.randn(batch, channels, out, out, generator=g)
+    grad_out = torch.randn(batch, channels, *[out] * dims, generator=g)
     return x.to(device), grid.to(device), grad_out.to(device)
 
 
-def points_per_cell(size=32, out=128, zoom=0.25):
-    return round((out / (zoom * size)) ** 2)
+def points_per_cell(dims=2):
+    return round((CASES[dims][1] / (CASES[dims][2] * CASES[dims][0])) ** dims)
+
+
+def executor_grad_input(detgrid, x, grid, grad_out):
+    """grad_input of detgrid.ops.grid_sampler_{2,3}d_backward (by x's rank): bilinear, zeros."""
+    op = getattr(detgrid.ops, f"grid_sampler_{x.dim() - 2}d_backward")
+    return op(grad_out, x, grid, 0, 0, ALIGN, (True, True))[0]
 
 
 def grad_input(x, grid, grad_out):
@@ -68,9 +77,7 @@ def claim(text, status, detail=""):
 
 def exit_code(claims):
     statuses = [c["status"] for c in claims]
-    if FAIL in statuses:
-        return EXIT_FAILED
-    return EXIT_OK if PASS in statuses else EXIT_NOT_CHECKABLE
+    return EXIT_FAILED if FAIL in statuses else EXIT_OK if PASS in statuses else EXIT_NOT_CHECKABLE
 
 
 def finish(result, as_json, lines):
