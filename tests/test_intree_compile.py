@@ -1,0 +1,295 @@
+# Owner(s): ["module: nn"]
+"""Tests of the pure-Python parts of the in-tree compile check (detgrid.intree_compile): CMake
+header configuration, unit classification, depfile parsing, header coverage, the record of
+successful compiles that lets a rerun skip an identical compile, wheel header extraction and the
+compile command lines. No network, no compiler run (the check itself runs in .ci/intree_compile.sh).
+
+Names here avoid the word the device run selects tests by.
+"""
+
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from unittest import mock
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+from detgrid import intree_compile as IC
+from detgrid import upstream_tree
+
+CMAKE_MACROS_IN = """\
+#ifndef C10_MACROS_CMAKE_MACROS_H_
+#define C10_MACROS_CMAKE_MACROS_H_
+#cmakedefine C10_BUILD_SHARED_LIBS
+#cmakedefine C10_USE_GLOG
+  # cmakedefine C10_USE_NUMA 1
+#cmakedefine01 C10_ON
+#cmakedefine01 C10_OFF
+#define VERSION "@VERSION@"
+#define FLAGS "${FLAGS}"
+#endif
+"""
+
+
+class TestConfigureFile(TestCase):
+    values = {"C10_BUILD_SHARED_LIBS": True, "C10_USE_GLOG": "OFF", "C10_USE_NUMA": "ON",
+              "C10_ON": 1, "C10_OFF": "x-NOTFOUND", "VERSION": "2.6.0", "FLAGS": "-O2"}
+
+    def test_cmakedefine_lines(self):
+        out = IC.configure_file(CMAKE_MACROS_IN, self.values)
+        self.assertEqual(out, """\
+#ifndef C10_MACROS_CMAKE_MACROS_H_
+#define C10_MACROS_CMAKE_MACROS_H_
+#define C10_BUILD_SHARED_LIBS
+/* #undef C10_USE_GLOG */
+  # define C10_USE_NUMA 1
+#define C10_ON 1
+#define C10_OFF 0
+#define VERSION "2.6.0"
+#define FLAGS "-O2"
+#endif
+""")
+
+    def test_at_only_keeps_dollar_braces(self):
+        out = IC.configure_file('#define A "@VERSION@"\n#define B "${FLAGS}"\n', self.values, at_only=True)
+        self.assertEqual(out, '#define A "2.6.0"\n#define B "${FLAGS}"\n')
+
+    def test_unknown_variables_are_named_all_at_once(self):
+        text = "#cmakedefine NEW_SWITCH\n#define X @NEW_VALUE@\n#define Y @NEW_VALUE@\n"
+        with self.assertRaisesRegex(IC.ConfigureError, r"c10/x\.h\.in: no value for NEW_SWITCH, NEW_VALUE \("):
+            IC.configure_file(text, {}, where="c10/x.h.in")
+
+    def test_cmake_truthiness(self):
+        for v in (True, 1, "1", "ON", "yes", "TRUE", "anything"):
+            self.assertTrue(IC.cmake_truthy(v), v)
+        for v in (False, 0, "", "0", "OFF", "no", "false", "N", "IGNORE", "NOTFOUND", "CUDNN-NOTFOUND"):
+            self.assertFalse(IC.cmake_truthy(v), v)
+
+    def test_crlf_line_ends_kept(self):
+        out = IC.configure_file("#cmakedefine01 C10_ON\r\n#cmakedefine C10_USE_GLOG\r\n", self.values)
+        self.assertEqual(out, "#define C10_ON 1\r\n/* #undef C10_USE_GLOG */\r\n")
+
+
+class TestConfigureHeaders(TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-intree-test-"))
+
+    def tearDown(self):
+        import shutil
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_fake_tree(self):
+        tree = self.tmp / "tree"
+        (tree / "c10/macros").mkdir(parents=True)
+        (tree / "c10/macros/cmake_macros.h.in").write_text(CMAKE_MACROS_IN)
+        conf = (IC.Configured("c10/macros/cmake_macros.h.in", "c10/macros/cmake_macros.h",
+                              TestConfigureFile.values),)
+        written = IC.configure_headers(tree, self.tmp / "build", conf)
+        self.assertEqual(written, [self.tmp / "build/c10/macros/cmake_macros.h"])
+        text = written[0].read_text()
+        self.assertIn("#define C10_BUILD_SHARED_LIBS\n", text)
+        self.assertIn("/* #undef C10_USE_GLOG */\n", text)
+        self.assertNotIn("cmakedefine", text)
+
+    def test_missing_template_is_a_clear_error(self):
+        (self.tmp / "tree").mkdir()
+        with self.assertRaisesRegex(IC.ConfigureError, r"c10/macros/cmake_macros\.h\.in: template missing"):
+            IC.configure_headers(self.tmp / "tree", self.tmp / "build")
+        self.assertFalse((self.tmp / "build/c10/macros/cmake_macros.h").exists())
+
+    def test_values_cover_the_real_templates(self):
+        tree = upstream_tree.cached_tree()
+        if not (tree / "aten/src/ATen/Config.h.in").is_file():
+            self.skipTest(f"no cached v2.6.0 tree at {tree} (this test uses no network)")
+        written = {p.relative_to(self.tmp / "build").as_posix(): p.read_text()
+                   for p in IC.configure_headers(tree, self.tmp / "build")}
+        self.assertEqual(sorted(written), sorted(c.output for c in IC.CONFIGURED))
+        for text in written.values():
+            self.assertNotRegex(text, r"@\w+@|\$\{\w+\}|#\s*cmakedefine")
+        self.assertIn("#define C10_BUILD_SHARED_LIBS\n", written["c10/macros/cmake_macros.h"])
+        self.assertIn("#define C10_CUDA_BUILD_SHARED_LIBS\n", written["c10/cuda/impl/cuda_cmake_macros.h"])
+        self.assertIn("#define AT_CUDNN_ENABLED() 1\n", written["aten/src/ATen/cuda/CUDAConfig.h"])
+        self.assertIn("#define AT_MKL_ENABLED() 0\n", written["aten/src/ATen/Config.h"])
+
+
+class TestUnitsAndDeps(TestCase):
+    def test_unit_kind(self):
+        kinds = {
+            "aten/src/ATen/native/cuda/GridSampler.cu": "nvcc",
+            "aten/src/ATen/native/cudnn/GridSampler.cpp": "cuda-cpp",
+            "aten/src/ATen/native/cuda/Foo.cpp": "cuda-cpp",
+            "aten/src/ATen/native/GridSampler.cpp": "cpp",
+            "aten/src/ATen/native/cuda/GridSamplerDeterministic.cuh": "header",
+            "aten/src/ATen/native/cuda/GridSamplerDeterministic.h": "header",
+            "torch/__init__.py": None,
+            "test/test_nn.py": None,
+        }
+        for path, kind in kinds.items():
+            self.assertEqual(IC.unit_kind(path), kind, path)
+
+    def test_parse_depfile(self):
+        text = ("/w/obj/a.o: /w/t/a.cu /w/t/x\\ y.h \\\n  /usr/include/stdio.h \\\n"
+                "  rel/b.h\n/w/t/extra.h:\n")
+        self.assertEqual(IC.parse_depfile(text),
+                         ["/w/t/a.cu", "/w/t/x y.h", "/usr/include/stdio.h", "rel/b.h"])
+
+    def test_uncovered_headers(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp)
+            (tree / "a.h").write_text("")
+            (tree / "b.cuh").write_text("")
+            dep = tree / "u.d"
+            dep.write_text(f"u.o: {tree}/u.cu \\\n {tree}/a.h\n")
+            self.assertEqual(IC.uncovered_headers(["a.h", "b.cuh"], tree, [dep]), ["b.cuh"])
+            self.assertEqual(IC.uncovered_headers(["a.h"], tree, [dep, tree / "missing.d"]), [])
+
+    def test_toolchain_for(self):
+        self.assertIs(IC.toolchain_for("2.6.0a0\n"), IC.CUDA_12_4)
+        self.assertEqual(IC.CUDA_12_4.cxx_std, "c++17")
+        with self.assertRaisesRegex(IC.SetupError, r"no CUDA toolchain known for PyTorch 2\.9\.0a0 \(known: 2\.6\)"):
+            IC.toolchain_for("2.9.0a0")
+
+
+class TestReuse(TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-intree-reuse-"))
+        self.records = self.tmp / "records"
+        self.cmd = [sys.executable, "-c", "pass", "-I<placeholder>"]
+
+    def tearDown(self):
+        import shutil
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def work(self, name, header="int x;\n"):
+        w = self.tmp / name
+        (w / "tree").mkdir(parents=True)
+        (w / "obj").mkdir()
+        (w / "tree/u.cu").write_text("#include <h.h>\n")
+        (w / "tree/h.h").write_text(header)
+        (w / "obj/u.d").write_text(f"{w}/obj/u.o: {w}/tree/u.cu \\\n  {w}/tree/h.h\n")
+        return w
+
+    def cmd_in(self, w):
+        return [*self.cmd, f"-I{w}/tree", f"{w}/tree/u.cu"]
+
+    def test_identical_inputs_in_another_work_dir_are_reused(self):
+        w1 = self.work("w1")
+        IC.Reuse(self.records, w1).store("u.cu", self.cmd_in(w1), w1 / "obj/u.d")
+        w2 = self.work("w2")
+        self.assertIsNotNone(IC.Reuse(self.records, w2).hit("u.cu", self.cmd_in(w2)))
+
+    def test_any_difference_compiles_again(self):
+        w1 = self.work("w1")
+        IC.Reuse(self.records, w1).store("u.cu", self.cmd_in(w1), w1 / "obj/u.d")
+        w2 = self.work("w2", header="int y;\n")  # a header's content
+        self.assertIsNone(IC.Reuse(self.records, w2).hit("u.cu", self.cmd_in(w2)))
+        w3 = self.work("w3")
+        self.assertIsNone(IC.Reuse(self.records, w3).hit("u.cu", [*self.cmd_in(w3), "-DNEW"]))  # flags
+        self.assertIsNone(IC.Reuse(self.records, w3).hit("other.cu", self.cmd_in(w3)))  # no record
+        self.assertIsNone(IC.Reuse(self.records, w3, enabled=False).hit("u.cu", self.cmd_in(w3)))
+        (w3 / "tree/h.h").unlink()  # a file it read is gone
+        self.assertIsNone(IC.Reuse(self.records, w3).hit("u.cu", self.cmd_in(w3)))
+
+    def test_another_compiler_compiles_again(self):
+        w1 = self.work("w1")
+        IC.Reuse(self.records, w1).store("u.cu", self.cmd_in(w1), w1 / "obj/u.d")
+        other = IC.Reuse(self.records, w1)
+        other._compilers[sys.executable] = "a different compiler"
+        self.assertIsNone(other.hit("u.cu", self.cmd_in(w1)))
+
+    def test_record_is_readable_json(self):
+        w1 = self.work("w1")
+        IC.Reuse(self.records, w1).store("a/b/u.cu", self.cmd_in(w1), w1 / "obj/u.d")
+        rec = json.loads((self.records / "a__b__u.cu.json").read_text())
+        self.assertEqual(sorted(rec["deps"]), ["<work>/tree/h.h", "<work>/tree/u.cu"])
+        self.assertNotIn(str(w1), json.dumps(rec))
+
+
+class TestToolchainParts(TestCase):
+    def test_extract_includes_drops_the_package_prefix(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            whl = Path(tmp) / "nvidia_x-1-py3-none-any.whl"
+            with zipfile.ZipFile(whl, "w") as z:
+                z.writestr("nvidia/cudnn/include/cudnn.h", "// cudnn\n")
+                z.writestr("nvidia/cudnn/include/__init__.py", "")
+                z.writestr("nvidia/cuda_nvcc/include/crt/host_config.h", "// crt\n")
+                z.writestr("nvidia/cudnn/lib/libcudnn.so.9", "binary")
+                z.writestr("nvidia_x-1.dist-info/RECORD", "")
+            dest = Path(tmp) / "include"
+            self.assertEqual(IC._extract_includes(whl, dest), 2)
+            self.assertEqual((dest / "cudnn.h").read_text(), "// cudnn\n")
+            self.assertTrue((dest / "crt/host_config.h").is_file())
+            self.assertFalse((dest / "__init__.py").exists())
+            self.assertEqual(IC.missing_headers(dest, ["cudnn.h", "crt/host_config.h", "cub/cub.cuh"]),
+                             ["cub/cub.cuh"])
+
+    def test_no_apt_is_a_clear_error(self):
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(IC.shutil, "which", return_value=None):
+            with self.assertRaisesRegex(IC.SetupError, r"apt-get not found: nvcc 12\.4 comes from Debian's "
+                                        r"nvidia-cuda-toolkit \(PyPI's nvidia-cuda-nvcc-cu12 wheels have no"):
+                IC.fetch_debian_compiler(IC.CUDA_12_4, Path(tmp), log=lambda s: None)
+
+    def test_nvcc_profile_points_into_the_toolchain(self):
+        self.assertIn("NVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice", IC.NVCC_PROFILE)
+        self.assertIn('"-I$(TOP)/include"', IC.NVCC_PROFILE)
+        self.assertEqual(IC.DEBIAN_FILES["usr/lib/nvidia-cuda-toolkit/bin/cicc"], "nvvm/bin/cicc")
+
+
+class TestCompileCommands(TestCase):
+    paths = IC.Paths(tree=Path("/w/pytorch"), build=Path("/w/build"), gen=Path("/g/aten/src"),
+                     toolchain=Path("/tc"), objects=Path("/w/obj"))
+
+    def test_nvcc_unit(self):
+        cmd = IC.compile_command("aten/src/ATen/native/cuda/GridSampler.cu", "nvcc", self.paths, "c++17")
+        self.assertEqual(cmd[:3], ["/tc/bin/nvcc", "-c", "-std=c++17"])
+        for flag in ("-DCUB_WRAPPED_NAMESPACE=at_cuda_detail", "-DTORCH_CUDA_BUILD_MAIN_LIB",
+                     "-DAT_PER_OPERATOR_HEADERS", "--expt-relaxed-constexpr", "--expt-extended-lambda",
+                     "arch=compute_90,code=sm_90", "-I/g/aten/src", "-I/w/build", "-I/w/pytorch/aten/src"):
+            self.assertIn(flag, cmd)
+        self.assertEqual(cmd[cmd.index("-isystem") + 1], "/tc/include")
+        # nvcc splits -Xcudafe values at commas: each piece must be a whole option
+        suppress = cmd[cmd.index("-Xcudafe") + 1].split(",")
+        self.assertTrue(suppress and all(s.startswith("--diag_suppress=") for s in suppress), suppress)
+        self.assertEqual(cmd[-3:], ["-o", "/w/obj/aten__src__ATen__native__cuda__GridSampler.cu.o",
+                                    "/w/pytorch/aten/src/ATen/native/cuda/GridSampler.cu"])
+        # generated headers before the tree's own: a stale Config.h in a tree must not win
+        self.assertLess(cmd.index("-I/g/aten/src"), cmd.index("-I/w/pytorch/aten/src"))
+
+    def test_cpp_units(self):
+        cpu = IC.compile_command("aten/src/ATen/native/GridSampler.cpp", "cpp", self.paths, "c++17")
+        self.assertEqual(cpu[0], "g++")
+        self.assertIn("-DCAFFE2_BUILD_MAIN_LIB", cpu)
+        self.assertNotIn("-DTORCH_CUDA_BUILD_MAIN_LIB", cpu)
+        self.assertNotIn("/tc/include", cpu)
+        gpu = IC.compile_command("aten/src/ATen/native/cudnn/GridSampler.cpp", "cuda-cpp", self.paths, "c++17")
+        self.assertIn("-DTORCH_CUDA_BUILD_MAIN_LIB", gpu)
+        self.assertEqual(gpu[gpu.index("-isystem") + 1], "/tc/include")
+        self.assertIn("-Werror", gpu)
+
+
+class TestMain(TestCase):
+    def test_not_a_tree_exits_2_with_the_reason(self):
+        err = io.StringIO()
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
+                contextlib.redirect_stdout(io.StringIO()):
+            rc = IC.main(["--pytorch", tmp])
+        self.assertEqual(rc, IC.EXIT_SETUP)
+        self.assertIn("no version.txt (not a PyTorch source tree)", err.getvalue())
+
+    def test_unknown_version_exits_2_before_fetching_anything(self):
+        err = io.StringIO()
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
+                contextlib.redirect_stdout(io.StringIO()), \
+                mock.patch.object(IC, "ensure_toolchain", side_effect=AssertionError("fetched")):
+            Path(tmp, "version.txt").write_text("3.1.0a0\n")
+            rc = IC.main(["--pytorch", tmp])
+        self.assertEqual(rc, IC.EXIT_SETUP)
+        self.assertIn("no CUDA toolchain known for PyTorch 3.1.0a0", err.getvalue())
+
+
+if __name__ == "__main__":
+    run_tests()
