@@ -2,9 +2,15 @@
 """Helpers shared by detgrid's tests (not a test module itself).
 
 Terminology follows GridSamplerDeterministic.cu: a *point* is one output
-location (n, h, w), a *tap* one input pixel a point reads, a *record* one
-(point, tap) pair, a *tile* 4096 consecutive points.
+location (n, h, w) or (n, d, h, w), a *tap* one input pixel (voxel) a point
+reads, a *record* one (point, tap) pair, a *tile* 4096 consecutive points.
+
+Every helper serves both grid_sampler_2d (4-D input, `dims` = 2) and
+grid_sampler_3d (5-D input, `dims` = 3): the problem makers take D and out_D
+for 3-D, the calls dispatch on input.dim().
 """
+
+import math
 
 import torch
 from torch.testing._internal.common_utils import TestCase
@@ -18,7 +24,13 @@ MODES = (BILINEAR, NEAREST, BICUBIC)
 PADDINGS = (ZEROS, BORDER, REFLECTION)
 MODE_NAMES = {BILINEAR: "bilinear", NEAREST: "nearest", BICUBIC: "bicubic"}
 PADDING_NAMES = {ZEROS: "zeros", BORDER: "border", REFLECTION: "reflection"}
+# Taps per point of grid_sampler_2d; taps_per_point() for any rank.
 TAPS_PER_POINT = {BILINEAR: 4, NEAREST: 1, BICUBIC: 16}
+TAPS_PER_AXIS = {BILINEAR: 2, NEAREST: 1, BICUBIC: 4}
+# grid_sampler_3d has no bicubic mode (stock rejects it for 5-D input).
+MODES_3D = (BILINEAR, NEAREST)
+# Every (spatial dims, interpolation mode) grid_sample supports.
+SAMPLERS = tuple((2, mode) for mode in MODES) + tuple((3, mode) for mode in MODES_3D)
 
 TILE_POINTS = 4096
 RECORDS_PER_PARTIAL = 256
@@ -36,6 +48,22 @@ def mode_name(mode):
 
 def padding_name(padding):
     return PADDING_NAMES[padding]
+
+
+def dims_name(dims):
+    """Subtest name of a spatial rank. Empty for 2-D, so the 2-D tests keep
+    the names they had before 3-D existed."""
+    return "" if dims == 2 else f"{dims}d"
+
+
+def sampler_name(dims, mode):
+    """Subtest name of a (dims, mode) pair of SAMPLERS: "bilinear",
+    "bilinear_3d", ..."""
+    return "_".join(filter(None, (mode_name(mode), dims_name(dims))))
+
+
+def taps_per_point(mode, dims=2):
+    return TAPS_PER_AXIS[mode] ** dims
 
 
 # ---------------------------------------------------------------------------
@@ -105,64 +133,82 @@ def pixel_to_grid(coord, size, align_corners):
     return (2.0 * coord + 1.0) / size - 1.0
 
 
-def make_problem(N, C, H, W, out_H, out_W, *, dtype=torch.float64,
-                 device="cpu", seed=0, grid_range=1.2):
+def _spatial_sizes(H, W, out_H, out_W, D, out_D):
+    """(input spatial sizes, output spatial sizes), outermost first."""
+    if (D is None) != (out_D is None):
+        raise ValueError("a 3-D problem needs both D and out_D")
+    if D is None:
+        return (H, W), (out_H, out_W)
+    return (D, H, W), (out_D, out_H, out_W)
+
+
+def depth_sizes(dims, D, out_D):
+    """The D and out_D keywords of the problem makers for a 3-D problem;
+    none for a 2-D one: make_problem(..., **depth_sizes(dims, 3, 2))."""
+    return {} if dims == 2 else dict(D=D, out_D=out_D)
+
+
+def make_problem(N, C, H, W, out_H, out_W, *, D=None, out_D=None,
+                 dtype=torch.float64, device="cpu", seed=0, grid_range=1.2):
     """(grad_output, input, grid): values drawn in float64 from a seeded
-    generator and then cast, so every dtype sees the same problem."""
+    generator and then cast, so every dtype sees the same problem. With D
+    and out_D, a grid_sampler_3d problem: input (N, C, D, H, W), grid
+    (N, out_D, out_H, out_W, 3)."""
+    in_size, out_size = _spatial_sizes(H, W, out_H, out_W, D, out_D)
     gen = torch.Generator().manual_seed(seed)
-    inp = torch.randn(N, C, H, W, generator=gen, dtype=torch.float64)
-    grid = (torch.rand(N, out_H, out_W, 2, generator=gen, dtype=torch.float64)
-            * 2 - 1) * grid_range
-    grad_output = torch.randn(N, C, out_H, out_W, generator=gen, dtype=torch.float64)
+    inp = torch.randn(N, C, *in_size, generator=gen, dtype=torch.float64)
+    grid = (torch.rand(N, *out_size, len(in_size), generator=gen,
+                       dtype=torch.float64) * 2 - 1) * grid_range
+    grad_output = torch.randn(N, C, *out_size, generator=gen, dtype=torch.float64)
     return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
 
 
-def make_zoom_problem(N, C, H, W, out_H, out_W, *, dtype=torch.float32,
-                      device="cpu", seed=0, hot_fraction=0.7,
+def make_zoom_problem(N, C, H, W, out_H, out_W, *, D=None, out_D=None,
+                      dtype=torch.float32, device="cpu", seed=0, hot_fraction=0.7,
                       align_corners=False):
     """A high-collision problem: `hot_fraction` of the points land inside one
-    pixel cell (so each of its four corner pixels receives a record from
-    almost every point, thousands per destination), the rest are spread over
-    the image (so record counts per tile are not multiples of 256). The grad
-    outputs span several binades so that the summation order shows in the
-    bits."""
+    pixel cell (voxel cell in 3-D, with D and out_D), so each of its corner
+    pixels receives a record from almost every point, thousands per
+    destination; the rest are spread over the image (so record counts per
+    tile are not multiples of 256). The grad outputs span several binades so
+    that the summation order shows in the bits."""
+    in_size, out_size = _spatial_sizes(H, W, out_H, out_W, D, out_D)
     gen = torch.Generator().manual_seed(seed)
-    inp = torch.randn(N, C, H, W, generator=gen, dtype=torch.float64)
-    points = N * out_H * out_W
+    inp = torch.randn(N, C, *in_size, generator=gen, dtype=torch.float64)
+    points = N * math.prod(out_size)
     hot = torch.rand(points, generator=gen, dtype=torch.float64) < hot_fraction
-    cx = torch.where(
-        hot,
-        1.0 + torch.rand(points, generator=gen, dtype=torch.float64),
-        torch.rand(points, generator=gen, dtype=torch.float64) * (W - 1))
-    cy = torch.where(
-        hot,
-        1.0 + torch.rand(points, generator=gen, dtype=torch.float64),
-        torch.rand(points, generator=gen, dtype=torch.float64) * (H - 1))
-    grid = torch.stack(
-        (pixel_to_grid(cx, W, align_corners), pixel_to_grid(cy, H, align_corners)),
-        dim=-1).reshape(N, out_H, out_W, 2)
-    scale = torch.exp2(torch.randint(-6, 7, (N, C, out_H, out_W), generator=gen)
+    coords = []
+    for size in reversed(in_size):  # the grid's order: x, y(, z)
+        pixel = torch.where(
+            hot,
+            1.0 + torch.rand(points, generator=gen, dtype=torch.float64),
+            torch.rand(points, generator=gen, dtype=torch.float64) * (size - 1))
+        coords.append(pixel_to_grid(pixel, size, align_corners))
+    grid = torch.stack(coords, dim=-1).reshape(N, *out_size, len(in_size))
+    scale = torch.exp2(torch.randint(-6, 7, (N, C, *out_size), generator=gen)
                        .to(torch.float64))
-    grad_output = torch.randn(N, C, out_H, out_W, generator=gen,
+    grad_output = torch.randn(N, C, *out_size, generator=gen,
                               dtype=torch.float64) * scale
     return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
 
 
-def hard_grid(N, out_H, out_W, H, W, align_corners, *, seed=0):
+def hard_grid(N, out_H, out_W, H, W, align_corners, *, D=None, out_D=None,
+              seed=0):
     """A float64 grid whose points sit where implementations are most likely
     to disagree: on pixel centers, half-way between them, on and beyond the
-    image edges, mixed with random points. With H, W chosen so that the
-    normalization is exact (power-of-two W for align_corners=False,
-    power-of-two W - 1 for True), every such coordinate is exact in every
-    dtype."""
+    image edges, mixed with random points. With H, W (and D) chosen so that
+    the normalization is exact (power-of-two sizes for align_corners=False,
+    power-of-two size - 1 for True), every such coordinate is exact in every
+    dtype. With D and out_D, a 3-D grid (N, out_D, out_H, out_W, 3)."""
+    in_size, out_size = _spatial_sizes(H, W, out_H, out_W, D, out_D)
     gen = torch.Generator().manual_seed(seed)
+    count = N * math.prod(out_size)
 
     def axis(size):
         special = torch.tensor(
             [0.0, 1.0, size - 1.0, size - 2.0, 0.5, size / 2.0, size - 1.5,
              -0.5, size - 0.5, -1.0, size, -2.0, size + 1.0, 1.5, 2.0],
             dtype=torch.float64)
-        count = N * out_H * out_W
         pick = torch.randint(0, special.numel(), (count,), generator=gen)
         coords = special[pick]
         random = torch.rand(count, generator=gen, dtype=torch.float64) * (size + 2) - 1.5
@@ -170,34 +216,40 @@ def hard_grid(N, out_H, out_W, H, W, align_corners, *, seed=0):
         coords = torch.where(use_random, random, coords)
         return pixel_to_grid(coords, size, align_corners)
 
-    return torch.stack((axis(W), axis(H)), dim=-1).reshape(N, out_H, out_W, 2)
+    return torch.stack([axis(size) for size in reversed(in_size)],
+                       dim=-1).reshape(N, *out_size, len(in_size))
 
 
-def smooth_grid(N, out_H, out_W, H, W, align_corners, *, seed=0):
+def smooth_grid(N, out_H, out_W, H, W, align_corners, *, D=None, out_D=None,
+                seed=0):
     """A float64 grid whose pixel coordinates are k + u with u in
     [0.15, 0.35]: away from integers (bilinear/bicubic kinks, reflection and
     clipping edges) and from half-integers (nearest's rounding), so finite
-    differences are well defined."""
+    differences are well defined. With D and out_D, a 3-D grid."""
+    in_size, out_size = _spatial_sizes(H, W, out_H, out_W, D, out_D)
     gen = torch.Generator().manual_seed(seed)
+    count = N * math.prod(out_size)
 
     def axis(size):
-        count = N * out_H * out_W
         base = torch.randint(-1, size, (count,), generator=gen).to(torch.float64)
         offset = 0.15 + 0.2 * torch.rand(count, generator=gen, dtype=torch.float64)
         return pixel_to_grid(base + offset, size, align_corners)
 
-    return torch.stack((axis(W), axis(H)), dim=-1).reshape(N, out_H, out_W, 2)
+    return torch.stack([axis(size) for size in reversed(in_size)],
+                       dim=-1).reshape(N, *out_size, len(in_size))
 
 
 def strided_like(t, layout):
-    """A copy of `t` with the requested memory layout (same values)."""
+    """A copy of `t` with the requested memory layout (same values).
+    "channels_last" means channels_last_3d for a 5-D tensor."""
     if layout == "channels_last":
-        return t.contiguous(memory_format=torch.channels_last)
+        return t.contiguous(memory_format=torch.channels_last if t.dim() == 4
+                            else torch.channels_last_3d)
     if layout == "transposed":
-        # (N, A, B, K) stored as (N, B, A, K + 1), viewed back: no dimension
-        # is contiguous in the usual sense.
-        N, A, B, K = t.shape
-        storage = torch.empty(N, B, A, K + 1, dtype=t.dtype, device=t.device)
+        # (N, A, B, ..., K) stored as (N, B, A, ..., K + 1), viewed back: no
+        # dimension is contiguous in the usual sense.
+        N, A, B, *rest, K = t.shape
+        storage = torch.empty(N, B, A, *rest, K + 1, dtype=t.dtype, device=t.device)
         view = storage.transpose(1, 2)[..., 1:]
         view.copy_(t)
         assert not view.is_contiguous()
@@ -217,25 +269,38 @@ def expanded(value, shape, dtype, device="cpu"):
 # ---------------------------------------------------------------------------
 
 
+def _spatial_dims(inp, dims):
+    return inp.dim() - 2 if dims is None else dims
+
+
 def detgrid_backward(grad_output, inp, grid, mode, padding, align_corners,
-                     output_mask=(True, True), **options):
+                     output_mask=(True, True), *, dims=None, **options):
+    """detgrid's grid_sampler_2d_backward, or its 3-D twin for a 5-D input;
+    `dims` picks the op explicitly (to hand one op the other's shapes)."""
+    if _spatial_dims(inp, dims) == 3:
+        plain = ops.grid_sampler_3d_backward
+        with_options = ops.grid_sampler_3d_backward_with_options
+    else:
+        plain = ops.grid_sampler_2d_backward
+        with_options = ops.grid_sampler_2d_backward_with_options
     if options:
-        return ops.grid_sampler_2d_backward_with_options(
-            grad_output, inp, grid, mode, padding, align_corners,
-            list(output_mask), **options)
-    return ops.grid_sampler_2d_backward(
-        grad_output, inp, grid, mode, padding, align_corners, list(output_mask))
+        return with_options(grad_output, inp, grid, mode, padding, align_corners,
+                            list(output_mask), **options)
+    return plain(grad_output, inp, grid, mode, padding, align_corners,
+                 list(output_mask))
 
 
 def stock_backward(grad_output, inp, grid, mode, padding, align_corners,
-                   output_mask=(True, True)):
-    """Stock aten backward, bypassing any detgrid override: the CPU override
-    only acts under deterministic mode, so run it with determinism off.
-    Never call this with NaN grids on CPU (upstream #24823)."""
+                   output_mask=(True, True), *, dims=None):
+    """Stock aten backward (2-D, or 3-D for a 5-D input), bypassing any
+    detgrid override: the CPU override only acts under deterministic mode,
+    so run it with determinism off. Never call this with NaN grids on CPU
+    (upstream #24823)."""
+    op = (torch.ops.aten.grid_sampler_3d_backward if _spatial_dims(inp, dims) == 3
+          else torch.ops.aten.grid_sampler_2d_backward)
     with _determinism(False):
-        return torch.ops.aten.grid_sampler_2d_backward(
-            grad_output, inp, grid, mode, padding, align_corners,
-            list(output_mask))
+        return op(grad_output, inp, grid, mode, padding, align_corners,
+                  list(output_mask))
 
 
 class _determinism:
@@ -252,20 +317,22 @@ class _determinism:
 
 
 class DetGridSample(torch.autograd.Function):
-    """grid_sampler_2d with detgrid's backward, without touching the global
-    switch: what gradcheck differentiates."""
+    """grid_sampler_2d (grid_sampler_3d for a 5-D input) with detgrid's
+    backward, without touching the global switch: what gradcheck
+    differentiates."""
 
     @staticmethod
     def forward(ctx, inp, grid, mode, padding, align_corners):
         ctx.save_for_backward(inp, grid)
         ctx.args = (mode, padding, align_corners)
-        return torch.grid_sampler_2d(inp, grid, mode, padding, align_corners)
+        forward = torch.grid_sampler_3d if inp.dim() == 5 else torch.grid_sampler_2d
+        return forward(inp, grid, mode, padding, align_corners)
 
     @staticmethod
     def backward(ctx, grad_output):
         inp, grid = ctx.saved_tensors
-        grad_input, grad_grid = ops.grid_sampler_2d_backward(
-            grad_output, inp, grid, *ctx.args, list(ctx.needs_input_grad[:2]))
+        grad_input, grad_grid = detgrid_backward(
+            grad_output, inp, grid, *ctx.args, ctx.needs_input_grad[:2])
         return grad_input, grad_grid, None, None, None
 
 

@@ -1,8 +1,12 @@
 # Owner(s): ["module: nn"]
 """detgrid's backward computes the same gradients as stock
-aten::grid_sampler_2d_backward (up to rounding), over every mode, padding,
-align_corners, dtype, memory layout and output mask, and its gradients are
-the true derivatives of grid_sample (gradcheck).
+aten::grid_sampler_2d_backward and aten::grid_sampler_3d_backward (up to
+rounding), over every mode, padding, align_corners, dtype, memory layout and
+output mask, and its gradients are the true derivatives of grid_sample
+(gradcheck).
+
+Tests parametrized over SAMPLERS run for every (spatial dims, mode) pair
+grid_sample supports; the 3-D subtests carry a "_3d" suffix.
 
 On CPU this exercises the host executor, on CUDA the kernel."""
 
@@ -37,15 +41,18 @@ from detgrid_testing import (
     PADDINGS,
     REDUCED_DTYPES,
     REFLECTION,
+    SAMPLERS,
     ZEROS,
     DetGridSample,
     assert_bitwise_equal,
+    depth_sizes,
     detgrid_backward,
+    dims_name,
     expanded,
     hard_grid,
     make_problem,
-    mode_name,
     padding_name,
+    sampler_name,
     smooth_grid,
     stock_backward,
     strided_like,
@@ -89,12 +96,19 @@ def _apply_layout(layout, grad_output, inp, grid):
     return grad_output, inp, grid
 
 
-def _hard_problem(mode, align_corners, dtype, device, seed=0):
+def _hard_problem(mode, align_corners, dtype, device, seed=0, dims=2):
     # Sizes that make the normalization exact (see hard_grid).
     H, W = (5, 9) if align_corners else (4, 8)
-    grad_output, inp, _ = make_problem(2, 3, H, W, 5, 6, seed=seed)
-    grid = hard_grid(2, 5, 6, H, W, align_corners, seed=seed)
+    depth = depth_sizes(dims, H, 3)
+    grad_output, inp, _ = make_problem(2, 3, H, W, 5, 6, seed=seed, **depth)
+    grid = hard_grid(2, 5, 6, H, W, align_corners, seed=seed, **depth)
     return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
+
+
+def _random_problem(dims, dtype, device, seed, grid_range):
+    depth = depth_sizes(dims, 4, 3)
+    return make_problem(3, 2, 6, 7, 9, 5, dtype=dtype, device=device, seed=seed,
+                        grid_range=grid_range, **depth)
 
 
 def _reference(grad_output, inp, grid, mode, padding, align_corners,
@@ -122,10 +136,11 @@ class TestAgreementWithStock(DetgridTestCase):
     @parametrize("layout", LAYOUTS)
     @parametrize("align_corners", (False, True))
     @parametrize("padding", PADDINGS, name_fn=padding_name)
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_gradients_match_stock(self, device, dtype, mode, padding,
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_gradients_match_stock(self, device, dtype, dims, mode, padding,
                                    align_corners, layout):
-        args = _apply_layout(layout, *_hard_problem(mode, align_corners, dtype, device))
+        args = _apply_layout(layout, *_hard_problem(mode, align_corners, dtype,
+                                                    device, dims=dims))
         grad_input, grad_grid = detgrid_backward(*args, mode, padding, align_corners)
         ref_input, ref_grid = _reference(*args, mode, padding, align_corners)
         self._assert_close(grad_input, ref_input, dtype, "grad_input")
@@ -137,11 +152,10 @@ class TestAgreementWithStock(DetgridTestCase):
     @dtypes(torch.float32, torch.float64)
     @parametrize("align_corners", (False, True))
     @parametrize("padding", PADDINGS, name_fn=padding_name)
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_gradients_match_stock_on_random_grids(self, device, dtype, mode,
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_gradients_match_stock_on_random_grids(self, device, dtype, dims, mode,
                                                    padding, align_corners):
-        args = make_problem(3, 2, 6, 7, 9, 5, dtype=dtype, device=device,
-                            seed=7, grid_range=1.5)
+        args = _random_problem(dims, dtype, device, seed=7, grid_range=1.5)
         grad_input, grad_grid = detgrid_backward(*args, mode, padding, align_corners)
         ref_input, ref_grid = _reference(*args, mode, padding, align_corners)
         self._assert_close(grad_input, ref_input, dtype, "grad_input")
@@ -149,10 +163,10 @@ class TestAgreementWithStock(DetgridTestCase):
 
     @dtypes(torch.float32, torch.float64)
     @parametrize("output_mask", MASKS, name_fn=lambda m: "input%d_grid%d" % m)
-    @parametrize("mode", MODES, name_fn=mode_name)
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
     def test_output_mask_returns_only_requested_gradients(self, device, dtype,
-                                                          mode, output_mask):
-        args = _hard_problem(mode, False, dtype, device, seed=3)
+                                                          dims, mode, output_mask):
+        args = _hard_problem(mode, False, dtype, device, seed=3, dims=dims)
         full = detgrid_backward(*args, mode, REFLECTION, False)
         partial = detgrid_backward(*args, mode, REFLECTION, False, output_mask)
         for requested, got, everything, name in zip(
@@ -168,8 +182,10 @@ class TestAgreementWithStock(DetgridTestCase):
         if output_mask[1]:
             self._assert_close(partial[1], ref[1], dtype, "grad_grid")
 
-    def test_empty_output_mask_returns_no_gradients(self, device):
-        args = make_problem(1, 2, 3, 4, 2, 2, device=device)
+    @parametrize("dims", (2, 3), name_fn=dims_name)
+    def test_empty_output_mask_returns_no_gradients(self, device, dims):
+        depth = depth_sizes(dims, 2, 3)
+        args = make_problem(1, 2, 3, 4, 2, 2, device=device, **depth)
         self.assertEqual(
             detgrid_backward(*args, BILINEAR, ZEROS, False, (False, False)),
             (None, None))
@@ -194,12 +210,15 @@ class TestAgreementWithStock(DetgridTestCase):
 
     @onlyCPU
     @dtypes(*REDUCED_DTYPES)
-    @parametrize("mode", (BILINEAR, BICUBIC), name_fn=mode_name)
-    def test_reduced_precision_is_at_least_as_accurate_as_stock(self, device,
-                                                               dtype, mode):
+    @parametrize("dims,mode", ((2, BILINEAR), (2, BICUBIC), (3, BILINEAR)),
+                 name_fn=sampler_name)
+    def test_reduced_precision_is_at_least_as_accurate_as_stock(
+            self, device, dtype, dims, mode):
         # detgrid works in float32 and rounds once; stock rounds to the
         # dtype at every step.
-        args = make_problem(2, 4, 6, 7, 5, 8, dtype=dtype, device=device, seed=11)
+        depth = depth_sizes(dims, 3, 4)
+        args = make_problem(2, 4, 6, 7, 5, 8, dtype=dtype, device=device, seed=11,
+                            **depth)
         ours = detgrid_backward(*args, mode, ZEROS, False)
         stock = stock_backward(*args, mode, ZEROS, False)
         truth = _reference(*args, mode, ZEROS, False)
@@ -214,26 +233,36 @@ class TestAgreementWithStock(DetgridTestCase):
 
 class TestGradcheck(DetgridTestCase):
 
-    def _inputs(self, device, align_corners, seed=0):
-        H, W = 4, 5
+    def _inputs(self, device, align_corners, seed=0, dims=2):
+        # 2-D: a 4 x 5 image sampled at 3 x 3 points; 3-D: a 2 x 3 x 4
+        # volume sampled at 2 x 2 x 2 points (few, as gradcheck perturbs
+        # every input and grid element).
+        if dims == 2:
+            in_size, out_H, out_W = (4, 5), 3, 3
+        else:
+            in_size, out_H, out_W = (2, 3, 4), 2, 2
         gen = torch.Generator().manual_seed(seed)
-        inp = torch.randn(2, 2, H, W, generator=gen, dtype=torch.float64)
-        grid = smooth_grid(2, 3, 3, H, W, align_corners, seed=seed)
+        inp = torch.randn(2, 2, *in_size, generator=gen, dtype=torch.float64)
+        grid = smooth_grid(2, out_H, out_W, *in_size[-2:], align_corners, seed=seed,
+                           **depth_sizes(dims, in_size[0], 2))
         return (inp.to(device).requires_grad_(),
                 grid.to(device).requires_grad_())
 
     @parametrize("align_corners", (False, True))
     @parametrize("padding", PADDINGS, name_fn=padding_name)
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_gradcheck_of_detgrid_backward(self, device, mode, padding,
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_gradcheck_of_detgrid_backward(self, device, dims, mode, padding,
                                            align_corners):
-        inp, grid = self._inputs(device, align_corners, seed=mode * 9 + padding)
+        inp, grid = self._inputs(device, align_corners, seed=mode * 9 + padding,
+                                 dims=dims)
         self.assertTrue(torch.autograd.gradcheck(
             DetGridSample.apply, (inp, grid, mode, padding, align_corners)))
 
-    @parametrize("mode", ("bilinear", "bicubic"))
-    def test_gradcheck_of_grid_sample_while_enabled(self, device, mode):
-        inp, grid = self._inputs(device, align_corners=False, seed=5)
+    @parametrize("dims,mode", ((2, "bilinear"), (2, "bicubic"), (3, "bilinear")),
+                 name_fn=lambda dims, mode: "_".join(filter(None, (
+                     f"mode_{mode}", dims_name(dims)))))
+    def test_gradcheck_of_grid_sample_while_enabled(self, device, dims, mode):
+        inp, grid = self._inputs(device, align_corners=False, seed=5, dims=dims)
         with detgrid.enabled((self.device_type,)), DeterministicGuard(True):
             self.assertTrue(torch.autograd.gradcheck(
                 lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode="border",
@@ -242,8 +271,9 @@ class TestGradcheck(DetgridTestCase):
 
 
 # ---------------------------------------------------------------------------
-# OpInfo samples of grid_sampler_2d and nn.functional.grid_sample, extended
-# with hard samples.
+# OpInfo samples of grid_sampler_2d and nn.functional.grid_sample (4-D and
+# 5-D), extended with hard samples. (The grid_sampler_3d OpInfo skips CPU and
+# CUDA; nn.functional.grid_sample's 5-D samples cover it.)
 # ---------------------------------------------------------------------------
 
 _GRID_SAMPLE_OPS = [
@@ -264,10 +294,7 @@ def _sample(op_name, inp, grid, mode, padding, align_corners):
 
 
 def _backward_args(op_name, sample):
-    """(input, grid, mode, padding, align_corners) of a 4-D sample, or None
-    for a 5-D one."""
-    if sample.input.dim() != 4:
-        return None
+    """(input, grid, mode, padding, align_corners) of a sample."""
     if op_name == "grid_sampler_2d":
         grid, mode, padding, align_corners = sample.args
         return sample.input, grid, mode, padding, align_corners
@@ -278,17 +305,28 @@ def _backward_args(op_name, sample):
             bool(kwargs.get("align_corners", False)))
 
 
+_OP_DIMS = {"grid_sampler_2d": (2,), "nn.functional.grid_sample": (2, 3)}
+
+
 def _hard_samples(op_name, device, dtype):
     """Samples the OpInfo lacks: exact pixel/edge positions, 1x1 and 1xN
-    inputs, channels_last input, non-contiguous grid, a grid far outside."""
-    for mode, padding, align_corners in itertools.product(MODES, PADDINGS, (False, True)):
-        _, inp, grid = _hard_problem(mode, align_corners, dtype, device, seed=1)
+    inputs (1x1x1 and 1xNx1 ... in 3-D), channels_last input, non-contiguous
+    grid, a grid far outside."""
+    for (dims, mode), padding, align_corners in itertools.product(
+            SAMPLERS, PADDINGS, (False, True)):
+        if dims not in _OP_DIMS[op_name]:
+            continue
+        _, inp, grid = _hard_problem(mode, align_corners, dtype, device, seed=1,
+                                     dims=dims)
         yield _sample(op_name, inp, grid, mode, padding, align_corners)
         yield _sample(op_name, strided_like(inp, "channels_last"),
                       strided_like(grid, "transposed"), mode, padding, align_corners)
-        for H, W in ((1, 1), (1, 6), (6, 1)):
-            _, small, far = make_problem(2, 2, H, W, 3, 4, dtype=dtype,
-                                         device=device, seed=H + W, grid_range=3.0)
+        sizes = (((1, 1), (1, 6), (6, 1)) if dims == 2 else
+                 ((1, 1, 1), (1, 1, 6), (1, 6, 1), (6, 1, 1)))
+        for *D, H, W in sizes:
+            depth = dict(D=D[0], out_D=2) if D else {}
+            _, small, far = make_problem(2, 2, H, W, 3, 4, dtype=dtype, device=device,
+                                         seed=H + W, grid_range=3.0, **depth)
             yield _sample(op_name, small, far, mode, padding, align_corners)
 
 
@@ -317,7 +355,11 @@ class TestOpInfoSamples(DetgridTestCase):
                 rtol, atol = _tolerances(dtype, expected)
                 self.assertEqual(got, expected, rtol=rtol, atol=atol, msg=what)
             checked += 1
-        self.assertGreater(checked, 18 * 4)
+        # Every op's OpInfo samples plus 5 (2-D) or 6 (3-D) hard samples per
+        # (mode, padding, align_corners).
+        hard = {"grid_sampler_2d": 18 * 5,
+                "nn.functional.grid_sample": 18 * 5 + 12 * 6}[op.name]
+        self.assertGreater(checked, hard)
 
 
 instantiate_device_type_tests(TestAgreementWithStock, globals(), only_for=("cpu", "cuda"))

@@ -5,7 +5,11 @@ documented result (GridSamplerDeterministic.cu, invariant (c)) or a clear
 error.
 
 Stock CPU grid_sampler crashes on NaN grids with border/reflection padding
-(upstream #24823), so nothing here hands a NaN grid to stock."""
+(upstream #24823), so nothing here hands a NaN grid to stock.
+
+Tests parametrized over SAMPLERS (or dims) cover grid_sampler_2d and
+grid_sampler_3d; the 3-D subtests carry a "3d" suffix. The 3-D twins of the
+shape and argument checks are in test_3d.py."""
 
 import math
 
@@ -30,21 +34,30 @@ from detgrid_testing import (
     NEAREST,
     PADDINGS,
     REFLECTION,
+    SAMPLERS,
     ZEROS,
     assert_bitwise_equal,
+    depth_sizes,
     detgrid_backward,
+    dims_name,
     make_problem,
     make_zoom_problem,
     mode_name,
     padding_name,
+    sampler_name,
     stock_backward,
 )
 
 INF = math.inf
 NAN = math.nan
 BAD_VALUES = (NAN, INF, -INF, 1e38, -1e38, 1e30, -1e30)
-# Points (n, h, w) that get a bad coordinate, and which of x (0) / y (1).
-BAD_POINTS = (((0, 1, 2), (0,)), ((1, 0, 3), (1,)), ((1, 2, 0), (0, 1)))
+# Points (n, h, w) or (n, d, h, w) that get a bad coordinate, and which of
+# x (0) / y (1) / z (2).
+BAD_POINTS = {
+    2: (((0, 1, 2), (0,)), ((1, 0, 3), (1,)), ((1, 2, 0), (0, 1))),
+    3: (((0, 1, 0, 2), (0,)), ((1, 0, 1, 3), (1,)), ((1, 1, 2, 0), (2,)),
+        ((0, 0, 2, 1), (0, 1, 2))),
+}
 
 
 def _value_name(value):
@@ -83,10 +96,10 @@ def _classify_axis(value, size, mode, padding, align_corners, dtype):
 
 
 class TestNonFiniteCoordinates(DetgridTestCase):
-    H, W = 5, 6
+    D, H, W = 4, 5, 6
 
     def _classify(self, value, axes, mode, padding, align_corners, dtype):
-        kinds = {_classify_axis(value, (self.W, self.H)[axis], mode, padding,
+        kinds = {_classify_axis(value, (self.W, self.H, self.D)[axis], mode, padding,
                                 align_corners, dtype) for axis in axes}
         if "void" in kinds:
             return "void"
@@ -95,12 +108,13 @@ class TestNonFiniteCoordinates(DetgridTestCase):
     @dtypes(*ALL_DTYPES)
     @parametrize("value", BAD_VALUES, name_fn=_value_name)
     @parametrize("padding", PADDINGS, name_fn=padding_name)
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_bad_coordinate_gives_documented_gradient(self, device, dtype, mode,
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_bad_coordinate_gives_documented_gradient(self, device, dtype, dims, mode,
                                                       padding, value):
+        depth = depth_sizes(dims, self.D, 3)
         for align_corners in (False, True):
             grad_output, inp, grid = make_problem(
-                2, 2, self.H, self.W, 3, 4, seed=13 + align_corners)
+                2, 2, self.H, self.W, 3, 4, seed=13 + align_corners, **depth)
             bad_grid = grid.clone()
             # The expected result is that of a finite problem: void points
             # carry no gradient there, edge points sit beyond the edge,
@@ -108,21 +122,23 @@ class TestNonFiniteCoordinates(DetgridTestCase):
             expected_grad_output = grad_output.clone()
             expected_grid = grid.clone()
             void_points, kinds = [], []
-            for (n, h, w), axes in BAD_POINTS:
+            for point, axes in BAD_POINTS[dims]:
+                # grad_output[n, :, h, w] (or [n, :, d, h, w]) of the point.
+                channels = (point[0], slice(None), *point[1:])
                 # Bad points carry a sizable gradient, so losing or keeping
                 # them shows.
-                grad_output[n, :, h, w] = torch.tensor([1.5, -2.0])
-                expected_grad_output[n, :, h, w] = grad_output[n, :, h, w]
+                grad_output[channels] = torch.tensor([1.5, -2.0])
+                expected_grad_output[channels] = grad_output[channels]
                 kind = self._classify(value, axes, mode, padding, align_corners, dtype)
                 kinds.append(kind)
                 for axis in axes:
-                    bad_grid[n, h, w, axis] = value
+                    bad_grid[(*point, axis)] = value
                     if kind != "void":
-                        expected_grid[n, h, w, axis] = (
+                        expected_grid[(*point, axis)] = (
                             value if kind == "folded" else math.copysign(2.0, value))
                 if kind == "void":
-                    expected_grad_output[n, :, h, w] = 0
-                    void_points.append((n, h, w))
+                    expected_grad_output[channels] = 0
+                    void_points.append(point)
             grad_output, inp, bad_grid, expected_grad_output, expected_grid = (
                 t.to(device=device, dtype=dtype) for t in (
                     grad_output, inp, bad_grid, expected_grad_output, expected_grid))
@@ -132,10 +148,10 @@ class TestNonFiniteCoordinates(DetgridTestCase):
                 grad_output, inp, bad_grid, mode, padding, align_corners)
             self.assertTrue(grad_input.isfinite().all(), msg)
             self.assertTrue(grad_grid.isfinite().all(), msg)
-            for n, h, w in void_points:
-                self.assertTrue((grad_grid[n, h, w] == 0).all(),
-                                f"{msg}: grad_grid at {(n, h, w)}: "
-                                f"{grad_grid[n, h, w].tolist()}")
+            for point in void_points:
+                self.assertTrue((grad_grid[point] == 0).all(),
+                                f"{msg}: grad_grid at {point}: "
+                                f"{grad_grid[point].tolist()}")
             expected_input, expected_grid_grad = detgrid_backward(
                 expected_grad_output, inp, expected_grid, mode, padding,
                 align_corners)
@@ -145,35 +161,49 @@ class TestNonFiniteCoordinates(DetgridTestCase):
             # partition cannot change either), edge points act as if beyond
             # the edge, other points' grid gradients are untouched.
             assert_bitwise_equal(self, grad_input, expected_input, f"{msg} grad_input")
-            for n, h, w in void_points:
-                expected_grid_grad[n, h, w] = grad_grid[n, h, w]
+            for point in void_points:
+                expected_grid_grad[point] = grad_grid[point]
             assert_bitwise_equal(self, grad_grid, expected_grid_grad, f"{msg} grad_grid")
             if padding == REFLECTION and mode != BICUBIC:
                 # Every non-void point is folded into the image, where its
                 # weights sum to one: grad_input's total per channel is the
                 # total gradient of the non-void points.
                 tol = 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
-                self.assertEqual(grad_input.double().sum((2, 3)),
-                                 expected_grad_output.double().sum((2, 3)),
+                spatial = tuple(range(2, 2 + dims))
+                self.assertEqual(grad_input.double().sum(spatial),
+                                 expected_grad_output.double().sum(spatial),
                                  rtol=tol, atol=tol, msg=msg)
 
     @dtypes(torch.float32, torch.bfloat16)
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_void_points_leave_the_summation_order_alone(self, device, dtype, mode):
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_void_points_leave_the_summation_order_alone(self, device, dtype, dims,
+                                                         mode):
         # In a multi-tile, high-collision problem (partials and tiles both
         # matter), points with non-finite coordinates must act exactly like
         # points far outside the image under zeros padding: neither has a
         # record on any pixel, so every pixel's canonical order is the same.
-        grad_output, inp, grid = make_zoom_problem(2, 2, 6, 7, 48, 48, dtype=dtype,
-                                                   device=device, seed=17)
+        if dims == 2:
+            problem = make_zoom_problem(2, 2, 6, 7, 48, 48, dtype=dtype,
+                                        device=device, seed=17)
+        else:  # 2 * 4 * 24 * 24 points on a 4 x 5 x 6 volume
+            problem = make_zoom_problem(2, 2, 5, 6, 24, 24, D=4, out_D=4,
+                                        dtype=dtype, device=device, seed=17)
+        grad_output, inp, grid = problem
+        points_shape = grid.shape[:-1]
         gen = torch.Generator().manual_seed(0)
-        chosen = torch.rand(grid.shape[:3], generator=gen) < 0.2
+        chosen = torch.rand(points_shape, generator=gen) < 0.2
         values = torch.tensor([NAN, INF, -INF, 1e30])[
-            torch.randint(0, 4, grid.shape[:3], generator=gen)]
+            torch.randint(0, 4, points_shape, generator=gen)]
+        # The coordinate that goes bad: x in 2-D, any of x, y, z in 3-D.
+        bad_axis = torch.randint(0, 1 if dims == 2 else dims, points_shape,
+                                 generator=gen)
         bad = grid.clone()
-        bad[..., 0][chosen.to(device)] = values[chosen].to(device=device, dtype=dtype)
         far = grid.clone()
-        far[..., 0][chosen.to(device)] = -5.0
+        for axis in range(dims):
+            on_axis = chosen & (bad_axis == axis)
+            bad[..., axis][on_axis.to(device)] = values[on_axis].to(device=device,
+                                                                    dtype=dtype)
+            far[..., axis][on_axis.to(device)] = -5.0
         for chunk_points in (0, 4096):
             assert_bitwise_equal(
                 self,
@@ -185,10 +215,12 @@ class TestNonFiniteCoordinates(DetgridTestCase):
 
     @dtypes(torch.float32, torch.float64)
     @parametrize("padding", PADDINGS, name_fn=padding_name)
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_all_nan_grid_gives_zero_gradients(self, device, dtype, mode, padding):
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_all_nan_grid_gives_zero_gradients(self, device, dtype, dims, mode,
+                                               padding):
+        depth = depth_sizes(dims, 3, 2)
         grad_output, inp, grid = make_problem(2, 3, 4, 5, 6, 7, dtype=dtype,
-                                              device=device)
+                                              device=device, **depth)
         grid = torch.full_like(grid, NAN)
         for chunk_points in (0, 4096):
             grad_input, grad_grid = detgrid_backward(
@@ -196,25 +228,30 @@ class TestNonFiniteCoordinates(DetgridTestCase):
             self.assertEqual(grad_input, torch.zeros_like(inp), atol=0, rtol=0)
             self.assertTrue((grad_grid == 0).all())
 
-    @parametrize("mode", MODES, name_fn=mode_name)
-    def test_non_finite_grad_output_reaches_grad_input_like_stock(self, device, mode):
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_non_finite_grad_output_reaches_grad_input_like_stock(self, device, dims,
+                                                                  mode):
         # Not a coordinate problem: an Inf/NaN gradient flows through the
         # weights into grad_input as in stock (finite grid: stock is safe).
-        grad_output, inp, grid = make_problem(1, 2, 4, 5, 3, 3, device=device)
-        grad_output[0, 0, 1, 1] = INF
-        grad_output[0, 1, 2, 2] = NAN
+        depth = depth_sizes(dims, 3, 2)
+        grad_output, inp, grid = make_problem(1, 2, 4, 5, 3, 3, device=device, **depth)
+        grad_output[0, 0, ..., 1, 1] = INF
+        grad_output[0, 1, ..., 2, 2] = NAN
         grad_input, _ = detgrid_backward(grad_output, inp, grid, mode, ZEROS, False)
         expected, _ = stock_backward(grad_output, inp, grid, mode, ZEROS, False)
         self.assertEqual(grad_input.isnan(), expected.isnan())
         self.assertEqual(grad_input.isinf(), expected.isinf())
         self.assertEqual(grad_input, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
 
-    def test_nearest_grad_grid_is_zero_even_for_non_finite_grad_output(self, device):
+    @parametrize("dims", (2, 3), name_fn=dims_name)
+    def test_nearest_grad_grid_is_zero_even_for_non_finite_grad_output(self, device,
+                                                                       dims):
         # Nearest sampling is piecewise constant in the grid: stock returns
         # an all-zero grid gradient, whatever grad_output holds.
-        grad_output, inp, grid = make_problem(1, 2, 4, 5, 3, 3, device=device)
-        grad_output[0, 0, 1, 1] = INF
-        grad_output[0, 1, 2, 2] = NAN
+        depth = depth_sizes(dims, 3, 2)
+        grad_output, inp, grid = make_problem(1, 2, 4, 5, 3, 3, device=device, **depth)
+        grad_output[0, 0, ..., 1, 1] = INF
+        grad_output[0, 1, ..., 2, 2] = NAN
         _, expected = stock_backward(grad_output, inp, grid, NEAREST, ZEROS, False)
         self.assertEqual(expected, torch.zeros_like(grid), atol=0, rtol=0)
         _, grad_grid = detgrid_backward(grad_output, inp, grid, NEAREST, ZEROS, False)
@@ -290,7 +327,8 @@ class TestInvalidArguments(DetgridTestCase):
         # 5-D input and grid that pass the common checks (a 3-D grid).
         grid = torch.zeros(2, 1, 4, 7, 3, dtype=grid.dtype, device=device)
         message = self._first_line(
-            RuntimeError, grad_output, inp.unsqueeze(2), grid, BILINEAR, ZEROS, False)
+            RuntimeError, grad_output, inp.unsqueeze(2), grid, BILINEAR, ZEROS, False,
+            dims=2)
         self.assertExpectedInline(message, """grid_sampler(): expected 4D input and grid with same number of dimensions, but got input with sizes [2, 3, 1, 5, 6] and grid with sizes [2, 1, 4, 7, 3]""")  # noqa: B950
 
     def test_input_and_grid_must_have_same_number_of_dims(self, device):

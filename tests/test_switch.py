@@ -1,7 +1,8 @@
 # Owner(s): ["module: nn"]
 """detgrid.enable()/disable()/enabled(): while enabled on a device,
-grid_sample's backward there runs detgrid under deterministic mode and
-stock otherwise.
+grid_sample's backward there (aten::grid_sampler_2d_backward for 4-D input,
+aten::grid_sampler_3d_backward for 5-D) runs detgrid under deterministic mode
+and stock otherwise. Subtests with a "3d" suffix sample a volume.
 
 The CPU switch (devices=("cpu",)) exists so that all of this can be tested
 without a GPU: detgrid's bits differ from stock CPU's on the inputs used
@@ -27,16 +28,23 @@ from detgrid_testing import (
     BILINEAR,
     HAS_DETGRID_CUDA,
     MODE_NAMES,
+    SAMPLERS,
     ZEROS,
     DetgridTestCase,
     assert_bitwise_equal,
+    depth_sizes,
     detgrid_backward,
     make_problem,
     make_zoom_problem,
-    mode_name,
     same_bits,
+    sampler_name,
     stock_backward,
 )
+
+# Spatial dims of the problems; in these plain (not device-generic) classes
+# the subtests are named "2d" and "3d".
+DIMS = (2, 3)
+
 
 
 def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
@@ -51,10 +59,13 @@ def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
 
 
 class TestSwitchOnCPU(DetgridTestCase):
-    def _problem(self):
-        # float32 and many points per pixel: stock's sequential sums and
-        # detgrid's canonical order give different bits.
-        return make_zoom_problem(1, 2, 6, 7, 40, 40, dtype=torch.float32, seed=3)
+    def _problem(self, dims=2):
+        # float32 and many points per pixel (voxel): stock's sequential sums
+        # and detgrid's canonical order give different bits.
+        if dims == 2:
+            return make_zoom_problem(1, 2, 6, 7, 40, 40, dtype=torch.float32, seed=3)
+        return make_zoom_problem(1, 2, 5, 6, 20, 20, D=4, out_D=4,
+                                 dtype=torch.float32, seed=3)
 
     def _expected(self, args, mode, output_mask=(True, True)):
         """(detgrid's gradients, stock's gradients), which must differ in
@@ -67,49 +78,55 @@ class TestSwitchOnCPU(DetgridTestCase):
                                  "precondition: detgrid and stock bits differ")
         return ours, stock
 
-    @parametrize("mode", (BILINEAR, BICUBIC), name_fn=mode_name)
-    def test_enabled_deterministic_backward_runs_detgrid(self, mode):
-        args = self._problem()
+    @parametrize("dims,mode", ((2, BILINEAR), (2, BICUBIC), (3, BILINEAR)),
+                 name_fn=sampler_name)
+    def test_enabled_deterministic_backward_runs_detgrid(self, dims, mode):
+        args = self._problem(dims)
         ours, _ = self._expected(args, mode)
         with detgrid.enabled(("cpu",)), DeterministicGuard(True):
             grads = _grid_sample_grads(*args, mode)
         assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
         assert_bitwise_equal(self, grads[1], ours[1], "grid.grad")
 
-    def test_enabled_backward_for_input_only_runs_detgrid(self):
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_backward_for_input_only_runs_detgrid(self, dims):
         # Only the input requires grad: autograd asks for grad_input alone.
-        args = self._problem()
+        args = self._problem(dims)
         ours, _ = self._expected(args, BILINEAR, (True, False))
         with detgrid.enabled(("cpu",)), DeterministicGuard(True):
             grads = _grid_sample_grads(*args, BILINEAR, grid_grad=False)
         assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
         self.assertIsNone(grads[1])
 
-    def test_enabled_backward_for_grid_only_runs_detgrid(self):
-        args = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_backward_for_grid_only_runs_detgrid(self, dims):
+        args = self._problem(dims)
         ours, _ = self._expected(args, BILINEAR, (False, True))
         with detgrid.enabled(("cpu",)), DeterministicGuard(True):
             grads = _grid_sample_grads(*args, BILINEAR, input_grad=False)
         self.assertIsNone(grads[0])
         assert_bitwise_equal(self, grads[1], ours[1], "grid.grad")
 
-    def test_enabled_backward_without_determinism_runs_stock(self):
-        args = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_backward_without_determinism_runs_stock(self, dims):
+        args = self._problem(dims)
         _, stock = self._expected(args, BILINEAR)
         with detgrid.enabled(("cpu",)), DeterministicGuard(False):
             grads = _grid_sample_grads(*args, BILINEAR)
         assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
         assert_bitwise_equal(self, grads[1], stock[1], "grid.grad")
 
-    def test_enabled_backward_with_warn_only_determinism_runs_detgrid(self):
-        args = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_backward_with_warn_only_determinism_runs_detgrid(self, dims):
+        args = self._problem(dims)
         ours, _ = self._expected(args, BILINEAR)
         with detgrid.enabled(("cpu",)), DeterministicGuard(True, warn_only=True):
             grads = _grid_sample_grads(*args, BILINEAR)
         assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
 
-    def test_disable_restores_stock_backward(self):
-        args = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_disable_restores_stock_backward(self, dims):
+        args = self._problem(dims)
         _, stock = self._expected(args, BILINEAR)
         detgrid.enable(("cpu",))
         detgrid.disable(("cpu",))
@@ -179,8 +196,9 @@ class TestSwitchOnCPU(DetgridTestCase):
         detgrid.disable("cpu")
         self.assertFalse(detgrid.is_enabled("cpu"))
 
-    def test_create_graph_backward_runs_detgrid(self):
-        grad_output, inp, grid = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_create_graph_backward_runs_detgrid(self, dims):
+        grad_output, inp, grid = self._problem(dims)
         ours, _ = self._expected((grad_output, inp, grid), BILINEAR, (True, False))
         x = inp.clone().requires_grad_()
         with detgrid.enabled(("cpu",)), DeterministicGuard(True):
@@ -191,10 +209,12 @@ class TestSwitchOnCPU(DetgridTestCase):
 
     @parametrize("grid_requires_grad", (False, True),
                  name_fn=lambda r: "grid_grad" if r else "input_grad_only")
-    def test_double_backward_works_while_enabled(self, grid_requires_grad):
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_double_backward_works_while_enabled(self, dims, grid_requires_grad):
         # StyleGAN2's R1 penalty differentiates the gradient w.r.t. the
         # sampled images once more.
-        grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, seed=21)
+        grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, seed=21,
+                                              **depth_sizes(dims, 3, 2))
 
         def r1_grads():
             x = inp.clone().requires_grad_()
@@ -248,9 +268,12 @@ class TestSwitchOnCPU(DetgridTestCase):
 
 @unittest.skipUnless(HAS_DETGRID_CUDA, "needs a GPU and detgrid's CUDA kernels")
 class TestSwitchOnCUDA(DetgridTestCase):
-    def _problem(self, dtype=torch.float32):
-        return make_zoom_problem(2, 3, 16, 20, 64, 64, dtype=dtype, device="cuda",
-                                 seed=4)
+    def _problem(self, dtype=torch.float32, dims=2):
+        if dims == 2:
+            return make_zoom_problem(2, 3, 16, 20, 64, 64, dtype=dtype, device="cuda",
+                                     seed=4)
+        return make_zoom_problem(2, 3, 8, 10, 16, 16, D=6, out_D=16, dtype=dtype,
+                                 device="cuda", seed=4)
 
     def _backward_records_no_warning(self, fn, *, warn_only):
         with detgrid.enabled(), DeterministicGuard(True, warn_only=warn_only):
@@ -261,15 +284,16 @@ class TestSwitchOnCUDA(DetgridTestCase):
         return result
 
     @parametrize("warn_only", (False, True))
-    def test_enabled_cuda_backward_raises_no_error_and_no_warning(self, warn_only):
-        args = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_cuda_backward_raises_no_error_and_no_warning(self, dims, warn_only):
+        args = self._problem(dims=dims)
         grads = self._backward_records_no_warning(
             lambda: _grid_sample_grads(*args, BILINEAR), warn_only=warn_only)
         self.assertTrue(all(g is not None for g in grads))
 
-    @parametrize("mode", (0, 1, 2), name_fn=mode_name)
-    def test_enabled_cuda_backward_runs_detgrid(self, mode):
-        args = self._problem()
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_enabled_cuda_backward_runs_detgrid(self, dims, mode):
+        args = self._problem(dims=dims)
         expected = detgrid_backward(*args, mode, ZEROS, False)
         with detgrid.enabled(), DeterministicGuard(True):
             grads = _grid_sample_grads(*args, mode)
@@ -278,8 +302,9 @@ class TestSwitchOnCUDA(DetgridTestCase):
 
     @parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32, torch.float64),
                  name_fn=lambda d: str(d).split(".")[1])
-    def test_enabled_cuda_backward_is_bitwise_reproducible(self, dtype):
-        args = self._problem(dtype)
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_cuda_backward_is_bitwise_reproducible(self, dims, dtype):
+        args = self._problem(dtype, dims)
         with detgrid.enabled(), DeterministicGuard(True):
             first = _grid_sample_grads(*args, BILINEAR, padding_mode="border")
             for _ in range(3):
@@ -301,8 +326,10 @@ class TestSwitchOnCUDA(DetgridTestCase):
             assert_bitwise_equal(self, grads[0], expected[0], "input.grad")
             assert_bitwise_equal(self, grads[1], expected[1], "grid.grad")
 
-    def test_enabled_cuda_double_backward_works(self):
-        grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, device="cuda", seed=21)
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_cuda_double_backward_works(self, dims):
+        grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, device="cuda", seed=21,
+                                              **depth_sizes(dims, 3, 2))
         with detgrid.enabled(), DeterministicGuard(True):
             x = inp.clone().requires_grad_()
             out = F.grid_sample(x, grid, align_corners=False)
@@ -311,19 +338,21 @@ class TestSwitchOnCUDA(DetgridTestCase):
             gx.square().sum().backward()
         self.assertTrue(x.grad.isfinite().all())
 
-    def test_disabled_cuda_backward_raises_the_stock_determinism_error(self):
-        args = self._problem()
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_disabled_cuda_backward_raises_the_stock_determinism_error(self, dims):
+        args = self._problem(dims=dims)
         detgrid.enable()
         detgrid.disable()
         with DeterministicGuard(True):
             with self.assertRaisesRegex(
                     RuntimeError,
-                    "grid_sampler_2d_backward_cuda does not have a deterministic "
+                    f"grid_sampler_{dims}d_backward_cuda does not have a deterministic "
                     "implementation"):
                 _grid_sample_grads(*args, BILINEAR)
 
-    def test_enabled_cuda_leaves_cpu_stock(self):
-        args = tuple(t.cpu() for t in self._problem())
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_enabled_cuda_leaves_cpu_stock(self, dims):
+        args = tuple(t.cpu() for t in self._problem(dims=dims))
         stock = stock_backward(*args, BILINEAR, ZEROS, False)
         with detgrid.enabled(), DeterministicGuard(True):
             self.assertFalse(detgrid.is_enabled("cpu"))
