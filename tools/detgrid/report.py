@@ -456,8 +456,8 @@ def render_issue(report: Report) -> str:
     env = report.environment
     out = [
         provenance(report, "ISSUE.md"),
-        "<!-- Title: Deterministic CUDA backward for grid_sample (grid_sampler_2d_backward_cuda) "
-        "in a release -->",
+        "<!-- Title: Deterministic CUDA backward for grid_sample (grid_sampler_2d_backward_cuda, "
+        "grid_sampler_3d_backward_cuda) in a release -->",
         "",
         "### 🚀 The feature, motivation and pitch",
         "",
@@ -467,8 +467,8 @@ def render_issue(report: Report) -> str:
         "because of atomicAdd usage\"), so its bits change from run to run wherever several grid "
         "points sample the same input pixel: zoom-in grids, spatial transformers, flow warping, "
         "feature-grid models. Since #180417 the cuDNN route (bilinear, zeros, align_corners=True) "
-        "alerts too, so no CUDA configuration of 2D grid_sample has a deterministic backward in a "
-        "release. Users who need reproducible training must turn determinism off for the whole "
+        "alerts too, so no CUDA configuration of grid_sample (2D or 3D) has a deterministic "
+        "backward in a release. Users who need reproducible training must turn determinism off for the whole "
         "step or accept `warn_only=True` and nondeterministic gradients.",
         "",
         "#68959 has tracked this since 2021. #196856 (a stable sort of contribution ids by "
@@ -476,7 +476,8 @@ def render_issue(report: Report) -> str:
         "likely landed on main, as main's randomness notes document one; released users still have "
         "nothing.",
         "",
-        "The pitch: a deterministic CUDA backward for `grid_sampler_2d` in a release, whose bits "
+        "The pitch: a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d` in a "
+        "release, whose bits "
         "are a pure function of shapes and grid values (independent of GPU model, launch "
         "configuration and chunking), with a workspace bounded independently of the input size, "
         "and a CPU executor that reproduces the CUDA result bit for bit so the order can be tested "
@@ -533,7 +534,8 @@ DESIGN = """\
 Per chunk of points (whole tiles of 4096 points, about 2^21 records):
 
 1. **point pass**, one thread per point: source coordinates once, the grid gradient (single \
-writer), and one record per tap: key = destination pixel `(n, y, x)`, value = record id \
+writer), and one record per tap: key = destination pixel `(n, y, x)` (voxel `(n, z, y, x)` in \
+3D), value = record id \
 `point * taps + tap`, and the tap weight;
 2. **stable radix sort** of the records by key (`at::cuda::cub::radix_sort_pairs`, only the key \
 bits needed), so each destination's records are in ascending record id;
@@ -557,7 +559,8 @@ on the host), so the host executor, which runs the same `C10_HOST_DEVICE` functi
 **Workspace.** From the caching allocator, independent of grid values: with `R = min(points, \
 chunk_points) * taps` records per chunk (at most 2^21 by default), `R * (2 * sizeof(key) + 2 * 4 + \
 sizeof(opmath))` bytes plus CUB's sort scratch (about `R * (sizeof(key) + 4)`), plus, in the dense \
-reduction only, `4 * (N * H_in * W_in + 1) <= 4 * (R + 1)` bytes of segment starts; plus a float \
+reduction only, `4 * (destinations + 1) <= 4 * (R + 1)` bytes of segment starts (`destinations = \
+N * H_in * W_in`, times `D_in` in 3D); plus a float \
 carry of grad_input's size for half/bfloat16 inputs that need more than one chunk. With int32 keys \
 and float32 that is about 32 bytes per record of one chunk: at most 64 MiB, whatever the input size.
 
@@ -568,7 +571,9 @@ padding clamps ±Inf to the border first, as stock does).
 **Dispatch.** The deterministic path is taken when deterministic algorithms are on and grad_input \
 is requested; otherwise the existing kernels run unchanged. In deterministic mode the composite \
 `grid_sampler` no longer picks cuDNN, and `cudnn_grid_sampler_backward` delegates to \
-`grid_sampler_2d_backward`. 3D still alerts."""
+`grid_sampler_2d_backward`. The 3D backward (`launch_grid_sampler_3d_backward_kernel`) takes the \
+same deterministic path: one pipeline serves both, with the spatial dimensionality a template \
+parameter of the shared math (no bicubic in 3D, as in stock)."""
 
 DIFFERS = """\
 How this differs from #196856 (stable sort of contribution ids by destination, fixed 256-record \
@@ -587,7 +592,7 @@ multi-chunk float carry is the one grad_input-sized buffer).
 - **Grid-only backward without alert or grouping.** When only the grid gradient is requested, only \
 the point pass runs (single writer per element): no sort, no alert.
 - **NaN-safe coordinates.** NaN, ±Inf and out-of-range coordinates never form an index.
-- **Scope.** 2D only; #196856 also covers 3D."""
+- **Scope.** 2D and 3D, like #196856, from one dimension-generic pipeline."""
 
 AI_DISCLOSURE = """\
 > **AI-assisted content — disclosure.** This PR's code (the kernel, the host executor, the patch \
@@ -611,7 +616,8 @@ def render_test_plan(report: Report) -> str:
     lines = [
         "Upstream tests, in the patched checkout (added or extended by the patch):",
         "",
-        _fence("python test/test_nn.py -k test_grid_sample_2d_backward_deterministic\n"
+        _fence("python test/test_nn.py -k 'test_grid_sample_2d_backward_deterministic or "
+               "test_grid_sample_3d_backward_deterministic'\n"
                "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
         "",
         f"Result: {upstream}.",
@@ -658,9 +664,10 @@ def render_pr(report: Report) -> str:
         "",
         "## Summary",
         "",
-        "Adds a deterministic CUDA backward for `grid_sampler_2d`, taken under "
-        "`torch.use_deterministic_algorithms(True)` when grad_input is requested, instead of "
-        "raising `grid_sampler_2d_backward_cuda does not have a deterministic implementation`. "
+        "Adds a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d`, taken "
+        "under `torch.use_deterministic_algorithms(True)` when grad_input is requested, instead "
+        "of raising `grid_sampler_{2d,3d}_backward_cuda does not have a deterministic "
+        "implementation`. "
         "Stock's backward scatters grad_input with `atomicAdd`; this one sorts the contributions "
         "by destination and reduces them with one writer per grad_input element in a canonical "
         "order. Behaviour outside deterministic mode is unchanged. Related: #196856 (sort-based, "
@@ -687,7 +694,7 @@ def render_pr(report: Report) -> str:
         "## BC-breaking",
         "",
         "BC-breaking: no. Outside deterministic mode nothing changes; in deterministic mode the "
-        "CUDA 2D backward used to raise (or warn, with `warn_only=True`) and now returns "
+        "CUDA 2D and 3D backward used to raise (or warn, with `warn_only=True`) and now returns "
         "deterministic gradients.",
         "",
         "## Checklist",
@@ -695,9 +702,9 @@ def render_pr(report: Report) -> str:
         f"- [ ] `lintrunner -a` (or `spin fixlint`) on the patched checkout: {lint}.",
         f"- [{'x' if ck and ck.lint == [] else ' '}] the checkout's grep linters "
         f"(`.lintrunner.toml`) on the new `.cu`/`.cuh`/`.h` files: {grep}.",
-        "- [x] tests added: `test_grid_sample_2d_backward_deterministic*` in `test/test_nn.py`, "
-        "the alert test in `test/test_torch.py` updated; `use_deterministic_algorithms` docstring "
-        "lists the op.",
+        "- [x] tests added: `test_grid_sample_{2d,3d}_backward_deterministic*` in "
+        "`test/test_nn.py`, the 2D and 3D alert tests in `test/test_torch.py` updated; the "
+        "`use_deterministic_algorithms` docstring and the randomness notes list the op.",
         f"- [{'x' if tests_ok else ' '}] "
         f"the kit's test suite: {render_tests(report).split(': ', 1)[1]}",
         f"- [{'x' if gpu else ' '}] GPU evidence (CUDA repro, benchmarks): "

@@ -1,7 +1,7 @@
 """detgrid.enable(): route stock grid_sample backward kernels to detgrid.
 
-While enabled, aten::grid_sampler_2d_backward and
-aten::cudnn_grid_sampler_backward on CUDA run the deterministic backward
+While enabled, aten::grid_sampler_2d_backward, aten::grid_sampler_3d_backward
+and aten::cudnn_grid_sampler_backward on CUDA run the deterministic backward
 whenever torch.are_deterministic_algorithms_enabled(), and the stock kernels
 otherwise. The switch is the only global state of the package.
 """
