@@ -11,6 +11,7 @@ for 3-D, the calls dispatch on input.dim().
 """
 
 import math
+import unittest
 
 import torch
 from torch.testing._internal.common_utils import TestCase
@@ -28,7 +29,9 @@ PADDING_NAMES = {ZEROS: "zeros", BORDER: "border", REFLECTION: "reflection"}
 TAPS_PER_POINT = {BILINEAR: 4, NEAREST: 1, BICUBIC: 16}
 TAPS_PER_AXIS = {BILINEAR: 2, NEAREST: 1, BICUBIC: 4}
 # grid_sampler_3d has no bicubic mode (stock rejects it for 5-D input).
-MODES_3D = (BILINEAR, NEAREST)
+# 5-D bicubic is tricubic; stock has it from torch 2.15 (see
+# STOCK_HAS_TRICUBIC), detgrid on every torch.
+MODES_3D = (BILINEAR, NEAREST, BICUBIC)
 # Every (spatial dims, interpolation mode) grid_sample supports.
 SAMPLERS = tuple((2, mode) for mode in MODES) + tuple((3, mode) for mode in MODES_3D)
 
@@ -290,13 +293,35 @@ def detgrid_backward(grad_output, inp, grid, mode, padding, align_corners,
                  list(output_mask))
 
 
+def _stock_has_tricubic():
+    try:
+        torch.grid_sampler_3d(torch.zeros(1, 1, 1, 1, 1), torch.zeros(1, 1, 1, 1, 3),
+                              BICUBIC, 0, False)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+# Whether this torch samples 5-D input bicubically (torch >= 2.15). Where it
+# does not, a comparison with stock's 5-D bicubic is skipped, not passed.
+STOCK_HAS_TRICUBIC = _stock_has_tricubic()
+
+
+def skip_unless_stock_samples(dims, mode):
+    if dims == 3 and mode == BICUBIC and not STOCK_HAS_TRICUBIC:
+        raise unittest.SkipTest(
+            f"torch {torch.__version__} has no 5-D bicubic grid_sample to compare with")
+
+
 def stock_backward(grad_output, inp, grid, mode, padding, align_corners,
                    output_mask=(True, True), *, dims=None):
     """Stock aten backward (2-D, or 3-D for a 5-D input), bypassing any
     detgrid override: the CPU override only acts under deterministic mode,
     so run it with determinism off. Never call this with NaN grids on CPU
     (upstream #24823)."""
-    op = (torch.ops.aten.grid_sampler_3d_backward if _spatial_dims(inp, dims) == 3
+    spatial_dims = _spatial_dims(inp, dims)
+    skip_unless_stock_samples(spatial_dims, mode)
+    op = (torch.ops.aten.grid_sampler_3d_backward if spatial_dims == 3
           else torch.ops.aten.grid_sampler_2d_backward)
     with _determinism(False):
         return op(grad_output, inp, grid, mode, padding, align_corners,
@@ -325,6 +350,7 @@ class DetGridSample(torch.autograd.Function):
     def forward(ctx, inp, grid, mode, padding, align_corners):
         ctx.save_for_backward(inp, grid)
         ctx.args = (mode, padding, align_corners)
+        skip_unless_stock_samples(inp.dim() - 2, mode)
         forward = torch.grid_sampler_3d if inp.dim() == 5 else torch.grid_sampler_2d
         return forward(inp, grid, mode, padding, align_corners)
 

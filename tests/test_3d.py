@@ -1,7 +1,7 @@
 # Owner(s): ["module: nn"]
 """What only grid_sampler_3d has: detgrid's 3-D backward (input
-(N, C, D, H, W), grid (N, D', H', W', 3) in x, y, z order, trilinear or
-nearest) on volumes with size-1 and empty axes, on random 3-D problems, and
+(N, C, D, H, W), grid (N, D', H', W', 3) in x, y, z order, trilinear,
+nearest or tricubic) on volumes with size-1 and empty axes, on random 3-D problems, and
 with the arguments only the 3-D op can get wrong.
 
 Everything 3-D shares with 2-D is tested beside its 2-D twin, by the tests
@@ -109,6 +109,30 @@ class TestShapes3d(DetgridTestCase):
             else:
                 self.assertIsNone(grad)
 
+    @parametrize("align_corners", (False, True))
+    @parametrize("padding", PADDINGS, name_fn=padding_name)
+    def test_tricubic_of_a_depth_constant_volume_is_stock_bicubic(
+            self, device, padding, align_corners):
+        # Tricubic sampling is separable. On a volume constant along depth,
+        # with every depth tap inside it, the depth weights sum to one and
+        # their derivatives to zero: summed over depth, grad_input is stock's
+        # 2-D bicubic grad_input; grad_grid is stock's in x, y and zero in z.
+        # This holds on every torch, with or without a stock 5-D bicubic.
+        depth = 7
+        grad_output, inp, grid = make_problem(2, 3, 6, 5, 4, 6, device=device, seed=7)
+        gen = torch.Generator().manual_seed(8)
+        z_pixel = 1.2 + torch.rand(grid.shape[:-1], generator=gen, dtype=torch.float64) * (depth - 4.4)
+        z = (z_pixel * 2 / (depth - 1) - 1) if align_corners else ((2 * z_pixel + 1) / depth - 1)
+        grid_3d = torch.cat((grid, z.to(grid).unsqueeze(-1)), dim=-1).unsqueeze(1)
+        inp_3d = inp.unsqueeze(2).expand(-1, -1, depth, -1, -1).contiguous()
+        grad_input, grad_grid = detgrid_backward(
+            grad_output.unsqueeze(2), inp_3d, grid_3d, BICUBIC, padding, align_corners)
+        expected_input, expected_grid = stock_backward(
+            grad_output, inp, grid, BICUBIC, padding, align_corners)
+        _assert_close_to_stock(self, grad_input.sum(2), expected_input)
+        _assert_close_to_stock(self, grad_grid[:, 0, ..., :2], expected_grid)
+        _assert_close_to_stock(self, grad_grid[..., 2], torch.zeros_like(grad_grid[..., 2]))
+
     def test_trilinear_weights_of_a_point_sum_to_one(self, device):
         # Inside the volume, a point's 8 trilinear weights sum to one: with a
         # unit grad_output, grad_input sums to the number of points per
@@ -190,27 +214,21 @@ class TestInvalidArguments3d(DetgridTestCase):
     def _assert_stock_says(self, message, *args, dims=None):
         self.assertEqual(message, self._stock_first_line(*args, dims=dims))
 
-    def test_bicubic_is_rejected_like_stock(self, device):
-        args = (*self._args(device), BICUBIC, ZEROS, False)
-        message = self._first_line(RuntimeError, *args)
-        self.assertExpectedInline(message, """grid_sampler(): bicubic interpolation only supports 4D input""")  # noqa: B950
-        self._assert_stock_says(message, *args)
-
     @parametrize("mode", (3, -1), name_fn=lambda m: f"mode{m}".replace("-", "neg"))
-    def test_interpolation_mode_must_be_bilinear_or_nearest(self, device, mode):
+    def test_interpolation_mode_must_be_bilinear_nearest_or_bicubic(self, device, mode):
         # Stock's 3-D CPU kernel takes mode 3 silently; detgrid names the
         # modes the 3-D op has.
         args = self._args(device)
         message = self._first_line(RuntimeError, *args, mode, ZEROS, False)
         self.assertEqual(
             message,
-            "grid_sampler_3d_backward(): interpolation_mode must be 0 (bilinear) "
-            f"or 1 (nearest), but got {mode}")
+            "grid_sampler_3d_backward(): interpolation_mode must be 0 (bilinear), "
+            f"1 (nearest) or 2 (bicubic), but got {mode}")
 
     def test_interpolation_mode_message(self, device):
         args = self._args(device)
         message = self._first_line(RuntimeError, *args, 3, ZEROS, False)
-        self.assertExpectedInline(message, """grid_sampler_3d_backward(): interpolation_mode must be 0 (bilinear) or 1 (nearest), but got 3""")  # noqa: B950
+        self.assertExpectedInline(message, """grid_sampler_3d_backward(): interpolation_mode must be 0 (bilinear), 1 (nearest) or 2 (bicubic), but got 3""")  # noqa: B950
 
     def test_padding_mode_message(self, device):
         args = self._args(device)

@@ -42,6 +42,7 @@ from detgrid_testing import (
     REDUCED_DTYPES,
     REFLECTION,
     SAMPLERS,
+    STOCK_HAS_TRICUBIC,
     ZEROS,
     DetGridSample,
     assert_bitwise_equal,
@@ -344,6 +345,8 @@ class TestOpInfoSamples(DetgridTestCase):
             if args is None:
                 continue
             inp, grid, mode, padding, align_corners = args
+            if inp.dim() == 5 and mode == BICUBIC and not STOCK_HAS_TRICUBIC:
+                continue  # this torch has no 5-D bicubic forward to compare with
             out = op(sample.input, *sample.args, **sample.kwargs)
             grad_output = torch.randn(out.shape, generator=gen,
                                       dtype=torch.float64).to(out)
@@ -356,9 +359,10 @@ class TestOpInfoSamples(DetgridTestCase):
                 self.assertEqual(got, expected, rtol=rtol, atol=atol, msg=what)
             checked += 1
         # Every op's OpInfo samples plus 5 (2-D) or 6 (3-D) hard samples per
-        # (mode, padding, align_corners).
+        # (mode, padding, align_corners) this torch can sample.
+        combos_3d = 18 if STOCK_HAS_TRICUBIC else 12
         hard = {"grid_sampler_2d": 18 * 5,
-                "nn.functional.grid_sample": 18 * 5 + 12 * 6}[op.name]
+                "nn.functional.grid_sample": 18 * 5 + combos_3d * 6}[op.name]
         self.assertGreater(checked, hard)
 
 

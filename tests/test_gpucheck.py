@@ -359,7 +359,7 @@ class TestGpuCheckWorkloads(TestCase):
         cases = workloads.sanitizer_cases("all")
         names = [c.name for c in cases]
         self.assertEqual(len(names), len(set(names)))
-        for dim, combos in ((2, 9), (3, 6)):  # no bicubic in 3-D
+        for dim, combos in ((2, 9), (3, 9)):
             ranked = [c for c in cases if c.dim == dim]
             for c in ranked:
                 self.assertEqual((c.input.dim(), c.grid.shape[-1]), (dim + 2, dim), c.name)
@@ -418,13 +418,13 @@ class TestGpuCheckWorkloads(TestCase):
         self.assertIn((False, torch.float16), kinds)  # the float carry, copied out
 
     def test_executor_cases_per_rank(self):
-        for dim, count in ((2, 24), (3, 16)):
+        for dim, count in ((2, 24), (3, 24)):
             cases = workloads.executor_cases(torch.float64, dim=dim)
             self.assertEqual(len(cases), count)
             self.assertEqual({c.dim for c in cases}, {dim})
             self.assertEqual({c.input.dtype for c in cases}, {torch.float64})
             modes = {c.interpolation_mode for c in cases}
-            self.assertEqual(modes, {0, 1, 2} if dim == 2 else {0, 1})
+            self.assertEqual(modes, {0, 1, 2})  # 5-D bicubic is tricubic
             self.assertEqual(len({(c.interpolation_mode, c.padding_mode, c.align_corners)
                                   for c in cases}), 6 * len(modes))
             self.assertTrue(any(not bool(c.grid.isfinite().all()) for c in cases), dim)
@@ -433,6 +433,7 @@ class TestGpuCheckWorkloads(TestCase):
         names = {c.name for c in workloads.executor_cases(torch.float32, dim=3)}
         self.assertIn("3d_trilinear_border_ac", names)
         self.assertIn("3d_nearest_zeros_zoom", names)
+        self.assertIn("3d_tricubic_reflection_special", names)
 
     def test_repeat_cases_collide_and_span_chunks(self):
         # At --scale 1: the 2-D case is TensoRF's line, the 3-D one many
@@ -477,8 +478,8 @@ class TestGpuCheckHostRuns(TestCase):
             self.assertEqual(len(repeat["input_shape"]), repeat["dim"] + 2)
         self.assertEqual([(k["dim"], k["distinct"]) for k in result["knobs"]], [(2, 1), (3, 1)])
         self.assertEqual([(r["dtype"], r["dim"], r["cases"]) for r in result["executor"]],
-                         [("float32", 2, 24), ("float32", 3, 16), ("float64", 2, 24),
-                          ("float64", 3, 16)])
+                         [("float32", 2, 24), ("float32", 3, 24), ("float64", 2, 24),
+                          ("float64", 3, 24)])
         for row in result["executor"]:
             self.assertEqual(row["bitwise_equal"], row["cases"], row)
             self.assertEqual(row["errors"], [])

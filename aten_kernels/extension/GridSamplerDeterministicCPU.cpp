@@ -103,17 +103,14 @@ void backward(
   const int64_t point_grain = grain_or_default(options.grain_size, 256);
 
   auto point_pass = [&](int64_t first, int64_t count, const auto* chunk) {
-    dispatch_taps_per_axis<kDims>(
-        args.interpolation_mode, [&](auto taps_per_axis) {
-          constexpr int kTaps = decltype(taps_per_axis)::value;
-          at::parallel_for(
-              0, count, point_grain, [&](int64_t begin, int64_t end) {
-                for (int64_t i = begin; i < end; ++i) {
-                  process_point<kTaps>(
-                      args, first + i, num_destinations, chunk);
-                }
-              });
-        });
+    dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
+      constexpr int kTaps = decltype(taps_per_axis)::value;
+      at::parallel_for(0, count, point_grain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          process_point<kTaps>(args, first + i, num_destinations, chunk);
+        }
+      });
+    });
   };
 
   if (!output_mask[0] || grad_input.numel() == 0) {

@@ -8,6 +8,8 @@
 namespace detgrid {
 namespace {
 
+using at::native::detail::GridSamplerInterpolation;
+
 const char* backward_op_name(int64_t spatial_dims) {
   return spatial_dims == 2 ? "grid_sampler_2d_backward()"
                            : "grid_sampler_3d_backward()";
@@ -29,7 +31,11 @@ void check_backward_inputs(
   if (spatial_dims == 2) {
     at::native::check_grid_sampler_2d(input, grid);
   } else {
-    at::native::check_grid_sampler_3d(input, grid, interpolation_mode);
+    // Only the shape half of stock's check: detgrid samples 5-D input
+    // tricubically too, as torch 2.15 does (earlier releases reject that in
+    // the forward already).
+    at::native::check_grid_sampler_3d(
+        input, grid, static_cast<int64_t>(GridSamplerInterpolation::Bilinear));
   }
   TORCH_CHECK(
       grad_output.device() == input.device(),
@@ -72,21 +78,12 @@ void check_backward_inputs(
       at::IntArrayRef(expected),
       " but got grad_output with sizes ",
       grad_output.sizes());
-  if (spatial_dims == 2) {
-    TORCH_CHECK(
-        interpolation_mode >= 0 && interpolation_mode <= 2,
-        op,
-        ": interpolation_mode must be 0 (bilinear), 1 (nearest) or 2 "
-        "(bicubic), but got ",
-        interpolation_mode);
-  } else {
-    // check_grid_sampler_3d has rejected bicubic already.
-    TORCH_CHECK(
-        interpolation_mode >= 0 && interpolation_mode <= 1,
-        op,
-        ": interpolation_mode must be 0 (bilinear) or 1 (nearest), but got ",
-        interpolation_mode);
-  }
+  TORCH_CHECK(
+      interpolation_mode >= 0 && interpolation_mode <= 2,
+      op,
+      ": interpolation_mode must be 0 (bilinear), 1 (nearest) or 2 "
+      "(bicubic), but got ",
+      interpolation_mode);
   TORCH_CHECK(
       padding_mode >= 0 && padding_mode <= 2,
       op,

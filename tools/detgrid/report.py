@@ -573,7 +573,8 @@ is requested; otherwise the existing kernels run unchanged. In deterministic mod
 `grid_sampler` no longer picks cuDNN, and `cudnn_grid_sampler_backward` delegates to \
 `grid_sampler_2d_backward`. The 3D backward (`launch_grid_sampler_3d_backward_kernel`) takes the \
 same deterministic path: one pipeline serves both, with the spatial dimensionality a template \
-parameter of the shared math (no bicubic in 3D, as in stock)."""
+parameter of the shared math (5-D bicubic is tricubic, as in torch 2.15; earlier releases reject \
+it in the forward)."""
 
 DIFFERS = """\
 How this differs from #196856 (stable sort of contribution ids by destination, fixed 256-record \

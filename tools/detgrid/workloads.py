@@ -423,12 +423,15 @@ WORKLOADS: Dict[str, Workload] = {name: BENCH_WORKLOADS[name] for name in GPUCHE
 # Input cells one grid point touches, by (mode, spatial dims): "bilinear"
 # is trilinear in 3-D, and 3-D has no bicubic.
 TAPS = {("bilinear", 2): 4, ("nearest", 2): 1, ("bicubic", 2): 16,
-        ("bilinear", 3): 8, ("nearest", 3): 1}
+        ("bilinear", 3): 8, ("nearest", 3): 1, ("bicubic", 3): 64}
 
 
 def mode_name(mode: str, dim: int) -> str:
-    """A mode as users call it: "bilinear" is trilinear in 3-D."""
-    return "trilinear" if dim == 3 and mode == "bilinear" else mode
+    """A mode as users call it: "bilinear" is trilinear in 3-D, "bicubic"
+    tricubic."""
+    if dim == 3 and mode in ("bilinear", "bicubic"):
+        return "tri" + mode[2:]
+    return mode
 
 
 def modes(dim: int) -> List[str]:

@@ -263,21 +263,20 @@ void launch_point_pass(
   if (num_points == 0) {
     return;
   }
-  dispatch_taps_per_axis<kDims>(
-      args.interpolation_mode, [&](auto taps_per_axis) {
-        point_pass_kernel<decltype(taps_per_axis)::value>
-            <<<config.blocks_for(num_points),
-               config.block_size,
-               0,
-               at::cuda::getCurrentCUDAStream()>>>(
-                args,
-                first_point,
-                num_points,
-                num_destinations,
-                chunk,
-                emit_records);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
+  dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
+    point_pass_kernel<decltype(taps_per_axis)::value>
+        <<<config.blocks_for(num_points),
+           config.block_size,
+           0,
+           at::cuda::getCurrentCUDAStream()>>>(
+            args,
+            first_point,
+            num_points,
+            num_destinations,
+            chunk,
+            emit_records);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 // `like` is an (N, C, spatial...) tensor of the views' shape; a grid, laid
@@ -517,6 +516,18 @@ void backward(
   }
 }
 
+// The shape half of check_grid_sampler_3d. Bicubic (tricubic) sampling is
+// supported: releases that reject it for 5-D input do so before a backward.
+void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
+  TORCH_CHECK(
+      input.dim() == 5 && input.dim() == grid.dim(),
+      "grid_sampler(): expected 5D input and grid with same number of "
+      "dimensions, but got input with sizes ",
+      input.sizes(),
+      " and grid with sizes ",
+      grid.sizes());
+}
+
 bool fits_32bit_indexing(const TensorBase& t) {
   return !t.defined() || canUse32BitIndexMath(t);
 }
@@ -618,7 +629,7 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
   // See NOTE [ grid_sampler Native Functions ].
   // Add checks here in case this is called instead of grid_sampler.
   check_grid_sampler_common(input, grid);
-  check_grid_sampler_3d(input, grid, interpolation_mode);
+  check_5d_input_and_grid(input, grid);
   launch_backward<3>(
       grad_input,
       grad_grid,

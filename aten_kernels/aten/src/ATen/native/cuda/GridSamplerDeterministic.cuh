@@ -311,9 +311,8 @@ C10_HOST_DEVICE inline int taps_per_axis(
 }
 
 // Calls fn(std::integral_constant<int, taps per axis>) for the mode, so
-// kernels are instantiated once per interpolation mode. Bicubic sampling
-// exists only in 2-D (the callers check that), so 3-D never instantiates it.
-template <int kDims, typename Fn>
+// kernels are instantiated once per interpolation mode.
+template <typename Fn>
 inline void dispatch_taps_per_axis(
     GridSamplerInterpolation interpolation_mode,
     const Fn& fn) {
@@ -322,11 +321,7 @@ inline void dispatch_taps_per_axis(
       fn(std::integral_constant<int, 1>{});
       break;
     case 4:
-      if constexpr (kDims == 2) {
-        fn(std::integral_constant<int, 4>{});
-      } else {
-        TORCH_INTERNAL_ASSERT(false, "bicubic grid sampling is 2-D only");
-      }
+      fn(std::integral_constant<int, 4>{});
       break;
     default:
       fn(std::integral_constant<int, 2>{});
