@@ -401,21 +401,28 @@ class TestGpuCheckWorkloads(TestCase):
         self.assertFalse(bool(flat[:10].abs().le(1).all(-1).any()))  # each one out of range
         self.assertTrue(bool(flat[10:].eq(0).all()))
 
-    def test_three_d_multichunk_cases_take_both_reductions(self):
+    def test_multichunk_cases_take_both_reductions_in_each_rank(self):
         # The reduction is dense when the input has no more destinations
-        # (batch x voxels) than a chunk has records (use_dense_reduction).
-        kinds = set()
-        for c in workloads.sanitizer_cases("all"):
-            if c.dim == 3 and "chunk_points" in c.options:
-                taps = workloads.TAPS[(workloads.mode_name(
-                    {v: k for k, v in workloads.MODES.items()}[c.interpolation_mode], 2), 3)]
+        # (batch x pixels or voxels) than a chunk has records
+        # (use_dense_reduction); each rank reaches both, and the sparse one
+        # with the float16 carry that is copied out after the last chunk.
+        mode_of = {v: k for k, v in workloads.MODES.items()}
+        for dim in (2, 3):
+            kinds = set()
+            for c in workloads.sanitizer_cases("all"):
+                if c.dim != dim or "chunk_points" not in c.options:
+                    continue
+                taps = workloads.TAPS[(mode_of[c.interpolation_mode], dim)]
                 destinations = c.input.shape[0] * math.prod(c.input.shape[2:])
                 dense = destinations <= c.options["chunk_points"] * taps
                 kinds.add((dense, c.input.dtype))
-                self.assertIn("dense" if dense else "sparse", c.name)
-        self.assertIn((True, torch.float32), kinds)
-        self.assertIn((False, torch.float32), kinds)
-        self.assertIn((False, torch.float16), kinds)  # the float carry, copied out
+                if not dense:
+                    self.assertIn("sparse", c.name)
+                elif dim == 3:
+                    self.assertIn("dense", c.name)
+            self.assertIn((True, torch.float32), kinds, dim)
+            self.assertIn((False, torch.float32), kinds, dim)
+            self.assertIn((False, torch.float16), kinds, dim)
 
     def test_executor_cases_per_rank(self):
         for dim, count in ((2, 24), (3, 24)):

@@ -194,7 +194,7 @@ step deps        45       5   0              # ~3 s
 step build      300      60   0              # ~1-2 min (nvcc of one .cu ~30 s)
 step kernels     60      10   0              # ~5 s
 step bitwise     90      20   1              # ~30 s (2-D ~20 s, 3-D ~10 s)
-step memcheck   150      40   1              # ~40-90 s (29 2-D + 24 3-D cases)
+step memcheck   150      40   1              # ~40-90 s (31 2-D + 30 3-D cases)
 step tests      150      40   1              # depends on tests/
 step timing      90      30   1              # ~20-40 s
 step racecheck   60      25   1              # ~20 s

@@ -637,6 +637,15 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
         _small_case("bilinear_border_f16_multichunk", "bilinear", "border", False,
                     torch.float16, g, shape=(1, 3, 11, 13), grid_size=(100, 100),
                     options={"chunk_points": 4096}),
+        # 18,200 pixels > 16,384 records per chunk (4096 points x 4 taps):
+        # the sparse reduction, over three chunks; in float16 also the float
+        # carry's copy-out after the last chunk.
+        _small_case("bilinear_zeros_multichunk_sparse", "bilinear", "zeros", False,
+                    torch.float32, g, shape=(1, 2, 130, 140), grid_size=(100, 100),
+                    options={"chunk_points": 4096}),
+        _small_case("bilinear_reflection_f16_multichunk_sparse_special", "bilinear",
+                    "reflection", True, torch.float16, g, shape=(1, 2, 130, 140),
+                    grid_size=(100, 100), special=True, options={"chunk_points": 4096}),
         _small_case("nearest_zeros_small_blocks", "nearest", "zeros", False, torch.float32, g,
                     shape=(2, 3, 5, 5), grid_size=(40, 40),
                     options={"block_size": 64, "max_blocks": 3}),
