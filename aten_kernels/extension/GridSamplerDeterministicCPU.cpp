@@ -154,7 +154,7 @@ void backward(
     const int64_t first_point = k * chunk_points;
     const int64_t count = std::min(chunk_points, num_points - first_point);
     const ChunkRecords<int64_t, T> chunk{
-        first_point, count, keys.data(), record_ids.data(), weights.data()};
+        first_point, keys.data(), record_ids.data(), weights.data()};
     point_pass(first_point, count, &chunk);
     const SortedRecords sorted = sort_records(keys, count * taps);
     const SortedChunk<int64_t> sorted_chunk{

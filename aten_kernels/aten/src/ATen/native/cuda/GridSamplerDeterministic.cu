@@ -356,7 +356,6 @@ void backward_with_records(
 
   const ChunkRecords<key_t, opmath_t> records{
       0,
-      0,
       static_cast<key_t*>(keys.get()),
       static_cast<int32_t*>(ids.get()),
       static_cast<opmath_t*>(weights.get())};
@@ -367,7 +366,6 @@ void backward_with_records(
     const int64_t num_records = count * taps;
     ChunkRecords<key_t, opmath_t> chunk = records;
     chunk.first_point = first_point;
-    chunk.num_points = count;
     launch_point_pass(
         args, config, first_point, count, num_destinations, chunk, true);
     if (num_records > 0) {
@@ -544,6 +542,14 @@ void launch_backward(
     bool align_corners,
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
+  // See NOTE [ grid_sampler Native Functions ].
+  // Add checks here in case this is called instead of grid_sampler.
+  check_grid_sampler_common(input, grid);
+  if constexpr (kDims == 2) {
+    check_grid_sampler_2d(input, grid);
+  } else {
+    check_5d_input_and_grid(input, grid);
+  }
   if (!output_mask[0] && !output_mask[1]) {
     return;
   }
@@ -598,10 +604,6 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
     bool align_corners,
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
-  // See NOTE [ grid_sampler Native Functions ].
-  // Add checks here in case this is called instead of grid_sampler.
-  check_grid_sampler_common(input, grid);
-  check_grid_sampler_2d(input, grid);
   launch_backward<2>(
       grad_input,
       grad_grid,
@@ -626,10 +628,6 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
     bool align_corners,
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
-  // See NOTE [ grid_sampler Native Functions ].
-  // Add checks here in case this is called instead of grid_sampler.
-  check_grid_sampler_common(input, grid);
-  check_5d_input_and_grid(input, grid);
   launch_backward<3>(
       grad_input,
       grad_grid,

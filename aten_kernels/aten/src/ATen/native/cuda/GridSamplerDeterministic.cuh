@@ -738,8 +738,6 @@ C10_HOST_DEVICE inline T fold_destination(
 template <typename scalar_t, typename index_t, int kDims>
 struct BackwardArgs {
   using opmath_t = at::opmath_type<scalar_t>;
-  using index_type = index_t;
-  static constexpr int dims = kDims;
 
   View<const scalar_t, index_t, kDims> input;
   View<const scalar_t, index_t, kDims> grad_output;
@@ -807,7 +805,6 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 template <typename key_t, typename T>
 struct ChunkRecords {
   int64_t first_point;
-  int64_t num_points;
   key_t* keys;
   int32_t* record_ids;
   T* weights;
