@@ -1,0 +1,1 @@
+"""Golden digests of the host executor (see corpus.py)."""
