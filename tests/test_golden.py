@@ -52,6 +52,17 @@ class TestGoldenDigests(TestCase):
                                                   for k in ("grad_input", "grad_grid")}]
             self.assertEqual(differ, [], msg=f"{num_threads} threads")
 
+    @parametrize("index_bits", (32, 64))
+    @parametrize("key_bits", (32, 64))
+    def test_every_key_and_index_width_gives_the_golden_bits(self, key_bits, index_bits):
+        # The pipeline picks int32 keys and int32 index math where they fit;
+        # forcing each of the four combinations runs the other instantiations
+        # of the same code, which must not move a bit.
+        differ = [case.name for case in CASES
+                  if corpus.compute(case, key_bits=key_bits, index_bits=index_bits)
+                  != {k: GOLDEN[case.name][k] for k in ("grad_input", "grad_grid")}]
+        self.assertEqual(differ, [])
+
     def test_table_has_exactly_the_corpus_cases_with_current_descriptions(self):
         self.assertEqual(sorted(GOLDEN), sorted(CASES_BY_NAME),
                          msg="digests.json and the corpus list different cases")

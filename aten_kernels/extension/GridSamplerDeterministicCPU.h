@@ -1,5 +1,6 @@
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
 
 #include <array>
 #include <cstdint>
@@ -8,13 +9,15 @@ namespace detgrid {
 
 // Knobs that must not change the executor's result (tests turn them).
 struct ExecutorOptions {
-  int64_t chunk_points = 0; // multiple of the tile size; 0 = default
+  // chunk_points, key_bits and index_bits, as on CUDA (block_size and
+  // max_blocks mean nothing here).
+  at::native::GridSamplerDeterministicOptions pipeline;
   int64_t grain_size = 0; // at::parallel_for grain; 0 = default
 };
 
 // Contract of at::native::launch_grid_sampler_{2d,3d}_backward_deterministic_
 // kernel on CPU tensors (2-D for a 4-D input, 3-D for a 5-D one): writes every
-// element of grad_input when output_mask[0], and grad_grid when
+// element of a contiguous grad_input when output_mask[0], and grad_grid when
 // output_mask[1]. The caller checks the arguments as for those.
 void grid_sampler_backward_executor(
     const at::Tensor& grad_input,
@@ -27,5 +30,31 @@ void grid_sampler_backward_executor(
     bool align_corners,
     std::array<bool, 2> output_mask,
     const ExecutorOptions& options = {});
+
+// What one call of the CUDA pipeline does, counted exactly by running the
+// pipeline with an executor that runs nothing: the tensors need only their
+// sizes, strides and dtype (meta tensors will do). A CUB call counts as one
+// launch; workspace_bytes is detgrid's own buffers, without CUB's scratch.
+struct WorkCounters {
+  int64_t launches = 0;
+  int64_t chunks = 0;
+  int64_t launches_per_chunk = 0; // those of the first chunk
+  int64_t items_sorted = 0;
+  int64_t key_bits = 0; // bits the radix sort looks at
+  int64_t key_bytes = 0; // sizeof the sort key
+  int64_t workspace_bytes = 0;
+};
+
+WorkCounters count_backward_work(
+    const at::Tensor& grad_input,
+    const at::Tensor& grad_grid,
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const at::native::GridSamplerDeterministicOptions& options);
 
 } // namespace detgrid

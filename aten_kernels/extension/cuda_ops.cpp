@@ -38,8 +38,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
       padding_mode,
       align_corners,
       output_mask,
-      at::native::GridSamplerDeterministicOptions{
-          options.chunk_points, options.block_size, options.max_blocks});
+      options.pipeline());
   return {grad_input, grad_grid};
 }
 

@@ -3,6 +3,7 @@
 // the routing behind detgrid.enable().
 
 #include <ATen/Context.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -18,6 +19,12 @@ struct BackwardOptions {
   int64_t block_size = 0;
   int64_t max_blocks = 0;
   int64_t grain_size = 0;
+  int64_t key_bits = 0;
+  int64_t index_bits = 0;
+
+  at::native::GridSamplerDeterministicOptions pipeline() const {
+    return {chunk_points, block_size, max_blocks, key_bits, index_bits};
+  }
 };
 
 // Same checks as stock grid_sampler_{2d,3d}_backward (spatial_dims 2 or 3),

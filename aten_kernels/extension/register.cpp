@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace detgrid {
 
@@ -40,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
       padding_mode,
       align_corners,
       output_mask,
-      ExecutorOptions{options.chunk_points, options.grain_size});
+      ExecutorOptions{options.pipeline(), options.grain_size});
   return {grad_input, grad_grid};
 }
 
@@ -58,7 +59,9 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t chunk_points,
     int64_t block_size,
     int64_t max_blocks,
-    int64_t grain_size) {
+    int64_t grain_size,
+    int64_t key_bits,
+    int64_t index_bits) {
   return backward(
       grad_output,
       input,
@@ -67,7 +70,52 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
       padding_mode,
       align_corners,
       output_mask,
-      BackwardOptions{chunk_points, block_size, max_blocks, grain_size});
+      BackwardOptions{
+          chunk_points,
+          block_size,
+          max_blocks,
+          grain_size,
+          key_bits,
+          index_bits});
+}
+
+// detgrid.ops.work_counters: what the CUDA pipeline would do for these
+// tensors (only their sizes, strides and dtype matter), counted by running it
+// with the counting executor; the fields of WorkCounters, in order.
+std::vector<int64_t> backward_work_counters(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    int64_t chunk_points,
+    int64_t key_bits,
+    int64_t index_bits) {
+  const int64_t spatial_dims = input.dim() - 2;
+  check_backward_inputs(
+      spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
+  auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
+  const WorkCounters counters = count_backward_work(
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask,
+      {chunk_points, 0, 0, key_bits, index_bits});
+  return {
+      counters.launches,
+      counters.chunks,
+      counters.launches_per_chunk,
+      counters.items_sorted,
+      counters.key_bits,
+      counters.key_bytes,
+      counters.workspace_bytes};
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's
@@ -167,12 +215,20 @@ TORCH_LIBRARY(detgrid, m) {
       "_grid_sampler_2d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int block_size, int max_blocks, int grain_size) -> (Tensor, Tensor)");
+      "int block_size, int max_blocks, int grain_size, int key_bits, "
+      "int index_bits) -> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int block_size, int max_blocks, int grain_size) -> (Tensor, Tensor)");
+      "int block_size, int max_blocks, int grain_size, int key_bits, "
+      "int index_bits) -> (Tensor, Tensor)");
+  m.def(
+      "_backward_work_counters(Tensor grad_output, Tensor input, "
+      "Tensor grid, int interpolation_mode, int padding_mode, "
+      "bool align_corners, bool[2] output_mask, int chunk_points, "
+      "int key_bits, int index_bits) -> int[]",
+      &backward_work_counters);
   m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);
   m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);

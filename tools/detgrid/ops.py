@@ -1,6 +1,6 @@
 """The deterministic grid_sampler backward as plain functions."""
 
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,10 +50,12 @@ def _backward_with_options(name: str):
         block_size: int = 0,
         max_blocks: int = 0,
         grain_size: int = 0,
+        key_bits: int = 0,
+        index_bits: int = 0,
     ) -> Gradients:
         return op(grad_output, input, grid, interpolation_mode, padding_mode,
                   align_corners, list(output_mask), chunk_points, block_size,
-                  max_blocks, grain_size)
+                  max_blocks, grain_size, key_bits, index_bits)
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -62,7 +64,9 @@ def _backward_with_options(name: str):
     None of them may change a single bit of the result; tests turn them to
     show it. chunk_points must be a multiple of 4096 (the tile size);
     block_size and max_blocks shape CUDA launches, grain_size the host
-    executor's parallel_for.
+    executor's parallel_for; key_bits and index_bits (32 or 64) force the
+    width of the sort keys and of the index math, which are otherwise 32
+    wherever the problem fits.
     """
     return backward_with_options
 
@@ -71,6 +75,45 @@ grid_sampler_2d_backward = _backward("grid_sampler_2d_backward")
 grid_sampler_3d_backward = _backward("grid_sampler_3d_backward")
 grid_sampler_2d_backward_with_options = _backward_with_options("grid_sampler_2d_backward")
 grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_backward")
+
+
+WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
+                       "key_bits", "key_bytes", "workspace_bytes")
+
+
+def work_counters(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    grid: torch.Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+    output_mask: Sequence[bool],
+    *,
+    chunk_points: int = 0,
+    key_bits: int = 0,
+    index_bits: int = 0,
+) -> Dict[str, int]:
+    """What the CUDA pipeline does for this backward call, counted exactly.
+
+    The pipeline runs with an executor that runs no stage, so only the
+    tensors' sizes, strides and dtype matter: meta tensors will do, and the
+    counts are the same on every machine. Fields: kernel launches (a CUB call
+    counts as one), chunks, launches_per_chunk (those of the first chunk),
+    items_sorted (records through the radix sort), key_bits (bits it sorts),
+    key_bytes, workspace_bytes (detgrid's buffers; CUB's scratch is extra).
+    Also `points` and `records` (points x taps), from the shapes.
+    """
+    values = torch.ops.detgrid._backward_work_counters(
+        grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+        list(output_mask), chunk_points, key_bits, index_bits)
+    counters = dict(zip(WORK_COUNTER_FIELDS, values))
+    dims = input.dim() - 2
+    points = grid.numel() // dims
+    taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]
+    counters["points"] = points
+    counters["records"] = points * taps_per_axis ** dims if output_mask[0] else 0
+    return counters
 
 
 def has_cuda_kernels() -> bool:

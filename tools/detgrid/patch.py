@@ -23,6 +23,7 @@ KERNEL_DIR = "aten/src/ATen/native/cuda"
 KERNEL_FILES = (
     "GridSamplerDeterministic.h",
     "GridSamplerDeterministic.cuh",
+    "GridSamplerDeterministicPipeline.cuh",
     "GridSamplerDeterministic.cu",
 )
 DET_HEADER = "GridSamplerDeterministic.h"

@@ -455,27 +455,30 @@ C10_HOST_DEVICE inline int64_t spatial_numel(const Spatial<index_t, kDims>& s) {
   return numel;
 }
 
+// The position of row-major index `linear` in an extent of these sizes.
 template <typename index_t, int kDims>
 C10_HOST_DEVICE inline Spatial<index_t, kDims> unravel(
-    int64_t linear,
+    index_t linear,
     const Spatial<index_t, kDims>& sizes) {
   Spatial<index_t, kDims> position;
   GRID_SAMPLER_DET_UNROLL
   for (int a = kDims - 1; a >= 0; --a) {
-    position.v[a] = static_cast<index_t>(linear % sizes.v[a]);
+    position.v[a] = linear % sizes.v[a];
     linear /= sizes.v[a];
   }
   return position;
 }
 
-template <typename index_t, int kDims>
-C10_HOST_DEVICE inline int64_t ravel(
-    const Spatial<int64_t, kDims>& position,
+// The row-major index of `position` (in range) in an extent of `sizes`.
+template <typename out_t, typename position_t, typename index_t, int kDims>
+C10_HOST_DEVICE inline out_t ravel(
+    const Spatial<position_t, kDims>& position,
     const Spatial<index_t, kDims>& sizes) {
-  int64_t linear = 0;
+  out_t linear = 0;
   GRID_SAMPLER_DET_UNROLL
   for (int a = 0; a < kDims; ++a) {
-    linear = linear * sizes.v[a] + position.v[a];
+    linear = linear * static_cast<out_t>(sizes.v[a]) +
+        static_cast<out_t>(position.v[a]);
   }
   return linear;
 }
@@ -577,7 +580,7 @@ struct View {
   index_t stride[kDims];
 
   template <typename position_t>
-  C10_HOST_DEVICE scalar_t& at(
+  C10_HOST_DEVICE index_t offset(
       index_t n,
       index_t c,
       const Spatial<position_t, kDims>& position) const {
@@ -586,7 +589,14 @@ struct View {
     for (int a = 0; a < kDims; ++a) {
       offset += static_cast<index_t>(position.v[a]) * stride[a];
     }
-    return data[offset];
+    return offset;
+  }
+  template <typename position_t>
+  C10_HOST_DEVICE scalar_t& at(
+      index_t n,
+      index_t c,
+      const Spatial<position_t, kDims>& position) const {
+    return data[offset(n, c, position)];
   }
 };
 
@@ -682,67 +692,23 @@ C10_HOST_DEVICE inline void point_grid_gradient(
   }
 }
 
-// First position in sorted[0, count) whose key is >= key.
-template <typename key_t>
-C10_HOST_DEVICE inline int64_t lower_bound(
-    const key_t* sorted,
-    int64_t count,
-    int64_t key) {
-  int64_t low = 0;
-  int64_t high = count;
-  while (low < high) {
-    const int64_t mid = low + (high - low) / 2;
-    if (static_cast<int64_t>(sorted[mid]) < key) {
-      low = mid + 1;
-    } else {
-      high = mid;
-    }
-  }
-  return low;
-}
-
-// The canonical order of one grad_input element. `records` holds the chunk's
-// record ids of one destination in ascending order (the stable sort gives
-// that); `contribution(r)` is weight(r) * gOut(r, c), rounded once. Records
-// are summed left to right into partials, a partial ends after
-// kRecordsPerPartial records or at a tile boundary, and the partials are
-// added left to right to `acc`, which carries over from earlier chunks.
-template <typename T, typename record_t, typename Contribution>
-C10_HOST_DEVICE inline T fold_destination(
-    const record_t* records,
-    int64_t begin,
-    int64_t end,
-    int64_t records_per_tile,
-    T acc,
-    const Contribution& contribution) {
-  int64_t i = begin;
-  while (i < end) {
-    const int64_t tile = static_cast<int64_t>(records[i]) / records_per_tile;
-    const int64_t partial_end =
-        end - i < kRecordsPerPartial ? end : i + kRecordsPerPartial;
-    T partial = static_cast<T>(0);
-    for (; i < partial_end &&
-         static_cast<int64_t>(records[i]) / records_per_tile == tile;
-         ++i) {
-      partial = add_rn(partial, contribution(records[i]));
-    }
-    acc = add_rn(acc, partial);
-  }
-  return acc;
-}
-
 // Everything one stage needs to know about a backward call with kDims
 // spatial dimensions. Points are numbered n * out_numel + (row-major output
 // position), destinations (the spatial elements of grad_input)
-// n * inp_numel + (row-major input position).
+// n * inp_numel + (row-major input position). index_t is the type of every
+// offset and count derived from the tensors (int when they all fit).
 template <typename scalar_t, typename index_t, int kDims>
 struct BackwardArgs {
   using opmath_t = at::opmath_type<scalar_t>;
+  using index_type = index_t;
+  using scalar_type = scalar_t;
+  static constexpr int dims = kDims;
 
   View<const scalar_t, index_t, kDims> input;
   View<const scalar_t, index_t, kDims> grad_output;
   View<const scalar_t, index_t, kDims> grid;
   View<scalar_t, index_t, kDims> grad_grid; // data == nullptr: not requested
+  index_t batch;
   index_t channels;
   Spatial<index_t, kDims> inp_size;
   Spatial<index_t, kDims> out_size;
@@ -753,14 +719,17 @@ struct BackwardArgs {
   static constexpr const char* op_name() {
     return kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward";
   }
-  C10_HOST_DEVICE int taps_per_point() const {
-    return ipow(taps_per_axis(interpolation_mode), kDims);
+  C10_HOST_DEVICE index_t points_per_image() const {
+    return static_cast<index_t>(spatial_numel(out_size));
   }
-  C10_HOST_DEVICE int64_t points_per_image() const {
-    return spatial_numel(out_size);
+  C10_HOST_DEVICE index_t destinations_per_image() const {
+    return static_cast<index_t>(spatial_numel(inp_size));
   }
-  C10_HOST_DEVICE int64_t num_destinations(int64_t batch) const {
-    return batch * spatial_numel(inp_size);
+  C10_HOST_DEVICE index_t num_points() const {
+    return batch * points_per_image();
+  }
+  C10_HOST_DEVICE index_t num_destinations() const {
+    return batch * destinations_per_image();
   }
 };
 
@@ -786,6 +755,7 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
       ? grid_view<index_t, kDims>(
             grad_grid.data_ptr<scalar_t>(), grad_grid.strides())
       : View<scalar_t, index_t, kDims>{nullptr, 0, 0, {}};
+  args.batch = static_cast<index_t>(input.size(0));
   args.channels = static_cast<index_t>(input.size(1));
   GRID_SAMPLER_DET_UNROLL
   for (int a = 0; a < kDims; ++a) {
@@ -799,36 +769,41 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   return args;
 }
 
-// Where one chunk's records live. Record r of a chunk is tap r % T of point
-// first_point + r / T; its key is its destination, or num_destinations when
-// the tap is out of bounds (so it sorts after every real destination).
-template <typename key_t, typename T>
+// Where the point pass writes one chunk's records. Record r of a chunk is
+// tap r % kTapsPerPoint of the chunk's point r / kTapsPerPoint. Its key is
+// its destination, or num_destinations when the tap is out of bounds (so it
+// sorts after every real destination); its sort payload is r itself. Beside
+// them lie what the reduce needs of r without any integer division: the tap
+// weight, and per point the offset of grad_output[n][0][position].
+template <typename key_t, typename T, typename index_t>
 struct ChunkRecords {
-  int64_t first_point;
   key_t* keys;
   int32_t* record_ids;
   T* weights;
+  index_t* gout_offsets;
 };
 
-// Point pass for one point: its grid gradient (single writer) and, when
-// grad_input is requested, one record per tap. kTaps (taps per axis) must
-// match args.interpolation_mode; dispatch_taps_per_axis picks it.
+// Point pass for one point: its grid gradient (single writer, when
+// requested) and, with kEmitRecords, one record per tap. kTaps (taps per
+// axis) must match args.interpolation_mode; dispatch_taps_per_axis picks it.
+// `chunk_point` is the point's number within its chunk.
 template <
     int kTaps,
+    bool kEmitRecords,
     typename scalar_t,
     typename index_t,
     int kDims,
     typename key_t>
 C10_HOST_DEVICE inline void process_point(
     const BackwardArgs<scalar_t, index_t, kDims>& args,
-    int64_t point,
-    int64_t num_destinations,
-    const ChunkRecords<key_t, at::opmath_type<scalar_t>>* chunk) {
+    index_t point,
+    index_t chunk_point,
+    const ChunkRecords<key_t, at::opmath_type<scalar_t>, index_t>& chunk) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t points_per_image = args.points_per_image();
-  const index_t n = static_cast<index_t>(point / points_per_image);
+  const index_t points_per_image = args.points_per_image();
+  const index_t n = point / points_per_image;
   const Spatial<index_t, kDims> out_position =
-      unravel(point % points_per_image, args.out_size);
+      unravel(point - n * points_per_image, args.out_size);
   T grid_coord[kDims];
   GRID_SAMPLER_DET_UNROLL
   for (int k = 0; k < kDims; ++k) {
@@ -837,20 +812,23 @@ C10_HOST_DEVICE inline void process_point(
   const PointTaps<T, kTaps, kDims> taps = compute_point_taps<kTaps>(
       grid_coord, args.inp_size, args.padding_mode, args.align_corners);
 
-  if (chunk != nullptr) {
-    const int64_t image_base =
-        static_cast<int64_t>(n) * spatial_numel(args.inp_size);
-    const int64_t first_record = (point - chunk->first_point) * taps.count;
+  if constexpr (kEmitRecords) {
+    const key_t image_base = static_cast<key_t>(n) *
+        static_cast<key_t>(args.destinations_per_image());
+    const key_t nowhere = static_cast<key_t>(args.num_destinations());
+    const int32_t first_record =
+        static_cast<int32_t>(chunk_point) * taps.count;
     GRID_SAMPLER_DET_UNROLL
     for (int t = 0; t < taps.count; ++t) {
-      const int64_t r = first_record + t;
-      chunk->keys[r] = static_cast<key_t>(
-          taps.in_bounds(t)
-              ? image_base + ravel(taps.position(t), args.inp_size)
-              : num_destinations);
-      chunk->record_ids[r] = static_cast<int32_t>(r);
-      chunk->weights[r] = taps.weight(t);
+      const int32_t r = first_record + t;
+      chunk.keys[r] = taps.in_bounds(t)
+          ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
+          : nowhere;
+      chunk.record_ids[r] = r;
+      chunk.weights[r] = taps.weight(t);
     }
+    chunk.gout_offsets[chunk_point] =
+        args.grad_output.offset(n, 0, out_position);
   }
 
   if (args.grad_grid.data != nullptr) {
@@ -870,184 +848,58 @@ C10_HOST_DEVICE inline void process_point(
   }
 }
 
-// A chunk's records after the stable sort by destination: keys ascending
-// (num_destinations marks taps that land nowhere), record ids ascending
-// within each destination.
-template <typename key_t>
-struct SortedChunk {
-  int64_t first_point;
-  int64_t num_records;
-  const key_t* keys;
-  const int32_t* record_ids;
-};
-
-// Two ways to reach every grad_input element, with the same sums.
-// Dense: one thread per (destination, channel) over all of grad_input, the
-// first chunk writing the zeros too (no memset); a per-destination table of
-// where its records start. Sparse: grad_input is zero-filled first, then one
-// thread per (run of one destination's records, channel); no per-destination
-// table. Dense is used when grad_input has no more destinations than a chunk
-// has records, so either way the work and the workspace are bounded by the
-// records of a chunk, not by the size of the input.
-inline bool use_dense_reduction(
-    int64_t num_destinations,
-    int64_t records_per_chunk) {
-  return num_destinations <= records_per_chunk;
-}
-
-// The single writer of grad_input[n][c][position] for destination
-// (n, position): folds the chunk's records [begin, end) of that destination
-// in the canonical order onto `carry` (the sum of earlier chunks; zero when
-// !has_carry) and writes the result to `out`.
+// The canonical order of one grad_input element, channel c. ids[begin, end)
+// are the chunk's record ids of one destination in ascending order (the
+// stable sort gives that); the contribution of record r is
+// round(weights[r] * gout_channel[gout_offsets[r / kTapsPerPoint]]), where
+// gout_channel points at grad_output[0][c][0...]. Records are summed left to
+// right into partials, a partial ends after kRecordsPerPartial records or at
+// a tile boundary (record ids are chunk-relative and chunks are whole tiles,
+// so a tile is a run of kTapsPerPoint * kTilePoints ids), and the partials
+// are added left to right to `acc`, which carries over from earlier chunks.
+// kTapsPerPoint is a power of two, so the divisions are shifts.
 template <
+    int kTapsPerPoint,
+    typename T,
     typename scalar_t,
-    typename index_t,
-    int kDims,
-    typename out_t,
-    typename key_t>
-C10_HOST_DEVICE inline void reduce_destination(
-    const BackwardArgs<scalar_t, index_t, kDims>& args,
-    const SortedChunk<key_t>& chunk,
-    const at::opmath_type<scalar_t>* weights,
-    int64_t destination,
-    index_t c,
-    int64_t begin,
-    int64_t end,
-    View<const at::opmath_type<scalar_t>, index_t, kDims> carry,
-    View<out_t, index_t, kDims> out,
-    bool has_carry) {
-  using T = at::opmath_type<scalar_t>;
-  const int64_t image_size = spatial_numel(args.inp_size);
-  const index_t n = static_cast<index_t>(destination / image_size);
-  const Spatial<index_t, kDims> position =
-      unravel(destination % image_size, args.inp_size);
-
-  const int taps = args.taps_per_point();
-  const int64_t points_per_image = args.points_per_image();
-  auto contribution = [&](int32_t record) {
-    const int64_t point = chunk.first_point + record / taps;
-    const T gout = static_cast<T>(args.grad_output.at(
-        n, c, unravel(point % points_per_image, args.out_size)));
-    return mul_rn(weights[record], gout);
-  };
-  const T initial = has_carry ? carry.at(n, c, position) : static_cast<T>(0);
-  const T sum = fold_destination(
-      chunk.record_ids,
-      begin,
-      end,
-      int64_t{taps} * kTilePoints,
-      initial,
-      contribution);
-  out.at(n, c, position) = static_cast<out_t>(sum);
-}
-
-// Dense reduction, element i = destination * C + c (channel fastest, so a
-// warp shares a destination's records). `starts[d]` is where destination
-// d's records begin. Untouched destinations are written only when
-// `write_untouched` (the first chunk, which writes the zeros).
-template <
-    typename scalar_t,
-    typename index_t,
-    int kDims,
-    typename out_t,
-    typename key_t>
-C10_HOST_DEVICE inline void reduce_dense_element(
-    const BackwardArgs<scalar_t, index_t, kDims>& args,
-    const SortedChunk<key_t>& chunk,
-    const int32_t* starts,
-    const at::opmath_type<scalar_t>* weights,
-    int64_t i,
-    View<const at::opmath_type<scalar_t>, index_t, kDims> carry,
-    View<out_t, index_t, kDims> out,
-    bool has_carry,
-    bool write_untouched) {
-  const int64_t channels = args.channels;
-  const int64_t destination = i / channels;
-  const int64_t begin = starts[destination];
-  const int64_t end = starts[destination + 1];
-  if (begin == end && !write_untouched) {
-    return;
+    typename index_t>
+C10_HOST_DEVICE inline T fold_records(
+    const int32_t* ids,
+    int32_t begin,
+    int32_t end,
+    const T* weights,
+    const index_t* gout_offsets,
+    const scalar_t* gout_channel,
+    T acc) {
+  constexpr uint32_t kRecordsPerTile = kTapsPerPoint * kTilePoints;
+  constexpr int32_t kPartial = kRecordsPerPartial;
+  static_assert(
+      (kRecordsPerTile & (kRecordsPerTile - 1)) == 0,
+      "taps per point must be a power of two");
+  int32_t i = begin;
+  while (i < end) {
+    const uint32_t tile_end =
+        (static_cast<uint32_t>(ids[i]) / kRecordsPerTile + 1) * kRecordsPerTile;
+    const int32_t partial_end = end - i < kPartial ? end : i + kPartial;
+    T partial = static_cast<T>(0);
+    for (; i < partial_end; ++i) {
+      const uint32_t id = static_cast<uint32_t>(ids[i]);
+      if (id >= tile_end) {
+        break;
+      }
+      const T gout =
+          static_cast<T>(gout_channel[gout_offsets[id / kTapsPerPoint]]);
+      partial = add_rn(partial, mul_rn(weights[id], gout));
+    }
+    acc = add_rn(acc, partial);
   }
-  reduce_destination(
-      args,
-      chunk,
-      weights,
-      destination,
-      static_cast<index_t>(i % channels),
-      begin,
-      end,
-      carry,
-      out,
-      has_carry);
-}
-
-// Sparse reduction, element i = sorted position * C + c: the thread at the
-// first record of a destination reduces that destination; the others (and
-// the taps that land nowhere) do nothing.
-template <
-    typename scalar_t,
-    typename index_t,
-    int kDims,
-    typename out_t,
-    typename key_t>
-C10_HOST_DEVICE inline void reduce_sparse_element(
-    const BackwardArgs<scalar_t, index_t, kDims>& args,
-    const SortedChunk<key_t>& chunk,
-    const at::opmath_type<scalar_t>* weights,
-    int64_t num_destinations,
-    int64_t i,
-    View<const at::opmath_type<scalar_t>, index_t, kDims> carry,
-    View<out_t, index_t, kDims> out,
-    bool has_carry) {
-  const int64_t channels = args.channels;
-  const int64_t begin = i / channels;
-  const int64_t destination = static_cast<int64_t>(chunk.keys[begin]);
-  if (destination == num_destinations ||
-      (begin > 0 &&
-       static_cast<int64_t>(chunk.keys[begin - 1]) == destination)) {
-    return;
-  }
-  const int64_t end =
-      begin +
-      lower_bound(
-          chunk.keys + begin, chunk.num_records - begin, destination + 1);
-  reduce_destination(
-      args,
-      chunk,
-      weights,
-      destination,
-      static_cast<index_t>(i % channels),
-      begin,
-      end,
-      carry,
-      out,
-      has_carry);
-}
-
-// Where a chunk's reduce reads the sums of earlier chunks (`carry`) and
-// writes its own (`out`); calls reduce(out, carry). grad_input itself when it
-// holds opmath values. For Half/BFloat16, the float carry while one is used
-// (`float_carry.data` set: more than one chunk), except that the last chunk
-// of a dense reduction rounds straight into grad_input; a sparse reduction
-// copies the carry out after its last chunk.
-template <typename scalar_t, typename index_t, int kDims, typename Reduce>
-void with_reduce_target(
-    const View<scalar_t, index_t, kDims>& grad_input,
-    const View<at::opmath_type<scalar_t>, index_t, kDims>& float_carry,
-    bool last_dense_chunk,
-    const Reduce& reduce) {
-  if constexpr (std::is_same_v<scalar_t, at::opmath_type<scalar_t>>) {
-    reduce(grad_input, as_const(grad_input));
-  } else if (float_carry.data == nullptr || last_dense_chunk) {
-    reduce(grad_input, as_const(float_carry));
-  } else {
-    reduce(float_carry, as_const(float_carry));
-  }
+  return acc;
 }
 
 // Points per chunk: `requested` (a test knob) or, for 0, whole tiles making
 // about kChunkRecords records. Chunks must be whole tiles, or the chunk size
-// would change the partials and so the result.
+// would change the partials and so the result; a chunk's records are
+// counted in int32.
 inline int64_t resolve_chunk_points(
     int64_t requested,
     int64_t taps_per_point,
@@ -1058,7 +910,7 @@ inline int64_t resolve_chunk_points(
   }
   TORCH_CHECK(
       requested > 0 && requested % kTilePoints == 0 &&
-          requested * taps_per_point <= std::numeric_limits<int32_t>::max(),
+          requested <= std::numeric_limits<int32_t>::max() / taps_per_point,
       op_name,
       " (deterministic): chunk_points must be a positive multiple of ",
       kTilePoints,

@@ -16,13 +16,18 @@ struct GridSamplerDeterministicOptions {
   // Threads per block and a cap on blocks per launch (grid-stride loops).
   int64_t block_size = 0;
   int64_t max_blocks = 0;
+  // Width of the sort keys and of the index math: 32 or 64, or 0 for 32
+  // wherever the problem fits (32 is an error where it does not).
+  int64_t key_bits = 0;
+  int64_t index_bits = 0;
 };
 
 // Same contracts as launch_grid_sampler_{2d,3d}_backward_kernel
 // (GridSampler.h), without floating-point atomics: the result is bitwise
 // reproducible. Every element of grad_input is written (it need not be
-// zeroed). The grid gradient is computed only when output_mask[1] is set;
-// otherwise a defined grad_grid is filled with zeros.
+// zeroed) and must be contiguous, as GridSampler.cpp allocates it. The grid
+// gradient is computed only when output_mask[1] is set; otherwise a defined
+// (contiguous) grad_grid is filled with zeros.
 void launch_grid_sampler_2d_backward_deterministic_kernel(
     const TensorBase& grad_input,
     const TensorBase& grad_grid,

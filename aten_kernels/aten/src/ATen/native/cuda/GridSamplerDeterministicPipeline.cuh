@@ -1,0 +1,614 @@
+#pragma once
+// The stages of the deterministic grid_sampler backward and their order,
+// written once over an executor. The CUDA launcher
+// (GridSamplerDeterministic.cu) and the kit's host executor both call
+// run_deterministic_backward() below; they differ only in how an executor
+// runs a stage. The per-point math and the canonical reduction order are in
+// GridSamplerDeterministic.cuh.
+//
+// An Executor provides:
+//   for_each(count, stage)        stage(i) for every i in [0, count), in any
+//                                 order and in parallel; i has count's type.
+//   for_each_row(rows, cols, stage)
+//                                 stage(stage.row(r), c) for every r in
+//                                 [0, rows) and c in [0, cols); row(r) holds
+//                                 what all of a row's elements share.
+//   stable_sort_pairs(keys_in, keys_out, values_in, values_out, count,
+//                     end_bit)    by key (whose bits above end_bit are zero),
+//                                 equal keys keeping their order.
+//   inclusive_sum(in, out, count) of int32 values.
+//   allocate(bytes) -> c10::DataPtr, zero(data, bytes).
+//   begin_chunk()                 marks where a chunk's stages begin (for
+//                                 work counters and profiler ranges).
+// Each of these is one launch (or one CUB call) on CUDA; none is called with
+// a count of zero. Stages are plain structs with C10_HOST_DEVICE call
+// operators, passed by value, so a CUDA launch takes no parameter's address.
+
+#include <ATen/native/cuda/GridSamplerDeterministic.cuh>
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
+
+#include <ATen/Dispatch.h>
+#include <ATen/native/CanUse32BitIndexMath.h>
+#include <c10/core/Allocator.h>
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <type_traits>
+
+namespace at::native::grid_sampler_deterministic {
+
+// Point pass: the grid gradient of points [first_point, first_point + count)
+// and, with kEmitRecords, their records.
+template <int kTaps, bool kEmitRecords, typename Args, typename key_t>
+struct PointPass {
+  using index_t = typename Args::index_type;
+  Args args;
+  ChunkRecords<key_t, typename Args::opmath_t, index_t> chunk;
+  index_t first_point;
+
+  C10_HOST_DEVICE void operator()(index_t i) const {
+    process_point<kTaps, kEmitRecords>(args, first_point + i, i, chunk);
+  }
+};
+
+// Dense reduction, step 1: [seg_begin[d], seg_end[d]) are destination d's
+// sorted records (both zero-filled before, so an untouched d has an empty
+// range). One thread per sorted record, O(records): only the first and the
+// last record of each destination write.
+template <typename key_t>
+struct MarkDestinationSegments {
+  const key_t* keys;
+  int32_t count;
+  key_t nowhere;
+  int32_t* seg_begin;
+  int32_t* seg_end;
+
+  C10_HOST_DEVICE void operator()(int32_t i) const {
+    const key_t d = keys[i];
+    if (d == nowhere) {
+      return;
+    }
+    if (i == 0 || keys[i - 1] != d) {
+      seg_begin[d] = i;
+    }
+    if (i == count - 1 || keys[i + 1] != d) {
+      seg_end[d] = i + 1;
+    }
+  }
+};
+
+// Sparse reduction, step 1: 1 where a run of one destination's sorted
+// records begins, else 0.
+template <typename key_t>
+struct MarkRunHeads {
+  const key_t* keys;
+  int32_t* heads;
+
+  C10_HOST_DEVICE void operator()(int32_t i) const {
+    heads[i] = i == 0 || keys[i] != keys[i - 1];
+  }
+};
+
+// Sparse reduction, step 2, after run_number = inclusive_sum(heads): run j
+// is [run_begin[j], run_begin[j + 1]), for j < *num_runs.
+template <typename key_t>
+struct RecordRunStarts {
+  const key_t* keys;
+  const int32_t* run_number;
+  int32_t count;
+  int32_t* run_begin;
+  int32_t* num_runs;
+
+  C10_HOST_DEVICE void operator()(int32_t i) const {
+    if (i == 0 || keys[i] != keys[i - 1]) {
+      run_begin[run_number[i] - 1] = i;
+    }
+    if (i == count - 1) {
+      run_begin[run_number[i]] = count;
+      *num_runs = run_number[i];
+    }
+  }
+};
+
+// What the reduce reads of a sorted chunk: the record ids in sorted order,
+// and by record id the weights and, by point, the grad_output offsets.
+template <typename scalar_t, typename index_t>
+struct SortedRecords {
+  const int32_t* ids;
+  const at::opmath_type<scalar_t>* weights;
+  const index_t* gout_offsets;
+  const scalar_t* grad_output;
+  index_t gout_stride_c;
+
+  C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
+    return grad_output + c * gout_stride_c;
+  }
+};
+
+// Dense reduction, step 2: the single writer of every element of a
+// contiguous (N, C, spatial...) output, thread (row n * C + c, column =
+// spatial index s), so a warp's lanes take consecutive destinations of one
+// channel: its segment bounds load coalesced, its writes are contiguous,
+// and neighbouring destinations' sorted records lie side by side. `carry`
+// (same layout) holds the sums of earlier chunks when has_carry. Only the
+// first chunk, and a last one that rounds a float carry into grad_input,
+// write untouched elements.
+template <int kTapsPerPoint, typename scalar_t, typename index_t, typename out_t>
+struct ReduceDense {
+  using T = at::opmath_type<scalar_t>;
+  SortedRecords<scalar_t, index_t> records;
+  const int32_t* seg_begin;
+  const int32_t* seg_end;
+  out_t* out;
+  const T* carry;
+  index_t channels;
+  index_t destinations_per_image;
+  bool has_carry;
+  bool write_untouched;
+
+  struct Row {
+    index_t first_destination;
+    const scalar_t* gout_channel;
+    out_t* out;
+    const T* carry;
+  };
+
+  C10_HOST_DEVICE Row row(index_t r) const {
+    const index_t n = r / channels;
+    const index_t offset = r * destinations_per_image;
+    return Row{
+        n * destinations_per_image,
+        records.gout_channel(r - n * channels),
+        out + offset,
+        has_carry ? carry + offset : nullptr};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
+    const index_t d = row.first_destination + s;
+    const int32_t begin = seg_begin[d];
+    const int32_t end = seg_end[d];
+    if (begin == end && !write_untouched) {
+      return;
+    }
+    const T initial = has_carry ? row.carry[s] : static_cast<T>(0);
+    row.out[s] = static_cast<out_t>(fold_records<kTapsPerPoint>(
+        records.ids,
+        begin,
+        end,
+        records.weights,
+        records.gout_offsets,
+        row.gout_channel,
+        initial));
+  }
+};
+
+// Sparse reduction, step 3: one thread per (channel row c, run j): lanes take
+// consecutive runs of one channel, whose sorted records are contiguous. The
+// output was zero-filled; runs of taps that land nowhere are skipped.
+template <
+    int kTapsPerPoint,
+    typename scalar_t,
+    typename index_t,
+    typename key_t,
+    typename out_t>
+struct ReduceSparse {
+  using T = at::opmath_type<scalar_t>;
+  SortedRecords<scalar_t, index_t> records;
+  const key_t* keys;
+  const int32_t* run_begin;
+  const int32_t* num_runs;
+  key_t nowhere;
+  out_t* out;
+  index_t channels;
+  index_t destinations_per_image;
+  bool has_carry;
+
+  struct Row {
+    index_t channel;
+    const scalar_t* gout_channel;
+  };
+
+  C10_HOST_DEVICE Row row(index_t c) const {
+    return Row{c, records.gout_channel(c)};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, int32_t j) const {
+    if (j >= *num_runs) {
+      return;
+    }
+    const int32_t begin = run_begin[j];
+    const key_t destination = keys[begin];
+    if (destination == nowhere) {
+      return;
+    }
+    const index_t d = static_cast<index_t>(destination);
+    const index_t n = d / destinations_per_image;
+    // (n, c, s) of the output, s = d - n * destinations_per_image.
+    out_t& element = out
+        [(n * channels + row.channel) * destinations_per_image +
+         (d - n * destinations_per_image)];
+    const T initial =
+        has_carry ? static_cast<T>(element) : static_cast<T>(0);
+    element = static_cast<out_t>(fold_records<kTapsPerPoint>(
+        records.ids,
+        begin,
+        run_begin[j + 1],
+        records.weights,
+        records.gout_offsets,
+        row.gout_channel,
+        initial));
+  }
+};
+
+// Rounds a finished float carry into grad_input, element by element (both
+// contiguous).
+template <typename scalar_t, typename index_t>
+struct RoundCarry {
+  const at::opmath_type<scalar_t>* carry;
+  scalar_t* grad_input;
+
+  C10_HOST_DEVICE void operator()(index_t i) const {
+    grad_input[i] = static_cast<scalar_t>(carry[i]);
+  }
+};
+
+// Two ways to reach every grad_input element, with the same sums. Dense,
+// when grad_input has no more destinations than a chunk has records: one
+// thread per element, the first chunk writing the zeros too (no memset),
+// segment bounds per destination. Sparse otherwise: a zero fill, then one
+// thread per (run of one destination's records, channel). Either way the
+// work and the workspace are bounded by the records of a chunk, not by the
+// size of the input.
+inline bool use_dense_reduction(
+    int64_t num_destinations,
+    int64_t records_per_chunk) {
+  return num_destinations <= records_per_chunk;
+}
+
+// Bits a radix sort must look at for keys in [0, max_key] (at least one).
+inline int bits_for(int64_t max_key) {
+  int bits = 1;
+  while (max_key > 1) {
+    max_key >>= 1;
+    ++bits;
+  }
+  return bits;
+}
+
+// Whether to use the 32-bit type for a quantity: `knob` is 0 (when it
+// fits), 32 or 64 (tests force each pipeline; 32 must fit).
+inline bool use_32_bits(
+    int64_t knob,
+    bool fits,
+    const char* knob_name,
+    const char* op_name) {
+  TORCH_CHECK(
+      knob == 0 || knob == 32 || knob == 64,
+      op_name,
+      " (deterministic): ",
+      knob_name,
+      " must be 0 (automatic), 32 or 64, got ",
+      knob);
+  TORCH_CHECK(
+      knob != 32 || fits,
+      op_name,
+      " (deterministic): ",
+      knob_name,
+      "=32, but this problem needs 64 bits");
+  return knob == 32 || (knob == 0 && fits);
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+inline bool fits_32bit_indexing(const TensorBase& t) {
+  return !t.defined() || canUse32BitIndexMath(t);
+}
+
+template <typename T>
+T* as(const c10::DataPtr& data) {
+  return static_cast<T*>(data.get());
+}
+
+// The grad_input half of the backward for contiguous grad_input, chunk by
+// chunk: point pass, stable sort, reduce (see the .cu file's pipeline).
+template <
+    int kTaps,
+    typename key_t,
+    typename Executor,
+    typename scalar_t,
+    typename index_t,
+    int kDims>
+void reduce_grad_input(
+    const Executor& ex,
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
+    scalar_t* grad_input,
+    int64_t chunk_points) {
+  using Args = BackwardArgs<scalar_t, index_t, kDims>;
+  using T = at::opmath_type<scalar_t>;
+  constexpr int kTapsPerPoint = ipow(kTaps, kDims);
+  constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
+
+  const int64_t num_points = args.num_points();
+  const int64_t num_destinations = args.num_destinations();
+  const int64_t num_chunks =
+      std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
+  const int64_t points_per_chunk = std::min(num_points, chunk_points);
+  const int64_t capacity = points_per_chunk * kTapsPerPoint;
+  const bool dense = use_dense_reduction(num_destinations, capacity);
+  const index_t channels = args.channels;
+  const index_t image_size = args.destinations_per_image();
+  const index_t numel = args.batch * channels * image_size;
+  const key_t nowhere = static_cast<key_t>(num_destinations);
+
+  // After the sort the unsorted keys and ids are dead until the next chunk's
+  // point pass, so the reduce keeps its int32 bookkeeping there (dense:
+  // segment bounds, D <= capacity; sparse: heads, run numbers, run starts).
+  const auto keys = ex.allocate(capacity * sizeof(key_t));
+  const auto sorted_keys = ex.allocate(capacity * sizeof(key_t));
+  const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
+  const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
+  const auto weights = ex.allocate(capacity * sizeof(T));
+  const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
+  const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
+  // Running sums between chunks live in grad_input itself when it holds
+  // opmath values, else in a float buffer of its size.
+  const bool float_carry = kReducedPrecision && num_chunks > 1;
+  const auto carry_storage = ex.allocate(float_carry ? numel * sizeof(T) : 0);
+  T* const carry = as<T>(carry_storage);
+
+  const ChunkRecords<key_t, T, index_t> chunk{
+      as<key_t>(keys), as<int32_t>(ids), as<T>(weights), as<index_t>(gout_offsets)};
+  const SortedRecords<scalar_t, index_t> sorted{
+      as<int32_t>(sorted_ids),
+      as<T>(weights),
+      as<index_t>(gout_offsets),
+      args.grad_output.data,
+      args.grad_output.stride_c};
+  int32_t* const bookkeeping_a = as<int32_t>(ids);
+  int32_t* const bookkeeping_b = reinterpret_cast<int32_t*>(as<key_t>(keys));
+
+  if (!dense) {
+    // Sparse: every element starts at zero; chunks then touch only the
+    // destinations they have records for.
+    if (float_carry) {
+      ex.zero(carry, numel * sizeof(T));
+    } else {
+      ex.zero(grad_input, numel * sizeof(scalar_t));
+    }
+  }
+  const int end_bit = bits_for(num_destinations);
+  for (int64_t k = 0; k < num_chunks; ++k) {
+    const int64_t first_point = k * chunk_points;
+    const int64_t count = std::min(chunk_points, num_points - first_point);
+    const int32_t num_records = static_cast<int32_t>(count * kTapsPerPoint);
+    const bool first = k == 0;
+    const bool last = k == num_chunks - 1;
+    ex.begin_chunk();
+    ex.for_each(
+        static_cast<index_t>(count),
+        PointPass<kTaps, true, Args, key_t>{
+            args, chunk, static_cast<index_t>(first_point)});
+    ex.stable_sort_pairs(
+        as<key_t>(keys),
+        as<key_t>(sorted_keys),
+        as<int32_t>(ids),
+        as<int32_t>(sorted_ids),
+        num_records,
+        end_bit);
+
+    // Where this chunk's reduce writes (out) and reads the sums of earlier
+    // chunks (in): grad_input itself when it holds opmath values; for
+    // Half/BFloat16 the float carry while there is one, except that the last
+    // chunk of a dense reduction rounds straight into grad_input.
+    auto reduce_into = [&](auto* out, const T* in) {
+      using out_t = std::remove_pointer_t<decltype(out)>;
+      if (dense) {
+        const bool reads_carry = !first;
+        ex.for_each_row(
+            args.batch * channels,
+            image_size,
+            ReduceDense<kTapsPerPoint, scalar_t, index_t, out_t>{
+                sorted,
+                bookkeeping_a,
+                bookkeeping_b,
+                out,
+                in,
+                channels,
+                image_size,
+                reads_carry,
+                first || static_cast<const void*>(out) != in});
+      } else {
+        ex.for_each_row(
+            channels,
+            num_records,
+            ReduceSparse<kTapsPerPoint, scalar_t, index_t, key_t, out_t>{
+                sorted,
+                as<key_t>(sorted_keys),
+                bookkeeping_a,
+                as<int32_t>(num_runs),
+                nowhere,
+                out,
+                channels,
+                image_size,
+                static_cast<const void*>(out) == in});
+      }
+    };
+    if (dense) {
+      ex.zero(bookkeeping_a, num_destinations * sizeof(int32_t));
+      ex.zero(bookkeeping_b, num_destinations * sizeof(int32_t));
+      ex.for_each(
+          num_records,
+          MarkDestinationSegments<key_t>{
+              as<key_t>(sorted_keys),
+              num_records,
+              nowhere,
+              bookkeeping_a,
+              bookkeeping_b});
+    } else if (num_records > 0) {
+      ex.for_each(
+          num_records,
+          MarkRunHeads<key_t>{as<key_t>(sorted_keys), bookkeeping_a});
+      ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_records);
+      ex.for_each(
+          num_records,
+          RecordRunStarts<key_t>{
+              as<key_t>(sorted_keys),
+              bookkeeping_b,
+              num_records,
+              bookkeeping_a,
+              as<int32_t>(num_runs)});
+    } else {
+      continue;
+    }
+    if constexpr (!kReducedPrecision) {
+      reduce_into(grad_input, grad_input);
+    } else if (!float_carry) {
+      reduce_into(grad_input, nullptr);
+    } else if (dense && last) {
+      reduce_into(grad_input, carry);
+    } else {
+      reduce_into(carry, carry);
+    }
+  }
+  if (!dense && float_carry) {
+    ex.for_each(numel, RoundCarry<scalar_t, index_t>{carry, grad_input});
+  }
+}
+
+template <typename Executor, typename scalar_t, typename index_t, int kDims>
+void run_backward_with_index(
+    const Executor& ex,
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options) {
+  using Args = BackwardArgs<scalar_t, index_t, kDims>;
+  const auto args = make_backward_args<scalar_t, index_t, kDims>(
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask[1]);
+
+  if (!output_mask[1] && grad_grid.defined() && grad_grid.numel() > 0) {
+    // Not asked for, so not computed (upstream #64977); a grid gradient the
+    // caller allocated anyway is zeroed rather than left uninitialized.
+    TORCH_CHECK(
+        grad_grid.is_contiguous(),
+        Args::op_name(),
+        " (deterministic): expected a contiguous grad_grid");
+    ex.zero(grad_grid.data_ptr(), grad_grid.nbytes());
+  }
+  const bool reduce = output_mask[0] && grad_input.numel() > 0;
+  if (!reduce && args.grad_grid.data == nullptr) {
+    return;
+  }
+  dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
+    constexpr int kTaps = decltype(taps_per_axis)::value;
+    if (!reduce) {
+      // Grid gradient only: no records, no sort, nothing to group.
+      ex.for_each(
+          args.num_points(),
+          PointPass<kTaps, false, Args, int32_t>{args, {}, 0});
+      return;
+    }
+    TORCH_CHECK(
+        grad_input.is_contiguous(),
+        Args::op_name(),
+        " (deterministic): expected a contiguous grad_input");
+    const int64_t chunk_points = resolve_chunk_points(
+        options.chunk_points, ipow(kTaps, kDims), Args::op_name());
+    const int64_t num_destinations = args.num_destinations();
+    // num_destinations itself is a key: it marks taps that land nowhere.
+    const bool keys_fit =
+        num_destinations < std::numeric_limits<int32_t>::max();
+    scalar_t* const grad_input_data = grad_input.data_ptr<scalar_t>();
+    if (use_32_bits(options.key_bits, keys_fit, "key_bits", Args::op_name())) {
+      reduce_grad_input<kTaps, int32_t>(ex, args, grad_input_data, chunk_points);
+    } else {
+      reduce_grad_input<kTaps, int64_t>(ex, args, grad_input_data, chunk_points);
+    }
+  });
+}
+
+// The deterministic backward of grid_sampler_2d (4-D input) or
+// grid_sampler_3d (5-D input) on `ex`, for checked arguments: writes every
+// element of a contiguous grad_input when output_mask[0], grad_grid when
+// output_mask[1], and zeroes a defined grad_grid otherwise. Keys and index
+// math are 32-bit where they fit (the options can force either width).
+template <typename Executor>
+void run_deterministic_backward(
+    const Executor& ex,
+    const TensorBase& grad_input,
+    const TensorBase& grad_grid,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask,
+    const GridSamplerDeterministicOptions& options) {
+  if (!output_mask[0] && !output_mask[1]) {
+    return;
+  }
+  const bool index_fits = fits_32bit_indexing(input) &&
+      fits_32bit_indexing(grid) && fits_32bit_indexing(grad_output) &&
+      (!output_mask[0] || fits_32bit_indexing(grad_input)) &&
+      fits_32bit_indexing(grad_grid);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      ScalarType::Half,
+      ScalarType::BFloat16,
+      input.scalar_type(),
+      "grid_sampler_backward_deterministic",
+      [&] {
+        auto run = [&](auto dims, auto index) {
+          constexpr int kDims = decltype(dims)::value;
+          using index_t = typename decltype(index)::type;
+          run_backward_with_index<Executor, scalar_t, index_t, kDims>(
+              ex,
+              grad_input,
+              grad_grid,
+              grad_output,
+              input,
+              grid,
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              output_mask,
+              options);
+        };
+        auto with_index = [&](auto dims) {
+          const bool narrow = use_32_bits(
+              options.index_bits,
+              index_fits,
+              "index_bits",
+              BackwardArgs<scalar_t, int, decltype(dims)::value>::op_name());
+          if (narrow) {
+            run(dims, TypeTag<int32_t>{});
+          } else {
+            run(dims, TypeTag<int64_t>{});
+          }
+        };
+        if (input.dim() == 4) {
+          with_index(std::integral_constant<int, 2>{});
+        } else {
+          with_index(std::integral_constant<int, 3>{});
+        }
+      });
+}
+
+} // namespace at::native::grid_sampler_deterministic

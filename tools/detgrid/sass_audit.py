@@ -1,0 +1,346 @@
+"""Audits of detgrid's compiled CUDA kernels, read from the machine code.
+
+Three checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
+function of compiler output so that CI can run it without a GPU:
+
+* resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
+  except the point passes allowed to (the fp64 and int64-key tricubic ones);
+* fused arithmetic (`nvdisasm -g -gi`, SASS with inlined line info): no
+  FFMA, DFMA or HFMA2 in detgrid's own arithmetic. The CUDA == host bit
+  equality rests on every operation being rounded on its own; the only
+  fused operations allowed are those the compiler expands a correctly
+  rounded division into (a source line calling __fdiv_rn / __ddiv_rn) and
+  those inside CUDA's own math headers (fmod). HFMA2 with a -RZ, RZ
+  operand pair only materialises a constant and is not arithmetic;
+* flush to zero: no `.FTZ` form of FADD, FMUL, FFMA or FMNMX in detgrid's
+  arithmetic, which a --use_fast_math or -ftz=true build would produce and
+  which would break bit equality with the host for subnormals.
+
+It also measures the instruction count of each reduce kernel's inner loop
+(the smallest loop that holds the fold's FMUL and FADD), plus the static
+size of any subroutine it calls, for benchmarks/NOTES.md.
+"""
+
+import argparse
+import dataclasses
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+# Kernels of ours: everything in GridSamplerDeterministic.cu's anonymous
+# namespace (CUB's kernels live in at_cuda_detail and are not audited).
+OUR_KERNEL = re.compile(r"GridSamplerDeterministic_cu")
+OUR_SOURCES = ("GridSamplerDeterministic.cuh", "GridSamplerDeterministicPipeline.cuh",
+               "GridSamplerDeterministic.cu")
+DIVISION_INTRINSICS = ("__fdiv_rn", "__ddiv_rn")
+
+FUSED = re.compile(r"^(FFMA|DFMA|HFMA2)(\.|$)")
+FTZ_ARITHMETIC = re.compile(r"^(FADD|FMUL|FFMA|FMNMX|FADD32I|FMUL32I|FFMA32I)\b.*\.FTZ")
+CONSTANT_IDIOM = re.compile(r"-RZ,\s*RZ")
+
+
+@dataclasses.dataclass
+class Resources:
+    registers: int = 0
+    stack_frame: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+    @property
+    def spills(self) -> bool:
+        return self.stack_frame > 0 or self.spill_stores > 0 or self.spill_loads > 0
+
+
+@dataclasses.dataclass
+class Instruction:
+    offset: int
+    opcode: str
+    operands: str
+    source: Optional[Tuple[str, int]]  # innermost (file, line), if known
+    target: Optional[str] = None  # branch or call target label
+    # In a subroutine the compiler emitted (the `$__internal_...` slow paths
+    # of division and fmod, reached by CALL): library code, not ours.
+    in_subroutine: bool = False
+
+
+@dataclasses.dataclass
+class Function:
+    name: str
+    instructions: List[Instruction]
+    labels: Dict[str, int]  # label -> offset
+
+
+def parse_ptxas(text: str) -> Dict[str, Resources]:
+    """Per mangled kernel name, the resources `ptxas -v` reports."""
+    resources: Dict[str, Resources] = {}
+    current: Optional[Resources] = None
+    for line in text.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = resources.setdefault(m.group(1), Resources())
+            continue
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            current = resources.setdefault(m.group(1), Resources())
+            continue
+        if current is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      line)
+        if m:
+            current.stack_frame, current.spill_stores, current.spill_loads = map(int, m.groups())
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            current.registers = int(m.group(1))
+    return resources
+
+
+_FUNCTION = re.compile(r"^\.text\.(\S+):$")
+_LINE_INFO = re.compile(r'//## File "([^"]+)", line (\d+)')
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_LABEL = re.compile(r"^(\.L_x_\d+|\$[\w$.]+):")
+_TARGET = re.compile(r"`\(([^)]+)\)")
+
+
+def parse_sass(text: str) -> Dict[str, Function]:
+    """Functions of `nvdisasm -c -g -gi` output, with each instruction's
+    innermost source location."""
+    functions: Dict[str, Function] = {}
+    current: Optional[Function] = None
+    source: Optional[Tuple[str, int]] = None
+    pending_labels: List[str] = []
+    # A location is a block of //## lines, innermost frame first, each
+    # further line the call site it was inlined at.
+    in_location_block = False
+    in_subroutine = False
+    for line in text.splitlines():
+        m = _FUNCTION.match(line.strip())
+        if m:
+            current = functions.setdefault(m.group(1), Function(m.group(1), [], {}))
+            source, pending_labels, in_location_block = None, [], False
+            in_subroutine = False
+            continue
+        if current is None:
+            continue
+        m = _LINE_INFO.search(line)
+        if m:
+            if not in_location_block:
+                source = (m.group(1), int(m.group(2)))
+            in_location_block = True
+            continue
+        in_location_block = False
+        m = _LABEL.match(line.strip())
+        if m:
+            pending_labels.append(m.group(1))
+            in_subroutine = in_subroutine or m.group(1).startswith("$")
+            continue
+        m = _INSTRUCTION.search(line)
+        if m:
+            offset = int(m.group(1), 16)
+            for label in pending_labels:
+                current.labels[label] = offset
+            pending_labels = []
+            target = _TARGET.search(m.group(4))
+            current.instructions.append(Instruction(
+                offset, m.group(3), m.group(4).strip(), source,
+                target.group(1) if target else None, in_subroutine))
+            if m.group(3).startswith("RET"):
+                in_subroutine = False
+    return functions
+
+
+def is_ours(ins: Instruction) -> bool:
+    """Whether the instruction is detgrid's own code: innermost source line
+    in our files, outside compiler-emitted subroutines."""
+    return (not ins.in_subroutine and ins.source is not None
+            and ins.source[0].endswith(OUR_SOURCES))
+
+
+class SourceLines:
+    """Reads source lines once, to tell a division's expansion from our own
+    arithmetic."""
+
+    def __init__(self):
+        self._files: Dict[str, List[str]] = {}
+
+    def line(self, source: Tuple[str, int]) -> str:
+        path, number = source
+        if path not in self._files:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    self._files[path] = f.read().splitlines()
+            except OSError:
+                self._files[path] = []
+        lines = self._files[path]
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+def fused_violations(functions: Dict[str, Function], lines: SourceLines) -> List[str]:
+    found = []
+    for function in functions.values():
+        if not OUR_KERNEL.search(function.name):
+            continue
+        for ins in function.instructions:
+            if not FUSED.match(ins.opcode) or CONSTANT_IDIOM.search(ins.operands):
+                continue
+            if not is_ours(ins):
+                continue  # CUDA's math headers, or a library subroutine
+            if any(name in lines.line(ins.source) for name in DIVISION_INTRINSICS):
+                continue
+            found.append(f"{ins.opcode} {ins.operands} at {ins.source[0]}:{ins.source[1]} "
+                         f"in {function.name}")
+    return found
+
+
+def ftz_violations(functions: Dict[str, Function]) -> List[str]:
+    found = []
+    for function in functions.values():
+        if not OUR_KERNEL.search(function.name):
+            continue
+        for ins in function.instructions:
+            if FTZ_ARITHMETIC.match(ins.opcode) and is_ours(ins):
+                found.append(f"{ins.opcode} {ins.operands} at {ins.source[0]}:{ins.source[1]} "
+                             f"in {function.name}")
+    return found
+
+
+def resource_violations(resources: Dict[str, Resources],
+                        allowed: Iterable[str]) -> List[str]:
+    """Our kernels with a stack frame or spills, other than those whose
+    demangled name matches one of the `allowed` patterns."""
+    allowed = [re.compile(pattern) for pattern in allowed]
+    found = []
+    for name, r in sorted(resources.items()):
+        if not OUR_KERNEL.search(name) or not r.spills:
+            continue
+        readable = demangle(name)
+        if any(pattern.search(readable) for pattern in allowed):
+            continue
+        found.append(f"{readable}: {r.stack_frame} B stack frame, {r.spill_stores} B spill "
+                     f"stores, {r.spill_loads} B spill loads")
+    return found
+
+
+def loops(function: Function) -> List[Tuple[int, int]]:
+    """(first, last) instruction index of every backward branch's loop."""
+    index_of = {ins.offset: i for i, ins in enumerate(function.instructions)}
+    found = []
+    for i, ins in enumerate(function.instructions):
+        if ins.opcode.startswith("BRA") and ins.target in function.labels:
+            start = index_of.get(function.labels[ins.target])
+            if start is not None and start <= i:
+                found.append((start, i))
+    return found
+
+
+def subroutine_size(function: Function, label: str) -> int:
+    """Static instruction count of a called subroutine, to its first RET."""
+    start = function.labels.get(label)
+    if start is None:
+        return 0
+    count = 0
+    for ins in function.instructions:
+        if ins.offset < start:
+            continue
+        count += 1
+        if ins.opcode.startswith("RET"):
+            break
+    return count
+
+
+@dataclasses.dataclass
+class LoopCost:
+    body: int  # instructions of the loop body, branch included
+    calls: int  # CALLs in it (64-bit division and the like)
+    callee: int  # static instructions of the subroutines they call
+
+    @property
+    def total(self) -> int:
+        return self.body + self.callee
+
+
+def inner_loop_cost(function: Function, multiply: str = "FMUL",
+                    add: str = "FADD") -> Optional[LoopCost]:
+    """The smallest loop holding the fold's multiply and add (attributed to
+    our sources): the instructions one record costs when the loop runs once
+    per record, with the static size of each subroutine it calls (an upper
+    bound on what a call executes)."""
+    best = None
+    for start, end in loops(function):
+        body = function.instructions[start:end + 1]
+        ops = {ins.opcode.split(".")[0] for ins in body if is_ours(ins)}
+        if multiply not in ops or add not in ops:
+            continue
+        calls = [ins for ins in body if ins.opcode.startswith("CALL") and ins.target]
+        cost = LoopCost(len(body), len(calls),
+                        sum(subroutine_size(function, ins.target) for ins in calls))
+        if best is None or cost.total < best.total:
+            best = cost
+    return best
+
+
+def demangle(names: Sequence[str] | str):
+    single = isinstance(names, str)
+    batch = [names] if single else list(names)
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(batch), capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        out = batch
+    return out[0] if single else out
+
+
+def reduce_loop_table(functions: Dict[str, Function]) -> List[Tuple[str, LoopCost]]:
+    """(readable kernel, inner-loop cost) of every reduce kernel of ours."""
+    rows = []
+    names = [n for n in functions if OUR_KERNEL.search(n) and re.search(r"[Rr]educe", n)]
+    for name, readable in zip(names, demangle(names)):
+        function = functions[name]
+        double = "BackwardArgsId" in name or re.search(r"Reduce(Dense|Sparse)ILi\d+EdE", name)
+        cost = inner_loop_cost(function, *(("DMUL", "DADD") if double else ("FMUL", "FADD")))
+        if cost is not None:
+            rows.append((readable, cost))
+    return sorted(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
+    parser.add_argument("--sass", required=True, help="output of nvdisasm -c -g -gi")
+    parser.add_argument("--allow-spills", action="append", default=[], metavar="REGEX",
+                        help="demangled kernel names allowed a stack frame or spills")
+    parser.add_argument("--loops", action="store_true",
+                        help="print the reduce kernels' inner-loop instruction counts")
+    args = parser.parse_args(argv)
+    with open(args.ptxas_log) as f:
+        resources = parse_ptxas(f.read())
+    with open(args.sass) as f:
+        functions = parse_sass(f.read())
+    ours = [n for n in functions if OUR_KERNEL.search(n)]
+    if not ours:
+        print("sass audit: no detgrid kernel in the SASS (was it built with -lineinfo?)",
+              file=sys.stderr)
+        return 2
+    problems = {
+        "stack frames or spills": resource_violations(resources, args.allow_spills),
+        "fused multiply-add in detgrid's arithmetic": fused_violations(functions, SourceLines()),
+        "flush-to-zero arithmetic": ftz_violations(functions),
+    }
+    for kind, found in problems.items():
+        for problem in found:
+            print(f"FAIL ({kind}): {problem}")
+    if args.loops:
+        print("inner loop per record: body + callees (body instructions, calls)")
+        for readable, cost in reduce_loop_table(functions):
+            print(f"{cost.total:4d} ({cost.body:3d}, {cost.calls} calls)  {readable}")
+    failed = sum(map(len, problems.values()))
+    print(f"sass audit: {len(ours)} detgrid kernels, "
+          f"{sum(len(functions[n].instructions) for n in ours)} instructions; "
+          f"{failed} problem(s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
