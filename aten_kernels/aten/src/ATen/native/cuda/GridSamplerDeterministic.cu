@@ -85,10 +85,12 @@ constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
 // gridDim.y's limit; rows beyond it are taken by the grid-stride loop.
 constexpr int64_t kMaxGridRows = 65535;
 
-// Threads per block a stage's kernel is built for. Point passes keep every
-// tap of a point in registers (64 of them in tricubic sampling), so they are
-// built for at most kPointPassBlockSize threads, which lets ptxas give them
-// up to 255 registers instead of spilling; the other stages fit in 128.
+// Threads per block a stage's kernel is built for, with one resident block
+// per SM as the occupancy floor. Point passes keep every tap of a point in
+// registers (64 of them in tricubic sampling), so they are built for at most
+// kPointPassBlockSize threads: ptxas may then give them up to 255 registers,
+// and it spills nothing (with a higher occupancy target it parks a few
+// long-lived values in local memory). The other stages fit in 128.
 constexpr int kPointPassBlockSize = 256;
 
 template <typename Stage>
@@ -104,7 +106,7 @@ struct MaxThreads<PointPass<kTaps, kEmitRecords, Args, key_t>> {
 // at most kDefaultMaxBlocks * kMaxBlockSize = 2^29, so i + stride never
 // wraps, and the loop stays 32-bit for 32-bit counts.
 template <typename count_t, typename Stage>
-C10_LAUNCH_BOUNDS_1(MaxThreads<Stage>::value)
+C10_LAUNCH_BOUNDS_2(MaxThreads<Stage>::value, 1)
 __global__ void for_each_kernel(const Stage stage, count_t count) {
   using ucount_t = std::make_unsigned_t<count_t>;
   const ucount_t stride = static_cast<ucount_t>(blockDim.x) * gridDim.x;

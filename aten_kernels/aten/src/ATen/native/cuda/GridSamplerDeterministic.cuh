@@ -196,23 +196,55 @@ C10_HOST_DEVICE inline T source_coordinate(
   return coord;
 }
 
+// The period of reflection padding along an axis of `size` pixels, in
+// pixels: reflect_index is periodic in it.
+C10_HOST_DEVICE inline int64_t reflection_period(
+    int64_t size,
+    bool align_corners) {
+  return align_corners ? 2 * (size - 1) : 2 * size;
+}
+
+// x mod period for 0 <= x < 2^52 and period >= 1, where `inverse` is
+// 1.0 / period rounded to double. A 64-bit integer division is a subroutine
+// call on the GPU (its callee-saved registers spill); instead the quotient
+// comes from one rounded product, whose relative error (< 2^-52) leaves it
+// within one of the truth for these magnitudes, and one step either way
+// makes the remainder exact.
+C10_HOST_DEVICE inline int64_t mod_by_reciprocal(
+    int64_t x,
+    int64_t period,
+    double inverse) {
+  const int64_t quotient =
+      static_cast<int64_t>(mul_rn(static_cast<double>(x), inverse));
+  int64_t remainder = x - quotient * period;
+  if (remainder < 0) {
+    remainder += period;
+  } else if (remainder >= period) {
+    remainder -= period;
+  }
+  return remainder;
+}
+
 // Integer twin of `reflect` followed by `clip` for the integer tap positions
 // of bicubic sampling; equal to the floating-point version wherever that one
-// is exact, and exact everywhere.
+// is exact, and exact everywhere. `inverse_period` is
+// 1.0 / reflection_period(size, align_corners). |index| <= 2^40 + 3.
 C10_HOST_DEVICE inline int64_t reflect_index(
     int64_t index,
     int64_t size,
-    bool align_corners) {
+    bool align_corners,
+    double inverse_period) {
+  const int64_t period = reflection_period(size, align_corners);
   if (align_corners) {
     if (size == 1) {
       return 0;
     }
-    const int64_t period = 2 * (size - 1);
-    const int64_t folded = (index < 0 ? -index : index) % period;
+    const int64_t folded = mod_by_reciprocal(
+        index < 0 ? -index : index, period, inverse_period);
     return folded < size ? folded : period - folded;
   }
-  const int64_t period = 2 * size;
-  const int64_t folded = (index < 0 ? -index - 1 : index) % period;
+  const int64_t folded = mod_by_reciprocal(
+      index < 0 ? -index - 1 : index, period, inverse_period);
   return folded < size ? folded : period - 1 - folded;
 }
 
@@ -220,15 +252,24 @@ C10_HOST_DEVICE inline int64_t pad_index(
     int64_t index,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners) {
+    bool align_corners,
+    double inverse_period) {
   if (padding_mode == GridSamplerPadding::Border) {
     return index < 0 ? 0 : (index >= size ? size - 1 : index);
   }
   if (padding_mode == GridSamplerPadding::Reflection) {
-    return reflect_index(index, size, align_corners);
+    return reflect_index(index, size, align_corners, inverse_period);
   }
   return index;
 }
+
+// 1.0 / reflection_period, computed once on the host for every axis (a
+// double division on the GPU is a subroutine call). Zero where the period
+// is zero (a single pixel with align_corners, which reflects to 0).
+template <int kDims>
+struct InversePeriods {
+  double v[kDims];
+};
 
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
 // -1, 0, 1, 2 from floor(coord), and their derivatives by t = coord - floor.
@@ -350,7 +391,8 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners) {
+    bool align_corners,
+    double inverse_period) {
   AxisTaps<T, 4> taps;
   taps.usable = true;
   const T coord = unnormalize(grid_coord, size, align_corners, &taps.mult);
@@ -362,7 +404,11 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   cubic_weights(sub_rn(coord, base), taps.weight, taps.dweight);
   for (int k = 0; k < 4; ++k) {
     const int64_t index = pad_index(
-        static_cast<int64_t>(base) - 1 + k, size, padding_mode, align_corners);
+        static_cast<int64_t>(base) - 1 + k,
+        size,
+        padding_mode,
+        align_corners,
+        inverse_period);
     taps.index[k] = index;
     taps.in_bounds[k] = index >= 0 && index < size;
   }
@@ -545,6 +591,7 @@ template <int kTaps, int kDims, typename T, typename index_t>
 C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     const T (&grid_coord)[kDims],
     const Spatial<index_t, kDims>& inp_size,
+    const InversePeriods<kDims>& inverse_periods,
     GridSamplerPadding padding_mode,
     bool align_corners) {
   const std::integral_constant<int, kTaps> taps_per_axis_c;
@@ -552,12 +599,23 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   bool usable = true;
   GRID_SAMPLER_DET_UNROLL
   for (int a = 0; a < kDims; ++a) {
-    taps.axis[a] = compute_axis_taps(
-        taps_per_axis_c,
-        grid_coord[kDims - 1 - a],
-        static_cast<int64_t>(inp_size.v[a]),
-        padding_mode,
-        align_corners);
+    if constexpr (kTaps == 4) {
+      // Bicubic pads each tap's integer position, the others the coordinate.
+      taps.axis[a] = compute_axis_taps(
+          taps_per_axis_c,
+          grid_coord[kDims - 1 - a],
+          static_cast<int64_t>(inp_size.v[a]),
+          padding_mode,
+          align_corners,
+          inverse_periods.v[a]);
+    } else {
+      taps.axis[a] = compute_axis_taps(
+          taps_per_axis_c,
+          grid_coord[kDims - 1 - a],
+          static_cast<int64_t>(inp_size.v[a]),
+          padding_mode,
+          align_corners);
+    }
     usable = usable && taps.axis[a].usable;
   }
   // A point with one unusable coordinate has no tap in bounds at all.
@@ -712,6 +770,7 @@ struct BackwardArgs {
   index_t channels;
   Spatial<index_t, kDims> inp_size;
   Spatial<index_t, kDims> out_size;
+  InversePeriods<kDims> inverse_periods; // of inp_size's axes
   GridSamplerInterpolation interpolation_mode;
   GridSamplerPadding padding_mode;
   bool align_corners;
@@ -761,6 +820,9 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   for (int a = 0; a < kDims; ++a) {
     args.inp_size.v[a] = static_cast<index_t>(input.size(2 + a));
     args.out_size.v[a] = static_cast<index_t>(grid.size(1 + a));
+    const int64_t period = reflection_period(input.size(2 + a), align_corners);
+    args.inverse_periods.v[a] =
+        period > 0 ? 1.0 / static_cast<double>(period) : 0.0;
   }
   args.interpolation_mode =
       static_cast<GridSamplerInterpolation>(interpolation_mode);
@@ -810,7 +872,11 @@ C10_HOST_DEVICE inline void process_point(
     grid_coord[k] = static_cast<T>(args.grid.at(n, k, out_position));
   }
   const PointTaps<T, kTaps, kDims> taps = compute_point_taps<kTaps>(
-      grid_coord, args.inp_size, args.padding_mode, args.align_corners);
+      grid_coord,
+      args.inp_size,
+      args.inverse_periods,
+      args.padding_mode,
+      args.align_corners);
 
   if constexpr (kEmitRecords) {
     const key_t image_base = static_cast<key_t>(n) *
