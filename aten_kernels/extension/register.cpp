@@ -9,6 +9,8 @@
 
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
 #include <ATen/ops/grid_sampler_3d_backward_native.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -79,9 +81,37 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           index_bits});
 }
 
+// A CPU tensor with these sizes and strides over one element of storage.
+// The counting executor reads no data, but the pipeline takes data pointers,
+// which a meta tensor refuses to give.
+at::Tensor shell(
+    at::IntArrayRef sizes,
+    at::IntArrayRef strides,
+    at::ScalarType dtype) {
+  at::Tensor t = at::empty({1}, at::TensorOptions().dtype(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  return t;
+}
+
+at::Tensor shell_like(const at::Tensor& t) {
+  return shell(t.sizes(), t.strides(), t.scalar_type());
+}
+
+// A gradient as allocate_gradients makes it (contiguous), or undefined.
+at::Tensor gradient_shell(const at::Tensor& like, bool requested) {
+  if (!requested) {
+    return at::Tensor();
+  }
+  return shell(
+      like.sizes(),
+      c10::contiguous_strides(like.sizes()),
+      like.scalar_type());
+}
+
 // detgrid.ops.work_counters: what the CUDA pipeline would do for these
-// tensors (only their sizes, strides and dtype matter), counted by running it
-// with the counting executor; the fields of WorkCounters, in order.
+// tensors (only their sizes, strides and dtype matter; meta tensors will
+// do), counted by running it with the counting executor; the fields of
+// WorkCounters, in order.
 std::vector<int64_t> backward_work_counters(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -96,13 +126,12 @@ std::vector<int64_t> backward_work_counters(
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
-  auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   const WorkCounters counters = count_backward_work(
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
+      gradient_shell(input, output_mask[0]),
+      gradient_shell(grid, output_mask[1]),
+      shell_like(grad_output),
+      shell_like(input),
+      shell_like(grid),
       interpolation_mode,
       padding_mode,
       align_corners,

@@ -42,9 +42,10 @@ import torch
 
 from detgrid.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload, backward_name,
                                bitwise_equal, case_bytes, contiguous_case, dtype_name,
-                               peak_bytes, records, rel_err, rotation_copies, run_cudnn,
-                               run_in_tree, run_stock, samples_per_cell, synchronize,
-                               takes_cudnn, time_rotating)
+                               full_size_work_counters, peak_bytes, records, rel_err,
+                               rotation_copies, run_cudnn, run_in_tree, run_stock,
+                               samples_per_cell, synchronize, takes_cudnn, time_rotating,
+                               work_counters)
 
 # max |det - stock| / max |stock| per gradient beyond which a row is flagged.
 # Stock accumulates float16/bfloat16 grad_input in that type (atomics on
@@ -284,6 +285,10 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     use_cudnn = row["cudnn_route"] and cudnn_usable(device)
     row["stock_route"] = "cudnn" if use_cudnn else "native"
     row["records"] = records(case)
+    # Exact work counts (the same on any machine): of the case as run, and of
+    # the workload at full size, which is what a GPU run does.
+    row["counters"] = work_counters(case)
+    row["counters_full_size"] = full_size_work_counters(workload)
     density = samples_per_cell(case)
     row["samples_per_cell"] = density["mean"]
     row["samples_per_cell_max"] = density["max"]

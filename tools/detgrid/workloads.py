@@ -449,6 +449,46 @@ def records(case: Case) -> int:
     return points * TAPS[(mode, case.dim)]
 
 
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def work_counters(case: Case) -> Dict[str, int]:
+    """Exact work of the deterministic CUDA pipeline on this case
+    (detgrid.ops.work_counters): from the tensors' shapes, strides and
+    dtype alone, so the same on every machine."""
+    from detgrid import ops
+
+    return ops.work_counters(
+        _meta_like(case.grad_output), _meta_like(case.input), _meta_like(case.grid),
+        case.interpolation_mode, case.padding_mode, case.align_corners,
+        list(case.output_mask), **case.options)
+
+
+def full_size_work_counters(workload: "Workload") -> Dict[str, int]:
+    """work_counters of the workload at full size (scale 1), with the layout
+    build() gives it, without allocating it."""
+    in_shape, grid_shape = workload.shapes()
+    n, c = in_shape[:2]
+    inp = torch.empty((1 if workload.expanded_batch else n,) + in_shape[1:],
+                      dtype=workload.dtype, device="meta")
+    if workload.expanded_batch:
+        inp = inp.expand(in_shape)
+    if workload.channels_last:
+        inp = inp.contiguous(memory_format=channels_last(workload.dim))
+    case = Case(
+        name=workload.name,
+        grad_output=torch.empty((n, c) + grid_shape[1:-1], dtype=workload.dtype, device="meta"),
+        input=inp,
+        grid=torch.empty(grid_shape, dtype=workload.dtype, device="meta"),
+        interpolation_mode=MODES[workload.mode],
+        padding_mode=PADDINGS[workload.padding],
+        align_corners=workload.align_corners,
+        output_mask=workload.output_mask,
+    )
+    return work_counters(case)
+
+
 def samples_per_cell(case: Case) -> Dict[str, float]:
     """How many grid points land in each input cell that any point lands in
     (nearest cell, per batch item), mean and max: the contention stock's

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Reads the machine code of the CUDA kernels (no GPU needed) and fails on:
+# a stack frame or spill in any detgrid kernel, a fused multiply-add in
+# detgrid's own arithmetic (the CUDA == host bit equality rests on every
+# operation being rounded on its own), or flush-to-zero arithmetic. Prints
+# each reduce kernel's inner-loop instruction count. Then proves the audit
+# has teeth: a --use_fast_math build of the same file must fail it.
+#   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers (as
+#   .ci/compile_cuda.sh fetches them), nvdisasm from the nvidia-cuda-nvdisasm
+#   wheel (SASS with inlined line info; cuobjdump -sass has no line info).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache_root=${DETGRID_CACHE:-$HOME/.cache/detgrid}
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+python=${PYTHON:-$root/.venv/bin/python}
+headers=$cache_root/cuda-headers-2.14.1
+tools=$cache_root/nvdisasm
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+[ -f "$headers/.complete" ] || { echo "no torch 2.14.1 headers in $headers: run .ci/compile_cuda.sh first"; exit 1; }
+if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ]; then
+  rm -rf "$tools" && mkdir -p "$tools"
+  "$python" -m pip download -q --disable-pip-version-check --no-deps -d "$tools" \
+    'nvidia-cuda-nvdisasm>=13,<14' 2>&1 | { grep -v "^WARNING: Location" || true; }
+  unzip -q -o "$tools"/nvidia_cuda_nvdisasm-*.whl 'nvidia/cu13/bin/nvdisasm' -d "$tools"
+  chmod +x "$tools/nvidia/cu13/bin/nvdisasm"
+fi
+
+# build NAME [extra nvcc flags]: cubin, ptxas -v log and SASS under $work/NAME
+build() {
+  local name=$1; shift
+  mkdir -p "$work/$name"
+  "$cuda_home/bin/nvcc" -cubin -std=c++20 -O3 -lineinfo \
+    -DCUB_WRAPPED_NAMESPACE=at_cuda_detail --expt-relaxed-constexpr --expt-extended-lambda \
+    -gencode arch=compute_90,code=sm_90 -Xptxas -v "$@" \
+    -I"$root/aten_kernels/aten/src" -I"$headers/torch/include" \
+    -I"$headers/torch/include/torch/csrc/api/include" -I"$headers/nvidia/cu13/include" \
+    -o "$work/$name/kernels.cubin" \
+    "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu" \
+    2> "$work/$name/ptxas.txt"
+  "$tools/nvidia/cu13/bin/nvdisasm" -c -g -gi "$work/$name/kernels.cubin" > "$work/$name/sass.txt"
+}
+
+audit() {
+  PYTHONPATH="$root/tools" "$python" -m detgrid.sass_audit \
+    --ptxas-log "$work/$1/ptxas.txt" --sass "$work/$1/sass.txt" "${@:2}"
+}
+
+echo "sass audit: building GridSamplerDeterministic.cu for sm_90"
+build release
+audit release --loops | grep -E "^FAIL|^sass audit|ReduceDense<4, float, int, float>|ReduceSparse<4, float, int, int, float>|ReduceDense<8, float, int, float>|inner loop"
+
+echo "sass audit: negative control, the same file with --use_fast_math"
+build fast_math --use_fast_math
+if audit fast_math > "$work/fast_math/audit.txt"; then
+  echo "FAILED: the audit passed a --use_fast_math build"
+  exit 1
+fi
+grep -q "flush-to-zero" "$work/fast_math/audit.txt" \
+  || { echo "FAILED: the fast-math build failed the audit, but not for flush-to-zero"; exit 1; }
+echo "sass audit: the --use_fast_math build fails it, as it must ($(grep -c '^FAIL' "$work/fast_math/audit.txt") findings)"
