@@ -1,0 +1,113 @@
+# Owner(s): ["module: nn"]
+"""The machine-code audit (tools/detgrid/sass_audit.py) on small, hand-written
+excerpts of ptxas -v and nvdisasm -g -gi output. CI runs it on the real sm_90
+build (.ci/sass_audit.sh); these tests pin what it accepts and refuses."""
+
+import textwrap
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+from detgrid import sass_audit
+
+OURS = "_ZN2at6native60_GLOBAL__N__GridSamplerDeterministic_cu_1215for_each_kernelIiNS_4StageEEEvT0_T_"
+CUH = "/src/ATen/native/cuda/GridSamplerDeterministic.cuh"
+
+
+def _sass(body, name=OURS):
+    return f".text.{name}:\n" + textwrap.dedent(body)
+
+
+def _loc(path, line, inlined_at=None):
+    text = f'\t//## File "{path}", line {line}'
+    if inlined_at:
+        text += f' inlined at "{inlined_at[0]}", line {inlined_at[1]}'
+    return text + "\n"
+
+
+class _Lines(sass_audit.SourceLines):
+    """Source lines by (file, line), without reading files."""
+
+    def __init__(self, lines):
+        super().__init__()
+        self._lines = lines
+
+    def line(self, source):
+        return self._lines.get(source, "")
+
+
+class TestSassAudit(TestCase):
+
+    def test_fused_multiply_add_in_our_arithmetic_is_refused(self):
+        sass = _sass(_loc(CUH, 60, ("/x.cu", 99)) + _loc("/x.cu", 99)
+                     + "        /*0010*/                   FFMA R1, R2, R3, R4 ;\n")
+        found = sass_audit.fused_violations(sass_audit.parse_sass(sass), _Lines({}))
+        self.assertEqual(len(found), 1)
+        self.assertIn("GridSamplerDeterministic.cuh:60", found[0])
+
+    def test_innermost_frame_of_an_inlined_location_decides(self):
+        # fmod from CUDA's headers inlined into our line: library code.
+        sass = _sass(_loc("/usr/include/c++/12/cmath", 280, (CUH, 163)) + _loc(CUH, 163)
+                     + "        /*0010*/                   FFMA R1, -|R2|, R3, R4 ;\n")
+        self.assertEqual(sass_audit.fused_violations(sass_audit.parse_sass(sass), _Lines({})), [])
+
+    def test_expansion_of_a_correctly_rounded_division_is_allowed(self):
+        sass = _sass(_loc(CUH, 64) + "        /*0010*/                   FFMA R1, -R2, R3, 1 ;\n")
+        lines = _Lines({(CUH, 64): "  return __fdiv_rn(a, b);"})
+        self.assertEqual(sass_audit.fused_violations(sass_audit.parse_sass(sass), lines), [])
+
+    def test_compiler_subroutines_and_constant_idioms_are_not_ours(self):
+        sass = _sass(_loc(CUH, 70)
+                     + "        /*0010*/                   HFMA2.MMA R5, -RZ, RZ, 1.875, 0 ;\n"
+                     + "        /*0020*/                   EXIT ;\n"
+                     + "$__internal_1_$__cuda_sm3x_div_rn_noftz_f32_slowpath:\n"
+                     + "        /*0030*/                   FFMA R1, R2, R3, R4 ;\n"
+                     + "        /*0040*/                   FADD.FTZ R1, R2, R3 ;\n"
+                     + "        /*0050*/                   RET.REL.NODEC R6 `(.L_x_1) ;\n")
+        functions = sass_audit.parse_sass(sass)
+        self.assertEqual(sass_audit.fused_violations(functions, _Lines({})), [])
+        self.assertEqual(sass_audit.ftz_violations(functions), [])
+
+    def test_flush_to_zero_arithmetic_is_refused(self):
+        sass = _sass(_loc(CUH, 60) + "        /*0010*/                   FMUL.FTZ R1, R2, R3 ;\n"
+                     + "        /*0020*/                   F2I.FTZ.U32.TRUNC.NTZ R4, R2 ;\n")
+        found = sass_audit.ftz_violations(sass_audit.parse_sass(sass))
+        self.assertEqual(len(found), 1)
+        self.assertIn("FMUL.FTZ", found[0])
+
+    def test_kernels_not_ours_are_ignored(self):
+        sass = _sass(_loc(CUH, 60) + "        /*0010*/                   FFMA R1, R2, R3, R4 ;\n",
+                     name="_ZN13at_cuda_detail3cub11DeviceRadixSortKernel")
+        self.assertEqual(sass_audit.fused_violations(sass_audit.parse_sass(sass), _Lines({})), [])
+
+    def test_ptxas_resources_and_spill_allowances(self):
+        log = textwrap.dedent(f"""\
+            ptxas info    : Compiling entry function '{OURS}' for 'sm_90'
+            ptxas info    : Function properties for {OURS}
+                16 bytes stack frame, 24 bytes spill stores, 12 bytes spill loads
+            ptxas info    : Used 80 registers, used 0 barriers, 16 bytes cumulative stack size
+            """)
+        resources = sass_audit.parse_ptxas(log)
+        self.assertEqual(resources[OURS], sass_audit.Resources(80, 16, 24, 12))
+        self.assertEqual(len(sass_audit.resource_violations(resources, [])), 1)
+        self.assertEqual(sass_audit.resource_violations(resources, ["Stage"]), [])
+
+    def test_inner_loop_cost_counts_body_and_called_subroutines(self):
+        sass = _sass(_loc(CUH, 880)
+                     + ".L_x_1:\n"
+                     + "        /*0010*/                   LDG.E R1, desc[UR4][R2.64] ;\n"
+                     + "        /*0020*/                   CALL.REL.NOINC `($__internal_2_$__cuda_sm20_div_s64) ;\n"
+                     + "        /*0030*/                   FMUL R3, R1, R4 ;\n"
+                     + "        /*0040*/                   FADD R5, R5, R3 ;\n"
+                     + "        /*0050*/              @P0 BRA `(.L_x_1) ;\n"
+                     + "        /*0060*/                   EXIT ;\n"
+                     + "$__internal_2_$__cuda_sm20_div_s64:\n"
+                     + "        /*0070*/                   IADD3 R1, R1, 1, RZ ;\n"
+                     + "        /*0080*/                   RET.REL.NODEC R6 `(.L_x_2) ;\n")
+        function = next(iter(sass_audit.parse_sass(sass).values()))
+        cost = sass_audit.inner_loop_cost(function)
+        self.assertEqual((cost.body, cost.calls, cost.callee), (5, 1, 2))
+        self.assertEqual(cost.total, 7)
+
+
+if __name__ == "__main__":
+    run_tests()
