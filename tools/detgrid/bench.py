@@ -775,6 +775,24 @@ def plot(result: Dict[str, Any], path: str) -> str:
     return path
 
 
+def check_out(out: str) -> None:
+    """Raises ValueError unless FILE.json, FILE.md and FILE.png can be
+    written (the folder made if need be): for a check before the run, not a
+    traceback after it."""
+    for path in (out, *sibling_paths(out)):
+        if os.path.isdir(path):
+            raise ValueError(f"{path} is a directory")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ValueError(f"{path} is not writable")
+    folder = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(folder):  # the nearest folder that exists
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot create files in {folder}")
+
+
 def write_outputs(result: Dict[str, Any], out: str) -> Dict[str, Optional[str]]:
     """Writes FILE.json, FILE.md and FILE.png; returns their paths (png
     None where matplotlib is missing, as on a bare device machine: then
