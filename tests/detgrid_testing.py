@@ -17,7 +17,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase
 
 import detgrid
-from detgrid import ops
+from detgrid import ops, stock_limits
 from detgrid.bitwise import differing_elements
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
@@ -411,3 +411,16 @@ def assert_same_bits_or_both_nan(test, actual, expected, what="tensor"):
             f"bitwise (NaN payloads aside); first at {index}: "
             f"{actual.detach().cpu()[index].item()!r} vs "
             f"{expected.detach().cpu()[index].item()!r}")
+
+
+# ---------------------------------------------------------------------------
+# Stock's limits
+# ---------------------------------------------------------------------------
+
+# Stock's CPU float16/bfloat16 2-D backward is wrong once the largest element
+# offset within an input plane passes this (from 182x182 contiguous; channels
+# last multiplies the offsets by C), and crashes with SIGSEGV in mask_gather
+# from about 400x400 (detgrid.stock_limits). Every comparison with stock in
+# those dtypes keeps its input below it.
+STOCK_CPU_HALF_MAX_PLANE_OFFSET = stock_limits.STOCK_CPU_HALF_MAX_PLANE_OFFSET
+stock_cpu_backward_is_reliable = stock_limits.stock_cpu_backward_is_reliable

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from detgrid import stock_limits
 from detgrid.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload, backward_name,
                                bitwise_equal, case_bytes, contiguous_case, dtype_name,
                                peak_bytes, records, rel_err, rotation_copies, run_cudnn,
@@ -530,6 +531,11 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic
             row = describe(workload, None, scale)
             row.update(status="skipped", skip_reason=f"time budget: --budget-s "
                        f"{config.budget_s:g} spent before it started")
+            rows.append(row)
+            continue
+        if not cuda and not stock_limits.stock_cpu_workload_is_reliable(workload, scale):
+            row = describe(workload, None, scale)
+            row.update(status="skipped", skip_reason=stock_limits.SKIP_REASON)
             rows.append(row)
             continue
         try:

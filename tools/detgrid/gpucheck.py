@@ -61,6 +61,7 @@ import torch
 
 from detgrid.bitwise import same_bits_or_both_nan
 from detgrid.gpucheck_report import jsonable, markdown_report, write_report
+from detgrid.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
 from detgrid.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
                                dtype_name, executor_cases, max_abs_diff,
                                run_detgrid, run_stock, sanitizer_cases, sha256, synchronize,
@@ -244,6 +245,10 @@ def run_timing(device: str = "cuda", names: Optional[Iterable[str]] = None, warm
     for name in names or WORKLOADS:
         if deadline is not None and time.monotonic() > deadline:
             rows.append({"name": name, "skipped": "time budget"})
+            continue
+        if (torch.device(device).type == "cpu"
+                and not stock_cpu_workload_is_reliable(WORKLOADS[name], scale)):
+            rows.append({"name": name, "skipped": SKIP_REASON})
             continue
         try:
             rows.append(time_workload(WORKLOADS[name], device, warmup, reps, scale, seed))
