@@ -69,7 +69,7 @@ k=()
 echo "sanitize: pytest ${test_files[*]} ${k[*]}"
 # Reports go to file descriptor 2, which pytest's default capture would
 # swallow along with the process a report ends: --capture=sys leaves it alone
-# and the job reads it afterwards (GCC's UBSan has no log_path of its own).
+# and the job reads it afterwards (GCC 12's UBSan does not honour log_path).
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --capture=sys "${test_files[@]}" "${k[@]}" \
   2>"$work/stderr.log" || status=$?
