@@ -7,6 +7,7 @@ Build it against the torch you run: pip install --no-build-isolation .
 """
 
 import os
+import shlex
 
 from setuptools import find_packages, setup
 from torch.utils import cpp_extension
@@ -18,6 +19,11 @@ CUDA_SOURCE = os.path.join(ATEN_SRC, "ATen", "native", "cuda", "GridSamplerDeter
 # The host side must not contract a * b + c into an FMA: the executor has to
 # round exactly like the CUDA kernels, which use explicit _rn intrinsics.
 CXX_FLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math"]
+# Extra host compiler and linker flags, for instrumented builds such as
+# .ci/sanitize.sh's (-fsanitize=...). They come after Python's own CFLAGS,
+# so they can undo one of them (-fno-wrapv).
+EXTRA_CXX_FLAGS = shlex.split(os.environ.get("DETGRID_EXTRA_CFLAGS", ""))
+EXTRA_LINK_FLAGS = shlex.split(os.environ.get("DETGRID_EXTRA_LDFLAGS", ""))
 NVCC_FLAGS = [
     "-O3",
     "--expt-relaxed-constexpr",
@@ -58,7 +64,8 @@ def cuda_library_includes():
 def extension():
     sources = [
         os.path.join(EXTENSION, name)
-        for name in ("register.cpp", "checks.cpp", "GridSamplerDeterministicCPU.cpp")
+        for name in ("register.cpp", "autograd.cpp", "checks.cpp",
+                     "GridSamplerDeterministicCPU.cpp")
     ]
     include_dirs = [os.path.abspath(ATEN_SRC)]
     if not build_cuda():
@@ -66,7 +73,8 @@ def extension():
             "detgrid._C",
             sources,
             include_dirs=include_dirs,
-            extra_compile_args={"cxx": CXX_FLAGS},
+            extra_compile_args={"cxx": CXX_FLAGS + EXTRA_CXX_FLAGS},
+            extra_link_args=EXTRA_LINK_FLAGS,
         )
     late_includes = [f"-idirafter{folder}" for folder in cuda_library_includes()]
     return cpp_extension.CUDAExtension(
@@ -74,8 +82,9 @@ def extension():
         sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE],
         include_dirs=include_dirs,
         define_macros=[("DETGRID_WITH_CUDA", None)],
+        extra_link_args=EXTRA_LINK_FLAGS,
         extra_compile_args={
-            "cxx": CXX_FLAGS + late_includes,
+            "cxx": CXX_FLAGS + late_includes + EXTRA_CXX_FLAGS,
             "nvcc": NVCC_FLAGS + [f"-Xcompiler={flag}" for flag in late_includes],
         },
     )

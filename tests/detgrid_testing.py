@@ -17,7 +17,8 @@ import torch
 from torch.testing._internal.common_utils import TestCase
 
 import detgrid
-from detgrid import ops
+from detgrid import ops, stock_limits
+from detgrid.bitwise import differing_elements
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 ZEROS, BORDER, REFLECTION = 0, 1, 2
@@ -386,3 +387,40 @@ class DetgridTestCase(TestCase):
             self.skipTest("detgrid was built without CUDA kernels")
         reset_switch()
         self.addCleanup(reset_switch)
+
+
+# ---------------------------------------------------------------------------
+# Equality across devices
+# ---------------------------------------------------------------------------
+
+
+def assert_same_bits_or_both_nan(test, actual, expected, what="tensor"):
+    """assert_bitwise_equal, except that two NaNs are equal whatever their
+    payloads: the rule for a CUDA result against the host executor's, whose
+    arithmetic NaNs differ in their bits (detgrid.bitwise says why)."""
+    if actual is None or expected is None:
+        test.assertIs(actual, expected, f"{what}: one side is None")
+        return
+    test.assertEqual(actual.dtype, expected.dtype, msg=f"{what}: dtype")
+    test.assertEqual(tuple(actual.shape), tuple(expected.shape), msg=f"{what}: shape")
+    differ = differing_elements(actual, expected)
+    if differ.any():
+        index = tuple(int(i) for i in differ.nonzero()[0])
+        test.fail(
+            f"{what}: {int(differ.sum())} of {differ.numel()} elements differ "
+            f"bitwise (NaN payloads aside); first at {index}: "
+            f"{actual.detach().cpu()[index].item()!r} vs "
+            f"{expected.detach().cpu()[index].item()!r}")
+
+
+# ---------------------------------------------------------------------------
+# Stock's limits
+# ---------------------------------------------------------------------------
+
+# Stock's CPU float16/bfloat16 2-D backward is wrong once the largest element
+# offset within an input plane passes this (from 182x182 contiguous; channels
+# last multiplies the offsets by C), and crashes with SIGSEGV in mask_gather
+# from about 400x400 (detgrid.stock_limits). Every comparison with stock in
+# those dtypes keeps its input below it.
+STOCK_CPU_HALF_MAX_PLANE_OFFSET = stock_limits.STOCK_CPU_HALF_MAX_PLANE_OFFSET
+stock_cpu_backward_is_reliable = stock_limits.stock_cpu_backward_is_reliable

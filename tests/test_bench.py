@@ -365,6 +365,8 @@ class TestBenchHostRuns(TestCase):
             workloads.time_rotating([lambda c: None], cases, "cpu", 0, 1, fn_cases=[own[:2]])
 
     def test_small_run_writes_json_markdown_and_png(self):
+        # The bf16 row compares with stock's CPU bf16 backward: --quick keeps
+        # its input (5x5) far below where that breaks (detgrid.stock_limits).
         names = ["rtdetr_l20_bf16", "basicvsr_flow_warp", "monodepth2_grid_only",
                  "voxelmorph_warp_3d", "simplebev_lift_3d"]
         with tempfile.TemporaryDirectory() as work:

@@ -442,6 +442,21 @@ class TestGpuCheckWorkloads(TestCase):
         self.assertIn("3d_nearest_zeros_zoom", names)
         self.assertIn("3d_tricubic_reflection_special", names)
 
+    def test_non_finite_grad_output_cases_make_nans_in_both_gradients(self):
+        # Where NaNs come from arithmetic, the GPU's bits differ from the
+        # host's: these cases are what makes the device == host rows test
+        # the NaN rule (detgrid.bitwise).
+        for dim in (2, 3):
+            cases = [c for c in gpucheck.executor_row_cases("float32", dim)
+                     if c.name.endswith("_non_finite_grad_output")]
+            self.assertEqual(len(cases), 3, dim)
+            for case in cases:
+                self.assertFalse(bool(case.grad_output.isfinite().all()), case.name)
+                grad_input, grad_grid = workloads.run_detgrid(case)
+                self.assertTrue(bool(grad_input.isnan().any()), case.name)
+                if case.interpolation_mode != 1:  # nearest: no grid gradient
+                    self.assertTrue(bool(grad_grid.isnan().any()), case.name)
+
     def test_repeat_cases_collide_and_span_chunks(self):
         # At --scale 1: the 2-D case is TensoRF's line, the 3-D one many
         # points per voxel over more than two chunks of the default size
@@ -484,9 +499,11 @@ class TestGpuCheckHostRuns(TestCase):
             self.assertEqual(repeat["stock"]["grad_input_distinct"], 1)  # CPU stock is too
             self.assertEqual(len(repeat["input_shape"]), repeat["dim"] + 2)
         self.assertEqual([(k["dim"], k["distinct"]) for k in result["knobs"]], [(2, 1), (3, 1)])
+        # executor_cases (24 per rank) and their 3 zoom-in cases with a
+        # non-finite grad_output.
         self.assertEqual([(r["dtype"], r["dim"], r["cases"]) for r in result["executor"]],
-                         [("float32", 2, 24), ("float32", 3, 24), ("float64", 2, 24),
-                          ("float64", 3, 24)])
+                         [("float32", 2, 27), ("float32", 3, 27), ("float64", 2, 27),
+                          ("float64", 3, 27)])
         for row in result["executor"]:
             self.assertEqual(row["bitwise_equal"], row["cases"], row)
             self.assertEqual(row["errors"], [])
@@ -523,6 +540,9 @@ class TestGpuCheckHostRuns(TestCase):
         self.assertIsNone(workloads.sha256(a, None))
 
     def test_timing_on_host(self):
+        # rgb_warp_bicubic_fp16 times stock's CPU float16 backward: at scale
+        # 0.05 its input (11x11) is far below where that breaks
+        # (detgrid.stock_limits; run_timing skips the row beyond it).
         names = ["basicvsr_flow_warp", "rgb_warp_bicubic_fp16", "monodepth2_grid_only"]
         result = gpucheck.run_timing("cpu", names, warmup=1, reps=3, scale=0.05)
         self.assertEqual([r["name"] for r in result["rows"]], names)

@@ -11,6 +11,7 @@ need a GPU and detgrid's CUDA kernels."""
 
 import unittest
 import warnings
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -188,6 +189,38 @@ class TestSwitchOnCPU(DetgridTestCase):
         with self.assertRaisesRegex(ValueError, "^detgrid: device must be one of"):
             detgrid.enable(("mps",))
         self.assertFalse(detgrid.is_enabled("mps"))
+
+    def test_enable_with_an_unknown_device_changes_nothing(self):
+        with self.assertRaisesRegex(ValueError, "got 'bogus'"):
+            detgrid.enable(("cpu", "bogus"))
+        self.assertFalse(detgrid.is_enabled("cpu"))
+
+    def test_disable_with_an_unknown_device_changes_nothing(self):
+        detgrid.enable(("cpu",))
+        with self.assertRaisesRegex(ValueError, "got 'bogus'"):
+            detgrid.disable(("cpu", "bogus"))
+        self.assertTrue(detgrid.is_enabled("cpu"))
+
+    def test_enabled_context_with_an_unknown_device_changes_nothing(self):
+        args = self._problem()
+        _, stock = self._expected(args, BILINEAR)
+        with self.assertRaisesRegex(ValueError, "got 'bogus'"):
+            with detgrid.enabled(["cpu", "bogus"]):
+                self.fail("the context must not be entered")
+        self.assertFalse(detgrid.is_enabled("cpu"))
+        with DeterministicGuard(True):
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], stock[0], "input.grad")
+
+    @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
+    def test_enable_that_fails_on_a_later_device_switches_the_earlier_back(self):
+        # Pretend this CPU-only build has CUDA kernels: the extension then
+        # refuses the CUDA override after the CPU one was already set.
+        with mock.patch.object(ops, "has_cuda_kernels", return_value=True):
+            with self.assertRaisesRegex(RuntimeError, "no CUDA kernels"):
+                detgrid.enable(("cpu", "cuda"))
+        self.assertFalse(detgrid.is_enabled("cpu"))
+        self.assertFalse(detgrid.is_enabled("cuda"))
 
     def test_enable_accepts_a_single_device_string(self):
         # enable("cpu") means the device "cpu", not the devices "c", "p", "u".

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from detgrid import stock_limits
 from detgrid.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload, backward_name,
                                bitwise_equal, case_bytes, contiguous_case, dtype_name,
                                full_size_work_counters, peak_bytes, records, rel_err,
@@ -537,6 +538,11 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic
                        f"{config.budget_s:g} spent before it started")
             rows.append(row)
             continue
+        if not cuda and not stock_limits.stock_cpu_workload_is_reliable(workload, scale):
+            row = describe(workload, None, scale)
+            row.update(status="skipped", skip_reason=stock_limits.SKIP_REASON)
+            rows.append(row)
+            continue
         try:
             row = bench_workload(workload, device, scale, config.warmup, config.reps,
                                  config.seed, in_tree=workload.dim in tree["dims"])
@@ -778,6 +784,24 @@ def plot(result: Dict[str, Any], path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def check_out(out: str) -> None:
+    """Raises ValueError unless FILE.json, FILE.md and FILE.png can be
+    written (the folder made if need be): for a check before the run, not a
+    traceback after it."""
+    for path in (out, *sibling_paths(out)):
+        if os.path.isdir(path):
+            raise ValueError(f"{path} is a directory")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            raise ValueError(f"{path} is not writable")
+    folder = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(folder):  # the nearest folder that exists
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot create files in {folder}")
 
 
 def write_outputs(result: Dict[str, Any], out: str) -> Dict[str, Optional[str]]:

@@ -2,15 +2,59 @@
 
 import argparse
 import json
+import math
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in "invalid integer value"
+    return parse
+
+
+def _finite(*, positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite float, > 0 (positive) or >= 0."""
+    def parse(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _cuda_unusable() -> Optional[str]:
+    """Why --device cuda cannot run here, or None."""
+    from detgrid import ops
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if not ops.has_cuda_kernels():
+        return "this detgrid build has no CUDA kernels"
+    return None
+
+
+def _fail(verb: str, message: str) -> int:
+    print(f"detgrid {verb}: {message}", file=sys.stderr)
+    return 2
 
 
 def _verify(args: argparse.Namespace) -> int:
     from detgrid import verify
 
+    if args.device == "cuda" and (reason := _cuda_unusable()):
+        return _fail("verify", f"--device cuda, but {reason}")
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
     results = verify.verify(device=args.device, runs=args.runs, dtype=dtype)
     if args.json:
@@ -24,11 +68,7 @@ def _bench(args: argparse.Namespace) -> int:
     from detgrid import bench
 
     if args.render:
-        with open(args.render) as f:
-            result = json.load(f)
-        paths = bench.render(result, args.render)
-        print("wrote " + ", ".join(p for p in paths.values() if p))
-        return 0 if paths["png"] else 1
+        return _render(args.render)
     if args.list:
         for r in bench.listing():
             settings = f"{r['mode']}/{r['padding']}/ac={r['align_corners']}"
@@ -41,16 +81,20 @@ def _bench(args: argparse.Namespace) -> int:
         from detgrid import ops
 
         device = "cuda" if torch.cuda.is_available() and ops.has_cuda_kernels() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("detgrid bench: --device cuda, but torch sees no CUDA device", file=sys.stderr)
-        return 2
+    if device == "cuda" and (reason := _cuda_unusable()):
+        return _fail("bench", f"--device cuda, but {reason}")
+    # The output paths are checked before the run, which takes minutes.
+    if args.out:
+        try:
+            bench.check_out(args.out)
+        except ValueError as e:
+            return _fail("bench", f"--out {args.out}: {e}")
     config = bench.default_config(device, quick=args.quick)
     names = [n for n in (args.workloads or "").split(",") if n] or None
     try:
         config.names = bench.resolve_names(names)
     except ValueError as e:
-        print(f"detgrid bench: {e}", file=sys.stderr)
-        return 2
+        return _fail("bench", str(e))
     for key in ("warmup", "reps", "scale", "seed", "budget_s"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
@@ -68,6 +112,26 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if summary["incorrect"] or summary["errors"] else 0
 
 
+def _render(path: str) -> int:
+    """`bench --render FILE.json`: FILE.md and FILE.png from an earlier run."""
+    from detgrid import bench
+
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        return _fail("bench", f"cannot read {path} as JSON: {e}")
+    try:
+        paths = bench.render(result, path)
+    except (KeyError, TypeError, AttributeError) as e:
+        return _fail("bench", f"{path} is not a detgrid bench result "
+                     f"({type(e).__name__}: {e})")
+    except OSError as e:
+        return _fail("bench", f"cannot write next to {path}: {e}")
+    print("wrote " + ", ".join(p for p in paths.values() if p))
+    return 0 if paths["png"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="detgrid",
@@ -80,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "hashes over repeated runs, agreement with stock",
     )
     verify.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    verify.add_argument("--runs", type=int, default=10)
+    verify.add_argument("--runs", type=_count(1), default=10)
     verify.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=_verify)
@@ -100,12 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", metavar="FILE.json",
                        help="default: benchmarks/results/<device-name>-<date>[-quick].json; "
                        "FILE.md and FILE.png go next to it")
-    bench.add_argument("--budget-s", type=float, default=None,
+    bench.add_argument("--budget-s", type=_finite(positive=False), default=None,
                        help="start no workload after this many seconds (default 420); "
                        "the rest are recorded as skipped")
-    bench.add_argument("--warmup", type=int, default=None)
-    bench.add_argument("--reps", type=int, default=None, help="timed calls per variant")
-    bench.add_argument("--scale", type=float, default=None,
+    bench.add_argument("--warmup", type=_count(0), default=None)
+    bench.add_argument("--reps", type=_count(1), default=None, help="timed calls per variant")
+    bench.add_argument("--scale", type=_finite(positive=True), default=None,
                        help="one scale for every workload's shapes (overrides the sizes)")
     bench.add_argument("--seed", type=int, default=None)
     bench.add_argument("--list", action="store_true", help="list the workloads and exit")

@@ -240,6 +240,8 @@ def markdown_report(data: Dict[str, Any]) -> str:
     bw = data.get("bitwise") or {}
     if bw.get("executor"):
         lines += ["", "## Device vs host executor", "",
+                  "Bitwise equal: the same bits, or NaN on both sides (a NaN made by "
+                  "arithmetic has other bits on the GPU than on x86; see detgrid.bitwise).", "",
                   "| dtype | dims | cases | bitwise equal | max abs diff | required |",
                   "|---|---|---|---|---|---|"]
         for r in bw["executor"]:

@@ -1,4 +1,10 @@
-"""The deterministic grid_sampler backward as plain functions."""
+"""The deterministic grid_sampler backward as plain functions.
+
+They are a backward with no derivative of their own: a call whose inputs
+require grad while grad mode is on raises (aten_kernels/extension/
+autograd.cpp says why); F.grid_sample with detgrid.enable() is the
+differentiable route.
+"""
 
 from typing import Dict, Optional, Sequence, Tuple
 

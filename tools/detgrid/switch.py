@@ -21,19 +21,40 @@ _enabled: set = set()
 Devices = Union[str, Iterable[str], None]
 
 
-def _device_list(devices: Devices, default: Sequence[str]) -> List[str]:
+def _validated(devices: Devices, default: Sequence[str]) -> List[str]:
+    """`devices` as a list (a single string is one device), every one of them
+    checked before the caller changes any state: a call that raises leaves
+    the switch as it was."""
     if devices is None:
-        return list(default)
-    if isinstance(devices, str):
-        return [devices]
-    return list(devices)
+        wanted = list(default)
+    elif isinstance(devices, str):
+        wanted = [devices]
+    else:
+        wanted = list(devices)
+    for device in wanted:
+        if device not in _DEVICES:
+            raise ValueError(f"detgrid: device must be one of {_DEVICES}, got {device!r}")
+    return wanted
 
 
-def _set(device: str, on: bool) -> None:
-    if device not in _DEVICES:
-        raise ValueError(f"detgrid: device must be one of {_DEVICES}, got {device!r}")
+def _set_override(device: str, on: bool) -> None:
     torch.ops.detgrid._set_aten_override(device, on)
     (_enabled.add if on else _enabled.discard)(device)
+
+
+def _switch(devices: Sequence[str], on: bool) -> None:
+    """Turns the override of every device on (off), or of none: if one fails,
+    those already switched by this call are switched back."""
+    switched: List[str] = []
+    try:
+        for device in devices:
+            if (device in _enabled) != on:
+                _set_override(device, on)
+                switched.append(device)
+    except BaseException:
+        for device in reversed(switched):
+            _set_override(device, not on)
+        raise
 
 
 def enable(devices: Devices = None) -> None:
@@ -43,7 +64,8 @@ def enable(devices: Devices = None) -> None:
     CPU backward is deterministic already. Without CUDA kernels in this
     build, enabling CUDA only warns: there is nothing to route.
     """
-    for device in _device_list(devices, ("cuda",)):
+    routed = []
+    for device in _validated(devices, ("cuda",)):
         if device == "cuda" and not ops.has_cuda_kernels():
             warnings.warn(
                 "detgrid was built without CUDA kernels (no CUDA torch or nvcc at "
@@ -51,13 +73,13 @@ def enable(devices: Devices = None) -> None:
                 stacklevel=2,
             )
             continue
-        _set(device, True)
+        routed.append(device)
+    _switch(routed, True)
 
 
 def disable(devices: Devices = None) -> None:
     """Restore the stock kernels on `devices` (default: every enabled one)."""
-    for device in _device_list(devices, sorted(_enabled)):
-        _set(device, False)
+    _switch(_validated(devices, sorted(_enabled)), False)
 
 
 def is_enabled(device: str = "cuda") -> bool:
@@ -67,7 +89,7 @@ def is_enabled(device: str = "cuda") -> bool:
 @contextlib.contextmanager
 def enabled(devices: Devices = None) -> Iterator[None]:
     """Context manager form of enable(); restores the previous state."""
-    wanted = _device_list(devices, ("cuda",))
+    wanted = _validated(devices, ("cuda",))
     newly = [d for d in wanted if d not in _enabled]
     enable(newly)
     try:

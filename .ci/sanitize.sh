@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# CI: the extension's host side (the host executor runs the same shared math
+# as the CUDA kernels) built with AddressSanitizer and UndefinedBehavior-
+# Sanitizer, and the kernel test files run under it. Any sanitizer report
+# fails the job.
+#
+#   bash .ci/sanitize.sh        (after tools/setup.sh; ~4 min on 2 cores)
+#
+# The build happens in a temporary copy of the tree (tracked and untracked,
+# not ignored, files), so the instrumented _C.so never replaces the one in
+# .venv. -fno-wrapv undoes the -fwrapv in Python's CFLAGS, which would make
+# signed overflow defined and hide it from UBSan.
+#
+# Environment:
+#   DETGRID_PYTHON           interpreter with torch (default .venv/bin/python)
+#   DETGRID_SANITIZE_TESTS   test files to run (default: the kernel test files)
+#   DETGRID_SANITIZE_K       pytest -k expression (default: none)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
+
+default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
+tests/test_reduction_modes.py tests/test_3d.py"
+[[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
+read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/detgrid_sanitize.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+tree=$work/tree
+mkdir -p "$tree"
+git ls-files -z --cached --others --exclude-standard |
+  tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$tree"
+
+sanitizers="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+echo "sanitize: building the host executor with $sanitizers -fno-wrapv in $tree"
+(
+  cd "$tree"
+  DETGRID_CPU_ONLY=1 \
+    DETGRID_EXTRA_CFLAGS="$sanitizers -fno-wrapv -fno-omit-frame-pointer -g" \
+    DETGRID_EXTRA_LDFLAGS="$sanitizers" \
+    MAX_JOBS=${MAX_JOBS:-2} \
+    "$PY" setup.py -q build_ext --inplace >"$work/build.log" 2>&1
+) || {
+  tail -n 40 "$work/build.log"
+  echo "sanitize: the instrumented build failed" >&2
+  exit 1
+}
+
+# Python itself is not instrumented, so the ASan runtime has to be loaded
+# first, and libstdc++ with it: ASan intercepts __cxa_throw only if that is
+# there when it starts (else the first C++ exception, a TORCH_CHECK, trips
+# ASan's own CHECK). Leak checking would report CPython's and torch's
+# intended leaks at exit. The first report ends the process.
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export PYTHONPATH=$tree/tools
+export PYTHONMALLOC=malloc # every Python allocation seen by ASan too
+
+cd "$tree"
+"$PY" -c 'import detgrid, sys; sys.exit(not detgrid.__file__.startswith(sys.argv[1]))' \
+  "$tree/" || {
+  echo "sanitize: the instrumented detgrid from $tree did not load" >&2
+  exit 1
+}
+k=()
+[[ -n "${DETGRID_SANITIZE_K:-}" ]] && k=(-k "$DETGRID_SANITIZE_K")
+echo "sanitize: pytest ${test_files[*]} ${k[*]}"
+# Reports go to file descriptor 2, which pytest's default capture would
+# swallow along with the process a report ends: --capture=sys leaves it alone
+# and the job reads it afterwards (GCC 12's UBSan does not honour log_path).
+status=0
+"$PY" -m pytest -q -p no:cacheprovider --capture=sys "${test_files[@]}" "${k[@]}" \
+  2>"$work/stderr.log" || status=$?
+
+report='^(SUMMARY: (Address|UndefinedBehavior)Sanitizer|==[0-9]+==ERROR: |AddressSanitizer: |.*: runtime error: )'
+if grep -Eq "$report" "$work/stderr.log"; then
+  grep -E -A 30 "$report" "$work/stderr.log" | head -n 120 >&2
+  echo "sanitize: sanitizer report (pytest exit $status)" >&2
+  exit 1
+fi
+if ((status != 0)); then
+  tail -n 40 "$work/stderr.log" >&2
+  echo "sanitize: pytest failed (exit $status)" >&2
+  exit "$status"
+fi
+echo "sanitize: clean"

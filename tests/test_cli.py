@@ -1,0 +1,153 @@
+# Owner(s): ["module: nn"]
+"""`detgrid verify` and `detgrid bench` answer every bad argument with an
+error on stderr and a non-zero exit, never a traceback; and bench checks
+its output path before it runs, not after."""
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+import unittest
+from unittest import mock
+
+import torch
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+from detgrid import bench, cli, ops
+
+CUDA_USABLE = torch.cuda.is_available() and ops.has_cuda_kernels()
+
+# Bad arguments that need no files: (name, argv).
+BAD_ARGUMENTS = (
+    ("verify_runs_zero", ["verify", "--runs", "0"]),
+    ("verify_runs_negative", ["verify", "--runs", "-3"]),
+    ("verify_runs_not_a_number", ["verify", "--runs", "many"]),
+    ("bench_reps_zero", ["bench", "--device", "cpu", "--reps", "0"]),
+    ("bench_warmup_negative", ["bench", "--device", "cpu", "--warmup", "-1"]),
+    ("bench_scale_zero", ["bench", "--device", "cpu", "--scale", "0"]),
+    ("bench_scale_nan", ["bench", "--device", "cpu", "--scale", "nan"]),
+    ("bench_scale_inf", ["bench", "--device", "cpu", "--scale", "inf"]),
+    ("bench_budget_negative", ["bench", "--device", "cpu", "--budget-s", "-1"]),
+    ("bench_unknown_workload", ["bench", "--device", "cpu", "--workloads", "nope"]),
+    ("bench_render_missing_file", ["bench", "--render", "/nonexistent/r.json"]),
+)
+
+
+def run_cli(argv):
+    """(exit code, stdout, stderr) of cli.main(argv), in this process. An
+    exception escaping main is returned as its traceback on stderr, exit
+    code None, so that a test sees it as a traceback would appear."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:  # argparse
+            code = e.code
+        except Exception:
+            err.write(traceback.format_exc())
+            code = None
+    return code, out.getvalue(), err.getvalue()
+
+
+class TestBadArguments(TestCase):
+    def assert_clean_failure(self, argv):
+        """A non-zero exit and an error on stderr, with no traceback; the run
+        itself (bench.run_bench, verify.verify) never starts."""
+        with mock.patch.object(bench, "run_bench", side_effect=AssertionError("bench ran")), \
+                mock.patch("detgrid.verify.verify", side_effect=AssertionError("verify ran")):
+            code, out, err = run_cli(argv)
+        self.assertNotIn("Traceback", out + err)
+        self.assertIsNotNone(code, err)
+        self.assertNotEqual(code, 0, err)
+        self.assertRegex(err, r"(?m)^(detgrid \w+: |detgrid \w+: error: )", err)
+        return err
+
+    @parametrize("argv", [argv for _, argv in BAD_ARGUMENTS],
+                 name_fn=lambda argv: next(n for n, a in BAD_ARGUMENTS if a == argv))
+    def test_bad_argument_fails_without_traceback(self, argv):
+        self.assert_clean_failure(argv)
+
+    def test_runs_zero_names_the_bound(self):
+        err = self.assert_clean_failure(["verify", "--runs", "0"])
+        self.assertIn("argument --runs: must be at least 1, got 0", err)
+
+    @unittest.skipIf(CUDA_USABLE, "CUDA is usable here")
+    def test_device_cuda_without_cuda_fails_without_traceback(self):
+        for verb in ("verify", "bench"):
+            err = self.assert_clean_failure([verb, "--device", "cuda"])
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(f"detgrid {verb}: --device cuda, but ", err)
+
+    def test_render_of_a_file_that_is_not_json(self):
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "r.json")
+            with open(path, "w") as f:
+                f.write("not json {")
+            err = self.assert_clean_failure(["bench", "--render", path])
+        self.assertIn(f"cannot read {path} as JSON", err)
+
+    def test_render_of_a_file_that_is_not_utf8(self):
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "r.json")
+            with open(path, "wb") as f:
+                f.write(b"\xff\xfe{")
+            self.assert_clean_failure(["bench", "--render", path])
+
+    def test_render_of_json_that_is_not_a_bench_result(self):
+        with tempfile.TemporaryDirectory() as work:
+            for text in ("[]", "{}", '{"workloads": 3}'):
+                path = os.path.join(work, "r.json")
+                with open(path, "w") as f:
+                    f.write(text)
+                err = self.assert_clean_failure(["bench", "--render", path])
+                self.assertIn("is not a detgrid bench result", err)
+
+    def test_render_of_a_directory(self):
+        with tempfile.TemporaryDirectory() as work:
+            self.assert_clean_failure(["bench", "--render", work])
+
+    def test_out_on_a_directory_fails_before_the_run(self):
+        with tempfile.TemporaryDirectory() as work:
+            err = self.assert_clean_failure(["bench", "--device", "cpu", "--out", work])
+        self.assertIn("is a directory", err)
+
+    def test_out_whose_markdown_sibling_is_a_directory_fails_before_the_run(self):
+        with tempfile.TemporaryDirectory() as work:
+            os.mkdir(os.path.join(work, "r.md"))
+            err = self.assert_clean_failure(
+                ["bench", "--device", "cpu", "--out", os.path.join(work, "r.json")])
+        self.assertIn("r.md is a directory", err)
+
+    def test_out_below_a_file_fails_before_the_run(self):
+        with tempfile.TemporaryDirectory() as work:
+            blocker = os.path.join(work, "file")
+            open(blocker, "w").close()
+            err = self.assert_clean_failure(
+                ["bench", "--device", "cpu", "--out", os.path.join(blocker, "sub", "r.json")])
+        self.assertIn("is not a directory", err)
+
+    def test_out_in_a_folder_yet_to_be_made_is_accepted(self):
+        with tempfile.TemporaryDirectory() as work:
+            bench.check_out(os.path.join(work, "new", "deeper", "r.json"))
+
+    def test_bad_argument_in_a_real_process_prints_no_traceback(self):
+        # The console entry point end to end, once: what a user sees.
+        proc = subprocess.run([sys.executable, "-m", "detgrid", "bench", "--device", "cpu",
+                               "--reps", "0"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertNotIn("Traceback", proc.stdout + proc.stderr)
+        self.assertIn("argument --reps: must be at least 1, got 0", proc.stderr)
+
+
+instantiate_parametrized_tests(TestBadArguments)
+
+if __name__ == "__main__":
+    run_tests()
