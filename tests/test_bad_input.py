@@ -441,6 +441,14 @@ class TestInvalidArguments(DetgridTestCase):
                                    chunk_points=chunk_points)
         self.assertIn("chunk_points must be a positive multiple of 4096", message)
 
+    @parametrize("chunk_points", (2 ** 62, 2 ** 31, (2 ** 31 // 4) // 4096 * 4096 + 4096))
+    def test_chunk_points_whose_records_overflow_int32_are_rejected(self, device, chunk_points):
+        # 4 * 2^62 wraps to 0 in int64: the check must not multiply.
+        args = self._args(device)
+        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
+                                   chunk_points=chunk_points)
+        self.assertIn("with chunk_points * taps < 2^31", message)
+
     def test_chunk_points_message(self, device):
         args = self._args(device)
         message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
