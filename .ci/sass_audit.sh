@@ -4,7 +4,8 @@
 # detgrid's own arithmetic (the CUDA == host bit equality rests on every
 # operation being rounded on its own), or flush-to-zero arithmetic. Prints
 # each reduce kernel's inner-loop instruction count. Then proves the audit
-# has teeth: a --use_fast_math build of the same file must fail it.
+# has teeth: a --use_fast_math build of a point pass and a reduce of the same
+# pipeline (.ci/audit/fast_math_probe.cu) must fail it.
 #   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers (as
 #   .ci/compile_cuda.sh fetches them), nvdisasm from the nvidia-cuda-nvdisasm
 #   wheel (SASS with inlined line info; cuobjdump -sass has no line info).
@@ -27,18 +28,17 @@ if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ]; then
   chmod +x "$tools/nvidia/cu13/bin/nvdisasm"
 fi
 
-# build NAME [extra nvcc flags]: cubin, ptxas -v log and SASS under $work/NAME
+# build NAME SOURCE [extra nvcc flags]: cubin, ptxas -v log and SASS under $work/NAME
 build() {
-  local name=$1; shift
+  local name=$1 source=$2; shift 2
   mkdir -p "$work/$name"
   "$cuda_home/bin/nvcc" -cubin -std=c++20 -O3 -lineinfo \
     -DCUB_WRAPPED_NAMESPACE=at_cuda_detail --expt-relaxed-constexpr --expt-extended-lambda \
     -gencode arch=compute_90,code=sm_90 -Xptxas -v "$@" \
     -I"$root/aten_kernels/aten/src" -I"$headers/torch/include" \
     -I"$headers/torch/include/torch/csrc/api/include" -I"$headers/nvidia/cu13/include" \
-    -o "$work/$name/kernels.cubin" \
-    "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu" \
-    2> "$work/$name/ptxas.txt"
+    -o "$work/$name/kernels.cubin" "$source" 2> "$work/$name/ptxas.txt" \
+    || { cat "$work/$name/ptxas.txt"; exit 1; }
   "$tools/nvidia/cu13/bin/nvdisasm" -c -g -gi "$work/$name/kernels.cubin" > "$work/$name/sass.txt"
 }
 
@@ -48,11 +48,11 @@ audit() {
 }
 
 echo "sass audit: building GridSamplerDeterministic.cu for sm_90"
-build release
+build release "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"
 audit release --loops | grep -E "^FAIL|^sass audit|ReduceDense<4, float, int, float>|ReduceSparse<4, float, int, int, float>|ReduceDense<8, float, int, float>|inner loop"
 
-echo "sass audit: negative control, the same file with --use_fast_math"
-build fast_math --use_fast_math
+echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
+build fast_math "$root/.ci/audit/fast_math_probe.cu" --use_fast_math
 if audit fast_math > "$work/fast_math/audit.txt"; then
   echo "FAILED: the audit passed a --use_fast_math build"
   exit 1
