@@ -900,8 +900,8 @@ def plan_randomness(tree: Path, p: Plan) -> None:
     for rel in NOTES:
         f = tree / rel
         if f.is_file():
-            old = f.read_bytes()
-            p.old[rel], p.new[rel] = old, edit_randomness(rel, old.decode("utf-8"), p.notes).encode("utf-8")
+            old = read_text(tree, rel)
+            p.old[rel], p.new[rel] = old.encode("utf-8"), edit_randomness(rel, old, p.notes).encode("utf-8")
             return
     p.notes.append(f"no {' or '.join(NOTES)}: no notes page to document grid_sample in")
 
@@ -1141,7 +1141,11 @@ def lint_new_files(tree: Path, files: Dict[str, bytes]) -> List[str]:
     linters = []
     if cfg.is_file():
         import tomllib
-        for ln in tomllib.loads(cfg.read_text()).get("linter", []):
+        try:
+            config = tomllib.loads(read_text(tree, ".lintrunner.toml"))
+        except tomllib.TOMLDecodeError as e:
+            raise AnchorError(".lintrunner.toml", ".lintrunner.toml", f"not TOML: {e}") from None
+        for ln in config.get("linter", []):
             cmd = ln.get("command", [])
             pats = [c.split("=", 1)[1] for c in cmd if c.startswith("--pattern=")]
             allow = [c.split("=", 1)[1] for c in cmd if c.startswith("--allowlist-pattern=")]
@@ -1213,6 +1217,9 @@ def run(args: argparse.Namespace) -> int:
     except (AnchorError, UsageError, patch_apply.ApplyError) as e:
         print(f"detgrid patch: {e}", file=sys.stderr)
         return EXIT_USAGE if isinstance(e, UsageError) else EXIT_ANCHOR
+    except KeyboardInterrupt:  # before the apply started (the apply turns it into ApplyError)
+        print("detgrid patch: interrupted before anything was written", file=sys.stderr)
+        return 130
 
 
 def _run(args: argparse.Namespace) -> int:

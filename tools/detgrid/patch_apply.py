@@ -141,8 +141,8 @@ def write_patch_file(tree: Path, out: Path) -> None:
 
 def apply(tree: Path, new: Dict[str, bytes], message: str, out: Path) -> str:
     """Write ``new`` (path -> bytes) into the tree, commit exactly those paths with ``message``
-    and write the commit to ``out``; return the commit. On any exception, including SIGINT and
-    SIGTERM, the tree is restored before it propagates."""
+    and write the commit to ``out``; return the commit. On a failed write, SIGINT or SIGTERM the
+    interrupted apply is rolled back (or, once committed, completed) before ApplyError says so."""
     global _reached
     _reached = 0
     tree, out = Path(tree), Path(out)
@@ -171,6 +171,9 @@ def apply(tree: Path, new: Dict[str, bytes], message: str, out: Path) -> str:
             write_patch_file(tree, out)
             checkpoint("patch file written")
             jp.unlink()
+        except (OSError, KeyboardInterrupt, ApplyError) as e:
+            # a failed write, SIGINT or SIGTERM: leave the tree as the journal says, then report
+            raise ApplyError(f"{e or type(e).__name__}; {recover(tree)}") from None
         except BaseException:
             recover(tree)
             raise
