@@ -67,8 +67,9 @@ class AnchorError(Exception):
         self.path, self.anchor, self.why = path, anchor, why
 
 
-class NotACheckout(AnchorError):
-    """The path given is no git checkout of PyTorch (the message names it)."""
+class NotUsable(AnchorError):
+    """The path given is no git checkout of PyTorch, or the kit has no kernel sources; the
+    message names the path."""
 
     def __init__(self, path: str, why: str):
         Exception.__init__(self, why)
@@ -937,13 +938,13 @@ def detect_base(tree: Path) -> Base:
     checkout of PyTorch (the journal, the commit and the patch file all need git)."""
     tree = Path(tree)
     if not (tree / "version.txt").is_file():
-        raise NotACheckout(str(tree), f"{tree} is not a PyTorch checkout (no version.txt)")
+        raise NotUsable(str(tree), f"{tree} is not a PyTorch checkout (no version.txt)")
     top = _git(tree, "rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != tree.resolve():
-        raise NotACheckout(str(tree), f"{tree} is not the top of a git checkout")
+        raise NotUsable(str(tree), f"{tree} is not the top of a git checkout")
     head = _git(tree, "rev-parse", "--verify", "-q", "HEAD")
     if head is None:
-        raise NotACheckout(str(tree), f"{tree} has no commit to build the change on")
+        raise NotUsable(str(tree), f"{tree} has no commit to build the change on")
     return Base(
         version_txt=read_text(tree, "version.txt").strip(),
         describe=_git(tree, "describe", "--tags", "--exact-match"),
@@ -967,8 +968,8 @@ def kit_root(explicit: Optional[Path] = None) -> Path:
     (a non-editable install copies the package, not aten_kernels/)."""
     root = Path(explicit or os.environ.get("DETGRID_KIT_ROOT") or KIT_ROOT)
     if not (root / "aten_kernels" / KERNEL_DIR).is_dir():
-        raise AnchorError(str(root), "aten_kernels/", f"no kernel sources under {root}/aten_kernels: "
-                          "install the kit editable (pip install -e KIT) or set DETGRID_KIT_ROOT=KIT")
+        raise NotUsable(str(root), f"no kernel sources under {root}/aten_kernels: install the kit "
+                        "editable (pip install -e KIT) or set DETGRID_KIT_ROOT=KIT")
     return root
 
 
@@ -1276,14 +1277,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's usage error, as one line and EXIT_USAGE
-        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = _Parser(prog="detgrid")
-    register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    parser = argparse.ArgumentParser(prog="detgrid")
+    register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.handler(args)
 
