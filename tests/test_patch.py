@@ -491,7 +491,7 @@ class TestPatchMainShaped(FixtureTree):
         self.assertNotIn("grid_sampler_2d_backward_det(", cu)
         self.assertNotIn("grid_sampler_3d_backward_det(", cu)
         self.assertEqual(cu.count("deterministicAlgorithms()"), 2)
-        self.assertIn(f"{P.DET_LAUNCHER}(\n        grad_in, grad_grid_out, gout, self, coords,", cu)
+        self.assertIn(f"{P.DET_LAUNCHERS[2]}(\n        grad_in, grad_grid_out, gout, self, coords,", cu)
         # 3D: renamed parameters, and upstream's if/else collapsed into our branch + its else body
         self.assertIn(f"{P.DET_LAUNCHERS[3]}(\n        grad_volume, grad_coords, gout, volume, coords,\n"
                       "        interp, padding, corners,\n        mask);\n    return;\n  }\n", cu)
@@ -525,7 +525,7 @@ class TestPatchMainShaped(FixtureTree):
             self.assertEqual(nn.count(f"def {name}("), 1)
             body = P._all_test_sources(original)[name]
             self.assertIn(body, nn)
-        added = P._added_tests(P.Plan(P.Base("", None, None, True),
+        added = P._added_tests(P.Plan(P.Base("", None, ""),
                                       {P.TEST_NN: original.encode()}, {P.TEST_NN: nn.encode()}), P.TEST_NN)
         self.assertEqual(added, ["test_grid_sample_2d_backward_deterministic",
                                  "test_grid_sample_3d_backward_deterministic",
@@ -878,6 +878,14 @@ class TestPatchCrashSafety(FixtureTree):
         self.assertIn("records an interrupted apply", stderr)
         self.assertIn("delete", stderr)
         self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+
+    def test_check_and_report_refuse_a_tree_with_an_interrupted_apply(self):
+        child = self.subprocess_patch({P.patch_apply.STOP_AT_ENV: "3:kill"})
+        child.communicate(timeout=120)
+        rc, _, stderr = run_patch("--pytorch", self.tree, "--check")
+        self.assertEqual(rc, P.EXIT_ANCHOR)
+        self.assertIn("records an interrupted apply: run `detgrid patch", stderr)
+        self.assert_finished_by_next_run()
 
 
 def _unlink_all(directory: Path):

@@ -50,7 +50,6 @@ DET_HEADER = "GridSamplerDeterministic.h"
 DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
 DET_LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_deterministic_kernel" for d in DIMS}
-LAUNCHER, DET_LAUNCHER = LAUNCHERS[2], DET_LAUNCHERS[2]
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
@@ -79,23 +78,18 @@ class NotUsable(AnchorError):
 @dataclass
 class Base:
     version_txt: str
-    describe: Optional[str]
-    head: Optional[str]
-    is_git: bool
+    describe: Optional[str]  # an exact tag at HEAD, if any
+    head: str
 
     @property
     def label(self) -> str:
         """patches/<label>.patch: an exact tag, else v<version.txt without the a0 suffix>."""
         if self.describe and re.fullmatch(r"v\d+\.\d+\.\d+(-rc\d+)?", self.describe):
             return self.describe
-        v = "v" + re.sub(r"a0$", "", self.version_txt)
-        return v if not self.head else f"{v}+g{self.head[:12]}"
+        return "v" + re.sub(r"a0$", "", self.version_txt) + f"+g{self.head[:12]}"
 
     def __str__(self) -> str:
-        s = f"version.txt {self.version_txt}"
-        if self.is_git:
-            s += f", git describe {self.describe or '-'}, HEAD {self.head or '-'}"
-        return s
+        return f"version.txt {self.version_txt}, git describe {self.describe or '-'}, HEAD {self.head}"
 
 
 @dataclass
@@ -949,7 +943,6 @@ def detect_base(tree: Path) -> Base:
         version_txt=read_text(tree, "version.txt").strip(),
         describe=_git(tree, "describe", "--tags", "--exact-match"),
         head=head,
-        is_git=True,
     )
 
 
@@ -1193,6 +1186,14 @@ def validate_out(out: Path) -> Path:
     return out
 
 
+def refuse_pending(tree: Path) -> None:
+    """Planning on a tree that an interrupted apply left half-written would describe that state."""
+    journal = patch_apply.journal_path(tree)
+    if journal.exists():
+        raise NotUsable(str(tree), f"{journal} records an interrupted apply: run `detgrid patch "
+                        f"--pytorch {tree}` to finish or roll it back first")
+
+
 def default_out(base: Base, kit: Path) -> Path:
     return kit / "patches" / f"{base.label}.patch"
 
@@ -1229,7 +1230,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"--pytorch {tree}: no such directory")
     base = detect_base(tree)
     print(f"base: {base.label} ({base})")
-    if not args.check:
+    if args.check:
+        refuse_pending(tree)  # --check writes nothing, so it cannot finish one
+    else:
         done = patch_apply.recover(tree)
         if done:
             print(f"recovered: {done}")

@@ -311,6 +311,7 @@ def inspect_checkout(tree: Path, kit_root: Path = KIT_ROOT) -> Checkout:
 
     tree = Path(tree).resolve()
     base = patch.detect_base(tree)
+    patch.refuse_pending(tree)
     pl = patch.plan(tree, kit_root)
     applies, verdict = patch.check(tree, pl)
     new_files = {rel: pl.new[rel] for rel in pl.changed if pl.old[rel] is None}
