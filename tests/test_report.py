@@ -350,6 +350,8 @@ class TestReportBodies(TestCase):
             ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout[:12])
         self.assertIn("replaced the cuDNN backward's nondeterministic alert", " ".join(report.checkout.notes))
         self.assertIn("`detgrid patch --check` on", R.render_pr(report))
+        report.checkout.notes.append("test/test_nn.py: test_x expects a CUDA kernel named 'k', ... will fail until")
+        self.assertIn("- Known to fail: test/test_nn.py: test_x expects", in_view(R.render_pr(report)))
         self.assertFalse((tree / "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu").exists())
         self.assertEqual(subprocess.run(["git", "-C", str(tree), "status", "--porcelain"],
                                         capture_output=True, text=True).stdout, "")

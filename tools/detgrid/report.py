@@ -618,6 +618,7 @@ def render_test_plan(report: Report) -> str:
         "report. All of them are `@onlyCUDA`; the patch carries no CPU-run test.",
         "",
         f"- {render_checkout(report)}",
+        *[f"- Known to fail: {n}" for n in (report.checkout.notes if report.checkout else []) if "will fail" in n],
         f"- The kit's suite (`python -m pytest tests`: host executor, agreement with stock, the "
         f"patch tool): {render_tests(report)}.",
         *[f"- {render_claims(r)}" for r in report.repro],
