@@ -974,8 +974,7 @@ def _notes_kernel_names(pl: Plan, kernel_source: str) -> None:
         if name not in kernel_source:
             users = [t for t, src in _all_test_sources(text).items() if f'"{name}"' in src or f"'{name}'" in src]
             pl.notes.append(f"{TEST_NN}: {', '.join(users)} expects a CUDA kernel named {name!r}, which "
-                            "this kernel does not have: that upstream test is kept as written and will "
-                            "fail until its profiler check is adapted")
+                            "this kernel lacks: kept as written, it will fail until adapted")
 
 
 def _all_test_sources(text: str) -> Dict[str, str]:

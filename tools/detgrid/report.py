@@ -512,7 +512,8 @@ def render_checkout(report: Report) -> str:
     if c is None:
         return "`detgrid patch --check`: not run by this report (no `--pytorch PATH`)."
     lint = "clean" if not c.lint else "; ".join(c.lint)
-    return (f"`detgrid patch --check` on `{c.path}` ({c.base_label}): {c.check}. The checkout's grep "
+    verdict = c.check.split(" (", 1)[0]  # the file list is in the appendix
+    return (f"`detgrid patch --check` on `{c.path}` ({c.base_label}): {verdict}. The checkout's grep "
             f"linters on the new files: {lint}.")
 
 
@@ -521,6 +522,8 @@ def render_appendix(report: Report) -> str:
     for run in report.repro:
         output = _fence(run.stdout or run.stderr or "(no output)", "json" if run.data else "")
         parts.append(f"`{run.command}` (exit {run.exit_code}):\n\n{output}")
+    if report.checkout:
+        parts.append(f"`detgrid patch --check`: {report.checkout.check}.")
     if report.checkout and report.checkout.notes:
         parts.append("`detgrid patch --check`'s notes on the checkout:\n\n"
                      + "\n".join(f"- {_cell(n)}" for n in report.checkout.notes))
@@ -544,8 +547,10 @@ def mask_volatile(text: str) -> str:
 
 def _installed_release_line(report: Report) -> str:
     torch_v = report.environment.get("torch")
-    where = {"throw": "under *throw*", "act": "as deterministic", None: "in neither list"}[report.installed_doc]
-    return f"the installed torch {torch_v}'s docstring lists CUDA grid_sample {where} (read by this report)"
+    if report.installed_doc == "throw":
+        return f"so does the installed torch {torch_v}'s (read by this report)"
+    where = "as deterministic" if report.installed_doc == "act" else "in neither list"
+    return f"the installed torch {torch_v}'s lists it {where} (read by this report)"
 
 
 # --------------------------------------------------------------------------- COMMENT.md
@@ -592,35 +597,30 @@ def render_comment(report: Report) -> str:
 def render_summary(report: Report) -> str:
     return (
         "Adds a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d`, taken "
-        "under `torch.use_deterministic_algorithms(True)`, `warn_only=True` included, whenever "
-        "grad_input is requested; `cudnn_grid_sampler_backward` delegates to it after its argument "
-        "checks, and the forward, on cuDNN or not, is unchanged. Contributions are sorted by "
-        "destination (`at::cuda::cub` radix sort) and reduced with one writer per grad_input "
-        "element, in an order fixed by shapes and grid values; the workspace is one chunk, about "
-        f"64 MiB at most. #196856, {PR_196856_STATE}, takes the same road; this one adds a "
+        "in deterministic mode (`warn_only=True` included) when grad_input is requested; "
+        "`cudnn_grid_sampler_backward` delegates to it after its argument checks, and no forward "
+        "changes. Contributions are sorted by destination and reduced with one writer per "
+        "grad_input element, in an order fixed by shapes and grid values, in a workspace of one "
+        f"chunk (at most about 64 MiB). #196856, {PR_196856_STATE}, takes the same road; this one adds a "
         "chunk-independent order that a CPU executor is built to reproduce bit for bit (not "
         "compared on a GPU by this report), a grid-only backward without sort or alert, and NaN/Inf-safe "
         "coordinates. No release has a deterministic path: "
-        f"{_installed_release_line(report)}, and {RELEASE_215}. {MAIN_UNKNOWN}")
+        f"{RELEASE_215}; {_installed_release_line(report)}. {MAIN_UNKNOWN}")
 
 
 def render_test_plan(report: Report) -> str:
-    from detgrid import patch
-
-    names = " or ".join(patch.NN_TEST_NAMES)
     return "\n".join([
         "Upstream tests, in the patched checkout:",
         "",
-        _fence(f"python test/test_nn.py -k '{names}'\n"
+        _fence("python test/test_nn.py -k grid_sample\n"
                "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
         "",
-        "Not run: they need a CUDA build of the patched tree and a GPU, and none was made for this "
-        "report. All of them are `@onlyCUDA`; the patch carries no CPU-run test.",
+        "Not run: they need a CUDA build of the patched tree and a GPU; this report had neither. "
+        "The added ones are `@onlyCUDA`; the patch carries no CPU-run test.",
         "",
         f"- {render_checkout(report)}",
         *[f"- Known to fail: {n}" for n in (report.checkout.notes if report.checkout else []) if "will fail" in n],
-        f"- The kit's suite (`python -m pytest tests`: host executor, agreement with stock, the "
-        f"patch tool): {render_tests(report)}.",
+        f"- The kit's suite (`python -m pytest tests`): {render_tests(report)}.",
         *[f"- {render_claims(r)}" for r in report.repro],
     ])
 
@@ -655,7 +655,8 @@ def render_pr(report: Report) -> str:
         "",
         "#### Benchmarks",
         "",
-        render_bench_summary(report)[0].upper() + render_bench_summary(report)[1:] + f" {NUMBERS_196856}.",
+        render_bench_summary(report)[0].upper() + render_bench_summary(report)[1:]
+        + " #196856's reported numbers are beside these in the comment on #68959.",
         "",
         "#### BC-breaking",
         "",
