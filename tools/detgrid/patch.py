@@ -1109,15 +1109,18 @@ def check(tree: Path, pl: Plan) -> Tuple[bool, str]:
         def git(*args):
             return subprocess.run(["git", "-C", str(copy), *args], capture_output=True, env=env, check=True)
 
-        git("init", "-q")
-        git("add", "-A")
-        git("commit", "-q", "--allow-empty", "-m", "before")
-        for rel in pl.changed:
-            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-            (copy / rel).write_bytes(pl.new[rel])
-        git("add", "-A")
-        diff = Path(tmp) / "change.patch"
-        diff.write_bytes(git("diff", "--cached", "--binary").stdout)
+        try:
+            git("init", "-q")
+            git("add", "-A")
+            git("commit", "-q", "--allow-empty", "-m", "before")
+            for rel in pl.changed:
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                (copy / rel).write_bytes(pl.new[rel])
+            git("add", "-A")
+            diff = Path(tmp) / "change.patch"
+            diff.write_bytes(git("diff", "--cached", "--binary").stdout)
+        except subprocess.CalledProcessError as e:
+            return False, f"could not build the change in {copy}: git {e.cmd[3]} failed"
         r = subprocess.run(["git", "apply", "--check", str(diff)], cwd=tree, capture_output=True, text=True)
     if r.returncode != 0:
         return False, f"the change does not apply: {r.stderr.strip().splitlines()[0]}"

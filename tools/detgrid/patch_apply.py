@@ -152,7 +152,11 @@ def apply(tree: Path, new: Dict[str, bytes], message: str, out: Path) -> str:
     journal = Journal(git(tree, "rev-parse", "HEAD"), modes, str(out), message.splitlines()[0])
     jp = journal_path(tree)
     with sigterm_as_interrupt():
-        write_atomic(jp, json.dumps(asdict(journal), indent=1).encode("utf-8"))
+        try:
+            write_atomic(jp, json.dumps(asdict(journal), indent=1).encode("utf-8"))
+        except OSError as e:  # nothing in the tree is touched yet
+            _unlink(tmp_of(jp))
+            raise ApplyError(f"cannot write the journal {jp}: {e.strerror or e}") from None
         try:
             checkpoint("journal written")
             for rel in paths:
