@@ -560,7 +560,7 @@ def _cuda_equals_host(report: Report) -> str:
     """The CUDA == host equality is a design property until a GPU has compared them."""
     if report.environment.get("cuda_available"):
         return "this report did not compare them; the kit's `tools/gpu_check.sh` does"
-    return "not yet measured: the kit's GPU check, which compares them, has not run on a GPU"
+    return "not yet measured: the kit's GPU check, which compares them, has not run"
 
 
 def render_comment(report: Report) -> str:
@@ -580,10 +580,11 @@ def render_comment(report: Report) -> str:
         "only the point pass runs, one writer per element.",
         "- **NaN- and Inf-safe grids** (#24823): such a coordinate never forms an index.",
         "- **A workspace bound**: one chunk's records, at most about 64 MiB with int32 keys and "
-        "float32, whatever the input size.",
+        "float32 whatever the input size (half/bfloat16 over several chunks add a float carry of "
+        "grad_input's size).",
         f"- **Benchmarks beside #196856's**: {render_bench_summary(report)} {NUMBERS_196856}.",
         "",
-        f"{MAIN_UNKNOWN} The change, as `detgrid patch` generates it: {render_patch_line(report)}",
+        f"{MAIN_UNKNOWN} As a patch: {render_patch_line(report)}",
     ])
     out = [provenance(report, "COMMENT.md", "a comment for #68959, linked from #196856"),
            *_head(report, "posting"),
@@ -600,8 +601,9 @@ def render_summary(report: Report) -> str:
         "in deterministic mode (`warn_only=True` included) when grad_input is requested; "
         "`cudnn_grid_sampler_backward` delegates to it after its argument checks, and no forward "
         "changes. Contributions are sorted by destination and reduced with one writer per "
-        "grad_input element, in an order fixed by shapes and grid values, in a workspace of one "
-        f"chunk (at most about 64 MiB). #196856, {PR_196856_STATE}, takes the same road; this one adds a "
+        "grad_input element, in an order fixed by shapes and grid values; the workspace is one "
+        "chunk's records (at most about 64 MiB, plus a float carry of grad_input's size for "
+        f"half/bfloat16 inputs needing several chunks). #196856, {PR_196856_STATE}, takes the same road; this one adds a "
         "chunk-independent order that a CPU executor is built to reproduce bit for bit (not "
         "compared on a GPU by this report), a grid-only backward without sort or alert, and NaN/Inf-safe "
         "coordinates. No release has a deterministic path: "
@@ -656,7 +658,7 @@ def render_pr(report: Report) -> str:
         "#### Benchmarks",
         "",
         render_bench_summary(report)[0].upper() + render_bench_summary(report)[1:]
-        + " #196856's reported numbers are beside these in the comment on #68959.",
+        + " #196856's own numbers are cited in the comment on #68959.",
         "",
         "#### BC-breaking",
         "",
