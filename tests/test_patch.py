@@ -95,6 +95,7 @@ def diff_part(patch_text: str) -> str:
     author, base): the diffs, from the first `diff --git` to the signature."""
     body = patch_text[patch_text.index("diff --git") :]
     body = re.sub(r"^index [0-9a-f]+\.\.[0-9a-f]+", "index", body, flags=re.M)
+    body = re.sub(r"^base-commit: [0-9a-f]+\n", "", body, flags=re.M)
     return body[: body.rindex("\n-- \n")] if "\n-- \n" in body else body
 
 
@@ -823,12 +824,19 @@ class TestPatchCrashSafety(FixtureTree):
         self.assertEqual(git(self.tree, "status", "--porcelain", "--untracked-files=all"), "")
         self.assertEqual(diff_part(self.out.read_text()), self.expected_patch)
         self.assertEqual(leftovers(self.tree, self.out.parent), [])
+
+    def start_over(self):
+        """The pristine checkout and no patch file (each case starts from there)."""
         git(self.tree, "reset", "-q", "--hard", self.base)
-        _unlink_all(self.out.parent)
+        git(self.tree, "clean", "-qfd")
+        (self.tree / ".git" / "detgrid-patch.json").unlink(missing_ok=True)
+        for p in self.out.parent.iterdir():
+            p.unlink()
 
     def test_failure_at_every_step_rolls_back_in_process(self):
         for step in range(1, len(P.patch_apply.CHECKPOINTS) + 1):
             with self.subTest(step=P.patch_apply.CHECKPOINTS[step - 1]):
+                self.start_over()
                 rc, _, stderr = run_patch("--pytorch", self.tree, "--out", self.out,
                                           env={P.patch_apply.STOP_AT_ENV: f"{step}:raise"})
                 self.assertEqual(rc, P.EXIT_ANCHOR)
@@ -840,8 +848,6 @@ class TestPatchCrashSafety(FixtureTree):
                     self.assertIn("completed an interrupted apply", stderr)
                     self.assertEqual(git(self.tree, "rev-parse", "HEAD^{tree}").strip(), self.expected_tree)
                     self.assertEqual(diff_part(self.out.read_text()), self.expected_patch)
-                    git(self.tree, "reset", "-q", "--hard", self.base)
-                    _unlink_all(self.out.parent)
                 else:
                     self.assertIn("rolled back an interrupted apply", stderr)
                     self.assertEqual(git(self.tree, "rev-parse", "HEAD").strip(), self.base)
@@ -851,6 +857,7 @@ class TestPatchCrashSafety(FixtureTree):
     def test_sigkill_at_every_step_is_finished_by_the_next_run(self):
         for step in range(1, len(P.patch_apply.CHECKPOINTS) + 1):
             with self.subTest(step=P.patch_apply.CHECKPOINTS[step - 1]):
+                self.start_over()
                 child = self.subprocess_patch({P.patch_apply.STOP_AT_ENV: f"{step}:kill"})
                 child.communicate(timeout=120)
                 self.assertEqual(child.returncode, -9)
@@ -862,6 +869,7 @@ class TestPatchCrashSafety(FixtureTree):
         import time
         for sig, delay in product((signal.SIGKILL, signal.SIGTERM, signal.SIGINT), (0.05, 0.15, 0.3)):
             with self.subTest(signal=sig.name, delay=delay):
+                self.start_over()
                 child = self.subprocess_patch()
                 time.sleep(delay)
                 child.send_signal(sig)
@@ -886,11 +894,6 @@ class TestPatchCrashSafety(FixtureTree):
         self.assertEqual(rc, P.EXIT_ANCHOR)
         self.assertIn("records an interrupted apply: run `detgrid patch", stderr)
         self.assert_finished_by_next_run()
-
-
-def _unlink_all(directory: Path):
-    for p in Path(directory).iterdir():
-        p.unlink()
 
 
 if __name__ == "__main__":
