@@ -455,6 +455,8 @@ def copy_and_patch(tree: Path, dest: Path, log=print) -> List[str]:
         _run(["git", "-C", dest, *cmd], f"git {cmd[0]} in the copy", env=genv)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(KIT_TOOLS), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # the patch commits the change: give it an identity of its own in this throw-away copy
+    env.update({k: v for k, v in genv.items() if k.startswith("GIT_")})
     r = subprocess.run([sys.executable, "-m", "detgrid", "patch", "--pytorch", str(dest),
                         "--out", str(dest.parent / "detgrid.patch")],
                        capture_output=True, text=True, env=env)
@@ -462,9 +464,8 @@ def copy_and_patch(tree: Path, dest: Path, log=print) -> List[str]:
         log(f"  {line}")
     if r.returncode != 0:
         raise SetupError(f"detgrid patch exited {r.returncode}")
-    st = _run(["git", "-C", dest, "status", "--porcelain", "--untracked-files=all"], "git status")
-    changed = [line[3:] for line in st.stdout.splitlines() if line.strip()]
-    return sorted(changed)
+    diff = _run(["git", "-C", dest, "diff", "--name-only", tag, "HEAD"], "git diff")
+    return sorted(line for line in diff.stdout.splitlines() if line.strip())
 
 
 # --------------------------------------------------------------------------- torchgen

@@ -1,22 +1,43 @@
 """``detgrid patch``: apply the deterministic grid_sample backward to a PyTorch checkout.
 
-Plan every edit in memory (each edit finds its anchor semantically: a function by name with its
-parameter list and brace-matched body, a statement by its text, never a line number), verify all of
-them, then write all files atomically (temporary files, then renames; originals restored on any
-error). A second run finds every edit already present and changes nothing. The produced patch is a
-``git format-patch``-style file built from the planned contents.
+``plan()`` makes every edit in memory: each finds its anchor semantically (a function by name with
+its parameter list and brace-matched body, a statement by its text, a test by what it checks, never
+a line number), and any anchor it cannot find refuses the whole change before a byte is written.
+A second run finds every edit present and changes nothing. ``patch_apply`` then writes the change
+crash-safely as one commit (author and committer from the user's git configuration) and writes that
+commit with ``git format-patch``. ``--check`` plans, builds the change in a temporary copy and
+checks that it applies, writing nothing.
+
+What the change is, and why each edit has its shape:
+
+- ``GridSampler.cu``: the deterministic branch in both backward launchers replaces the alert (and
+  another deterministic branch, e.g. #196856's, if the checkout has one);
+- ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks,
+  as upstream main does; the forward and the composite's choice of cuDNN stay, so no forward
+  result changes, ``warn_only`` users included;
+- the docstring and notes page list the op as deterministic; the alert tests expect no alert; the
+  tests added to ``test_nn.py`` are only those the checkout's own deterministic tests lack.
+
+grad_input's allocation is left alone: the deterministic path writes every element, but with
+``torch.utils.deterministic.fill_uninitialized_memory`` on (the default) an ``empty_like`` would be
+filled anyway, so switching from ``zeros_like`` would save nothing.
 """
 
 import argparse
-import difflib
+import ast
+import collections
 import fnmatch
 import os
 import re
 import subprocess
 import sys
+import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+
+from detgrid import patch_apply
 
 KIT_ROOT = Path(__file__).resolve().parents[2]
 KERNEL_DIR = "aten/src/ATen/native/cuda"
@@ -30,46 +51,46 @@ DET_HEADER = "GridSamplerDeterministic.h"
 DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
 DET_LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_deterministic_kernel" for d in DIMS}
-LAUNCHER, DET_LAUNCHER = LAUNCHERS[2], DET_LAUNCHERS[2]
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
-CUDA_CPP = "aten/src/ATen/native/cuda/GridSampler.cpp"  # allocates grad_input, calls the launchers
-COMPOSITE = "aten/src/ATen/native/GridSampler.cpp"
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
 NOTES = ("docs/source/notes/randomness.rst", "docs/source/notes/randomness.md")
 TEST_TORCH = "test/test_torch.py"
 TEST_NN = "test/test_nn.py"
-REGEN_HINT = "python -m detgrid patch --pytorch {tree} --out {out}"
-
-EXIT_OK, EXIT_ANCHOR, EXIT_DIRTY, EXIT_CHECK = 0, 1, 2, 3
 
 
 class AnchorError(Exception):
+    """The checkout is not what an edit expects; the change is refused as a whole."""
+
     def __init__(self, path: str, anchor: str, why: str = "not found"):
         super().__init__(f"{path}: anchor {anchor!r}: {why}")
         self.path, self.anchor, self.why = path, anchor, why
 
 
+class NotUsable(AnchorError):
+    """The path given is no git checkout of PyTorch, or the kit has no kernel sources; the
+    message names the path."""
+
+    def __init__(self, path: str, why: str):
+        Exception.__init__(self, why)
+        self.path, self.anchor, self.why = path, path, why
+
+
 @dataclass
 class Base:
     version_txt: str
-    describe: Optional[str]
-    head: Optional[str]
-    is_git: bool
+    describe: Optional[str]  # an exact tag at HEAD, if any
+    head: str
 
     @property
     def label(self) -> str:
         """patches/<label>.patch: an exact tag, else v<version.txt without the a0 suffix>."""
         if self.describe and re.fullmatch(r"v\d+\.\d+\.\d+(-rc\d+)?", self.describe):
             return self.describe
-        v = "v" + re.sub(r"a0$", "", self.version_txt)
-        return v if not self.head else f"{v}+g{self.head[:12]}"
+        return "v" + re.sub(r"a0$", "", self.version_txt) + f"+g{self.head[:12]}"
 
     def __str__(self) -> str:
-        s = f"version.txt {self.version_txt}"
-        if self.is_git:
-            s += f", git describe {self.describe or '-'}, HEAD {self.head or '-'}"
-        return s
+        return f"version.txt {self.version_txt}, git describe {self.describe or '-'}, HEAD {self.head}"
 
 
 @dataclass
@@ -371,35 +392,49 @@ def _add_include(path: str, text: str, header: str, after: Tuple[str, ...]) -> s
     raise AnchorError(path, f"#include <{after[0]}>", f"no place to include <{header}>")
 
 
-def edit_composite(path: str, text: str, notes: List[str]) -> str:
-    defs = _find_defs(text, r"\bTensor", "grid_sampler")
-    if len(defs) != 1:
-        raise AnchorError(path, "Tensor grid_sampler(...) {...}", f"{len(defs)} definitions found")
-    f = defs[0]
-    body = text[f.body_open : f.body_close + 1]
-    m = re.search(r"\bif\s*\(\s*(?=[^;{]*\bcond_cudnn_grid_sampler\s*\()", body)
-    if m is None:
-        raise AnchorError(path, "if (cond_cudnn_grid_sampler(...) ...)",
-                          "composite grid_sampler does not choose cuDNN this way")
-    cond_close = _match(body, m.end() - 1, "(", ")")
-    if "deterministicAlgorithms()" in body[m.start() : cond_close]:
-        notes.append(f"{path}: composite already avoids cuDNN in deterministic mode")
-        return text
-    ind = _indent_of(body, m.start())
-    first = re.match(r"\s*", body[m.end() :]).end() + m.end()
-    new = (
-        f"// cuDNN's grid sampler backward is nondeterministic; in deterministic mode\n"
-        f"{ind}// grid_sampler_2d's CUDA backward is deterministic, so use it instead.\n"
-        f"{ind}if (!at::globalContext().deterministicAlgorithms() &&\n{ind}    "
+def _statement_end(body: str, start: int) -> int:
+    """Index just past the ``;`` (and its line break) ending the statement that starts at body[start]."""
+    i = start
+    while body[i] != ";":
+        j = _skip_literal(body, i)
+        if j != i:
+            i = j
+        elif body[i] == "(":
+            i = _match(body, i, "(", ")") + 1
+        else:
+            i += 1
+    nl = body.find("\n", i)
+    return len(body) if nl < 0 else nl + 1
+
+
+CUDNN_CHECKS = (r"\bcheck_grid_sampler_common\s*\(", r"\bTORCH_CHECK\s*\(\s*cond_cudnn_grid_sampler\s*\(")
+CUDNN_ALERT = (r'(?:^[ \t]*//[^\n]*\n)*^[ \t]*(?:at::)?globalContext\(\)\.alertNotDeterministic\(\s*'
+               r'"cudnn_grid_sampler_backward[^"]*"\s*\);[ \t]*\n')
+
+
+def _cudnn_delegation(ind: str, inp: str, grid: str, gout: str) -> str:
+    return (
+        f"{ind}// See Note [Enabling Deterministic Operations]\n"
+        f"{ind}// cuDNN's backward is nondeterministic. cudnn_grid_sampler is grid_sample\n"
+        f"{ind}// with bilinear interpolation, zeros padding and align_corners=True, so in\n"
+        f"{ind}// deterministic mode grid_sampler_2d's deterministic CUDA backward computes\n"
+        f"{ind}// the same gradients. The forward stays on cuDNN.\n"
+        f"{ind}if (at::globalContext().deterministicAlgorithms()) {{\n"
+        f"{ind}  return at::grid_sampler_2d_backward(\n"
+        f"{ind}      {gout},\n{ind}      {inp},\n{ind}      {grid},\n"
+        f"{ind}      static_cast<int64_t>(GridSamplerInterpolation::Bilinear),\n"
+        f"{ind}      static_cast<int64_t>(GridSamplerPadding::Zeros),\n"
+        f"{ind}      /*align_corners=*/true,\n"
+        f"{ind}      /*output_mask=*/{{true, true}});\n"
+        f"{ind}}}\n"
     )
-    body = body[: m.start()] + new + body[first:]
-    text = text[: f.body_open] + body + text[f.body_close + 1 :]
-    if "#include <ATen/Context.h>" not in text:
-        text = _add_include(path, text, "ATen/Context.h", after=("ATen/native/GridSampler.h", "ATen/"))
-    return text
 
 
 def edit_cudnn(path: str, text: str, notes: List[str]) -> str:
+    """cudnn_grid_sampler_backward delegates to grid_sampler_2d_backward in deterministic mode,
+    right after its own argument checks (as upstream main does), replacing the alert #180417
+    added there. The forward, and the composite's choice of cuDNN, are left alone: they are
+    deterministic, and changing the route would change forward bits for warn_only users."""
     defs = [d for d in _find_defs(text, r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>", "cudnn_grid_sampler_backward")
             if "not compiled with cuDNN" not in text[d.body_open : d.body_close]]
     if len(defs) != 1:
@@ -410,103 +445,29 @@ def edit_cudnn(path: str, text: str, notes: List[str]) -> str:
     if "deterministicAlgorithms()" in body and "grid_sampler_2d_backward(" in body:
         notes.append(f"{path}: cuDNN backward already delegates in deterministic mode")
         return text
-    names = f.params
-    if len(names) != 3:
+    if len(f.params) != 3:
         raise AnchorError(path, "cudnn_grid_sampler_backward(input, grid, grad_output)",
-                          f"parameters {names}")
-    inp, grid, gout = names
-    # an alert added upstream (PR #180417) becomes unreachable once we delegate: drop it
-    body2 = re.sub(r'(?:^[ \t]*//[^\n]*\n)*^[ \t]*(?:at::)?globalContext\(\)\.alertNotDeterministic\(\s*'
-                   r'"cudnn_grid_sampler_backward[^"]*"\s*\);[ \t]*\n', "", body, flags=re.M)
-    if body2 != body:
-        notes.append(f"{path}: removed the cuDNN backward's nondeterministic alert (now delegates)")
-    body = body2
-    block = (
-        "\n  // See Note [Enabling Deterministic Operations]\n"
-        "  // cudnn_grid_sampler is grid_sample with bilinear interpolation, zeros\n"
-        "  // padding and align_corners=True; cuDNN's backward is nondeterministic, so\n"
-        "  // in deterministic mode use grid_sampler_2d's deterministic CUDA backward.\n"
-        "  if (at::globalContext().deterministicAlgorithms()) {\n"
-        "    return at::grid_sampler_2d_backward(\n"
-        f"        {gout},\n        {inp},\n        {grid},\n"
-        "        static_cast<int64_t>(GridSamplerInterpolation::Bilinear),\n"
-        "        static_cast<int64_t>(GridSamplerPadding::Zeros),\n"
-        "        /*align_corners=*/true,\n"
-        "        {true, true});\n"
-        "  }"
-    )
-    body = "{" + block + body[1:]
+                          f"parameters {f.params}")
+    without_alert = re.sub(CUDNN_ALERT, "", body, flags=re.M)
+    if without_alert != body:
+        notes.append(f"{path}: replaced the cuDNN backward's nondeterministic alert (#180417) with "
+                     "the delegation")
+    body = without_alert
+    checks = [m for rx in CUDNN_CHECKS for m in re.finditer(rx, body)]
+    if not checks:
+        raise AnchorError(path, "check_grid_sampler_common(...) / TORCH_CHECK(cond_cudnn_grid_sampler(...))",
+                          "not found in cudnn_grid_sampler_backward: the delegation goes after "
+                          "upstream's argument checks")
+    last = max(checks, key=lambda m: m.start())
+    at = _statement_end(body, last.start())
+    block = _cudnn_delegation(_indent_of(body, last.start()), *f.params)
+    body = body[:at] + block + body[at:]
     text = text[: f.body_open] + body + text[f.body_close + 1 :]
     if "#include <ATen/ops/" in text:
         text = _add_include(path, text, "ATen/ops/grid_sampler_2d_backward.h", after=("ATen/ops/",))
     if "#include <ATen/Context.h>" not in text:
         text = _add_include(path, text, "ATen/Context.h", after=("ATen/Config.h", "ATen/"))
     return text
-
-
-def _enclosing_if(body: str, pos: int) -> Optional[str]:
-    """Condition of the innermost ``if (...) {`` whose block contains body[pos]."""
-    best = None
-    for m in re.finditer(r"\bif\s*\(", body[:pos]):
-        cond_close = _match(body, m.end() - 1, "(", ")")
-        k = re.compile(r"\s*").match(body, cond_close + 1).end()
-        if k < len(body) and body[k] == "{" and _match(body, k, "{", "}") > pos:
-            best = body[m.end() : cond_close]
-    return best
-
-
-def _skip_zero_fill(path: str, text: str, dims: int, notes: List[str]) -> str:
-    """grid_sampler_<dims>d_backward_cuda allocates a requested grad_input with zeros_like; in
-    deterministic mode the launcher writes every element (GridSamplerDeterministic.h), so
-    allocate it with empty_like there. The non-deterministic path keeps its zeros. Optional:
-    an unfamiliar shape leaves the (correct, one fill slower) allocation alone, with a note."""
-    name = f"grid_sampler_{dims}d_backward_cuda"
-    skip = f"{path}: {name}: grad_input allocation not in the expected shape; kept its zero fill"
-    defs = _find_defs(text, r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>", name)
-    # grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
-    if len(defs) != 1 or len(defs[0].params) != 7:
-        notes.append(skip)
-        return text
-    f = defs[0]
-    body = text[f.body_open : f.body_close + 1]
-    if "deterministicAlgorithms()" in body:
-        notes.append(f"{path}: {name} already skips the zero fill in deterministic mode")
-        return text
-    inp, mask = f.params[1], f.params[6]
-    zs = list(re.finditer(rf"^(?P<ind>[ \t]*)return (?P<ns>(?:at::)?)zeros_like\((?P<args>\s*{inp}\b[^;]*)\);"
-                          r"[ \t]*\n", body, re.M))
-    cond = _enclosing_if(body, zs[0].start()) if len(zs) == 1 else None
-    # the allocation must be the one made only when grad_input is requested (output_mask[0]),
-    # exactly when the launcher takes the deterministic path in deterministic mode
-    flags = {f"{mask}[0]"} | set(re.findall(rf"\b(?:auto|bool)\s+(\w+)\s*=\s*{mask}\[0\];", body))
-    if cond is None or re.sub(r"\s", "", cond) not in flags:
-        notes.append(skip)
-        return text
-    z = zs[0]
-    ind, ns, args = z.group("ind"), z.group("ns"), z.group("args")
-    new = (
-        f"{ind}// The deterministic backward writes every element of grad_input, so it\n"
-        f"{ind}// needs no zero fill (see launch_grid_sampler_{dims}d_backward_kernel).\n"
-        f"{ind}if (at::globalContext().deterministicAlgorithms()) {{\n"
-        f"{ind}  return {ns}empty_like({args});\n"
-        f"{ind}}}\n"
-        f"{ind}return {ns}zeros_like({args});\n"
-    )
-    body = body[: z.start()] + new + body[z.end() :]
-    return text[: f.body_open] + body + text[f.body_close + 1 :]
-
-
-def edit_cuda_backward_alloc(path: str, text: str, notes: List[str]) -> str:
-    new = text
-    for dims in DIMS:
-        new = _skip_zero_fill(path, new, dims, notes)
-    if new == text:
-        return text
-    if "#include <ATen/Context.h>" not in new:
-        new = _add_include(path, new, "ATen/Context.h", after=("ATen/native/cuda/GridSampler.h", "ATen/"))
-    if "#include <ATen/ops/" in new and "#include <ATen/ops/empty_like.h>" not in new:
-        new = _add_include(path, new, "ATen/ops/empty_like.h", after=("ATen/ops/empty.h", "ATen/ops/"))
-    return new
 
 
 GS = ":func:`torch.nn.functional.grid_sample`"
@@ -540,16 +501,35 @@ def edit_init_doc(path: str, text: str, notes: List[str]) -> str:
             + text[throw.end(1) :])
 
 
-def _expect_no_alert(path: str, text: str, dims: int, notes: List[str]) -> str:
-    """test_nondeterministic_alert_grid_sample_<dims>d: should_alert becomes False."""
-    name, caller = f"test_nondeterministic_alert_grid_sample_{dims}d", f"grid_sampler_{dims}d_backward_cuda"
-    m = re.search(rf"^([ \t]+)def {name}\(self, device\):\n", text, re.M)
+# test/test_torch.py's alert tests, by name, with the caller each checks: once the backward has a
+# deterministic implementation on every route, none of them may expect an alert.
+ALERT_TESTS = (
+    ("test_nondeterministic_alert_grid_sample_2d", "grid_sampler_2d_backward_cuda"),
+    ("test_nondeterministic_alert_grid_sample_2d_cudnn", "cudnn_grid_sampler_backward"),
+    ("test_nondeterministic_alert_grid_sample_3d", "grid_sampler_3d_backward_cuda"),
+)
+REQUIRED_ALERT_TESTS = ("test_nondeterministic_alert_grid_sample_2d", "test_nondeterministic_alert_grid_sample_3d")
+
+
+def _method(text: str, name: str) -> Optional[Tuple[int, int]]:
+    """(start, end) of the body of ``def name(self, ...)`` in a class: the lines after its
+    signature up to the next line indented no deeper than the ``def``."""
+    m = re.search(rf"^([ \t]+)def {name}\(self\b[^\n]*\n", text, re.M)
     if m is None:
-        raise AnchorError(path, f"def {name}")
-    ind = m.group(1)
-    end = re.compile(rf"^{ind}\S", re.M).search(text, m.end())
-    end = end.start() if end else len(text)
-    body = text[m.end() : end]
+        return None
+    end = re.compile(rf"^{m.group(1)}\S", re.M).search(text, m.end())
+    return m.end(), end.start() if end else len(text)
+
+
+def _expect_no_alert(path: str, text: str, name: str, caller: str, notes: List[str]) -> str:
+    """The last argument (should_alert) of the test's check_nondeterministic_alert(fn, caller,
+    should_alert) becomes False."""
+    span = _method(text, name)
+    if span is None:
+        if name in REQUIRED_ALERT_TESTS:
+            raise AnchorError(path, f"def {name}")
+        return text  # the cuDNN alert test exists only where #180417 is
+    body = text[span[0] : span[1]]
     c = re.search(r"self\.check_nondeterministic_alert\(", body)
     if c is None:
         raise AnchorError(path, f"self.check_nondeterministic_alert(...) in {name}")
@@ -559,24 +539,27 @@ def _expect_no_alert(path: str, text: str, dims: int, notes: List[str]) -> str:
         raise AnchorError(path, f"check_nondeterministic_alert(fn, '{caller}', should_alert)",
                           f"arguments {args}")
     if args[2] == "False":
-        notes.append(f"{path}: {dims}D alert test already expects no alert")
+        notes.append(f"{path}: {name} already expects no alert")
         return text
     arg_start = body.rfind(args[2], 0, close)
+    ls = _line_start(body, c.start())
     cind = _indent_of(body, c.start())
-    comment = (f"{cind}# The CUDA backward of {dims}D grid_sample has a deterministic implementation\n"
-               f"{cind}# (GridSamplerDeterministic.cu), so there is no alert on any device.\n")
-    body = (body[: _line_start(body, c.start())] + comment + body[_line_start(body, c.start()) : arg_start]
-            + "False" + body[arg_start + len(args[2]) :])
-    return text[: m.end()] + body + text[end:]
+    comment = (f"{cind}# The backward has a deterministic implementation on every device and\n"
+               f"{cind}# route (Note [Enabling Deterministic Operations]): no alert.\n")
+    body = body[:ls] + comment + body[ls:arg_start] + "False" + body[arg_start + len(args[2]) :]
+    return text[: span[0]] + body + text[span[1] :]
 
 
 def edit_test_torch(path: str, text: str, notes: List[str]) -> str:
-    for dims in DIMS:
-        text = _expect_no_alert(path, text, dims, notes)
+    for name, caller in ALERT_TESTS:
+        text = _expect_no_alert(path, text, name, caller, notes)
     return text
 
 
-NN_TESTS = '''\
+# The tests the patch adds to test/test_nn.py's TestNNDeviceType, each only where the checkout's own
+# deterministic grid_sample tests (upstream main has six, from #196856) do not already check the
+# behaviour: see NN_TESTS' `covered`.
+NN_HELPERS = '''\
     def _grid_sample_grads(self, input, grid, grad_output, **kwargs):
         input = input.detach().clone().requires_grad_()
         grid = grid.detach().clone().requires_grad_()
@@ -595,9 +578,6 @@ NN_TESTS = '''\
                     actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
                     self.assertEqual(actual[0], expected[0], atol=0, rtol=0)
                     self.assertEqual(actual[1], expected[1], atol=0, rtol=0)
-                # Only the grid gradient requested: nothing to alert about.
-                g = grid.detach().clone().requires_grad_()
-                F.grid_sample(input, g, **kwargs).backward(grad_output)
 
     def _check_grid_sample_backward_matches_default(self, input, grid, grad_output, modes):
         for mode, padding_mode, align_corners in product(
@@ -609,6 +589,38 @@ NN_TESTS = '''\
             self.assertEqual(actual[0], expected[0])
             self.assertEqual(actual[1], expected[1])
 
+'''
+
+
+@dataclass(frozen=True)
+class NNTest:
+    name: str
+    checks: str  # the behaviour, in words (notes, the commit message)
+    covered: Callable[[str], bool]  # does this upstream deterministic test's source check it too?
+    source: str  # decorators and method, indented for the class body
+
+
+def _every_padding_bitwise(src: str) -> bool:
+    return (all(re.search(rf"['\"]{p}['\"]", src) for p in ("zeros", "border", "reflection"))
+            and bool(re.search(r"atol=0, rtol=0|\.view\(torch\.u?int", src)))
+
+
+def _against_reference(src: str) -> bool:
+    return ".double()" in src  # a float64 (or CPU float64) oracle computed outside the guard
+
+
+def _cudnn_route(src: str) -> bool:
+    return "CudnnGridSamplerBackward" in src or "cudnn_grid_sampler(" in src
+
+
+def _grid_gradient_only(src: str) -> bool:
+    return bool(re.search(r"\(\s*False\s*,\s*True\s*\)|requires_grad_\(False\)", src))
+
+
+NN_TESTS = (
+    NNTest("test_grid_sample_2d_backward_deterministic",
+           "2-D backward bitwise reproducible for every mode, padding and align_corners, 4 dtypes",
+           _every_padding_bitwise, '''\
     @onlyCUDA
     @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
     def test_grid_sample_2d_backward_deterministic(self, device, dtype):
@@ -620,7 +632,10 @@ NN_TESTS = '''\
         grad_output = torch.randn(2, 3, 40, 37, device=device, dtype=dtype)
         self._check_grid_sample_backward_reproducible(
             input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
-
+'''),
+    NNTest("test_grid_sample_3d_backward_deterministic",
+           "3-D backward bitwise reproducible for every mode, padding and align_corners, 4 dtypes",
+           _every_padding_bitwise, '''\
     @onlyCUDA
     @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
     def test_grid_sample_3d_backward_deterministic(self, device, dtype):
@@ -631,7 +646,10 @@ NN_TESTS = '''\
         grad_output = torch.randn(2, 3, 9, 11, 10, device=device, dtype=dtype)
         self._check_grid_sample_backward_reproducible(
             input, grid, grad_output, ('bilinear', 'nearest'))
-
+'''),
+    NNTest("test_grid_sample_2d_backward_deterministic_matches_default",
+           "2-D deterministic gradients agree with the default backward",
+           _against_reference, '''\
     @onlyCUDA
     @dtypes(torch.float, torch.double)
     def test_grid_sample_2d_backward_deterministic_matches_default(self, device, dtype):
@@ -641,7 +659,10 @@ NN_TESTS = '''\
         grad_output = torch.randn(2, 4, 23, 29, device=device, dtype=dtype)
         self._check_grid_sample_backward_matches_default(
             input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
-
+'''),
+    NNTest("test_grid_sample_3d_backward_deterministic_matches_default",
+           "3-D deterministic gradients agree with the default backward",
+           _against_reference, '''\
     @onlyCUDA
     @dtypes(torch.float, torch.double)
     def test_grid_sample_3d_backward_deterministic_matches_default(self, device, dtype):
@@ -651,12 +672,15 @@ NN_TESTS = '''\
         grad_output = torch.randn(2, 4, 8, 9, 7, device=device, dtype=dtype)
         self._check_grid_sample_backward_matches_default(
             input, grid, grad_output, ('bilinear', 'nearest'))
-
+'''),
+    NNTest("test_grid_sample_2d_backward_deterministic_cudnn",
+           "the cuDNN route's backward is the deterministic one",
+           _cudnn_route, '''\
     @onlyCUDA
     @unittest.skipIf(not TEST_CUDNN, 'CUDNN not available')
     def test_grid_sample_2d_backward_deterministic_cudnn(self, device):
         # Bilinear, zeros, align_corners=True is the combination the composite
-        # grid_sampler can hand to cuDNN; cudnn_grid_sampler can also be called
+        # grid_sampler hands to cuDNN; cudnn_grid_sampler can also be called
         # directly. In deterministic mode both backwards are the deterministic one.
         torch.manual_seed(0)
         input = torch.randn(2, 3, 8, 8, device=device)
@@ -673,46 +697,119 @@ NN_TESTS = '''\
                 torch.cudnn_grid_sampler(i, g).backward(grad_output)
                 self.assertEqual(i.grad, expected[0], atol=0, rtol=0)
                 self.assertEqual(g.grad, expected[1], atol=0, rtol=0)
+'''),
+    NNTest("test_grid_sample_backward_deterministic_grid_only",
+           "with only the grid gradient requested, no alert and the same bits on repeat",
+           _grid_gradient_only, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_grid_only(self, device):
+        # Without grad_input the backward has one writer per grid gradient element:
+        # deterministic mode runs it with no alert, and its bits repeat.
+        torch.manual_seed(0)
+        for dims in (2, 3):
+            input = torch.randn((2, 3) + (5,) * dims, device=device)
+            grid = torch.rand((2,) + (7,) * dims + (dims,), device=device) * 0.6 - 0.3
+            grid.requires_grad_()
+            grad_output = torch.randn((2, 3) + (7,) * dims, device=device)
+            with DeterministicGuard(True):
+                grads = [torch.autograd.grad(F.grid_sample(input, grid, align_corners=False),
+                                             grid, grad_output)[0] for _ in range(3)]
+            for grad in grads[1:]:
+                self.assertEqual(grad, grads[0], atol=0, rtol=0)
+'''),
+)
+NN_TEST_NAMES = tuple(t.name for t in NN_TESTS)
+NN_TEST_NEEDS = ("onlyCUDA", "dtypes", "product", "TEST_CUDNN", "unittest", "F", "torch")
 
-'''
-NN_TEST_NAMES = tuple(re.findall(r"def (test_\w+)\(", NN_TESTS))
+
+def _module_imports(path: str, text: str) -> collections.Counter:
+    """How many times each name is bound by a module-level import (what F811 counts)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as e:
+        raise AnchorError(path, "Python source", f"does not parse: {e.msg} (line {e.lineno})") from None
+    names = collections.Counter()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] += 1
+    return names
+
+
+def _test_methods(text: str, cls_start: int, cls_end: int) -> List[Tuple[str, int, int]]:
+    """(name, start, end) of each ``def test_*`` of a class (methods at 4 spaces), its decorators
+    and the blank lines after it included."""
+    out = []
+    next_member = re.compile(r"^ {0,4}\S", re.M)
+    for m in re.finditer(r"^    def (test_\w+)\(", text[:cls_end], re.M):
+        if m.start() < cls_start:
+            continue
+        start = m.start()
+        while True:
+            prev = text.rfind("\n", 0, start - 1) + 1
+            if re.match(r"    @", text[prev:start]):
+                start = prev
+            else:
+                break
+        end = next_member.search(text, text.index("\n", m.end()) + 1, cls_end)
+        out.append((m.group(1), start, end.start() if end else cls_end))
+    return out
+
+
+def upstream_deterministic_tests(text: str, cls_start: int, cls_end: int) -> Dict[str, str]:
+    """The checkout's own deterministic grid_sample tests (name -> source): test methods that run
+    grid_sample under DeterministicGuard or use_deterministic_algorithms, the kit's aside."""
+    found = {}
+    for name, start, end in _test_methods(text, cls_start, cls_end):
+        src = text[start:end]
+        if (name not in NN_TEST_NAMES and re.search(r"grid_sample", src)
+                and re.search(r"DeterministicGuard\(|use_deterministic_algorithms\(", src)):
+            found[name] = src
+    return found
 
 
 def edit_test_nn(path: str, text: str, notes: List[str]) -> str:
-    present = [n for n in NN_TEST_NAMES if f"def {n}(" in text]
-    if len(present) == len(NN_TEST_NAMES):
-        notes.append(f"{path}: deterministic grid_sample tests already present")
-        return text
-    if present:  # inserting the block again would redefine these
-        raise AnchorError(path, "def test_grid_sample_*_backward_deterministic*",
-                          f"only some of the tests present ({', '.join(present)}; an older detgrid "
-                          "patch?); restore the file first")
     cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
     if cls is None:
         raise AnchorError(path, "class TestNNDeviceType")
     nxt = re.compile(r"^\S", re.M).search(text, cls.end())
     cls_end = nxt.start() if nxt else len(text)
-    m = re.compile(r"^    def test_grid_sample\w*\(", re.M).search(text, cls.end(), cls_end)
-    if m is None:
-        raise AnchorError(path, "def test_grid_sample*(...) in TestNNDeviceType")
-    at = m.start()
-    while True:  # put the new tests above that test's decorators
-        prev = text.rfind("\n", 0, at - 1) + 1
-        if re.match(r"    @", text[prev:at]):
-            at = prev
+    upstream = upstream_deterministic_tests(text, cls.start(), cls_end)
+    wanted = []
+    for t in NN_TESTS:
+        if f"def {t.name}(" in text:
+            continue
+        by = [name for name, src in upstream.items() if t.covered(src)]
+        if by:
+            notes.append(f"{path}: not adding {t.name} ({t.checks}): upstream's {by[0]} checks it")
         else:
-            break
-    for name in ("onlyCUDA", "dtypes", "product", "TEST_CUDNN", "unittest"):
-        if not re.search(rf"^(?:from|import)\b[^\n]*\b{name}\b|^\s+[^\n]*\b{name}\b[^\n]*(?:,|\\)\s*$", text, re.M):
+            wanted.append(t)
+    if not wanted:
+        notes.append(f"{path}: deterministic grid_sample tests already present")
+        return text
+    imported = _module_imports(path, text)
+    for name in NN_TEST_NEEDS:
+        if not imported[name]:
             raise AnchorError(path, f"import of {name}", "the new tests need it")
-    text = text[:at] + NN_TESTS + text[at:]
-    if not re.search(r"^from torch\.testing\._internal\.common_utils import[^\n]*\bDeterministicGuard\b",
-                     text, re.M) and "DeterministicGuard," not in text:
+    methods = _test_methods(text, cls.start(), cls_end)
+    grid_tests = [m for m in methods if m[0].startswith("test_grid_sample")]
+    if not grid_tests:
+        raise AnchorError(path, "def test_grid_sample*(...) in TestNNDeviceType")
+    # after upstream's deterministic tests when there are some, else above the first grid_sample test
+    after = [m for m in methods if m[0] in upstream]
+    at = after[-1][2] if after else grid_tests[0][1]
+    block = "" if "def _grid_sample_grads(" in text else NN_HELPERS
+    block += "\n".join(t.source for t in wanted) + "\n"
+    text = text[:at] + block + text[at:]
+    if not imported["DeterministicGuard"]:
         im = re.search(r"^from torch\.testing\._internal\.common_utils import", text, re.M)
         if im is None:
             raise AnchorError(path, "from torch.testing._internal.common_utils import ...")
         text = (text[: im.start()] + "from torch.testing._internal.common_utils import DeterministicGuard\n"
                 + text[im.start() :])
+    twice = [n for n, k in _module_imports(path, text).items() if k > imported[n] and k > 1]
+    if twice:  # never redefine an import (flake8/ruff F811)
+        raise AnchorError(path, "imports", f"the edit would import {', '.join(twice)} twice")
     return text
 
 
@@ -799,16 +896,14 @@ def plan_randomness(tree: Path, p: Plan) -> None:
     for rel in NOTES:
         f = tree / rel
         if f.is_file():
-            old = f.read_bytes()
-            p.old[rel], p.new[rel] = old, edit_randomness(rel, old.decode("utf-8"), p.notes).encode("utf-8")
+            old = read_text(tree, rel)
+            p.old[rel], p.new[rel] = old.encode("utf-8"), edit_randomness(rel, old, p.notes).encode("utf-8")
             return
     p.notes.append(f"no {' or '.join(NOTES)}: no notes page to document grid_sample in")
 
 
 EDITS = (
     (CU, edit_gridsampler_cu),
-    (CUDA_CPP, edit_cuda_backward_alloc),
-    (COMPOSITE, edit_composite),
     (CUDNN, edit_cudnn),
     (INIT, edit_init_doc),
     (TEST_TORCH, edit_test_torch),
@@ -816,7 +911,7 @@ EDITS = (
 )
 
 
-# --------------------------------------------------------------------------- plan / apply
+# --------------------------------------------------------------------------- plan
 
 
 def _git(tree: Path, *args: str) -> Optional[str]:
@@ -824,24 +919,32 @@ def _git(tree: Path, *args: str) -> Optional[str]:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def read_text(root: Path, rel: str) -> str:
+    """A file the patch reads, as UTF-8; AnchorError (one line, naming the file) otherwise."""
+    data = (Path(root) / rel).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AnchorError(rel, rel, f"not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
 def detect_base(tree: Path) -> Base:
-    vt = tree / "version.txt"
-    if not vt.is_file():
-        raise AnchorError("version.txt", "version.txt", "not a PyTorch checkout")
-    is_git = _git(tree, "rev-parse", "--show-toplevel") is not None and \
-        Path(_git(tree, "rev-parse", "--show-toplevel")).resolve() == tree.resolve()
+    """The checkout's version and git state; AnchorError naming ``tree`` when it is no git
+    checkout of PyTorch (the journal, the commit and the patch file all need git)."""
+    tree = Path(tree)
+    if not (tree / "version.txt").is_file():
+        raise NotUsable(str(tree), f"{tree} is not a PyTorch checkout (no version.txt)")
+    top = _git(tree, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != tree.resolve():
+        raise NotUsable(str(tree), f"{tree} is not the top of a git checkout")
+    head = _git(tree, "rev-parse", "--verify", "-q", "HEAD")
+    if head is None:
+        raise NotUsable(str(tree), f"{tree} has no commit to build the change on")
     return Base(
-        version_txt=vt.read_text().strip(),
-        describe=_git(tree, "describe", "--tags", "--exact-match") if is_git else None,
-        head=_git(tree, "rev-parse", "HEAD") if is_git else None,
-        is_git=is_git,
+        version_txt=read_text(tree, "version.txt").strip(),
+        describe=_git(tree, "describe", "--tags", "--exact-match"),
+        head=head,
     )
-
-
-def dirty_paths(tree: Path) -> List[str]:
-    r = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                       capture_output=True, text=True)
-    return [line[3:] for line in r.stdout.splitlines() if line.strip()]
 
 
 def check_kit_header(path: str, header: bytes) -> None:
@@ -853,163 +956,176 @@ def check_kit_header(path: str, header: bytes) -> None:
             raise AnchorError(path, f"void {det}(...);", f"the kit does not declare the {dims}D launcher")
 
 
-def plan(tree: Path, kit_root: Optional[Path] = None) -> Plan:
-    # DETGRID_KIT_ROOT: take aten_kernels/ from another checkout of the kit (e.g. `git archive HEAD`)
-    kit_root = Path(kit_root or os.environ.get("DETGRID_KIT_ROOT") or KIT_ROOT)
-    tree = Path(tree)
+def kit_root(explicit: Optional[Path] = None) -> Path:
+    """Where aten_kernels/ is: ``explicit``, DETGRID_KIT_ROOT (e.g. a `git archive` of the kit),
+    else the checkout this module runs from; AnchorError when the kernel sources are not there
+    (a non-editable install copies the package, not aten_kernels/)."""
+    root = Path(explicit or os.environ.get("DETGRID_KIT_ROOT") or KIT_ROOT)
+    if not (root / "aten_kernels" / KERNEL_DIR).is_dir():
+        raise NotUsable(str(root), f"no kernel sources under {root}/aten_kernels: install the kit "
+                        "editable (pip install -e KIT) or set DETGRID_KIT_ROOT=KIT")
+    return root
+
+
+def _notes_kernel_names(pl: Plan, kernel_source: str) -> None:
+    """Upstream tests that assert another implementation's CUDA kernel names (a profiler check
+    such as ``any("make_records" in name ...)``) will fail with this kernel: say so."""
+    text = pl.new[TEST_NN].decode("utf-8")
+    for name in sorted(set(re.findall(r"""any\(\s*['"](\w+)['"] in \w+ for""", text))):
+        if name not in kernel_source:
+            users = [t for t, src in _all_test_sources(text).items() if f'"{name}"' in src or f"'{name}'" in src]
+            pl.notes.append(f"{TEST_NN}: {', '.join(users)} expects a CUDA kernel named {name!r}, which "
+                            "this kernel lacks: kept as written, it will fail until adapted")
+
+
+def _all_test_sources(text: str) -> Dict[str, str]:
+    return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
+
+
+def plan(tree: Path, kit: Optional[Path] = None) -> Plan:
+    """Every edit, in memory; nothing is written."""
+    tree, kit = Path(tree), kit_root(kit)
     p = Plan(base=detect_base(tree))
     for name in KERNEL_FILES:
-        src = kit_root / "aten_kernels" / KERNEL_DIR / name
         rel = f"{KERNEL_DIR}/{name}"
         dst = tree / rel
         p.old[rel] = dst.read_bytes() if dst.exists() else None
-        p.new[rel] = src.read_bytes()
+        p.new[rel] = (kit / "aten_kernels" / rel).read_bytes()
         if p.old[rel] is not None and p.old[rel] != p.new[rel]:
             p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
     check_kit_header(f"aten_kernels/{KERNEL_DIR}/{DET_HEADER}", p.new[f"{KERNEL_DIR}/{DET_HEADER}"])
     for rel, fn in EDITS:
-        f = tree / rel
-        if not f.is_file():
+        if not (tree / rel).is_file():
             raise AnchorError(rel, rel, "file missing")
-        old = f.read_bytes()
+        old = read_text(tree, rel)
         try:
-            new = fn(rel, old.decode("utf-8"), p.notes).encode("utf-8")
+            new = fn(rel, old, p.notes)
         except ValueError as e:
-            raise AnchorError(rel, fn.__name__, f"cannot parse: {e}")
-        p.old[rel], p.new[rel] = old, new
+            raise AnchorError(rel, fn.__name__, f"cannot parse: {e}") from None
+        p.old[rel], p.new[rel] = old.encode("utf-8"), new.encode("utf-8")
     # only the tree's headers tell whether an include served the deterministic branch we replaced
     p.new[CU] = drop_stale_includes(tree, CU, p.old[CU].decode("utf-8"), p.new[CU].decode("utf-8"),
                                     p.notes).encode("utf-8")
     plan_randomness(tree, p)
+    _notes_kernel_names(p, p.new[f"{KERNEL_DIR}/GridSamplerDeterministic.cu"].decode("utf-8"))
     return p
 
 
-def apply(tree: Path, pl: Plan, fail_after: Optional[int] = None) -> List[str]:
-    """Write every changed file: temporaries first, then renames; restore all on any error."""
-    tree = Path(tree)
-    changed = pl.changed
-    tmps: Dict[str, Path] = {}
-    done: List[str] = []
-    try:
-        for rel in changed:
-            dst = tree / rel
-            tmp = dst.with_name(f".{dst.name}.detgrid-tmp")
-            tmp.write_bytes(pl.new[rel])
-            if dst.exists():
-                os.chmod(tmp, dst.stat().st_mode & 0o7777)
-            tmps[rel] = tmp
-        for i, rel in enumerate(changed):
-            if fail_after is not None and i == fail_after:
-                raise OSError(f"simulated failure before writing {rel}")
-            os.replace(tmps.pop(rel), tree / rel)
-            done.append(rel)
-    except BaseException:
-        for rel in done:
-            dst = tree / rel
-            if pl.old[rel] is None:
-                dst.unlink()
-            else:
-                dst.write_bytes(pl.old[rel])
-        raise
-    finally:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)
+# --------------------------------------------------------------------------- commit message
+
+
+def _added_tests(pl: Plan, rel: str) -> List[str]:
+    before = set(re.findall(r"def (test_\w+)\(", (pl.old[rel] or b"").decode("utf-8")))
+    return [n for n in re.findall(r"def (test_\w+)\(", pl.new[rel].decode("utf-8")) if n not in before]
+
+
+def _updated_alert_tests(pl: Plan) -> List[str]:
+    old, new = (pl.old[TEST_TORCH] or b"").decode("utf-8"), pl.new[TEST_TORCH].decode("utf-8")
+    changed = []
+    for name, _ in ALERT_TESTS:
+        a, b = _method(old, name), _method(new, name)
+        if a and b and old[a[0] : a[1]] != new[b[0] : b[1]]:
+            changed.append(name)
     return changed
 
 
-# --------------------------------------------------------------------------- patch file
-
-COMMIT_MESSAGE = """\
-Subject: [PATCH] Add deterministic CUDA backward for grid_sampler_2d/3d
-
-Fixes #68959
-
-Under torch.use_deterministic_algorithms(True), the CUDA backward of
-grid_sample raised "grid_sampler_2d_backward_cuda does not have a
-deterministic implementation" (grid_sampler_3d_backward_cuda for 5-D
-inputs) because grad_input is scattered with atomicAdd. This adds a
-deterministic path for both, taken when deterministic algorithms are on
-and the input gradient is requested:
-
-1. point pass, one thread per output point: grid gradient (single writer)
-   and one (destination pixel or voxel, record id, weight) record per tap;
-2. stable radix sort of the records by destination (at::cuda::cub);
-3. reduce without atomics, one writer per grad_input element, in a
-   canonical order that does not depend on GPU model, launch
-   configuration or chunking: over every element when grad_input has no
-   more pixels than a chunk has records (zeros written by the same pass),
-   else over the touched pixels after a zero fill.
-
-Workspace comes from the caching allocator and is bounded independently
-of the grid values and of the input size (chunks of about 2^21 records,
-about 64 MiB). Non-finite grid
-coordinates never form an index. When only the grid gradient is
-requested the existing kernel runs and no alert is raised (it has a
-single writer per element). grid_sampler_{2d,3d}_backward_cuda allocate
-grad_input with empty_like instead of zeros_like in deterministic mode,
-since the deterministic path writes every element.
-
-In deterministic mode the composite grid_sampler no longer picks cuDNN,
-and cudnn_grid_sampler_backward delegates to grid_sampler_2d_backward
-(cudnn_grid_sampler is bilinear/zeros/align_corners=True).
-
-Test Plan:
-python test/test_nn.py -k test_grid_sample_2d_backward_deterministic
-python test/test_nn.py -k test_grid_sample_3d_backward_deterministic
-python test/test_torch.py -k test_nondeterministic_alert_grid_sample
-"""
+def _kept_upstream_tests(pl: Plan) -> List[str]:
+    text = pl.new[TEST_NN].decode("utf-8")
+    cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
+    nxt = re.compile(r"^\S", re.M).search(text, cls.end())
+    return sorted(upstream_deterministic_tests(text, cls.start(), nxt.start() if nxt else len(text)))
 
 
-def _diff_file(rel: str, old: Optional[bytes], new: bytes) -> str:
-    a = old.decode("utf-8").splitlines(keepends=True) if old is not None else []
-    b = new.decode("utf-8").splitlines(keepends=True)
-    head = f"diff --git a/{rel} b/{rel}\n"
-    if old is None:
-        head += "new file mode 100644\n"
-    lines = list(difflib.unified_diff(a, b, "/dev/null" if old is None else f"a/{rel}", f"b/{rel}", n=3))
-    out = []
-    for ln in lines:
-        if ln.startswith(("---", "+++")):
-            out.append(ln.rstrip("\n").rstrip() + "\n" if not ln.endswith("\n") else ln)
-            continue
-        if not ln.endswith("\n"):
-            ln += "\n\\ No newline at end of file\n"
-        out.append(ln)
-    # difflib writes "--- a/x\t" style headers with dates only when given; normalise anyway
-    out = [re.sub(r"^(---|\+\+\+) (\S+).*\n", r"\1 \2\n", ln) if ln.startswith(("--- ", "+++ ")) else ln
-           for ln in out]
-    return head + "".join(out)
-
-
-def render_patch(pl: Plan) -> str:
+def commit_message(pl: Plan) -> str:
+    """Subject, body and test plan, saying only what this plan changes."""
+    changed = set(pl.changed)
     parts = [
-        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n",
-        "From: detgrid <detgrid@users.noreply.github.com>\n",
-        COMMIT_MESSAGE,
-        f"\nGenerated by `detgrid patch` against {pl.base.label} (version.txt {pl.base.version_txt}).\n",
-        "---\n",
+        "Add deterministic CUDA backward for grid_sampler_2d/3d",
+        "",
+        "Fixes #68959",
     ]
+    if any(f"{KERNEL_DIR}/{n}" in changed for n in KERNEL_FILES) or CU in changed:
+        parts += ["", textwrap.fill(
+            "Under torch.use_deterministic_algorithms(True), the CUDA backward of grid_sample "
+            "scatters grad_input with atomicAdd and so alerts (grid_sampler_2d_backward_cuda, "
+            "grid_sampler_3d_backward_cuda). With the input gradient requested, deterministic mode "
+            "now takes GridSamplerDeterministic.cu instead: a point pass (grid gradient, single "
+            "writer; one record per tap), a stable radix sort of the records by destination "
+            "(at::cuda::cub), and a reduction with one writer per grad_input element in a canonical "
+            "order that depends only on shapes and grid values, not on GPU model, launch "
+            "configuration or chunking. Workspace comes from the caching allocator, in chunks of "
+            "about 2^21 records whatever the input size. Non-finite grid coordinates never form an "
+            "index. With only the grid gradient requested the existing kernel runs, without an "
+            "alert: it has a single writer per element.", 72)]
+    if CUDNN in changed:
+        parts += ["", textwrap.fill(
+            "cudnn_grid_sampler_backward, after its argument checks, delegates to "
+            "grid_sampler_2d_backward in deterministic mode (cudnn_grid_sampler is "
+            "bilinear/zeros/align_corners=True); the forward stays on cuDNN, so forward results "
+            "do not change.", 72)]
+    docs = [d for d, rel in (("the use_deterministic_algorithms docstring", INIT),
+                             ("the reproducibility notes", NOTES[0]),
+                             ("the reproducibility notes", NOTES[1])) if rel in changed]
+    if docs:
+        parts += ["", textwrap.fill(f"Docs: {' and '.join(dict.fromkeys(docs))} list grid_sample's "
+                                    "CUDA backward as deterministic.", 72)]
+    added, alerts = _added_tests(pl, TEST_NN), _updated_alert_tests(pl)
+    run = [*added, *(t for t in _kept_upstream_tests(pl) if t not in added)]
+    if added or alerts:
+        parts += ["", "Tests:"]
+        parts += [f"- test_nn.py: adds {n}" for n in added]
+        parts += [f"- test_torch.py: {n} expects no alert" for n in alerts]
+    parts += ["", "Test Plan:"]
+    if run:
+        parts.append(f"python test/test_nn.py -k '{' or '.join(run)}'")
+    parts.append("python test/test_torch.py -k test_nondeterministic_alert_grid_sample")
+    return "\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------- --check
+
+
+def check(tree: Path, pl: Plan) -> Tuple[bool, str]:
+    """Build the planned change in a temporary copy of the files it touches, as a patch, and
+    check with `git apply --check` that the patch applies to ``tree`` (nothing in it is written).
+    Python files the change edits must still compile."""
+    if not pl.changed:
+        return True, "already applied: nothing to change"
     for rel in pl.changed:
-        parts.append(_diff_file(rel, pl.old[rel], pl.new[rel]))
-    parts.append("-- \ndetgrid patch\n")
-    return "".join(parts)
+        if rel.endswith(".py"):
+            try:
+                compile(pl.new[rel], rel, "exec")
+            except SyntaxError as e:
+                return False, f"{rel}: the change would not compile: {e.msg} (line {e.lineno})"
+    env = dict(os.environ, GIT_AUTHOR_NAME="detgrid --check", GIT_AUTHOR_EMAIL="check@localhost",
+               GIT_COMMITTER_NAME="detgrid --check", GIT_COMMITTER_EMAIL="check@localhost")
+    with tempfile.TemporaryDirectory(prefix="detgrid-check-") as tmp:
+        copy = Path(tmp) / "copy"
+        for rel in pl.changed:
+            if pl.old[rel] is not None:
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                (copy / rel).write_bytes(pl.old[rel])
+        copy.mkdir(exist_ok=True)
 
+        def git(*args):
+            return subprocess.run(["git", "-C", str(copy), *args], capture_output=True, env=env, check=True)
 
-def default_out(pl: Plan) -> Path:
-    return KIT_ROOT / "patches" / f"{pl.base.label}.patch"
-
-
-def check_patch(tree: Path, patch_file: Path) -> Tuple[bool, str]:
-    """Does patch_file apply cleanly to tree (or is it already applied)?"""
-    def git_apply(*extra):
-        return subprocess.run(["git", "apply", "--check", *extra, str(patch_file.resolve())],
-                              cwd=tree, capture_output=True, text=True)
-    r = git_apply()
-    if r.returncode == 0:
-        return True, f"{patch_file} applies cleanly"
-    if git_apply("--reverse").returncode == 0:
-        return True, f"{patch_file} is already applied"
-    return False, f"{patch_file} does not apply: {r.stderr.strip()}"
+        try:
+            git("init", "-q")
+            git("add", "-A")
+            git("commit", "-q", "--allow-empty", "-m", "before")
+            for rel in pl.changed:
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                (copy / rel).write_bytes(pl.new[rel])
+            git("add", "-A")
+            diff = Path(tmp) / "change.patch"
+            diff.write_bytes(git("diff", "--cached", "--binary").stdout)
+        except subprocess.CalledProcessError as e:
+            return False, f"could not build the change in {copy}: git {e.cmd[3]} failed"
+        r = subprocess.run(["git", "apply", "--check", str(diff)], cwd=tree, capture_output=True, text=True)
+    if r.returncode != 0:
+        return False, f"the change does not apply: {r.stderr.strip().splitlines()[0]}"
+    return True, f"applies: {len(pl.changed)} files ({', '.join(pl.changed)})"
 
 
 # --------------------------------------------------------------------------- lint (new files)
@@ -1022,7 +1138,11 @@ def lint_new_files(tree: Path, files: Dict[str, bytes]) -> List[str]:
     linters = []
     if cfg.is_file():
         import tomllib
-        for ln in tomllib.loads(cfg.read_text()).get("linter", []):
+        try:
+            config = tomllib.loads(read_text(tree, ".lintrunner.toml"))
+        except tomllib.TOMLDecodeError as e:
+            raise AnchorError(".lintrunner.toml", ".lintrunner.toml", f"not TOML: {e}") from None
+        for ln in config.get("linter", []):
             cmd = ln.get("command", [])
             pats = [c.split("=", 1)[1] for c in cmd if c.startswith("--pattern=")]
             allow = [c.split("=", 1)[1] for c in cmd if c.startswith("--allowlist-pattern=")]
@@ -1050,72 +1170,115 @@ def lint_new_files(tree: Path, files: Dict[str, bytes]) -> List[str]:
 
 # --------------------------------------------------------------------------- CLI
 
+EXIT_OK, EXIT_ANCHOR, EXIT_DIRTY, EXIT_CHECK, EXIT_USAGE = 0, 1, 2, 3, 4
+
+
+class UsageError(Exception):
+    """A bad argument or environment, found before anything is written; one line for the user."""
+
+
+def validate_out(out: Path) -> Path:
+    """The patch file's path must be writable before the tree is touched."""
+    out = Path(out).absolute()
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: {out.parent} is not an existing directory")
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise UsageError(f"--out {out}: not writable")
+    return out
+
+
+def refuse_pending(tree: Path) -> None:
+    """Planning on a tree that an interrupted apply left half-written would describe that state."""
+    journal = patch_apply.journal_path(tree)
+    if journal.exists():
+        raise NotUsable(str(tree), f"{journal} records an interrupted apply: run `detgrid patch "
+                        f"--pytorch {tree}` to finish or roll it back first")
+
+
+def default_out(base: Base, kit: Path) -> Path:
+    return kit / "patches" / f"{base.label}.patch"
+
+
+def _refuse_dirty(tree: Path, pl: Plan, allow_dirty: bool) -> Optional[str]:
+    """Why the tree must not be patched, or None. Files the change writes must always be clean
+    (not modified, not untracked): the commit would otherwise carry the user's edits. Other
+    uncommitted changes are refused too unless --allow-dirty; they stay out of the commit."""
+    touched = patch_apply.dirty(tree, sorted(pl.new))
+    if touched:
+        return (f"{tree}: files the change writes have uncommitted changes ({', '.join(touched[:5])}"
+                f"{' ...' if len(touched) > 5 else ''}); commit or stash them")
+    others = patch_apply.dirty(tree)
+    if others and not allow_dirty:
+        return (f"{tree} has uncommitted changes ({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}); "
+                "commit or stash them, or pass --allow-dirty to leave them out of the commit")
+    return None
+
 
 def run(args: argparse.Namespace) -> int:
-    tree = Path(args.pytorch).resolve()
     try:
-        base = detect_base(tree)
-    except AnchorError as e:
+        return _run(args)
+    except (AnchorError, UsageError, patch_apply.ApplyError) as e:
         print(f"detgrid patch: {e}", file=sys.stderr)
-        return EXIT_ANCHOR
+        return EXIT_USAGE if isinstance(e, UsageError) else EXIT_ANCHOR
+    except KeyboardInterrupt:  # before the apply started (the apply turns it into ApplyError)
+        print("detgrid patch: interrupted before anything was written", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    tree = Path(args.pytorch).absolute()
+    if not tree.is_dir():
+        raise UsageError(f"--pytorch {tree}: no such directory")
+    base = detect_base(tree)
     print(f"base: {base.label} ({base})")
     if args.check:
-        patch_file = Path(args.out) if args.out else KIT_ROOT / "patches" / f"{base.label}.patch"
-        ok, msg = check_patch(tree, patch_file)
-        print(msg)
-        return EXIT_OK if ok else EXIT_CHECK
-    try:
-        pl = plan(tree)
-    except AnchorError as e:
-        print(f"detgrid patch: {e} (base {base.label}: {base}); nothing was changed", file=sys.stderr)
-        return EXIT_ANCHOR
+        refuse_pending(tree)  # --check writes nothing, so it cannot finish one
+    else:
+        done = patch_apply.recover(tree)
+        if done:
+            print(f"recovered: {done}")
+    pl = plan(tree)
     for n in pl.notes:
         print(f"note: {n}")
-    if pl.changed and base.is_git and not args.allow_dirty:
-        dirty = dirty_paths(tree)
-        if dirty:
-            print(f"detgrid patch: {tree} has uncommitted changes ({', '.join(dirty[:5])}"
-                  f"{' ...' if len(dirty) > 5 else ''}); commit or stash them, or pass --allow-dirty;"
-                  " nothing was changed", file=sys.stderr)
-            return EXIT_DIRTY
+    if args.check:
+        ok, msg = check(tree, pl)
+        print(msg)
+        return EXIT_OK if ok else EXIT_CHECK
+    why = _refuse_dirty(tree, pl, args.allow_dirty)
+    if why:
+        print(f"detgrid patch: {why}; nothing was changed", file=sys.stderr)
+        return EXIT_DIRTY
     for problem in lint_new_files(tree, {r: pl.new[r] for r in pl.changed if pl.old[r] is None}):
         print(f"lint: {problem}")
     if not pl.changed:
         print("already applied: nothing to change")
         return EXIT_OK
-    patch_text = render_patch(pl)
-    try:
-        written = apply(tree, pl, fail_after=_fail_after())
-    except Exception as e:  # rolled back by apply()
-        print(f"detgrid patch: writing failed ({e}); every file was restored", file=sys.stderr)
-        return EXIT_ANCHOR
-    for rel in written:
+    out = validate_out(Path(args.out) if args.out else default_out(base, kit_root()))
+    author = patch_apply.identity(tree)
+    commit = patch_apply.apply(tree, {rel: pl.new[rel] for rel in pl.changed}, commit_message(pl), out)
+    for rel in pl.changed:
         print(f"{'created' if pl.old[rel] is None else 'patched'} {rel}")
-    out = Path(args.out) if args.out else default_out(pl)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(patch_text)
-    os.replace(tmp, out)
+    print(f"committed {commit[:12]} as {author}")
     print(f"wrote {out}")
     return EXIT_OK
-
-
-def _fail_after() -> Optional[int]:
-    v = os.environ.get("DETGRID_PATCH_FAIL_AFTER")  # test hook: simulate a write failure
-    return int(v) if v else None
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "patch",
-        help="apply the deterministic grid_sample backward to a PyTorch checkout and write a "
-        "format-patch file",
+        help="apply the deterministic grid_sample backward to a PyTorch checkout as one commit, "
+        "and write it as a format-patch file",
     )
-    p.add_argument("--pytorch", required=True, metavar="PATH", help="PyTorch source tree")
+    p.add_argument("--pytorch", required=True, metavar="PATH", help="PyTorch git checkout")
     p.add_argument("--check", action="store_true",
-                   help="only verify that the checked-in patch (or --out FILE) applies")
-    p.add_argument("--allow-dirty", action="store_true", help="patch a tree with uncommitted changes")
-    p.add_argument("--out", metavar="FILE", help="patch file (default patches/<base>.patch)")
+                   help="only plan the change, build it in a temporary copy and check that it "
+                   "applies; writes nothing")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="patch although files the change does not touch have uncommitted changes "
+                   "(they stay out of the commit); files it touches must be clean regardless")
+    p.add_argument("--out", metavar="FILE", help="patch file (default patches/<base>.patch in the kit)")
     p.set_defaults(handler=run)
     return p
 

@@ -1,15 +1,23 @@
-"""``detgrid report``: the upstream issue and PR bodies, filled from real runs on this machine.
+"""``detgrid report``: a comment for #68959 (linked from #196856) and a PR body, from real runs.
 
 ``gather()`` collects the evidence (``torch.utils.collect_env``, the repro scripts' ``--json`` output
-and exit codes, an optional pytest junit summary, the newest benchmark results, the patch's stats) into
-a ``Report``; ``render_issue()`` / ``render_pr()`` turn it into ``ISSUE.md`` (PyTorch's feature-request
-template) and ``PR.md`` (PyTorch's PR template, with the AI-assistance disclosure and an empty
-"Submitter's notes" section for the human). Nothing is invented: evidence that could not be gathered
-here (no GPU, tests not run, no benchmark results) is stated as such. The output holds no timestamps,
-so on one machine it is a pure function of the kit and the environment.
+and exit codes, an optional pytest junit summary, the newest benchmark results, the patch's stats,
+``detgrid patch --check`` on a checkout) into a ``Report``; ``render_comment()`` and ``render_pr()``
+turn it into ``COMMENT.md`` (about 300 words: what this implementation adds over #196856, an open
+PR on the same road, where a new feature request would duplicate #68959) and ``PR.md`` (one summary
+paragraph, the repro and the error, test plan, benchmarks, BC statement; the JSON, hashes and
+collect_env collapsed in one appendix).
+
+Claims are measured here or cited with what was checked and when; what could not be gathered (no
+GPU, tests not run, no benchmark results) is said as such. Per PyTorch's ``AI_POLICY.md`` every
+body holds its generated text in a quote, under a disclosure, after a "Human notes" section for the
+submitter's own words (``--notes FILE``); without them the body is marked DRAFT, and ``--final``
+refuses. The output holds no timestamps: on one machine it is a pure function of the kit, the
+environment and the notes.
 """
 
 import argparse
+import collections
 import glob
 import json
 import os
@@ -18,7 +26,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -26,7 +34,6 @@ KIT_ROOT = Path(__file__).resolve().parents[2]
 REPRO_SCRIPTS = ("show_error.py", "show_nondeterminism.py", "show_fix.py")
 EXIT_MEANING = {0: "claims held", 1: "FAILED", 77: "not checkable here"}
 ENV_BEGIN, ENV_END = "<!-- collect_env: begin -->", "<!-- collect_env: end -->"
-NOT_RUN_TESTS = "not run by this report (pass `--junit FILE` from `pytest --junitxml FILE`)"
 
 # (exit code, stdout, stderr) of a command run in a directory
 Runner = Callable[[Sequence[str], Path], Tuple[int, str, str]]
@@ -66,9 +73,8 @@ class FileStat:
 @dataclass
 class PatchStats:
     path: str  # relative to the kit's root
-    base_label: Optional[str]
-    version_txt: Optional[str]
-    commit: Optional[str]
+    base_label: str
+    commit: Optional[str]  # the base commit format-patch recorded, if it did
     files: List[FileStat]
 
     @property
@@ -110,9 +116,10 @@ class Checkout:
     path: str
     base_label: str
     base: str  # detgrid.patch.Base's description
-    patch: Optional[PatchStats]
-    applies: Optional[str]  # `git apply --check` outcome, None when there is no patch
-    lint: Optional[List[str]]  # the checkout's grep linters on the new files
+    check: str  # `detgrid patch --check`'s verdict (the change built in a temporary copy)
+    applies: bool
+    notes: List[str]  # the patch tool's notes on this checkout
+    lint: List[str]  # the checkout's grep linters on the new files
 
 
 @dataclass
@@ -124,7 +131,12 @@ class Report:
     bench: Optional[BenchResults]
     patches: List[PatchStats]
     checkout: Optional[Checkout] = None
-    notes: List[str] = field(default_factory=list)
+    submitter_notes: str = ""  # the human's own words; empty keeps the bodies drafts
+    installed_doc: Optional[str] = None  # installed_doc_lists_grid_sample()
+
+    @property
+    def draft(self) -> bool:
+        return not self.submitter_notes
 
     @property
     def failed(self) -> List[ScriptRun]:
@@ -152,13 +164,6 @@ def environment() -> Dict[str, Any]:
             "machine": platform.machine()}
 
 
-def signature(env: Dict[str, Any]) -> str:
-    """The set-up a report was made on, one line (rendered into ISSUE.md and PR.md)."""
-    device = f"CUDA device {env['device_name']}" if env["cuda_available"] else "no CUDA device"
-    return (f"torch {env['torch']}, Python {env['python']}, {device}, "
-            f"{env['machine']} CPU ({env['cpu_capability']})")
-
-
 def collect_env(runner: Runner = run_command, cwd: Path = KIT_ROOT) -> str:
     """`python -m torch.utils.collect_env`'s stdout, verbatim."""
     rc, out, err = runner([sys.executable, "-m", "torch.utils.collect_env"], cwd)
@@ -179,35 +184,71 @@ def run_repro(kit_root: Path = KIT_ROOT, runner: Runner = run_command) -> List[S
     return runs
 
 
+class ReportError(Exception):
+    """A bad argument, found before anything runs; the message is one line for the user."""
+
+
 def parse_junit(path: str) -> TestSummary:
-    root = ET.parse(path).getroot()
+    """The summary of a `pytest --junitxml` file; ReportError when it is missing or malformed."""
+    try:
+        root = ET.parse(path).getroot()
+    except OSError as e:
+        raise ReportError(f"--junit {path}: {e.strerror or e}") from None
+    except ET.ParseError as e:
+        raise ReportError(f"--junit {path}: not junit XML ({e})") from None
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    if not suites:
+        raise ReportError(f"--junit {path}: no <testsuite> element")
 
     def total(key: str) -> int:
         return sum(int(s.get(key, 0)) for s in suites)
 
-    return TestSummary(source=path, tests=total("tests"), failures=total("failures"),
-                       errors=total("errors"), skipped=total("skipped"),
-                       time_s=sum(float(s.get("time", 0)) for s in suites))
+    try:
+        return TestSummary(source=path, tests=total("tests"), failures=total("failures"),
+                           errors=total("errors"), skipped=total("skipped"),
+                           time_s=sum(float(s.get("time", 0)) for s in suites))
+    except ValueError as e:
+        raise ReportError(f"--junit {path}: a count is not a number ({e})") from None
+
+
+def read_notes(path: Optional[str]) -> str:
+    """The submitter's own notes (Markdown), '' without a file; HTML comments do not count."""
+    if not path:
+        return ""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"--notes {path}: {getattr(e, 'strerror', None) or e}") from None
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S).strip()
+
+
+def installed_doc_lists_grid_sample() -> Optional[str]:
+    """Which list of the installed torch's use_deterministic_algorithms docstring has CUDA
+    grid_sample: 'act' (deterministic), 'throw', or None (in neither)."""
+    import torch
+
+    doc = torch.use_deterministic_algorithms.__doc__ or ""
+    entry = "grid_sample` when attempting to differentiate a CUDA tensor"
+    act, _, throw = doc.partition("will throw a")
+    return "act" if entry in act else "throw" if entry in throw else None
 
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
 def patch_stats(path: Path, kit_root: Path = KIT_ROOT) -> PatchStats:
-    """Files and lines of a `git format-patch`-style file (as `git apply --numstat` counts them),
-    and the base `detgrid patch` recorded in it; reads the file only."""
+    """Files and lines of a `git format-patch` file (as `git apply --numstat` counts them); the
+    base is the file's name (``patches/<base>.patch``) and its ``base-commit:`` trailer. Reads
+    the file only."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
-    label = version = commit = None
+    commit = None
     files: List[FileStat] = []
     i = 0
     while i < len(lines):
         line = lines[i]
-        m = re.match(r"Generated by `detgrid patch` against (\S+) \(version\.txt ([^)]+)\)", line)
-        if m and not files:
-            label, version = m.group(1), m.group(2)
-            g = re.search(r"\+g([0-9a-f]{7,40})$", label)
-            commit = g.group(1) if g else None
+        m = re.match(r"base-commit: ([0-9a-f]{7,40})$", line)
+        if m:
+            commit = m.group(1)
         if line.startswith("diff --git "):
             files.append(FileStat(line.split(" b/", 1)[-1], 0, 0, False))
         elif line.startswith("new file mode") and files:
@@ -237,7 +278,7 @@ def patch_stats(path: Path, kit_root: Path = KIT_ROOT) -> PatchStats:
         rel = str(Path(path).resolve().relative_to(Path(kit_root).resolve()))
     except ValueError:
         rel = str(path)
-    return PatchStats(rel, label, version, commit, files)
+    return PatchStats(rel, Path(path).stem, commit, files)
 
 
 def all_patch_stats(kit_root: Path = KIT_ROOT) -> List[PatchStats]:
@@ -264,37 +305,82 @@ def newest_bench(kit_root: Path = KIT_ROOT) -> Optional[BenchResults]:
 
 
 def inspect_checkout(tree: Path, kit_root: Path = KIT_ROOT) -> Checkout:
-    """Base detection, patch stats and `git apply --check` for a PyTorch checkout; writes nothing."""
+    """What `detgrid patch --check` finds on a checkout (the change planned and built in a
+    temporary copy), its notes and the grep linters on the new files; writes nothing."""
     from detgrid import patch
 
     tree = Path(tree).resolve()
     base = patch.detect_base(tree)
-    patch_file = kit_root / "patches" / f"{base.label}.patch"
-    if not patch_file.is_file():
-        return Checkout(str(tree), base.label, str(base), None, None, None)
-    ok, msg = patch.check_patch(tree, patch_file)
-    kernels = {f"{patch.KERNEL_DIR}/{n}": (kit_root / "aten_kernels" / patch.KERNEL_DIR / n).read_bytes()
-               for n in patch.KERNEL_FILES}
-    return Checkout(str(tree), base.label, str(base), patch_stats(patch_file, kit_root),
-                    ("applies: " if ok else "does NOT apply: ") + msg, patch.lint_new_files(tree, kernels))
+    patch.refuse_pending(tree)
+    pl = patch.plan(tree, kit_root)
+    applies, verdict = patch.check(tree, pl)
+    new_files = {rel: pl.new[rel] for rel in pl.changed if pl.old[rel] is None}
+    return Checkout(str(tree), base.label, str(base), verdict, applies, list(pl.notes),
+                    patch.lint_new_files(tree, new_files))
 
 
 def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root: Path = KIT_ROOT,
-           runner: Runner = run_command, env: Optional[Dict[str, Any]] = None) -> Report:
+           runner: Runner = run_command, env: Optional[Dict[str, Any]] = None,
+           notes: Optional[str] = None) -> Report:
+    """Everything the bodies say. The arguments are read and checked first: a bad --junit,
+    --notes or --pytorch fails before any script runs."""
     kit_root = Path(kit_root)
-    checkout = inspect_checkout(Path(pytorch), kit_root) if pytorch else None  # fails fast
+    tests = parse_junit(junit) if junit else None
+    submitter_notes = read_notes(notes)
+    checkout = inspect_checkout(Path(pytorch), kit_root) if pytorch else None
     return Report(
         environment=env if env is not None else environment(),
         collect_env=collect_env(runner, kit_root),
         repro=run_repro(kit_root, runner),
-        tests=parse_junit(junit) if junit else None,
+        tests=tests,
         bench=newest_bench(kit_root),
         patches=all_patch_stats(kit_root),
         checkout=checkout,
+        submitter_notes=submitter_notes,
+        installed_doc=installed_doc_lists_grid_sample(),
     )
 
 
 # --------------------------------------------------------------------------- rendering helpers
+
+# What was checked, and when, for each claim about upstream the bodies make (kit research notes,
+# shared/UPSTREAM.md, 2026-12-01)
+CHECKED_ON = "2026-12-01"
+PR_196856_STATE = (f"an open PR as far as checked (its stored thread, read {CHECKED_ON}, shows it open "
+                   "with no reviews)")
+MAIN_UNKNOWN = ("Whether commit 2046ae1a, which carries #196856's tests and docs, is on main is "
+                "unknown.")
+RELEASE_215 = (f"the 2.15.0 wheel's docstring lists CUDA grid_sample under *throw* (kit research "
+               f"notes, {CHECKED_ON})")
+NUMBERS_196856 = ("#196856's description reports, on a GB300: 2.00x faster at C=1024 channels-first, "
+                  "1.07x channels-last, and \"ordinary small-channel images become slower\"")
+# Context::alertNotDeterministic's message in v2.6.0 (aten/src/ATen/Context.cpp), for the 2-D op
+ALERT_TEXT = (
+    "grid_sampler_2d_backward_cuda does not have a deterministic implementation, but you set "
+    "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for this "
+    "operation, or you can use the 'warn_only=True' option, if that's acceptable for your "
+    "application. You can also file an issue at https://github.com/pytorch/pytorch/issues to help "
+    "us prioritize adding deterministic support for this operation.")
+
+AI_DISCLOSURE = (
+    "**AI-generated.** Everything in this quote was written by an AI coding assistant, through "
+    "the kit's `detgrid report`, from the runs it names. The human commentary is \"Human notes\" "
+    "above; the submitter answers for all of it (PyTorch's `AI_POLICY.md`).")
+NOTES_PLACEHOLDER = ("<!-- The submitter's own words: what you reviewed and ran yourself, and why "
+                     "you believe the change is right. `detgrid report --notes FILE` puts FILE here; "
+                     "until then this body is a draft. -->")
+DRAFT_BANNER = ("**DRAFT, not for {what}:** \"Human notes\" is empty. Pass `detgrid report --notes FILE` "
+                "with the submitter's own words.")
+
+SNIPPET = """\
+import torch
+import torch.nn.functional as F
+
+torch.use_deterministic_algorithms(True)
+x = torch.randn(2, 8, 32, 32, device="cuda", requires_grad=True)
+theta = torch.tensor([[0.25, 0.0, 0.0], [0.0, 0.25, 0.0]], device="cuda").expand(2, 2, 3)
+grid = F.affine_grid(theta, (2, 8, 128, 128), align_corners=False)  # zoom-in: many samples per pixel
+F.grid_sample(x, grid, align_corners=False).sum().backward()  # RuntimeError on CUDA"""
 
 
 def _fence(text: str, lang: str = "") -> str:
@@ -308,79 +394,9 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_claims(run: ScriptRun) -> str:
-    head = f"`{run.command}`: exit {run.exit_code}, **{run.status}**"
-    if not run.claims:
-        tail = run.stderr.strip().splitlines()[-5:]
-        return head + ("\n\n" + _fence("\n".join(tail)) if tail else "")
-    rows = ["| claim | status | detail |", "|---|---|---|"]
-    rows += [f"| {_cell(c['claim'])} | {_cell(c['status'])} | {_cell(c.get('detail', ''))} |"
-             for c in run.claims]
-    return head + "\n\n" + "\n".join(rows)
-
-
-def render_repro(report: Report) -> str:
-    parts = []
-    for run in report.repro:
-        parts.append(render_claims(run))
-        parts.append(f"<details><summary>{run.name} --json output, verbatim</summary>\n\n"
-                     f"{_fence(run.stdout or '(no output)', 'json')}\n\n</details>")
-    return "\n\n".join(parts)
-
-
-def render_stock_error(report: Report) -> str:
-    """What show_error.py captured on CUDA, verbatim, or why it could not."""
-    run = next((r for r in report.repro if r.name == "show_error.py"), None)
-    data = run.data if run else None
-    if data and data.get("device") == "cuda" and data.get("error_message"):
-        return ("Captured by `python repro/show_error.py` on "
-                f"{data.get('device_name')} (torch {data.get('torch')}), verbatim:\n\n"
-                + _fence("RuntimeError: " + data["error_message"]))
-    why = "show_error.py did not run" if run is None else f"show_error.py: {run.status}"
-    if data and data.get("device") != "cuda":
-        why = (f"the machine this report was generated on has no CUDA device, so neither the "
-               f"snippet nor `repro/show_error.py` could show it (exit {run.exit_code}, "
-               f"{run.status}): the error text was not captured here")
-    return ("The error (its first words are fixed by "
-            "`alertNotDeterministic(\"grid_sampler_2d_backward_cuda\")` in "
-            "`aten/src/ATen/native/cuda/GridSampler.cu`) is `grid_sampler_2d_backward_cuda does not "
-            f"have a deterministic implementation, ...`; {why}.")
-
-
-def render_patch_stats(stats: PatchStats) -> str:
-    commit = stats.commit or "not recorded in the patch (base identified by its version tag)"
-    lines = [f"`{stats.path}`: base {stats.base_label or 'unknown'} (version.txt "
-             f"{stats.version_txt or 'unknown'}), commit {commit}; {len(stats.files)} files, "
-             f"+{stats.added} −{stats.removed} lines.", "", "| file | + | − |", "|---|---|---|"]
-    lines += [f"| `{f.path}`{' (new)' if f.new else ''} | {f.added} | {f.removed} |" for f in stats.files]
-    return "\n".join(lines)
-
-
-def render_patches(report: Report) -> str:
-    parts = []
-    if report.checkout:
-        c = report.checkout
-        parts.append(f"Checkout `{c.path}`: base {c.base_label} ({c.base}).")
-        if c.patch is None:
-            parts.append(f"No patch is generated for {c.base_label} yet: `detgrid patch --pytorch "
-                         f"{c.path}` writes `patches/{c.base_label}.patch`.")
-        else:
-            parts.append(f"`git apply --check`: {c.applies}.")
-            parts.append("The checkout's grep linters on the new files: " +
-                         ("clean." if not c.lint else "; ".join(c.lint)))
-    if not report.patches:
-        parts.append("No patch in `patches/`.")
-    parts += [render_patch_stats(s) for s in report.patches]
-    return "\n\n".join(parts)
-
-
-def render_tests(report: Report) -> str:
-    t = report.tests
-    if t is None:
-        return f"`python -m pytest tests`: {NOT_RUN_TESTS}."
-    return (f"`python -m pytest tests` (junit `{os.path.basename(t.source)}`): {t.tests} tests, "
-            f"{t.passed} passed, {t.failures} failed, {t.errors} errors, {t.skipped} skipped "
-            f"in {t.time_s:.1f} s.")
+def _quote(text: str) -> str:
+    """Markdown blockquote of ``text``: the container for AI-generated content."""
+    return "\n".join(f"> {line}" if line else ">" for line in text.split("\n"))
 
 
 def _fmt(v: Any) -> str:
@@ -391,345 +407,297 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def render_bench(report: Report) -> str:
+def visible_words(text: str) -> int:
+    """Words a reader sees without opening a collapsed <details>: HTML comments and <details>
+    blocks aside, counting tokens that hold a letter or digit (not quote markers or pipes)."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"<details>.*?</details>", " ", text, flags=re.S)
+    return sum(1 for token in text.split() if re.search(r"[0-9A-Za-z]", token))
+
+
+def signature(env: Dict[str, Any]) -> str:
+    """The set-up a report was made on, one line (rendered into both bodies)."""
+    device = f"CUDA device {env['device_name']}" if env["cuda_available"] else "no CUDA device"
+    return (f"torch {env['torch']}, Python {env['python']}, {device}, "
+            f"{env['machine']} CPU ({env['cpu_capability']})")
+
+
+def provenance(report: Report, what: str, where: str) -> str:
+    return (f"<!-- {what}: {where}. Generated by `detgrid report` (tools/detgrid/report.py) on "
+            f"{signature(report.environment)}. Regenerate it rather than editing it. -->")
+
+
+def render_human_notes(report: Report) -> str:
+    return "### Human notes\n\n" + (report.submitter_notes or NOTES_PLACEHOLDER)
+
+
+def _head(report: Report, what: str) -> List[str]:
+    return [DRAFT_BANNER.format(what=what), ""] if report.draft else []
+
+
+def render_claims(run: ScriptRun) -> str:
+    counts = collections.Counter(c.get("status") for c in run.claims)
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no claims"
+    head = f"`{run.command}`: exit {run.exit_code}, **{run.status}** ({tally})"
+    if run.claims:
+        return head
+    tail = run.stderr.strip().splitlines()[-3:]
+    return head + ("; stderr ends: `" + " / ".join(tail) + "`" if tail else "")
+
+
+def render_stock_error(report: Report) -> str:
+    """The error text: captured by show_error.py on CUDA, verbatim, or the one the source composes."""
+    run = next((r for r in report.repro if r.name == "show_error.py"), None)
+    data = run.data if run else None
+    if data and data.get("device") == "cuda" and data.get("error_message"):
+        return (f"Captured by `python repro/show_error.py` on {data.get('device_name')} "
+                f"(torch {data.get('torch')}), verbatim:\n\n" + _fence("RuntimeError: " + data["error_message"]))
+    why = "show_error.py did not run" if run is None else f"`repro/show_error.py`: {run.status}"
+    return (f"Not captured on this machine ({why}: no CUDA device). The message "
+            "`Context::alertNotDeterministic` composes for it (v2.6.0's "
+            "`aten/src/ATen/Context.cpp`):\n\n" + _fence("RuntimeError: " + ALERT_TEXT))
+
+
+def render_bench_summary(report: Report) -> str:
     b = report.bench
-    if b is None:
-        return ("No benchmark results: `benchmarks/results/` holds no results JSON, so there are "
-                "no GPU results yet (`detgrid bench --device cuda` on a GPU writes them).")
+    if b is None or not b.on_gpu:
+        have = "none" if b is None else f"only a CPU smoke run of the harness (`{b.path}`)"
+        return f"not measured: no GPU benchmark results yet (`benchmarks/results/` holds {have})."
     d = b.data
-    head = (f"From `{b.path}`: {d.get('device_name')}, torch {d.get('torch')}, "
-            f"sizes {d.get('size')}, {d.get('reps')} timed calls per variant (median).")
-    if not b.on_gpu:
-        head += (" **CPU smoke run** (host executor vs stock CPU on small shapes): it tests the "
-                 "harness and is not a performance claim; no GPU results yet.")
-    rows = ["| # | workload | stock route | stock ms | det ms | det/stock | extra MiB | "
-            "max rel diff | correct |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in d.get("workloads", []):
+    s = d.get("summary", {})
+    measured = [r for r in d.get("workloads", []) if r.get("status") == "measured"]
+    return (f"Measured on {d.get('device_name')} (torch {d.get('torch')}, `{b.path}`): det/stock "
+            f"geomean {_fmt(s.get('geomean'))}, worst {_fmt(s.get('worst'))}, over {len(measured)} "
+            f"workloads; {sum(1 for r in measured if not r.get('correct'))} incorrect.")
+
+
+def render_bench_table(report: Report) -> str:
+    b = report.bench
+    if b is None or not b.on_gpu:
+        return ""
+    rows = ["| # | workload | stock route | stock ms | det ms | det/stock | extra MiB | correct |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in b.data.get("workloads", []):
         if r.get("status") != "measured":
             why = r.get("skip_reason") or r.get("error") or ""
-            rows.append(f"| {r.get('row')} | {r.get('name')} | {_cell(r.get('status'))}: {_cell(why)} "
-                        "| | | | | | |")
+            rows.append(f"| {r.get('row')} | {r.get('name')} | {_cell(r.get('status'))}: {_cell(why)} | | | | | |")
             continue
         v = r.get("variants", {})
         route = r.get("stock_route", "native")
         stock_ms = (v.get(route) or v.get("native") or {}).get("median_ms")
         rows.append(f"| {r.get('row')} | {r.get('name')} | {route} | {_fmt(stock_ms)} | "
                     f"{_fmt((v.get('detgrid') or {}).get('median_ms'))} | {_fmt(r.get('ratio'))} | "
-                    f"{_fmt(r.get('extra_peak_mib'))} | {_fmt(r.get('max_rel_diff'))} | "
-                    f"{'yes' if r.get('correct') else 'NO'} |")
-    s = d.get("summary", {})
-    tail = f"det/stock geomean {_fmt(s.get('geomean'))}, worst {_fmt(s.get('worst'))}."
-    plot = f"![det/stock per workload]({b.png})" if b.png else "No plot (PNG) next to the JSON."
-    return "\n\n".join([head, "\n".join(rows), tail, plot])
+                    f"{_fmt(r.get('extra_peak_mib'))} | {'yes' if r.get('correct') else 'NO'} |")
+    plot = f"\n\n![det/stock per workload]({b.png})" if b.png else ""
+    return "\n".join(rows) + plot
 
 
-def render_env(report: Report) -> str:
-    return (f"{ENV_BEGIN}\n<details><summary>python -m torch.utils.collect_env</summary>\n\n"
-            f"{_fence(report.collect_env)}\n\n</details>\n{ENV_END}")
+def render_tests(report: Report) -> str:
+    t = report.tests
+    if t is None:
+        return "not run by this report (pass `--junit FILE` from `pytest --junitxml FILE`)"
+    return (f"{t.tests} tests, {t.passed} passed, {t.failures} failed, {t.errors} errors, "
+            f"{t.skipped} skipped in {t.time_s:.1f} s (junit `{os.path.basename(t.source)}`)")
+
+
+def render_patch_line(report: Report) -> str:
+    parts = [f"`{s.path}`: {len(s.files)} files, +{s.added} −{s.removed}" for s in report.patches]
+    if not parts:
+        return "No patch in `patches/` yet (`detgrid patch --pytorch PATH` writes one)."
+    return "; ".join(parts) + "."
+
+
+def render_checkout(report: Report) -> str:
+    c = report.checkout
+    if c is None:
+        return "`detgrid patch --check`: not run by this report (no `--pytorch PATH`)."
+    lint = "clean" if not c.lint else "; ".join(c.lint)
+    verdict = c.check.split(" (", 1)[0]  # the file list is in the appendix
+    return (f"`detgrid patch --check` on `{c.path}` ({c.base_label}): {verdict}. The checkout's grep "
+            f"linters on the new files: {lint}.")
+
+
+def render_appendix(report: Report) -> str:
+    parts = []
+    for run in report.repro:
+        output = _fence(run.stdout or run.stderr or "(no output)", "json" if run.data else "")
+        parts.append(f"`{run.command}` (exit {run.exit_code}):\n\n{output}")
+    if report.checkout:
+        parts.append(f"`detgrid patch --check`: {report.checkout.check}.")
+    if report.checkout and report.checkout.notes:
+        parts.append("`detgrid patch --check`'s notes on the checkout:\n\n"
+                     + "\n".join(f"- {_cell(n)}" for n in report.checkout.notes))
+    for s in report.patches:
+        rows = ["| file | + | − |", "|---|---|---|"]
+        rows += [f"| `{f.path}`{' (new)' if f.new else ''} | {f.added} | {f.removed} |" for f in s.files]
+        base = f", base commit {s.commit}" if s.commit else ""
+        parts.append(f"`{s.path}` ({s.base_label}{base}):\n\n" + "\n".join(rows))
+    table = render_bench_table(report)
+    if table:
+        parts.append("Benchmarks:\n\n" + table)
+    parts.append(f"Made on {signature(report.environment)}.\n\n{ENV_BEGIN}\n{_fence(report.collect_env)}\n{ENV_END}")
+    return ("<details><summary>Appendix: the repro scripts' JSON, the patch's files, collect_env"
+            "</summary>\n\n" + "\n\n".join(parts) + "\n\n</details>")
 
 
 def mask_volatile(text: str) -> str:
     """The collect_env block (machine-specific) replaced by its markers."""
-    return re.sub(re.escape(ENV_BEGIN) + ".*?" + re.escape(ENV_END), ENV_BEGIN + ENV_END, text,
-                  flags=re.S)
+    return re.sub(re.escape(ENV_BEGIN) + ".*?" + re.escape(ENV_END), ENV_BEGIN + ENV_END, text, flags=re.S)
 
 
-def provenance(report: Report, what: str) -> str:
-    return (f"<!-- {what}: generated by `detgrid report` (tools/detgrid/report.py) on "
-            f"{signature(report.environment)}. Regenerate it rather than editing it. -->")
+def _installed_release_line(report: Report) -> str:
+    torch_v = report.environment.get("torch")
+    if report.installed_doc == "throw":
+        return f"so does the installed torch {torch_v}'s (read by this report)"
+    where = "as deterministic" if report.installed_doc == "act" else "in neither list"
+    return f"the installed torch {torch_v}'s lists it {where} (read by this report)"
 
 
-# --------------------------------------------------------------------------- ISSUE.md
-
-SNIPPET = """\
-import torch
-import torch.nn.functional as F
-
-torch.use_deterministic_algorithms(True)
-x = torch.randn(2, 8, 32, 32, device="cuda", requires_grad=True)
-theta = torch.tensor([[0.25, 0.0, 0.0], [0.0, 0.25, 0.0]], device="cuda").expand(2, 2, 3)
-grid = F.affine_grid(theta, (2, 8, 128, 128), align_corners=False)  # zoom-in: many samples per pixel
-F.grid_sample(x, grid, align_corners=False).sum().backward()  # RuntimeError on CUDA"""
+# --------------------------------------------------------------------------- COMMENT.md
 
 
-def render_issue(report: Report) -> str:
-    env = report.environment
-    out = [
-        provenance(report, "ISSUE.md"),
-        "<!-- Title: Deterministic CUDA backward for grid_sample (grid_sampler_2d_backward_cuda, "
-        "grid_sampler_3d_backward_cuda) in a release -->",
+def _cuda_equals_host(report: Report) -> str:
+    """The CUDA == host equality is a design property until a GPU has compared them."""
+    if report.environment.get("cuda_available"):
+        return "this report did not compare them; the kit's `tools/gpu_check.sh` does"
+    return "not yet measured: the kit's GPU check, which compares them, has not run"
+
+
+def render_comment(report: Report) -> str:
+    """A comment for #68959 (linked from #196856): what this implementation adds, short."""
+    agent = "\n".join([
+        AI_DISCLOSURE,
         "",
-        "### 🚀 The feature, motivation and pitch",
+        "A second deterministic CUDA backward for this issue. Like #196856, "
+        f"{PR_196856_STATE}, it sorts contributions by destination and reduces them in fixed "
+        "256-record partials, in 2-D and 3-D. What it adds, as far as known:",
         "",
-        "Under `torch.use_deterministic_algorithms(True)`, `F.grid_sample(...).backward()` on CUDA "
-        "raises in released PyTorch: torch 2.15.0, the latest release, still raises. grad_input is "
-        "scattered with `atomicAdd` (`launch_grid_sampler_2d_backward_kernel`, \"Nondeterministic "
-        "because of atomicAdd usage\"), so its bits change from run to run wherever several grid "
-        "points sample the same input pixel: zoom-in grids, spatial transformers, flow warping, "
-        "feature-grid models. Since #180417 the cuDNN route (bilinear, zeros, align_corners=True) "
-        "alerts too, so no CUDA configuration of grid_sample (2D or 3D) has a deterministic "
-        "backward in a release. Users who need reproducible training must turn determinism off for the whole "
-        "step or accept `warn_only=True` and nondeterministic gradients.",
+        "- **Bits independent of GPU model and chunking.** Partials never cross a 4096-point tile "
+        "and chunks are whole tiles, so the order depends on shapes and grid values only. A CPU "
+        "executor runs the same `C10_HOST_DEVICE` math in the same order, built to reproduce the "
+        f"CUDA result bit for bit for float and double ({_cuda_equals_host(report)}).",
+        "- **No alert and no grouping for the grid gradient alone**: with `output_mask[0]` false "
+        "only the point pass runs, one writer per element.",
+        "- **NaN- and Inf-safe grids** (#24823): such a coordinate never forms an index.",
+        "- **A workspace bound**: one chunk's records, at most about 64 MiB with int32 keys and "
+        "float32 whatever the input size (half/bfloat16 over several chunks add a float carry of "
+        "grad_input's size).",
+        f"- **Benchmarks beside #196856's**: {render_bench_summary(report)} {NUMBERS_196856}.",
         "",
-        "#68959 has tracked this since 2021. #196856 (a stable sort of contribution ids by "
-        "destination, fixed 256-record partials) adds a deterministic 2D and 3D backward and has "
-        "likely landed on main, as main's randomness notes document one; released users still have "
-        "nothing.",
-        "",
-        "The pitch: a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d` in a "
-        "release, whose bits "
-        "are a pure function of shapes and grid values (independent of GPU model, launch "
-        "configuration and chunking), with a workspace bounded independently of the input size, "
-        "and a CPU executor that reproduces the CUDA result bit for bit so the order can be tested "
-        "without a GPU. A PR with such a kernel (sort by destination, one writer per grad_input "
-        "element, canonical order over 4096-point tiles) follows; the same kernel is usable today "
-        "on released torch as a drop-in extension (`detgrid.enable()`).",
-        "",
-        "**Repro** (stock torch, any CUDA GPU):",
-        "",
-        _fence(SNIPPET, "python"),
-        "",
-        render_stock_error(report),
-        "",
-        f"**The repro scripts' real output** (`repro/` of the kit; on {signature(env)}). Exit codes: "
-        "0 every checkable claim held, 1 a claim failed, 77 nothing checkable here (e.g. no CUDA "
-        "device: a claim about the CUDA kernel is reported as not checkable, never as passed).",
-        "",
-        render_repro(report),
-        "",
-        "### Alternatives",
-        "",
-        "- `torch.use_deterministic_algorithms(True, warn_only=True)`: runs, but the gradients "
-        "stay nondeterministic.",
-        "- Turning determinism off around `grid_sample`: the same.",
-        "- Running the backward on the CPU: stock's CPU kernel is deterministic (no alert), but "
-        "takes the step off the GPU, and it crashes on NaN grids with border/reflection padding "
-        "(#24823).",
-        "- A user-level autograd Function accumulating with `index_put_(..., accumulate=True)` "
-        "(deterministic in deterministic mode): materialises indices and values for every "
-        "(point, tap, channel).",
-        "- A nightly build with #196856: not a release.",
-        "",
-        "### Additional context",
-        "",
-        "- #68959: the open issue for this since 2021 (the PR will say `Fixes #68959`). "
-        "#196856: the sort-based deterministic backward on main (2D + 3D; the cuDNN backward "
-        "delegates to it in deterministic mode). #180417: the cuDNN "
-        "backward route now alerts. Related: #24823 (NaN/Inf grids crash the CPU kernel).",
-        "- The change, as generated against a real PyTorch tree by the kit's `detgrid patch`:",
-        "",
-        render_patches(report),
-        "",
-        "Versions of the machine that generated this report:",
-        "",
-        render_env(report),
-        "",
-    ]
+        f"{MAIN_UNKNOWN} As a patch: {render_patch_line(report)}",
+    ])
+    out = [provenance(report, "COMMENT.md", "a comment for #68959, linked from #196856"),
+           *_head(report, "posting"),
+           render_human_notes(report), "", "### Agent report", "", _quote(agent), ""]
     return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- PR.md
 
-DESIGN = """\
-Per chunk of points (whole tiles of 4096 points, about 2^21 records):
 
-1. **point pass**, one thread per point: source coordinates once, the grid gradient (single \
-writer), and one record per tap: key = destination pixel `(n, y, x)` (voxel `(n, z, y, x)` in \
-3D), value = record id \
-`point * taps + tap`, and the tap weight;
-2. **stable radix sort** of the records by key (`at::cuda::cub::radix_sort_pairs`, only the key \
-bits needed), so each destination's records are in ascending record id;
-3. **reduce**, no atomics, one writer per grad_input element, *dense* (grad_input has no more \
-pixels than a chunk has records: a thread per `(destination, channel)` over all of grad_input, \
-each destination's start found by binary search) or *sparse* (a zero fill, then a thread per \
-`(touched destination, channel)`), chosen from the shapes alone; both fold the same canonical \
-order, so the choice never shows in the bits.
-
-When grad_input is not requested only the point pass runs, and no determinism alert is needed.
-
-**Canonical order.** `grad_input[n][c][y][x]` is the left-to-right sum of partials, each the \
-left-to-right sum of `round(weight * grad_output)` over at most 256 consecutive records of that \
-pixel (in ascending record id) that do not cross a tile boundary; sums in `opmath_type` (float for \
-half/bfloat16), rounded once. It is a pure function of shapes and grid values, independent of GPU \
-model, SM count, block size, chunk size, stream and thread count. All floating-point operations of \
-the shared math are explicitly rounded (`__fmul_rn`/`__fadd_rn` on the device, `-ffp-contract=off` \
-on the host), so the host executor, which runs the same `C10_HOST_DEVICE` functions with \
-`std::stable_sort` where CUDA uses CUB, produces the CUDA result bit for bit for float and double.
-
-**Workspace.** From the caching allocator, independent of grid values: with `R = min(points, \
-chunk_points) * taps` records per chunk (at most 2^21 by default), `R * (2 * sizeof(key) + 2 * 4 + \
-sizeof(opmath))` bytes plus CUB's sort scratch (about `R * (sizeof(key) + 4)`), plus, in the dense \
-reduction only, `4 * (destinations + 1) <= 4 * (R + 1)` bytes of segment starts (`destinations = \
-N * H_in * W_in`, times `D_in` in 3D); plus a float \
-carry of grad_input's size for half/bfloat16 inputs that need more than one chunk. With int32 keys \
-and float32 that is about 32 bytes per record of one chunk: at most 64 MiB, whatever the input size.
-
-**Non-finite grids.** No index is ever formed from a coordinate that is NaN, infinite or beyond \
-±2^40 pixels: such a point contributes nothing to grad_input and gets a zero grid gradient (border \
-padding clamps ±Inf to the border first, as stock does).
-
-**Dispatch.** The deterministic path is taken when deterministic algorithms are on and grad_input \
-is requested; otherwise the existing kernels run unchanged. In deterministic mode the composite \
-`grid_sampler` no longer picks cuDNN, and `cudnn_grid_sampler_backward` delegates to \
-`grid_sampler_2d_backward`. The 3D backward (`launch_grid_sampler_3d_backward_kernel`) takes the \
-same deterministic path: one pipeline serves both, with the spatial dimensionality a template \
-parameter of the shared math (5-D bicubic is tricubic, as in torch 2.15; earlier releases reject \
-it in the forward)."""
-
-DIFFERS = """\
-How this differs from #196856 (stable sort of contribution ids by destination, fixed 256-record \
-partials, ≤ 2^20 records per chunk, 64 MiB partial-payload cap, 2D + 3D):
-
-- **Chunk-size-independent canonical order.** Partials never cross a 4096-point tile boundary and \
-chunks are whole tiles, so the bits do not depend on the chunk size (nor on GPU model, SM count, \
-block size or stream).
-- **Bitwise equality with a host executor.** The CPU executor runs the same `C10_HOST_DEVICE` \
-math in the same order and equals the CUDA result bit for bit (float, double), so the canonical \
-order is testable on CPU-only CI and a CUDA result can be checked against it.
-- **No per-pixel workspace in general.** The workspace is bounded by one chunk's records (≤ 64 \
-MiB with int32 keys and float32); segment starts proportional to grad_input exist only in the \
-dense reduction, where grad_input has no more pixels than a chunk has records (the half/bfloat16 \
-multi-chunk float carry is the one grad_input-sized buffer).
-- **Grid-only backward without alert or grouping.** When only the grid gradient is requested, only \
-the point pass runs (single writer per element): no sort, no alert.
-- **NaN-safe coordinates.** NaN, ±Inf and out-of-range coordinates never form an index.
-- **Scope.** 2D and 3D, like #196856, from one dimension-generic pipeline."""
-
-AI_DISCLOSURE = """\
-> **AI-assisted content — disclosure.** This PR's code (the kernel, the host executor, the patch \
-tool, the tests) and this description were written with the help of an AI coding assistant; this \
-description was generated by the kit's `detgrid report` from the runs it lists. Per PyTorch's \
-`AI_POLICY.md`, the human who submits it must have read, understood and reviewed all of it and \
-answers for it: this is not an autonomous submission. The submitter's own words are in \
-"Submitter's notes" below; everything else is the generated report."""
-
-SUBMITTER_NOTES = """\
-## Submitter's notes
-
-<!-- For the submitting human, in your own words: what you reviewed, what you ran yourself, and \
-why you believe the change is correct. `detgrid report` leaves this section empty on purpose. -->"""
+def render_summary(report: Report) -> str:
+    return (
+        "Adds a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d`, taken "
+        "in deterministic mode (`warn_only=True` included) when grad_input is requested; "
+        "`cudnn_grid_sampler_backward` delegates to it after its argument checks, and no forward "
+        "changes. Contributions are sorted by destination and reduced with one writer per "
+        "grad_input element, in an order fixed by shapes and grid values; the workspace is one "
+        "chunk's records (at most about 64 MiB, plus a float carry of grad_input's size for "
+        f"half/bfloat16 inputs needing several chunks). #196856, {PR_196856_STATE}, takes the same road; this one adds a "
+        "chunk-independent order that a CPU executor is built to reproduce bit for bit (not "
+        "compared on a GPU by this report), a grid-only backward without sort or alert, and NaN/Inf-safe "
+        "coordinates. No release has a deterministic path: "
+        f"{RELEASE_215}; {_installed_release_line(report)}. {MAIN_UNKNOWN}")
 
 
 def render_test_plan(report: Report) -> str:
-    ck = report.checkout
-    upstream = ("not run: they need this patch applied to a PyTorch checkout built with CUDA, and "
-                "a GPU; no such build was made for this report")
-    lines = [
-        "Upstream tests, in the patched checkout (added or extended by the patch):",
+    return "\n".join([
+        "Upstream tests, in the patched checkout:",
         "",
-        _fence("python test/test_nn.py -k 'test_grid_sample_2d_backward_deterministic or "
-               "test_grid_sample_3d_backward_deterministic'\n"
+        _fence("python test/test_nn.py -k grid_sample\n"
                "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
         "",
-        f"Result: {upstream}.",
+        "Not run: they need a CUDA build of the patched tree and a GPU; this report had neither. "
+        "The added ones are `@onlyCUDA`; the patch carries no CPU-run test.",
         "",
-        "The patch applies to the checkout: `detgrid patch --pytorch PATH --check`: " +
-        (f"{ck.applies} ({ck.base_label})." if ck and ck.applies else
-         f"no patch generated for {ck.base_label} yet." if ck else
-         "not run by this report (no `--pytorch PATH` given)."),
-        "",
-        "The kit's test suite (host executor, agreement with stock, bitwise, patch tool, repro):",
-        "",
-        _fence("python -m pytest tests", "sh"),
-        "",
-        "Result: " + render_tests(report).split(": ", 1)[1],
-        "",
-        "The repro scripts (real output in the issue; here the claims):",
-        "",
-        _fence("\n".join(r.command for r in report.repro), "sh"),
-        "",
-    ]
-    lines += [render_claims(r) + "\n" for r in report.repro]
-    if not report.environment.get("cuda_available"):
-        lines.append(f"These ran on {signature(report.environment)}: no GPU evidence was gathered "
-                     "for this report; the CUDA claims above are stated as not checkable.")
-    return "\n".join(lines).rstrip("\n")
+        f"- {render_checkout(report)}",
+        *[f"- Known to fail: {n}" for n in (report.checkout.notes if report.checkout else []) if "will fail" in n],
+        f"- The kit's suite (`python -m pytest tests`): {render_tests(report)}.",
+        *[f"- {render_claims(r)}" for r in report.repro],
+    ])
+
+
+BC_STATEMENT = (
+    "No API change. Outside deterministic mode nothing changes. In deterministic mode the CUDA "
+    "backward of `grid_sampler_2d`/`grid_sampler_3d` and of `cudnn_grid_sampler` returns "
+    "deterministic gradients where it raised; with `warn_only=True` it no longer warns, and its "
+    "gradients, computed by the new kernel, equal the old ones up to floating-point rounding, not "
+    "bit for bit. Forward results and the forward's route do not change.")
 
 
 def render_pr(report: Report) -> str:
-    env = report.environment
-    ck = report.checkout
-    gpu = bool(env.get("cuda_available") or (report.bench and report.bench.on_gpu))
-    t = report.tests
-    tests_ok = bool(t and t.tests and t.failures == t.errors == 0)
-    lint = ("not run by this report (needs `lintrunner init` in a PyTorch checkout)")
-    grep = ("clean" if ck and ck.lint == [] else "; ".join(ck.lint) if ck and ck.lint else
-            "not run by this report (no `--pytorch PATH` given)")
-    out = [
-        provenance(report, "PR.md"),
-        "Fixes #68959",
-        "",
+    """The PR body: the summary paragraph, repro, test plan, benchmarks and BC statement in view;
+    JSON, hashes and collect_env in one collapsed appendix."""
+    agent = "\n".join([
         AI_DISCLOSURE,
         "",
-        SUBMITTER_NOTES,
+        "#### Summary",
         "",
-        "## Summary",
+        render_summary(report),
         "",
-        "Adds a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d`, taken "
-        "under `torch.use_deterministic_algorithms(True)` when grad_input is requested, instead "
-        "of raising `grid_sampler_{2d,3d}_backward_cuda does not have a deterministic "
-        "implementation`. "
-        "Stock's backward scatters grad_input with `atomicAdd`; this one sorts the contributions "
-        "by destination and reduces them with one writer per grad_input element in a canonical "
-        "order. Behaviour outside deterministic mode is unchanged. Related: #196856 (sort-based, "
-        "on main), #180417 (the cuDNN route alerts).",
+        "#### Repro (stock torch, any CUDA GPU)",
         "",
-        "## Design",
+        _fence(SNIPPET, "python"),
         "",
-        DESIGN,
+        render_stock_error(report),
         "",
-        DIFFERS,
-        "",
-        "## Changes",
-        "",
-        render_patches(report),
-        "",
-        "## Test plan",
+        "#### Test plan",
         "",
         render_test_plan(report),
         "",
-        "## Benchmarks",
+        "#### Benchmarks",
         "",
-        render_bench(report),
+        render_bench_summary(report)[0].upper() + render_bench_summary(report)[1:]
+        + " #196856's own numbers are cited in the comment on #68959.",
         "",
-        "## BC-breaking",
+        "#### BC-breaking",
         "",
-        "BC-breaking: no. Outside deterministic mode nothing changes; in deterministic mode the "
-        "CUDA 2D and 3D backward used to raise (or warn, with `warn_only=True`) and now returns "
-        "deterministic gradients.",
+        BC_STATEMENT,
         "",
-        "## Checklist",
+        f"Patch: {render_patch_line(report)}",
         "",
-        f"- [ ] `lintrunner -a` (or `spin fixlint`) on the patched checkout: {lint}.",
-        f"- [{'x' if ck and ck.lint == [] else ' '}] the checkout's grep linters "
-        f"(`.lintrunner.toml`) on the new `.cu`/`.cuh`/`.h` files: {grep}.",
-        "- [x] tests added: `test_grid_sample_{2d,3d}_backward_deterministic*` in "
-        "`test/test_nn.py`, the 2D and 3D alert tests in `test/test_torch.py` updated; the "
-        "`use_deterministic_algorithms` docstring and the randomness notes list the op.",
-        f"- [{'x' if tests_ok else ' '}] "
-        f"the kit's test suite: {render_tests(report).split(': ', 1)[1]}",
-        f"- [{'x' if gpu else ' '}] GPU evidence (CUDA repro, benchmarks): "
-        f"{'see above' if gpu else 'none gathered for this report (no GPU)'}.",
-        "",
-        "Versions of the machine that generated this report:",
-        "",
-        render_env(report),
-        "",
-    ]
+        render_appendix(report),
+    ])
+    out = [provenance(report, "PR.md", "the body of the PR that fixes #68959"),
+           *_head(report, "submission"),
+           "Fixes #68959", "", render_human_notes(report), "", "### Agent report", "", _quote(agent), ""]
     return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- CLI
 
+BODIES = {"COMMENT.md": render_comment, "PR.md": render_pr}
+
+
+def check_out_dir(out: Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out {out} is a file; give a directory")
+    parent = out if out.exists() else out.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ReportError(f"--out {out}: {parent} is not a writable directory")
+    return out
+
 
 def write(report: Report, out_dir: Path) -> Dict[str, Path]:
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"issue": out_dir / "ISSUE.md", "pr": out_dir / "PR.md"}
-    for key, text in (("issue", render_issue(report)), ("pr", render_pr(report))):
-        tmp = paths[key].with_name(f".{paths[key].name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, paths[key])
+    out_dir.mkdir(exist_ok=True)
+    paths = {}
+    for name, render in BODIES.items():
+        paths[name] = out_dir / name
+        tmp = paths[name].with_name(f".{name}.tmp")
+        tmp.write_text(render(report), encoding="utf-8")
+        os.replace(tmp, paths[name])
     return paths
 
 
@@ -737,16 +705,21 @@ def run(args: argparse.Namespace) -> int:
     from detgrid import patch
 
     try:
-        report = gather(pytorch=args.pytorch, junit=args.junit)
-    except patch.AnchorError as e:
+        out = check_out_dir(Path(args.out) if args.out else KIT_ROOT)
+        if args.final and not read_notes(args.notes):
+            raise ReportError("--final: the submitter's notes are empty (pass --notes FILE with your own "
+                              "words); the bodies stay drafts until then")
+        report = gather(pytorch=args.pytorch, junit=args.junit, notes=args.notes)
+        paths = write(report, out)
+    except (ReportError, patch.AnchorError, OSError) as e:
         print(f"detgrid report: {e}", file=sys.stderr)
         return 2
-    paths = write(report, Path(args.out) if args.out else KIT_ROOT)
     for r in report.repro:
         print(f"{r.command}: exit {r.exit_code} ({r.status})")
-    print(f"tests: {render_tests(report).split(': ', 1)[1]}")
-    print("benchmarks: " + (report.bench.path if report.bench else "none"))
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    print(f"tests: {render_tests(report)}")
+    for name, path in paths.items():
+        words = visible_words(path.read_text(encoding="utf-8"))
+        print(f"wrote {path} ({words} words in view{', DRAFT' if report.draft else ''})")
     # The files are written either way; a failed claim or a broken script is the exit code.
     return 1 if report.failed else 0
 
@@ -755,12 +728,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report",
         help="run the repro scripts, collect the environment, test and benchmark results and the "
-        "patch's stats, and write ISSUE.md and PR.md for upstream",
+        "patch's stats, and write COMMENT.md (for #68959 / #196856) and PR.md",
     )
     p.add_argument("--pytorch", metavar="PATH",
-                   help="a PyTorch checkout: its base, and whether the patch for it applies")
-    p.add_argument("--out", metavar="DIR", help="where ISSUE.md and PR.md go (default: the kit's root)")
+                   help="a PyTorch checkout: `detgrid patch --check` on it, in a temporary copy")
+    p.add_argument("--out", metavar="DIR", help="where COMMENT.md and PR.md go (default: the kit's root)")
     p.add_argument("--junit", metavar="FILE",
                    help="a junit XML from `pytest --junitxml FILE`: its summary goes in the test plan")
+    p.add_argument("--notes", metavar="FILE",
+                   help="the submitter's own notes (Markdown): the bodies' \"Human notes\"; without "
+                   "them both bodies are marked DRAFT")
+    p.add_argument("--final", action="store_true",
+                   help="refuse (before running anything) unless --notes gives non-empty notes")
     p.set_defaults(handler=run)
     return p

@@ -3,7 +3,8 @@
 Debian trixie's ``pytorch 2.6.0+dfsg-7`` is upstream v2.6.0 (``version.txt`` 2.6.0a0) with its
 tests; the dfsg repack drops third_party sources, which the patch tool never touches. Used by the
 tests and by CI (``python -m detgrid.upstream_tree`` prints the tree's path, or exits 3 with the
-reason when Debian cannot be reached).
+reason when Debian cannot be reached). apt runs with a private state directory under the cache
+(``<cache>/apt-src``): the system's apt configuration is never read or written.
 """
 
 import os
@@ -18,8 +19,7 @@ DEBIAN_PACKAGE = "pytorch"
 DEBIAN_VERSION = "2.6.0+dfsg-7"
 DEBIAN_SUITE = "trixie"
 UPSTREAM_VERSION = "2.6.0"
-SOURCES_LIST = Path("/etc/apt/sources.list.d/detgrid-src.list")
-SOURCES_LINE = f"deb-src http://deb.debian.org/debian {DEBIAN_SUITE} main\n"
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
 
 class Unavailable(RuntimeError):
@@ -47,26 +47,33 @@ def _run(cmd, cwd=None, timeout=900):
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def _apt_has_trixie_sources() -> bool:
-    out = _run(["apt-cache", "showsrc", f"{DEBIAN_PACKAGE}={DEBIAN_VERSION}"])
-    return out.returncode == 0 and DEBIAN_VERSION in out.stdout
+def _private_apt(state: Path) -> list:
+    """apt options for a private state directory holding only a deb-src line for trixie: the
+    system's apt configuration is neither read nor written."""
+    from detgrid.intree_compile import _apt_options
+
+    for d in ("lists/partial", "cache/archives/partial", "preferences.d"):
+        (state / d).mkdir(parents=True, exist_ok=True)
+    (state / "sources.list").write_text(
+        f"deb-src [signed-by={DEBIAN_KEYRING}] http://deb.debian.org/debian {DEBIAN_SUITE} main\n")
+    return _apt_options(state)
 
 
-def _ensure_apt_sources() -> None:
+def _download_source(dl: Path) -> None:
     if shutil.which("apt-get") is None:
         raise Unavailable("apt-get not found: cannot fetch Debian's pytorch source package")
-    if _apt_has_trixie_sources():
-        return
-    if not SOURCES_LIST.exists():
-        if os.geteuid() != 0:
-            raise Unavailable(f"no deb-src entry for {DEBIAN_SUITE} and not root to add {SOURCES_LIST}")
-        SOURCES_LIST.write_text(SOURCES_LINE)
-    upd = _run(["apt-get", "update"])
-    if upd.returncode != 0 or not _apt_has_trixie_sources():
-        raise Unavailable(
-            f"Debian unreachable or {DEBIAN_PACKAGE}={DEBIAN_VERSION} not in {DEBIAN_SUITE} "
-            f"sources (apt-get update: {(upd.stderr or upd.stdout).strip()[-300:]})"
-        )
+    if not DEBIAN_KEYRING.is_file():
+        raise Unavailable(f"{DEBIAN_KEYRING} missing: cannot verify Debian's {DEBIAN_SUITE} index")
+    opts = _private_apt(cache_dir() / "apt-src")
+    upd = _run(["apt-get", *opts, "-q", "update"])
+    if upd.returncode != 0:
+        raise Unavailable(f"apt-get update (private state) failed: "
+                          f"{(upd.stderr or upd.stdout).strip()[-300:]}")
+    got = _run(["apt-get", *opts, "source", "--download-only",
+                f"{DEBIAN_PACKAGE}={DEBIAN_VERSION}"], cwd=dl)
+    if got.returncode != 0:
+        raise Unavailable(f"apt-get source {DEBIAN_PACKAGE}={DEBIAN_VERSION} failed: "
+                          f"{(got.stderr or got.stdout).strip()[-300:]}")
 
 
 def fetch(refresh: bool = False) -> Path:
@@ -74,19 +81,13 @@ def fetch(refresh: bool = False) -> Path:
     tree = cached_tree()
     if _is_tree(tree) and not refresh:
         return tree
-    _ensure_apt_sources()
     dl = cache_dir() / "dl"
     dl.mkdir(parents=True, exist_ok=True)
     orig = dl / f"{DEBIAN_PACKAGE}_{DEBIAN_VERSION.split('-')[0]}.orig.tar.xz"
     if not orig.is_file():
-        got = _run(
-            ["apt-get", "source", "--download-only", f"{DEBIAN_PACKAGE}={DEBIAN_VERSION}"], cwd=dl
-        )
-        if got.returncode != 0 or not orig.is_file():
-            raise Unavailable(
-                f"apt-get source {DEBIAN_PACKAGE}={DEBIAN_VERSION} failed: "
-                f"{(got.stderr or got.stdout).strip()[-300:]}"
-            )
+        _download_source(dl)
+        if not orig.is_file():
+            raise Unavailable(f"apt-get source left no {orig.name} in {dl}")
     staging = Path(tempfile.mkdtemp(prefix="extract-", dir=cache_dir()))
     try:
         # tar --no-same-owner: the archive's uids mean nothing here.
