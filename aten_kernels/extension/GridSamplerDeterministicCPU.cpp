@@ -209,15 +209,15 @@ void grid_sampler_backward_executor(
       options.grain_size > 0 ? options.grain_size : kDefaultGrainSize};
   run_deterministic_backward(
       executor,
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
+      {grad_input,
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       output_mask},
       options.pipeline);
 }
 
@@ -236,15 +236,15 @@ WorkCounters count_backward_work(
   WorkCounters counters;
   run_deterministic_backward(
       CountingExecutor{&counters},
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
+      {grad_input,
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       output_mask},
       options);
   return counters;
 }

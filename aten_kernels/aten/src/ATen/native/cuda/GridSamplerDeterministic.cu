@@ -262,40 +262,21 @@ void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
 
 template <int kDims>
 void launch_backward(
-    const TensorBase& grad_input,
-    const TensorBase& grad_grid,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const BackwardCall& call,
     const GridSamplerDeterministicOptions& options) {
   // See NOTE [ grid_sampler Native Functions ].
   // Add checks here in case this is called instead of grid_sampler.
-  check_grid_sampler_common(input, grid);
+  check_grid_sampler_common(call.input, call.grid);
   if constexpr (kDims == 2) {
-    check_grid_sampler_2d(input, grid);
+    check_grid_sampler_2d(call.input, call.grid);
   } else {
-    check_5d_input_and_grid(input, grid);
+    check_5d_input_and_grid(call.input, call.grid);
   }
   const char* op_name = kDims == 2 ? "grid_sampler_2d_backward"
                                    : "grid_sampler_3d_backward";
   const CudaExecutor executor{
       make_launch_config(options, op_name), at::cuda::getCurrentCUDAStream()};
-  run_deterministic_backward(
-      executor,
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
-      options);
+  run_deterministic_backward(executor, call, options);
 }
 
 } // namespace
@@ -312,15 +293,15 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
   launch_backward<2>(
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
+      {grad_input,
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       output_mask},
       options);
 }
 
@@ -336,15 +317,15 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
     std::array<bool, 2> output_mask,
     const GridSamplerDeterministicOptions& options) {
   launch_backward<3>(
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
+      {grad_input,
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       output_mask},
       options);
 }
 

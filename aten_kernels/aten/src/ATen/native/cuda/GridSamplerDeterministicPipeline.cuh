@@ -299,11 +299,6 @@ inline bool use_32_bits(
   return knob == 32 || (knob == 0 && fits);
 }
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
 inline bool fits_32bit_indexing(const TensorBase& t) {
   return !t.defined() || canUse32BitIndexMath(t);
 }
@@ -479,31 +474,37 @@ void reduce_grad_input(
   }
 }
 
+// One backward call as the launchers receive it (GridSamplerDeterministic.h).
+struct BackwardCall {
+  const TensorBase& grad_input;
+  const TensorBase& grad_grid;
+  const TensorBase& grad_output;
+  const TensorBase& input;
+  const TensorBase& grid;
+  int64_t interpolation_mode;
+  int64_t padding_mode;
+  bool align_corners;
+  std::array<bool, 2> output_mask;
+};
+
 template <typename Executor, typename scalar_t, typename index_t, int kDims>
 void run_backward_with_index(
     const Executor& ex,
-    const TensorBase& grad_input,
-    const TensorBase& grad_grid,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const BackwardCall& call,
     const GridSamplerDeterministicOptions& options) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   const auto args = make_backward_args<scalar_t, index_t, kDims>(
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask[1]);
+      call.grad_grid,
+      call.grad_output,
+      call.input,
+      call.grid,
+      call.interpolation_mode,
+      call.padding_mode,
+      call.align_corners,
+      call.output_mask[1]);
 
-  if (!output_mask[1] && grad_grid.defined() && grad_grid.numel() > 0) {
+  const TensorBase& grad_grid = call.grad_grid;
+  if (!call.output_mask[1] && grad_grid.defined() && grad_grid.numel() > 0) {
     // Not asked for, so not computed (upstream #64977); a grid gradient the
     // caller allocated anyway is zeroed rather than left uninitialized.
     TORCH_CHECK(
@@ -512,7 +513,8 @@ void run_backward_with_index(
         " (deterministic): expected a contiguous grad_grid");
     ex.zero(grad_grid.data_ptr(), grad_grid.nbytes());
   }
-  const bool reduce = output_mask[0] && grad_input.numel() > 0;
+  const TensorBase& grad_input = call.grad_input;
+  const bool reduce = call.output_mask[0] && grad_input.numel() > 0;
   if (!reduce && args.grad_grid.data == nullptr) {
     return;
   }
@@ -552,58 +554,37 @@ void run_backward_with_index(
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
-    const TensorBase& grad_input,
-    const TensorBase& grad_grid,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const BackwardCall& call,
     const GridSamplerDeterministicOptions& options) {
-  if (!output_mask[0] && !output_mask[1]) {
+  if (!call.output_mask[0] && !call.output_mask[1]) {
     return;
   }
-  const bool index_fits = fits_32bit_indexing(input) &&
-      fits_32bit_indexing(grid) && fits_32bit_indexing(grad_output) &&
-      (!output_mask[0] || fits_32bit_indexing(grad_input)) &&
-      fits_32bit_indexing(grad_grid);
+  const bool index_fits = fits_32bit_indexing(call.input) &&
+      fits_32bit_indexing(call.grid) && fits_32bit_indexing(call.grad_output) &&
+      (!call.output_mask[0] || fits_32bit_indexing(call.grad_input)) &&
+      fits_32bit_indexing(call.grad_grid);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       ScalarType::Half,
       ScalarType::BFloat16,
-      input.scalar_type(),
+      call.input.scalar_type(),
       "grid_sampler_backward_deterministic",
       [&] {
-        auto run = [&](auto dims, auto index) {
-          constexpr int kDims = decltype(dims)::value;
-          using index_t = typename decltype(index)::type;
-          run_backward_with_index<Executor, scalar_t, index_t, kDims>(
-              ex,
-              grad_input,
-              grad_grid,
-              grad_output,
-              input,
-              grid,
-              interpolation_mode,
-              padding_mode,
-              align_corners,
-              output_mask,
-              options);
-        };
         auto with_index = [&](auto dims) {
+          constexpr int kDims = decltype(dims)::value;
           const bool narrow = use_32_bits(
               options.index_bits,
               index_fits,
               "index_bits",
-              BackwardArgs<scalar_t, int, decltype(dims)::value>::op_name());
+              BackwardArgs<scalar_t, int, kDims>::op_name());
           if (narrow) {
-            run(dims, TypeTag<int32_t>{});
+            run_backward_with_index<Executor, scalar_t, int32_t, kDims>(
+                ex, call, options);
           } else {
-            run(dims, TypeTag<int64_t>{});
+            run_backward_with_index<Executor, scalar_t, int64_t, kDims>(
+                ex, call, options);
           }
         };
-        if (input.dim() == 4) {
+        if (call.input.dim() == 4) {
           with_index(std::integral_constant<int, 2>{});
         } else {
           with_index(std::integral_constant<int, 3>{});
