@@ -181,7 +181,7 @@ void check_grain_size(int64_t grain_size) {
       grain_size);
 }
 
-void check_rank(const at::Tensor& input) {
+void check_rank(const at::TensorBase& input) {
   TORCH_CHECK(
       input.dim() == 4 || input.dim() == 5,
       "grid_sampler backward (deterministic): expected a 4-D or 5-D input, "
@@ -193,59 +193,21 @@ void check_rank(const at::Tensor& input) {
 } // namespace
 
 void grid_sampler_backward_executor(
-    const at::Tensor& grad_input,
-    const at::Tensor& grad_grid,
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const at::native::GridSamplerBackwardCall& call,
     const ExecutorOptions& options) {
   check_grain_size(options.grain_size);
-  check_rank(input);
+  check_rank(call.input);
   const HostExecutor executor{
       options.grain_size > 0 ? options.grain_size : kDefaultGrainSize};
-  run_deterministic_backward(
-      executor,
-      {grad_input,
-       grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       output_mask},
-      options.pipeline);
+  run_deterministic_backward(executor, call, options.pipeline);
 }
 
 WorkCounters count_backward_work(
-    const at::Tensor& grad_input,
-    const at::Tensor& grad_grid,
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const at::native::GridSamplerBackwardCall& call,
     const at::native::GridSamplerDeterministicOptions& options) {
-  check_rank(input);
+  check_rank(call.input);
   WorkCounters counters;
-  run_deterministic_backward(
-      CountingExecutor{&counters},
-      {grad_input,
-       grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       output_mask},
-      options);
+  run_deterministic_backward(CountingExecutor{&counters}, call, options);
   return counters;
 }
 

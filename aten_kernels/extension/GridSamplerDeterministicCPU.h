@@ -16,19 +16,11 @@ struct ExecutorOptions {
 };
 
 // Contract of at::native::launch_grid_sampler_{2d,3d}_backward_deterministic_
-// kernel on CPU tensors (2-D for a 4-D input, 3-D for a 5-D one): writes every
+// kernel, for the call's CPU tensors (2-D for a 4-D input, 3-D for a 5-D one): writes every
 // element of a contiguous grad_input when output_mask[0], and grad_grid when
 // output_mask[1]. The caller checks the arguments as for those.
 void grid_sampler_backward_executor(
-    const at::Tensor& grad_input,
-    const at::Tensor& grad_grid,
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const at::native::GridSamplerBackwardCall& call,
     const ExecutorOptions& options = {});
 
 // What one call of the CUDA pipeline does, counted exactly by running the
@@ -46,15 +38,7 @@ struct WorkCounters {
 };
 
 WorkCounters count_backward_work(
-    const at::Tensor& grad_input,
-    const at::Tensor& grad_grid,
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
+    const at::native::GridSamplerBackwardCall& call,
     const at::native::GridSamplerDeterministicOptions& options);
 
 } // namespace detgrid

@@ -34,15 +34,15 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   grid_sampler_backward_executor(
-      grad_input,
-      grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
+      {grad_input,
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       output_mask},
       ExecutorOptions{options.pipeline(), options.grain_size});
   return {grad_input, grad_grid};
 }
@@ -126,16 +126,21 @@ std::vector<int64_t> backward_work_counters(
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
+  const at::Tensor grad_input_shell = gradient_shell(input, output_mask[0]);
+  const at::Tensor grad_grid_shell = gradient_shell(grid, output_mask[1]);
+  const at::Tensor grad_output_shell = shell_like(grad_output);
+  const at::Tensor input_shell = shell_like(input);
+  const at::Tensor grid_shell = shell_like(grid);
   const WorkCounters counters = count_backward_work(
-      gradient_shell(input, output_mask[0]),
-      gradient_shell(grid, output_mask[1]),
-      shell_like(grad_output),
-      shell_like(input),
-      shell_like(grid),
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
+      {grad_input_shell,
+       grad_grid_shell,
+       grad_output_shell,
+       input_shell,
+       grid_shell,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       output_mask},
       {chunk_points, 0, 0, key_bits, index_bits});
   return {
       counters.launches,

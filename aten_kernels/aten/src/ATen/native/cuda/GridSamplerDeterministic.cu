@@ -262,7 +262,7 @@ void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
 
 template <int kDims>
 void launch_backward(
-    const BackwardCall& call,
+    const GridSamplerBackwardCall& call,
     const GridSamplerDeterministicOptions& options) {
   // See NOTE [ grid_sampler Native Functions ].
   // Add checks here in case this is called instead of grid_sampler.

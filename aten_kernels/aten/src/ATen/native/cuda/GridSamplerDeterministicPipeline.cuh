@@ -474,23 +474,10 @@ void reduce_grad_input(
   }
 }
 
-// One backward call as the launchers receive it (GridSamplerDeterministic.h).
-struct BackwardCall {
-  const TensorBase& grad_input;
-  const TensorBase& grad_grid;
-  const TensorBase& grad_output;
-  const TensorBase& input;
-  const TensorBase& grid;
-  int64_t interpolation_mode;
-  int64_t padding_mode;
-  bool align_corners;
-  std::array<bool, 2> output_mask;
-};
-
 template <typename Executor, typename scalar_t, typename index_t, int kDims>
 void run_backward_with_index(
     const Executor& ex,
-    const BackwardCall& call,
+    const GridSamplerBackwardCall& call,
     const GridSamplerDeterministicOptions& options) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   const auto args = make_backward_args<scalar_t, index_t, kDims>(
@@ -554,7 +541,7 @@ void run_backward_with_index(
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
-    const BackwardCall& call,
+    const GridSamplerBackwardCall& call,
     const GridSamplerDeterministicOptions& options) {
   if (!call.output_mask[0] && !call.output_mask[1]) {
     return;
