@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# CI: detgrid installed as a researcher would, on a machine without a GPU
+# and without a system CUDA toolkit.
+#
+#  1. pip-only toolchain + binary wheel: a venv with torch 2.14.1+cu130 and
+#     the pip CUDA compiler (the one command setup.py prints when nvcc is
+#     missing), PATH without any system nvcc and CUDA_HOME unset, runs
+#     `pip wheel --no-build-isolation .`: setup.py must pick pip's nvcc and
+#     torch's own architecture list is cut to one arch (TORCH_CUDA_ARCH_LIST)
+#     to keep CI lean. The wheel must contain the CUDA kernels.
+#  2. the wheel installed into a fresh venv (torch 2.14.1+cu130, no compiler
+#     on PATH) loads, has its CUDA kernels, registers its overrides, and runs
+#     --version;
+#  3. the version guard: the same wheel's detgrid refuses, in one line, to
+#     load under a torch it was not built for (its build record doctored to
+#     another torch).
+#
+#   bash .ci/install_check.sh      (~9 min on 2 cores; the build venv is cached)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${DETGRID_CACHE:-$HOME/.cache/detgrid}
+torch_version=2.14.1
+build_venv=$cache/venv-pip-toolchain-$torch_version
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+started=$SECONDS
+
+step() { echo "install_check [$((SECONDS - started))s]: $*"; }
+quiet_pip() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+
+# A PATH with no CUDA compiler on it: every folder that holds an nvcc (the
+# system toolkit's, a wrapper in /usr/local/bin) is dropped.
+no_nvcc_path() {
+  local dir kept=()
+  IFS=: read -r -a dirs <<<"$PATH"
+  for dir in "${dirs[@]}"; do
+    [ -e "$dir/nvcc" ] || kept+=("$dir")
+  done
+  (IFS=:; echo "${kept[*]}")
+}
+clean_path=$(no_nvcc_path)
+hidden=(env -u CUDA_HOME -u CUDA_PATH -u TORCH_CUDA_ARCH_LIST PATH="$clean_path")
+
+new_torch_venv() {
+  local venv=$1 && shift
+  python3 -m venv "$venv"
+  quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "torch==$torch_version" numpy "$@"
+}
+
+if [ ! -f "$build_venv/.toolchain-complete" ]; then
+  step "creating $build_venv (torch $torch_version, then the pip CUDA toolchain)"
+  rm -rf "$build_venv"
+  new_torch_venv "$build_venv" "setuptools>=77" wheel ninja
+  # The command setup.py prints for a CUDA torch without a compiler.
+  command=$("$build_venv/bin/python" -c 'import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("t", sys.argv[1])
+t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)
+print(t.pip_toolkit_command(torch.version.cuda).replace("pip ", "-m pip ", 1))' \
+    "$root/tools/detgrid/toolchain.py")
+  step "python $command"
+  eval "quiet_pip \"$build_venv/bin/python\" $command -q --disable-pip-version-check"
+  touch "$build_venv/.toolchain-complete"
+fi
+
+# Build in a copy of the tracked files: no build/ or _build_info.py of
+# another build in it, and none left behind.
+git -C "$root" ls-files -z | (cd "$root" && xargs -0 tar -cf - --) | tar -xf - -C "$work" \
+  --one-top-level=src
+step "pip wheel --no-build-isolation . (PATH without nvcc, CUDA_HOME unset, arch 9.0)"
+(cd "$work/src" && "${hidden[@]}" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=2 \
+  "$build_venv/bin/python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" . \
+  >"$work/wheel.log" 2>&1) || { tail -n 40 "$work/wheel.log"; exit 1; }
+grep -m1 "^detgrid: CUDA kernels with " "$work/wheel.log"
+grep -q "^detgrid: CUDA kernels with $build_venv/.*/nvidia/cu13/bin/nvcc .*found via pip" \
+  "$work/wheel.log" || { echo "install_check: the build did not use pip's nvcc" >&2; exit 1; }
+wheel=$(ls "$work"/dist/detgrid-*.whl)
+unzip -p "$wheel" detgrid/_build_info.py | tee "$work/build_info.py"
+grep -q "^CUDA_KERNELS = True" "$work/build_info.py"
+unzip -l "$wheel" | grep -q "detgrid/_C.*\.so"
+
+step "fresh venv: torch $torch_version, then the wheel; no compiler on PATH"
+run_venv=$work/venv
+new_torch_venv "$run_venv"
+quiet_pip "$run_venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$wheel"
+cd "$work"  # away from any source tree: the installed package only
+no_compiler=(env -u CUDA_HOME -u CUDA_PATH PATH="$run_venv/bin:/nonexistent")
+"${no_compiler[@]}" "$run_venv/bin/detgrid" --version
+"${no_compiler[@]}" "$run_venv/bin/python" - <<'PY'
+import shutil
+import warnings
+
+import torch
+
+import detgrid
+
+warnings.simplefilter("error")
+for compiler in ("nvcc", "c++", "g++", "gcc", "cc"):
+    assert shutil.which(compiler) is None, f"{compiler} is on PATH"
+assert "site-packages" in detgrid.__file__, detgrid.__file__
+assert detgrid.ops.has_cuda_kernels(), "the wheel's CUDA kernels are missing"
+with detgrid.enabled("cuda"):
+    assert detgrid.is_enabled("cuda")
+assert not detgrid.is_enabled("cuda")
+print(f"detgrid wheel loads on torch {torch.__version__} with no compiler on PATH; "
+      "CUDA kernels present, overrides register")
+PY
+
+step "version guard: the installed build record doctored to another torch"
+info=$("$run_venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("detgrid").submodule_search_locations[0])')/_build_info.py
+sed -i 's/^TORCH_VERSION = .*/TORCH_VERSION = "2.13.0+cpu"/; s/^TORCH_CUDA = .*/TORCH_CUDA = None/' "$info"
+if "$run_venv/bin/python" -c "import detgrid" 2>"$work/guard.err"; then
+  echo "install_check: detgrid loaded under a torch it was not built for" >&2
+  exit 1
+fi
+tail -n 1 "$work/guard.err"
+grep -q "^ImportError: detgrid was built for torch 2.13.0+cpu (CPU only) but torch $torch_version+cu130 (CUDA 13.0) is running" \
+  "$work/guard.err"
+step "passed"
