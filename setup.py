@@ -76,11 +76,14 @@ def cuda_toolkit():
     nothing to route, and training would fail with the very error detgrid
     exists to remove."""
     if os.environ.get("DETGRID_CPU_ONLY") == "1":
+        print("detgrid: host executor only (DETGRID_CPU_ONLY=1)", file=sys.stderr)
         return None
     import torch
 
     refuse_isolated_build(torch)
     if torch.version.cuda is None:
+        print(f"detgrid: host executor only (torch {torch.__version__} has no CUDA)",
+              file=sys.stderr)
         return None
     toolkit = toolchain.find_toolkit(torch.version.cuda)
     problem = toolchain.unusable(toolkit, torch.__version__, torch.version.cuda)

@@ -2,7 +2,7 @@
 # CI: detgrid installed as a researcher would, on a machine without a GPU
 # and without a system CUDA toolkit.
 #
-#  1. pip-only toolchain + binary wheel: a venv with torch 2.14.1+cu130 and
+#  1. pip-only toolchain + binary wheel: a fresh venv with torch 2.14.1+cu130 and
 #     the pip CUDA compiler (the one command setup.py prints when nvcc is
 #     missing), PATH without any system nvcc and CUDA_HOME unset, runs
 #     `pip wheel --no-build-isolation .`: setup.py must pick pip's nvcc and
@@ -15,13 +15,13 @@
 #     load under a torch it was not built for (its build record doctored to
 #     another torch).
 #
-#   bash .ci/install_check.sh      (~9 min on 2 cores; the build venv is cached)
+#   bash .ci/install_check.sh      (~7 min on 2 cores, most of it nvcc; pip's
+#                                   cache makes each fresh venv about a minute)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cache=${DETGRID_CACHE:-$HOME/.cache/detgrid}
 torch_version=2.14.1
-build_venv=$cache/venv-pip-toolchain-$torch_version
 work=$(mktemp -d)
+build_venv=$work/build-venv
 trap 'rm -rf "$work"' EXIT
 started=$SECONDS
 
@@ -48,20 +48,15 @@ new_torch_venv() {
     "torch==$torch_version" numpy "$@"
 }
 
-if [ ! -f "$build_venv/.toolchain-complete" ]; then
-  step "creating $build_venv (torch $torch_version, then the pip CUDA toolchain)"
-  rm -rf "$build_venv"
-  new_torch_venv "$build_venv" "setuptools>=77" wheel ninja
-  # The command setup.py prints for a CUDA torch without a compiler.
-  command=$("$build_venv/bin/python" -c 'import importlib.util, sys, torch
+step "fresh venv: torch $torch_version, then the pip CUDA toolchain"
+new_torch_venv "$build_venv" "setuptools>=77" wheel ninja
+# The command setup.py prints for a CUDA torch without a compiler.
+command=$("$build_venv/bin/python" -c 'import importlib.util, sys, torch
 spec = importlib.util.spec_from_file_location("t", sys.argv[1])
 t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)
-print(t.pip_toolkit_command(torch.version.cuda).replace("pip ", "-m pip ", 1))' \
-    "$root/tools/detgrid/toolchain.py")
-  step "python $command"
-  eval "quiet_pip \"$build_venv/bin/python\" $command -q --disable-pip-version-check"
-  touch "$build_venv/.toolchain-complete"
-fi
+print(t.pip_toolkit_command(torch.version.cuda))' "$root/tools/detgrid/toolchain.py")
+step "$command"
+eval "quiet_pip \"$build_venv/bin/python\" -m $command -q --disable-pip-version-check"
 
 # Build in a copy of the tracked files: no build/ or _build_info.py of
 # another build in it, and none left behind.
@@ -71,8 +66,9 @@ step "pip wheel --no-build-isolation . (PATH without nvcc, CUDA_HOME unset, arch
 (cd "$work/src" && "${hidden[@]}" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=2 \
   "$build_venv/bin/python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" . \
   >"$work/wheel.log" 2>&1) || { tail -n 40 "$work/wheel.log"; exit 1; }
-grep -m1 "^detgrid: CUDA kernels with " "$work/wheel.log"
-grep -q "^detgrid: CUDA kernels with $build_venv/.*/nvidia/cu13/bin/nvcc .*found via pip" \
+# (pip -v indents the build's output)
+grep -m1 "^ *detgrid: CUDA kernels with " "$work/wheel.log"
+grep -q "^ *detgrid: CUDA kernels with $build_venv/.*/nvidia/cu13/bin/nvcc .*found via pip" \
   "$work/wheel.log" || { echo "install_check: the build did not use pip's nvcc" >&2; exit 1; }
 wheel=$(ls "$work"/dist/detgrid-*.whl)
 unzip -p "$wheel" detgrid/_build_info.py | tee "$work/build_info.py"
