@@ -70,35 +70,24 @@ def refuse_isolated_build(torch) -> None:
 
 
 def cuda_toolkit():
-    """The toolkit to build the CUDA kernels with, or None for a host-only build.
-    Exits with the reason and the fix when torch has CUDA and no usable
-    compiler is found: a quietly CPU-only build would leave detgrid.enable()
-    nothing to route, and training would fail with the very error detgrid
-    exists to remove."""
-    if os.environ.get("DETGRID_CPU_ONLY") == "1":
-        print("detgrid: host executor only (DETGRID_CPU_ONLY=1)", file=sys.stderr)
-        return None
+    """The toolkit to build the CUDA kernels with, or None for a host-only
+    build (toolchain.cuda_plan decides). A CUDA torch without a usable
+    compiler ends the install here, with the reason and the fix."""
     import torch
 
     refuse_isolated_build(torch)
-    if torch.version.cuda is None:
-        print(f"detgrid: host executor only (torch {torch.__version__} has no CUDA)",
-              file=sys.stderr)
-        return None
-    toolkit = toolchain.find_toolkit(torch.version.cuda)
-    problem = toolchain.unusable(toolkit, torch.__version__, torch.version.cuda)
-    if problem:
-        sys.exit(problem)
-    archs, origin = toolchain.arch_list(os.environ, toolchain.torch_arch_list(torch),
-                                        torch.version.cuda)
-    # torch.utils.cpp_extension reads both at build time (its own CUDA_HOME
-    # guess, made at import, skips the pip toolkit).
-    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
-    os.environ["CUDA_HOME"] = toolkit.home
-    cpp_extension.CUDA_HOME = toolkit.home
-    print(f"detgrid: CUDA kernels with {toolkit.describe()} for {archs} ({origin})",
-          file=sys.stderr)
-    return toolkit
+    try:
+        plan = toolchain.cuda_plan(torch, os.environ)
+    except toolchain.Unusable as e:
+        sys.exit(str(e))
+    print(f"detgrid: {plan.describe()}", file=sys.stderr)
+    if plan.toolkit is not None:
+        # torch.utils.cpp_extension reads both at build time (its own
+        # CUDA_HOME guess, made at import, never finds the pip toolkit).
+        os.environ["TORCH_CUDA_ARCH_LIST"] = plan.archs
+        os.environ["CUDA_HOME"] = plan.toolkit.home
+        cpp_extension.CUDA_HOME = plan.toolkit.home
+    return plan.toolkit
 
 
 def cuda_library_includes(cuda_home):
@@ -153,8 +142,8 @@ def extension(toolkit):
             extra_link_args=EXTRA_LINK_FLAGS,
         )
     late_includes = [f"-idirafter{folder}" for folder in cuda_library_includes(toolkit.home)]
-    cudart_dir = toolchain.link_dir_for_cudart(toolkit.home,
-                                                os.path.join(ROOT, "build", "detgrid-link"))
+    cudart_dir = toolchain.link_dir_for_cudart(
+        toolkit.home, os.path.join(ROOT, "build", "detgrid-link"))
     return cpp_extension.CUDAExtension(
         "detgrid._C",
         sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE],

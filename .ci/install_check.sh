@@ -2,9 +2,11 @@
 # CI: detgrid installed as a researcher would, on a machine without a GPU
 # and without a system CUDA toolkit.
 #
-#  1. pip-only toolchain + binary wheel: a fresh venv with torch 2.14.1+cu130 and
-#     the pip CUDA compiler (the one command setup.py prints when nvcc is
-#     missing), PATH without any system nvcc and CUDA_HOME unset, runs
+#  1. pip-only toolchain + binary wheel: a fresh venv with torch 2.14.1+cu130.
+#     First, given a CUDA_HOME without nvcc, setup.py must stop with the
+#     reason and the fix. Then with the pip CUDA compiler installed (the
+#     first fix that message offers), PATH without any system nvcc and
+#     CUDA_HOME unset, it runs
 #     `pip wheel --no-build-isolation .`: setup.py must pick pip's nvcc and
 #     torch's own architecture list is cut to one arch (TORCH_CUDA_ARCH_LIST)
 #     to keep CI lean. The wheel must contain the CUDA kernels.
@@ -48,20 +50,27 @@ new_torch_venv() {
     "torch==$torch_version" numpy "$@"
 }
 
-step "fresh venv: torch $torch_version, then the pip CUDA toolchain"
-new_torch_venv "$build_venv" "setuptools>=77" wheel ninja
-# The command setup.py prints for a CUDA torch without a compiler.
-command=$("$build_venv/bin/python" -c 'import importlib.util, sys, torch
-spec = importlib.util.spec_from_file_location("t", sys.argv[1])
-t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)
-print(t.pip_toolkit_command(torch.version.cuda))' "$root/tools/detgrid/toolchain.py")
-step "$command"
-eval "quiet_pip \"$build_venv/bin/python\" -m $command -q --disable-pip-version-check"
-
-# Build in a copy of the tracked files: no build/ or _build_info.py of
+# Work in a copy of the tracked files: no build/ or _build_info.py of
 # another build in it, and none left behind.
 git -C "$root" ls-files -z | (cd "$root" && xargs -0 tar -cf - --) | tar -xf - -C "$work" \
   --one-top-level=src
+
+step "fresh venv: torch $torch_version, then the pip CUDA toolchain"
+new_torch_venv "$build_venv" "setuptools>=77" wheel ninja
+# A CUDA torch and no usable compiler: the install must stop, with the fix.
+if (cd "$work/src" && "${hidden[@]}" CUDA_HOME="$work/no-toolkit" \
+  "$build_venv/bin/python" setup.py --name >/dev/null 2>"$work/refusal.err"); then
+  echo "install_check: setup.py went on without a compiler" >&2
+  exit 1
+fi
+tail -n 1 "$work/refusal.err"
+grep -q "^detgrid: torch $torch_version+cu130 has CUDA 13.0, but .* Fix: " "$work/refusal.err"
+# The command that message offers first, as printed: the pip toolchain.
+command=$(sed -n -E 's/.* from PyPI: (pip install [^;]+);.*/\1/p' "$work/refusal.err")
+[ -n "$command" ] || { echo "install_check: no pip command in the message" >&2; exit 1; }
+step "$command"
+eval "quiet_pip \"$build_venv/bin/python\" -m $command -q --disable-pip-version-check"
+
 step "pip wheel --no-build-isolation . (PATH without nvcc, CUDA_HOME unset, arch 9.0)"
 (cd "$work/src" && "${hidden[@]}" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=2 \
   "$build_venv/bin/python" -m pip wheel -v --no-build-isolation --no-deps -w "$work/dist" . \

@@ -130,23 +130,18 @@ def ninja_note() -> List[str]:
 
 def extension_cuda_notes(arch: Optional[str], arch_origin: str) -> List[str]:
     """What the extension build will do about CUDA, decided as setup.py decides
-    it (detgrid.toolchain), so that a dry run tells the truth. `arch` is the
+    it (toolchain.cuda_plan), so that a dry run tells the truth. `arch` is the
     TORCH_CUDA_ARCH_LIST the plan sets, if any, and `arch_origin` its source."""
     import torch
 
-    if os.environ.get("DETGRID_CPU_ONLY") == "1":
-        return ["DETGRID_CPU_ONLY=1: the host executor only, no CUDA kernels"]
-    if torch.version.cuda is None:
-        return [f"torch {torch.__version__} has no CUDA: the host executor only"]
-    toolkit = toolchain.find_toolkit(torch.version.cuda)
-    problem = toolchain.unusable(toolkit, torch.__version__, torch.version.cuda)
-    if problem:
-        return [f"this build will fail: {problem}"]
-    env = {"TORCH_CUDA_ARCH_LIST": arch} if arch else os.environ
-    archs, origin = toolchain.arch_list(env, toolchain.torch_arch_list(torch), torch.version.cuda)
-    if arch:
-        origin = arch_origin
-    return [f"CUDA kernels with {toolkit.describe()} for {archs} ({origin})"]
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST=arch) if arch else os.environ
+    try:
+        plan = toolchain.cuda_plan(torch, env)
+    except toolchain.Unusable as e:
+        return [f"this build will fail: {e}"]
+    if arch and plan.toolkit is not None:
+        plan = dataclasses.replace(plan, origin=arch_origin)
+    return [plan.describe()]
 
 
 def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional[int] = None,

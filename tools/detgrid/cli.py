@@ -53,11 +53,20 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _version() -> str:
-    import detgrid
-    from detgrid import buildinfo
+class _VersionAction(argparse.Action):
+    """--version: the package and the build it is (the torch it was made for,
+    its CUDA kernels), on one line; argparse's own would wrap it."""
 
-    return f"detgrid {detgrid.__version__}: {buildinfo.summary()}"
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and the torch this build is for, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import detgrid
+        from detgrid import buildinfo
+
+        print(f"detgrid {detgrid.__version__}: {buildinfo.summary()}")
+        parser.exit()
 
 
 def _cuda_unusable() -> Optional[str]:
@@ -173,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="detgrid",
         description="Deterministic grid_sample backward: kernel, patch and issue kit.",
     )
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True)
     verify = commands.add_parser(
         "verify",

@@ -20,13 +20,14 @@ NEEDS = {
 }
 
 
-def missing(parts: Sequence[str], root: str = KIT_ROOT) -> list:
+def missing(parts: Sequence[str], root: str) -> list:
     return [part for part in parts if not os.path.exists(os.path.join(root, part))]
 
 
-def needs_source_tree(verb: str, root: str = KIT_ROOT) -> Optional[str]:
+def needs_source_tree(verb: str, root: Optional[str] = None) -> Optional[str]:
     """None when `verb` can run here; else one line (to follow "detgrid VERB: ") that
     says why not and what to do."""
+    root = root or KIT_ROOT
     absent = missing(NEEDS[verb], root)
     if not absent:
         return None

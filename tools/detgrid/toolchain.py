@@ -223,3 +223,39 @@ def link_dir_for_cudart(home: str, scratch: str) -> Optional[str]:
         os.remove(link)
     os.symlink(versioned[0], link)
     return scratch
+
+
+class Unusable(RuntimeError):
+    """torch has CUDA, and no compiler fits: the message says why and how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaPlan:
+    """What a build does about CUDA: kernels with `toolkit` for `archs`, or
+    the host executor only (toolkit None) for the reason in `origin`."""
+    toolkit: Optional[Toolkit]
+    archs: Optional[str]
+    origin: str
+
+    def describe(self) -> str:
+        if self.toolkit is None:
+            return f"host executor only ({self.origin})"
+        return f"CUDA kernels with {self.toolkit.describe()} for {self.archs} ({self.origin})"
+
+
+def cuda_plan(torch, env: Mapping[str, str] = os.environ,
+              find: Optional[Callable[[str], Optional[Toolkit]]] = None) -> CudaPlan:
+    """The decision setup.py acts on and `detgrid build --dry-run` reports.
+    Raises Unusable when torch has CUDA and no compiler fits: a quietly
+    CPU-only build would leave detgrid.enable() nothing to route, and
+    training would fail with the very error detgrid exists to remove."""
+    if env.get("DETGRID_CPU_ONLY") == "1":
+        return CudaPlan(None, None, "DETGRID_CPU_ONLY=1")
+    if torch.version.cuda is None:
+        return CudaPlan(None, None, f"torch {torch.__version__} has no CUDA")
+    toolkit = (find or find_toolkit)(torch.version.cuda)
+    problem = unusable(toolkit, torch.__version__, torch.version.cuda)
+    if problem:
+        raise Unusable(problem)
+    archs, origin = arch_list(env, torch_arch_list(torch), torch.version.cuda)
+    return CudaPlan(toolkit, archs, origin)
