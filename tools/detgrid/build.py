@@ -13,6 +13,8 @@ full:      in the PyTorch checkout at PATH, upstream's own build
 extension: `pip install --no-build-isolation .` in the kit's root, against the
            installed torch (minutes); `-e .` when detgrid is already installed
            editable from the tree (as tools/setup.sh does), so that it stays so.
+           The plan's notes say which nvcc and architectures setup.py will use
+           (detgrid.toolchain decides for both), or why its build will fail.
 
 plan_build() returns the plan (environment and commands) as data; run_build()
 runs it through a runner that streams lines, writes the full log, parses

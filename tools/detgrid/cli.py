@@ -150,7 +150,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_progress(done: int, total: int, row: dict) -> None:
     """One line per finished workload on stderr: a CUDA run takes minutes."""
     if row["status"] == "measured":
-        outcome = f"det/stock {row['ratio']:.3g}" + ("" if row["correct"] else ", WRONG RESULT")
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3g}"
+        outcome = f"det/stock {ratio}" + ("" if row["correct"] else ", WRONG RESULT")
     else:
         outcome = row["status"]
     print(f"detgrid bench: [{done}/{total}] {row['name']}: {outcome}", file=sys.stderr,
