@@ -2,19 +2,33 @@
 
 The extension compiles the ATen-style sources in aten_kernels/ against the
 installed torch: always the host executor, and the CUDA kernels too when
-torch has CUDA and nvcc is found (DETGRID_CPU_ONLY=1 skips them).
-Build it against the torch you run: pip install --no-build-isolation .
+torch has CUDA. Build it against the torch you run:
+
+    pip install --no-build-isolation .
+
+No GPU is needed. tools/detgrid/toolchain.py picks the CUDA compiler
+($CUDA_HOME, nvcc on PATH, pip's nvidia-cuda-nvcc for torch's CUDA major,
+/usr/local/cuda) and the architectures ($TORCH_CUDA_ARCH_LIST, else those
+torch was built for). A CUDA torch without a usable compiler fails the
+install with the reason and the fix; DETGRID_CPU_ONLY=1 is the explicit
+opt-out. The build records the torch it was made for in
+detgrid/_build_info.py, and detgrid refuses to load under another.
 """
 
+import importlib.util
 import os
 import shlex
+import sys
 
 from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
 ATEN_SRC = os.path.join("aten_kernels", "aten", "src")
 EXTENSION = os.path.join("aten_kernels", "extension")
 CUDA_SOURCE = os.path.join(ATEN_SRC, "ATen", "native", "cuda", "GridSamplerDeterministic.cu")
+BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
+VERSION = "0.1.0"
 
 # The host side must not contract a * b + c into an FMA: the executor has to
 # round exactly like the CUDA kernels, which use explicit _rn intrinsics.
@@ -32,43 +46,94 @@ NVCC_FLAGS = [
 ]
 
 
-def build_cuda() -> bool:
-    if os.environ.get("DETGRID_CPU_ONLY") == "1":
-        return False
+def load_toolchain():
+    """tools/detgrid/toolchain.py, loaded by path: importing the detgrid
+    package would load the extension this script is about to build."""
+    path = os.path.join(ROOT, "tools", "detgrid", "toolchain.py")
+    spec = importlib.util.spec_from_file_location("detgrid_toolchain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+toolchain = load_toolchain()
+
+
+def refuse_isolated_build(torch) -> None:
+    """pip's default build isolation compiles against a throwaway torch (the
+    newest on the index, gigabytes of it), not the one that will run the
+    extension; the result could never load."""
+    if f"{os.sep}pip-build-env-" in torch.__file__:
+        sys.exit("detgrid: build with --no-build-isolation (pip install --no-build-isolation .): "
+                 "the extension must be compiled against the torch you run, not against "
+                 f"pip's isolated {torch.__version__}")
+
+
+def cuda_toolkit():
+    """The toolkit to build the CUDA kernels with, or None for a host-only
+    build (toolchain.cuda_plan decides). A CUDA torch without a usable
+    compiler ends the install here, with the reason and the fix."""
     import torch
 
-    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    refuse_isolated_build(torch)
+    try:
+        plan = toolchain.cuda_plan(torch, os.environ)
+    except toolchain.Unusable as e:
+        sys.exit(str(e))
+    print(f"detgrid: {plan.describe()}", file=sys.stderr)
+    if plan.toolkit is not None:
+        # torch.utils.cpp_extension reads both at build time (its own
+        # CUDA_HOME guess, made at import, never finds the pip toolkit).
+        os.environ["TORCH_CUDA_ARCH_LIST"] = plan.archs
+        os.environ["CUDA_HOME"] = plan.toolkit.home
+        cpp_extension.CUDA_HOME = plan.toolkit.home
+    return plan.toolkit
 
 
-def cuda_library_includes():
+def cuda_library_includes(cuda_home):
     """Header folders of the CUDA libraries pip installed beside torch, for a
     toolkit that lacks them: ATen's CUDA headers include cusparse.h and
     cublas_v2.h, which a runtime-only toolkit does not ship. They are searched
     after everything else (-idirafter), so the toolkit's own runtime headers
     win over the copies in those folders."""
-    toolkit_include = os.path.join(cpp_extension.CUDA_HOME, "include")
+    toolkit_include = os.path.join(cuda_home, "include")
     if os.path.exists(os.path.join(toolkit_include, "cusparse.h")):
-        return []
-    try:
-        import nvidia
-    except ImportError:
         return []
     return [
         os.path.join(root, entry, "include")
-        for root in nvidia.__path__
+        for root in toolchain.nvidia_package_roots()
         for entry in sorted(os.listdir(root))
         if os.path.exists(os.path.join(root, entry, "include", "cusparse.h"))
     ]
 
 
-def extension():
+def write_build_info(toolkit) -> None:
+    """detgrid/_build_info.py: the torch this build is for (buildinfo.py's guard reads it).
+    Written before setup() so that build_py packs it into wheels too."""
+    import torch
+
+    fields = {
+        "TORCH_VERSION": torch.__version__,
+        "TORCH_CUDA": torch.version.cuda,
+        "CUDA_KERNELS": toolkit is not None,
+        "CUDA_ARCH_LIST": os.environ["TORCH_CUDA_ARCH_LIST"] if toolkit else None,
+        "NVCC": toolkit.nvcc if toolkit else None,
+        "NVCC_VERSION": toolkit.version if toolkit else None,
+    }
+    text = "# Generated by setup.py for this build; not in git.\n" + "".join(
+        f"{key} = {value!r}\n" for key, value in fields.items())
+    with open(BUILD_INFO, "w") as f:
+        f.write(text)
+
+
+def extension(toolkit):
     sources = [
         os.path.join(EXTENSION, name)
         for name in ("register.cpp", "autograd.cpp", "checks.cpp",
                      "GridSamplerDeterministicCPU.cpp")
     ]
     include_dirs = [os.path.abspath(ATEN_SRC)]
-    if not build_cuda():
+    if toolkit is None:
         return cpp_extension.CppExtension(
             "detgrid._C",
             sources,
@@ -76,11 +141,14 @@ def extension():
             extra_compile_args={"cxx": CXX_FLAGS + EXTRA_CXX_FLAGS},
             extra_link_args=EXTRA_LINK_FLAGS,
         )
-    late_includes = [f"-idirafter{folder}" for folder in cuda_library_includes()]
+    late_includes = [f"-idirafter{folder}" for folder in cuda_library_includes(toolkit.home)]
+    cudart_dir = toolchain.link_dir_for_cudart(
+        toolkit.home, os.path.join(ROOT, "build", "detgrid-link"))
     return cpp_extension.CUDAExtension(
         "detgrid._C",
         sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE],
         include_dirs=include_dirs,
+        library_dirs=[cudart_dir] if cudart_dir else [],
         define_macros=[("DETGRID_WITH_CUDA", None)],
         extra_link_args=EXTRA_LINK_FLAGS,
         extra_compile_args={
@@ -90,14 +158,31 @@ def extension():
     )
 
 
+def install_requires():
+    """The extension runs only on the torch release it was compiled against
+    (buildinfo.py enforces it at import), so pin that release."""
+    import torch
+
+    public = torch.__version__.split("+")[0]
+    return [f"torch=={public}", "numpy"]
+
+
+TOOLKIT = cuda_toolkit()
+write_build_info(TOOLKIT)
+
 setup(
     name="detgrid",
-    version="0.1.0",
+    version=VERSION,
     description="Deterministic CUDA backward for torch.nn.functional.grid_sample",
     package_dir={"": "tools"},
     packages=find_packages("tools"),
-    ext_modules=[extension()],
+    ext_modules=[extension(TOOLKIT)],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     entry_points={"console_scripts": ["detgrid = detgrid.cli:main"]},
     python_requires=">=3.9",
+    install_requires=install_requires(),
+    extras_require={
+        "bench": ["matplotlib"],
+        "test": ["pytest", "expecttest", "hypothesis", "matplotlib"],
+    },
 )

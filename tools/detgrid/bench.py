@@ -517,11 +517,35 @@ def resolve_names(names: Optional[Sequence[str]]) -> List[str]:
     return list(dict.fromkeys(names))
 
 
-def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic
+def _bench_row(workload, config: BenchConfig, cuda: bool, tree: Dict[str, Any],
+               elapsed_s: Callable[[], float]) -> Dict[str, Any]:
+    """One workload's row: measured, or skipped (budget, stock limits), or an error."""
+    scale = config.scale if config.scale is not None else size_scale(workload, config.size)
+    if config.budget_s is not None and elapsed_s() > config.budget_s:
+        row = describe(workload, None, scale)
+        row.update(status="skipped", skip_reason=f"time budget: --budget-s "
+                   f"{config.budget_s:g} spent before it started")
+        return row
+    if not cuda and not stock_limits.stock_cpu_workload_is_reliable(workload, scale):
+        row = describe(workload, None, scale)
+        row.update(status="skipped", skip_reason=stock_limits.SKIP_REASON)
+        return row
+    try:
+        return bench_workload(workload, config.device, scale, config.warmup, config.reps,
+                              config.seed, in_tree=workload.dim in tree["dims"])
+    except Exception as e:  # a row, not a crash: the rest still runs
+        row = describe(workload, None, scale)
+        row.update(status="error", error=f"{type(e).__name__}: {str(e)[:500]}")
+        return row
+
+
+def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic,
+              on_row: Optional[Callable[[int, int, Dict[str, Any]], None]] = None
               ) -> Dict[str, Any]:
     """Runs the matrix; returns {"device", "torch", "workloads": [rows],
     "geomean", "worst", "summary", ...}. Rows never vanish: a workload not
-    run is a row with status "skipped" (time budget) or "error"."""
+    run is a row with status "skipped" (time budget) or "error".
+    on_row(done, total, row) is called as each row is finished (progress)."""
     device = config.device
     cuda = torch.device(device).type == "cuda"
     names = resolve_names(config.names)
@@ -530,28 +554,12 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic
     tree = detect_in_tree(device)
     rows: List[Dict[str, Any]] = []
     for name in names:
-        workload = BENCH_WORKLOADS[name]
-        scale = config.scale if config.scale is not None else size_scale(workload, config.size)
-        if config.budget_s is not None and clock() - start > config.budget_s:
-            row = describe(workload, None, scale)
-            row.update(status="skipped", skip_reason=f"time budget: --budget-s "
-                       f"{config.budget_s:g} spent before it started")
-            rows.append(row)
-            continue
-        if not cuda and not stock_limits.stock_cpu_workload_is_reliable(workload, scale):
-            row = describe(workload, None, scale)
-            row.update(status="skipped", skip_reason=stock_limits.SKIP_REASON)
-            rows.append(row)
-            continue
-        try:
-            row = bench_workload(workload, device, scale, config.warmup, config.reps,
-                                 config.seed, in_tree=workload.dim in tree["dims"])
-        except Exception as e:  # a row, not a crash: the rest still runs
-            row = describe(workload, None, scale)
-            row.update(status="error", error=f"{type(e).__name__}: {str(e)[:500]}")
+        row = _bench_row(BENCH_WORKLOADS[name], config, cuda, tree, lambda: clock() - start)
         if cuda:
             torch.cuda.empty_cache()
         rows.append(row)
+        if on_row:
+            on_row(len(rows), len(names), row)
     for row in rows:
         if row["status"] == "measured":
             row["targets"] = row_targets(row, cuda)
@@ -620,6 +628,60 @@ def _in_tree_dims(tree: Dict[str, Any]) -> str:
     return ", ".join(f"{dim}-D" for dim in tree["dims"]) or "no"
 
 
+TABLE_WIDTH = 120  # the widest a row of the Markdown table may be: a terminal's
+REASON_WIDTH = 50  # of a skip or error reason in the table (whole in the JSON)
+
+
+def _row_cells(r: Dict[str, Any], has_tree: bool, width: int) -> List[str]:
+    """One workload's table cells: times, ratio, memory, correctness; what
+    describes the row (shapes, dtype, modes, mask, records, samples per cell,
+    the goal) is in the JSON and `detgrid bench --list`."""
+    cells = [str(r["row"]), r["name"]]
+    if r["status"] != "measured":
+        why = str(r.get("skip_reason") or r.get("error"))
+        if len(why) > REASON_WIDTH:
+            why = why[:REASON_WIDTH - 1] + "…"
+        return cells + [f"{r['status']}: {why}"] + [""] * (width - len(cells) - 1)
+    route = r["stock_route"]
+    if r.get("cudnn_error") or (r["cudnn_route"] and route != "cudnn"):
+        route += "*"
+    extra = _fmt(r["extra_peak_mib"])
+    if r["extra_peak_mib"] is not None and r["extra_peak_mib"] > r["memory_bound_mib"]:
+        extra = f"**{extra}**"
+    diff = _fmt(r["max_rel_diff"])
+    if not r["correct"]:
+        diff = f"**{diff}**"
+    elif r["correct_by"] != "stock":
+        diff += " †"
+    met = r["targets"]["met"]
+    met = "n/a" if met == CPU_NA else met if isinstance(met, str) else ("yes" if met else "**no**")
+    if not r["correct"]:
+        met = "**WRONG**"
+    cells += [route, _fmt(r["stock_ms"]), _fmt(r["variants"]["detgrid"]["median_ms"])]
+    if has_tree:
+        cells.append(_fmt(r.get("in_tree_ms")))
+    return cells + [_fmt(r["ratio"]), extra, diff, met]
+
+
+def _table(rows: List[Dict[str, Any]]) -> List[str]:
+    """The workload table, each line at most TABLE_WIDTH characters for
+    ordinary names and numbers, then its legend."""
+    has_tree = any(r.get("in_tree_ms") is not None for r in rows)
+    head = ["#", "workload", "stock", "stock ms", "det ms"] + (["in-tree ms"] if has_tree else [])
+    head += ["det/stock", "extra MiB", "max rel diff", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_row_cells(r, has_tree, len(head))) + " |" for r in rows]
+    return lines + [
+        "",
+        "stock: the route stock takes (* a cuDNN row timed on native: no cuDNN here, or it "
+        "failed, see the JSON). extra MiB in bold: over the row's bound. max rel diff in bold: "
+        "past the dtype's tolerance, a WRONG result; † stock was off, right against float64. "
+        "met: the row's speed and memory goals (CPU: n/a, a smoke run). Shapes, dtype, layout, "
+        "modes, mask, records, samples per cell, bounds and goals: the JSON, and "
+        "`detgrid bench --list`.",
+    ]
+
+
 def markdown(result: Dict[str, Any]) -> str:
     """The result as a Markdown report: header, table, targets, notes."""
     cuda = result["device"] != "cpu"
@@ -637,53 +699,7 @@ def markdown(result: Dict[str, Any]) -> str:
     if not cuda:
         lines += ["**CPU smoke run**: host executor vs stock CPU on small shapes. It tests the "
                   "harness; its times are not a performance claim.", ""]
-    has_tree = any(r.get("in_tree_ms") is not None for r in result["workloads"])
-    head = ["#", "workload", "input", "grid", "dtype · layout", "mode · pad · ac", "mask",
-            "stock route", "native ms", "cuDNN ms", "det ms"]
-    if has_tree:
-        head += ["in-tree ms"]
-    head += ["det/stock", "goal", "extra MiB", "records", "samples/cell", "max rel diff",
-             "met"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in result["workloads"]:
-        mask = "".join(("in" if r["output_mask"][0] else ""),) + (
-            "+grid" if r["output_mask"][0] and r["output_mask"][1] else
-            ("grid" if r["output_mask"][1] else ""))
-        cells = [str(r["row"]), r["name"], _shape(r["input_shape"]), _shape(r["grid_shape"]),
-                 f"{r['dtype']} · {r['layout']}",
-                 f"{r['mode']} · {r['padding']} · {'T' if r['align_corners'] else 'F'}", mask]
-        if r["status"] != "measured":
-            why = r.get("skip_reason") or r.get("error")
-            cells += [f"{r['status']}: {why}"] + [""] * (len(head) - len(cells) - 1)
-            lines.append("| " + " | ".join(cells) + " |")
-            continue
-        v = r["variants"]
-        t = r["targets"]
-        goal = f"≤ {t['speed_goal']:g}"
-        extra = _fmt(r["extra_peak_mib"])
-        if r["extra_peak_mib"] is not None:
-            extra += f" (≤ {r['memory_bound_mib']:.0f})"
-        diff = _fmt(r["max_rel_diff"])
-        if not r["correct"]:
-            diff += f" **> {r['tolerance']:g}**"
-        elif r["correct_by"] != "stock":
-            diff += f" (stock off; det vs float64 {_fmt(r['err_vs_float64']['detgrid'])})"
-        met = t["met"] if isinstance(t["met"], str) else ("yes" if t["met"] else "**no**")
-        if not r["correct"]:
-            met = "**no (wrong result)**"
-        route = r["stock_route"]
-        if r.get("cudnn_error"):
-            route += " (cuDNN failed: see JSON)"
-        elif r["cudnn_route"] and route != "cudnn":
-            route += " (cuDNN row; no cuDNN here)"
-        cells += [route, _fmt(v["native"]["median_ms"]),
-                  _fmt(v["cudnn"]["median_ms"]) if "cudnn" in v else "–",
-                  _fmt(v["detgrid"]["median_ms"])]
-        if has_tree:
-            cells.append(_fmt(r.get("in_tree_ms")))
-        cells += [_fmt(r["ratio"]), goal, extra, str(r["records"]),
-                  _fmt(r["samples_per_cell"]), diff, met]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += _table(result["workloads"])
     lines += ["", f"det/stock geomean {_fmt(s['geomean'])}, worst {_fmt(s['worst'])} "
               f"({s['worst_workload']}); {s['measured']} rows measured, "
               f"{len(s['skipped'])} skipped, {len(s['errors'])} errors."]
@@ -733,6 +749,17 @@ def markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SMOKE_COLOR = "0.65"  # grey: a CPU run's times are no win or loss
+
+
+def _bar_color(ratio: float, smoke: bool) -> str:
+    """Green where detgrid is faster, red where slower; grey for a CPU smoke
+    run, whose small shapes and noisy host clock make no claim either way."""
+    if smoke:
+        return SMOKE_COLOR
+    return "#2a9d55" if ratio <= 1.0 else "#d1495b"
+
+
 def plot(result: Dict[str, Any], path: str) -> str:
     """A bar plot of det/stock per workload (log scale, 1.0 line) to path (PNG)."""
     import matplotlib
@@ -741,6 +768,7 @@ def plot(result: Dict[str, Any], path: str) -> str:
     import matplotlib.pyplot as plt
 
     rows = result["workloads"]
+    smoke = result["device"] == "cpu"
     names = [r["name"] for r in rows]
     ratios = [r.get("ratio") if r["status"] == "measured" else None for r in rows]
     fig, ax = plt.subplots(figsize=(max(8.0, 0.42 * len(rows) + 2), 5.2))
@@ -753,10 +781,10 @@ def plot(result: Dict[str, Any], path: str) -> str:
             ax.text(x, lo * 1.15, r["status"], rotation=90, ha="center", va="bottom",
                     fontsize=7, color="0.45")
             continue
-        color = "#2a9d55" if v <= 1.0 else "#d1495b"
         hatch = "xx" if not r["correct"] else None
-        ax.bar(x, v, color=color, hatch=hatch, edgecolor="black", linewidth=0.4, bottom=0)
-        if v <= speed_goal(r) and (r["high_collision"] or r["large_channels"]):
+        ax.bar(x, v, color=_bar_color(v, smoke), hatch=hatch, edgecolor="black", linewidth=0.4,
+               bottom=0)
+        if not smoke and v <= speed_goal(r) and (r["high_collision"] or r["large_channels"]):
             ax.text(x, v * 1.05, "2x", ha="center", va="bottom", fontsize=6)
     ax.set_yscale("log")
     ax.set_ylim(lo, hi)
@@ -773,8 +801,8 @@ def plot(result: Dict[str, Any], path: str) -> str:
     ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("detgrid / stock time (log; < 1 is faster)")
     title = f"detgrid bench: {result['device_name']}, torch {result['torch']}"
-    if result["device"] == "cpu":
-        title += " (CPU smoke run, not a performance claim)"
+    if smoke:
+        title = f"CPU smoke run, not a performance claim: {title}"
     g = result["summary"]["geomean"]
     if g:
         title += f"\ngeomean {g:.3g}, worst {result['summary']['worst']:.3g}; " \

@@ -13,6 +13,8 @@ full:      in the PyTorch checkout at PATH, upstream's own build
 extension: `pip install --no-build-isolation .` in the kit's root, against the
            installed torch (minutes); `-e .` when detgrid is already installed
            editable from the tree (as tools/setup.sh does), so that it stays so.
+           The plan's notes say which nvcc and architectures setup.py will use
+           (detgrid.toolchain decides for both), or why its build will fail.
 
 plan_build() returns the plan (environment and commands) as data; run_build()
 runs it through a runner that streams lines, writes the full log, parses
@@ -30,6 +32,8 @@ import shutil
 import subprocess
 import sys
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+from detgrid import sourcetree, toolchain
 
 GIB = 2**30
 GIB_PER_JOB = 2.5  # a CUDA/ATen translation unit can take ~2-3 GiB to compile
@@ -126,27 +130,43 @@ def ninja_note() -> List[str]:
             "to make (slower, and no [n/m] progress)"]
 
 
+def extension_cuda_notes(arch: Optional[str], arch_origin: str) -> List[str]:
+    """What the extension build will do about CUDA, decided as setup.py decides
+    it (toolchain.cuda_plan), so that a dry run tells the truth. `arch` is the
+    TORCH_CUDA_ARCH_LIST the plan sets, if any, and `arch_origin` its source."""
+    import torch
+
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST=arch) if arch else os.environ
+    try:
+        plan = toolchain.cuda_plan(torch, env)
+    except toolchain.Unusable as e:
+        return [f"this build will fail: {e}"]
+    if arch and plan.toolkit is not None:
+        plan = dataclasses.replace(plan, origin=arch_origin)
+    return [plan.describe()]
+
+
 def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional[int] = None,
                cuda_arch: Optional[str] = None, python: str = sys.executable,
                kit_root: str = KIT_ROOT, detect_arch: Optional[Callable[[], Optional[str]]] = None,
                cores: Optional[int] = None, mem_bytes: Optional[int] = None,
-               editable: Optional[bool] = None) -> BuildPlan:
+               editable: Optional[bool] = None,
+               describe_cuda: Optional[Callable[[Optional[str], str], List[str]]] = None
+               ) -> BuildPlan:
     if jobs is not None and jobs < 1:
         raise BuildError("--jobs must be at least 1")
     max_jobs = str(jobs if jobs is not None else default_max_jobs(cores, mem_bytes))
     arch = cuda_arch or (detect_arch or local_cuda_arch)()
     pip = [python, "-m", "pip"]
     if mode == "extension":
-        if not os.path.isfile(os.path.join(kit_root, "setup.py")):
-            raise BuildError(f"{kit_root} is not the detgrid source tree (no setup.py): "
-                             "--mode extension builds from a clone of the kit")
+        problem = sourcetree.needs_source_tree("build --mode extension", kit_root)
+        if problem:
+            raise BuildError(problem)
         env = {"MAX_JOBS": max_jobs}
-        notes = []
         if arch:
             env["TORCH_CUDA_ARCH_LIST"] = arch
-        else:
-            notes.append("no GPU visible and no --cuda-arch: torch picks the CUDA architectures "
-                         "(the CUDA kernels are built only when torch has CUDA and nvcc is found)")
+        notes = (describe_cuda or extension_cuda_notes)(
+            arch, "--cuda-arch" if cuda_arch else "the local GPU")
         install = pip + ["install", "--no-build-isolation", "."]
         if installed_editable() if editable is None else editable:
             # replacing tools/setup.sh's editable install by a copy would leave
@@ -280,11 +300,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "build", help="build patched PyTorch from a checkout (full) or the drop-in extension")
     p.add_argument("--pytorch", metavar="PATH", help="PyTorch checkout (needed for --mode full)")
-    p.add_argument("--mode", choices=("full", "extension"), default="full")
+    p.add_argument("--mode", choices=("full", "extension"), default="full",
+                   help="full: patched PyTorch in --pytorch; extension: detgrid itself, "
+                   "from the kit's tree, against the installed torch")
     p.add_argument("--dry-run", action="store_true",
                    help="print the exact environment and commands; run nothing")
     p.add_argument("--jobs", type=int, default=None,
                    help="MAX_JOBS (default: min(cores, memory GiB / 2.5))")
     p.add_argument("--cuda-arch", metavar="LIST", default=None,
-                   help="TORCH_CUDA_ARCH_LIST, e.g. 9.0 (default: the local GPU's)")
+                   help="TORCH_CUDA_ARCH_LIST, e.g. 9.0 (default: the local GPU's; without a GPU, "
+                   "--mode extension builds for the architectures torch was built for)")
     p.set_defaults(handler=_handler)

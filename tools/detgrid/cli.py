@@ -34,6 +34,41 @@ def _finite(*, positive: bool) -> Callable[[str], float]:
     return parse
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show (None,
+    or False for a flag): those options' help says what happens instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The kit's parser: defaults in --help, for the subcommands' parsers too
+    (add_subparsers builds them with the parser's own class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+class _VersionAction(argparse.Action):
+    """--version: the package and the build it is (the torch it was made for,
+    its CUDA kernels), on one line; argparse's own would wrap it."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and the torch this build is for, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import detgrid
+        from detgrid import buildinfo
+
+        print(f"detgrid {detgrid.__version__}: {buildinfo.summary()}")
+        parser.exit()
+
+
 def _cuda_unusable() -> Optional[str]:
     """Why --device cuda cannot run here, or None."""
     from detgrid import ops
@@ -98,7 +133,7 @@ def _bench(args: argparse.Namespace) -> int:
     for key in ("warmup", "reps", "scale", "seed", "budget_s"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
-    result = bench.run_bench(config)
+    result = bench.run_bench(config, on_row=_bench_progress)
     out = args.out or bench.default_out(result)
     paths = bench.write_outputs(result, out)
     print(bench.markdown(result))
@@ -110,6 +145,17 @@ def _bench(args: argparse.Namespace) -> int:
     # Speed targets are benchmarks (reported, never the exit code); a wrong
     # result or a failing variant is an error.
     return 1 if summary["incorrect"] or summary["errors"] else 0
+
+
+def _bench_progress(done: int, total: int, row: dict) -> None:
+    """One line per finished workload on stderr: a CUDA run takes minutes."""
+    if row["status"] == "measured":
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3g}"
+        outcome = f"det/stock {ratio}" + ("" if row["correct"] else ", WRONG RESULT")
+    else:
+        outcome = row["status"]
+    print(f"detgrid bench: [{done}/{total}] {row['name']}: {outcome}", file=sys.stderr,
+          flush=True)
 
 
 def _render(path: str) -> int:
@@ -133,19 +179,23 @@ def _render(path: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="detgrid",
         description="Deterministic grid_sample backward: kernel, patch and issue kit.",
     )
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True)
     verify = commands.add_parser(
         "verify",
         help="run the deterministic backward on the embedded default case: "
         "hashes over repeated runs, agreement with stock",
     )
-    verify.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    verify.add_argument("--runs", type=_count(1), default=10)
-    verify.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    verify.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: cuda when torch sees a GPU and this build has CUDA kernels")
+    verify.add_argument("--runs", type=_count(1), default=10,
+                        help="repeated runs per case, hashed")
+    verify.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="dtype of the cases")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=_verify)
 
@@ -186,8 +236,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _needs_source_tree(args: argparse.Namespace) -> Optional[str]:
+    """Why the verb cannot run from this (installed) copy, or None."""
+    import os
+
+    from detgrid import sourcetree
+
+    if args.command == "report":
+        return sourcetree.needs_source_tree("report")
+    if args.command == "patch":
+        # patch may take aten_kernels/ from another checkout (DETGRID_KIT_ROOT)
+        return sourcetree.needs_source_tree(
+            "patch", os.environ.get("DETGRID_KIT_ROOT") or sourcetree.KIT_ROOT)
+    return None  # build --mode extension checks in its plan (detgrid.build)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = _needs_source_tree(args)
+    if problem:
+        return _fail(args.command, problem)
     return args.handler(args)
 
 

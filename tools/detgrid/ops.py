@@ -10,7 +10,10 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-import detgrid._C  # noqa: F401  (registers torch.ops.detgrid)
+from detgrid import buildinfo
+
+buildinfo.check()  # refuses, in one line, a build made for another torch
+import detgrid._C  # noqa: E402,F401  (registers torch.ops.detgrid)
 
 Gradients = Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]
 

@@ -1,0 +1,58 @@
+# Owner(s): ["module: nn"]
+"""README's snippets do what README says: the Use block runs as pasted (on
+this machine's torch: CUDA where there is a GPU and CUDA kernels, else the
+CPU switch), and the install section names the command the install's own
+failure message gives."""
+
+import os
+import re
+import subprocess
+import sys
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+from detgrid import toolchain
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def section(title):
+    with open(README) as f:
+        text = f.read()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def code_blocks(text, language):
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+class TestReadme(TestCase):
+    def test_use_snippet_runs_as_pasted_and_reproduces_its_bits(self):
+        (snippet,) = code_blocks(section("Use"), "python")
+        outputs = []
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, "-W", "error", "-c", snippet],
+                                  capture_output=True, text=True, timeout=300)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.stderr, "")  # "no error, no warning"
+            outputs.append(proc.stdout)
+        self.assertEqual(outputs[0], outputs[1])
+        float(outputs[0])
+
+    def test_install_offers_the_command_of_the_failure_message(self):
+        (commands,) = code_blocks(section("Install"), "sh")
+        first = commands.splitlines()[0].split("   #")[0]
+        self.assertEqual(first, toolchain.pip_toolkit_command("13.0"))
+        self.assertIn("pip install --no-build-isolation .", commands)
+
+    def test_readme_opens_with_the_main_job_and_the_tests(self):
+        with open(README) as f:
+            head = f.read().split("```")[1]
+        self.assertIn("bash tools/setup.sh && .venv/bin/detgrid verify", head)
+        self.assertIn("bash tools/setup.sh && .venv/bin/python -m pytest tests", head)
+
+
+if __name__ == "__main__":
+    run_tests()
