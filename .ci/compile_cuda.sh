@@ -6,39 +6,15 @@
 #   2.15.0+cu132: the newest release, from PyPI past the cap
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cache_root=${DETGRID_CACHE:-$HOME/.cache/detgrid}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 nvcc=${NVCC:-$cuda_home/bin/nvcc}
 cuda_include=$cuda_home/include
 pip=${PIP:-pip}
 python=${PYTHON:-python3}
 
-# Headers of one torch release (+ the CUDA library headers ATen includes),
-# unpacked once into the cache.
-fetch_headers() {
-  local version=$1 cache=$2
-  [ -f "$cache/.complete" ] && return
-  rm -rf "$cache" && mkdir -p "$cache/wheels"
-  if [ "$version" = 2.15.0 ]; then
-    XDG_CONFIG_DIRS=/nonexistent PIP_CONFIG_FILE=/dev/null \
-      "$pip" download -q --no-deps -d "$cache/wheels" "torch==$version"
-  else
-    "$pip" download -q --no-deps -d "$cache/wheels" "torch==$version"
-  fi
-  "$pip" download -q --no-deps -d "$cache/wheels" \
-    nvidia-cublas nvidia-cusparse nvidia-cusolver
-  unzip -q -o "$cache"/wheels/torch-*.whl 'torch/include/*' -d "$cache"
-  for wheel in "$cache"/wheels/nvidia_*.whl; do
-    unzip -q -o "$wheel" 'nvidia/cu13/include/*' -d "$cache"
-  done
-  rm -rf "$cache/wheels"
-  touch "$cache/.complete"
-}
-
 status=0
 for version in 2.14.1 2.15.0; do
-  cache="$cache_root/cuda-headers-$version"
-  fetch_headers "$version" "$cache" 2>&1 | { grep -v "^WARNING: Location" || true; }
+  cache=$(PIP=$pip bash "$root/.ci/fetch_cuda_headers.sh" "$version")
   includes=(
     -I"$root/aten_kernels/aten/src"
     -I"$cache/torch/include"

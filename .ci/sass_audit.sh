@@ -6,20 +6,19 @@
 # each reduce kernel's inner-loop instruction count. Then proves the audit
 # has teeth: a --use_fast_math build of a point pass and a reduce of the same
 # pipeline (.ci/audit/fast_math_probe.cu) must fail it.
-#   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers (as
-#   .ci/compile_cuda.sh fetches them), nvdisasm from the nvidia-cuda-nvdisasm
+#   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers
+#   (.ci/fetch_cuda_headers.sh), nvdisasm from the nvidia-cuda-nvdisasm
 #   wheel (SASS with inlined line info; cuobjdump -sass has no line info).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache_root=${DETGRID_CACHE:-$HOME/.cache/detgrid}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 python=${PYTHON:-$root/.venv/bin/python}
-headers=$cache_root/cuda-headers-2.14.1
+headers=$(PIP="$(dirname "$python")/pip" bash "$root/.ci/fetch_cuda_headers.sh" 2.14.1)
 tools=$cache_root/nvdisasm
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-[ -f "$headers/.complete" ] || { echo "no torch 2.14.1 headers in $headers: run .ci/compile_cuda.sh first"; exit 1; }
 if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ]; then
   rm -rf "$tools" && mkdir -p "$tools"
   "$python" -m pip download -q --disable-pip-version-check --no-deps -d "$tools" \
