@@ -263,14 +263,6 @@ C10_HOST_DEVICE inline int64_t pad_index(
   return index;
 }
 
-// 1.0 / reflection_period, computed once on the host for every axis (a
-// double division on the GPU is a subroutine call). Zero where the period
-// is zero (a single pixel with align_corners, which reflects to 0).
-template <int kDims>
-struct InversePeriods {
-  double v[kDims];
-};
-
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
 // -1, 0, 1, 2 from floor(coord), and their derivatives by t = coord - floor.
 template <typename T>
@@ -591,7 +583,7 @@ template <int kTaps, int kDims, typename T, typename index_t>
 C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     const T (&grid_coord)[kDims],
     const Spatial<index_t, kDims>& inp_size,
-    const InversePeriods<kDims>& inverse_periods,
+    const Spatial<double, kDims>& inverse_periods,
     GridSamplerPadding padding_mode,
     bool align_corners) {
   const std::integral_constant<int, kTaps> taps_per_axis_c;
@@ -770,7 +762,10 @@ struct BackwardArgs {
   index_t channels;
   Spatial<index_t, kDims> inp_size;
   Spatial<index_t, kDims> out_size;
-  InversePeriods<kDims> inverse_periods; // of inp_size's axes
+  // 1.0 / reflection_period of inp_size's axes, computed once on the host (a
+  // double division on the GPU is a subroutine call); zero where the period
+  // is zero (a single pixel with align_corners, which reflects to 0).
+  Spatial<double, kDims> inverse_periods;
   GridSamplerInterpolation interpolation_mode;
   GridSamplerPadding padding_mode;
   bool align_corners;
