@@ -108,6 +108,17 @@ class TestSassAudit(TestCase):
         self.assertEqual((cost.body, cost.calls, cost.callee), (5, 1, 2))
         self.assertEqual(cost.total, 7)
 
+    def test_unreadable_input_is_a_one_line_error(self):
+        import contextlib
+        import io
+
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            rc = sass_audit.main(["--ptxas-log", "/nonexistent/ptxas.txt", "--sass", "/dev/null"])
+        self.assertEqual(rc, 2)
+        self.assertEqual(stderr.getvalue().count("\n"), 1)
+        self.assertIn("cannot read /nonexistent/ptxas.txt", stderr.getvalue())
+
 
 if __name__ == "__main__":
     run_tests()

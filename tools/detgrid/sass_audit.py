@@ -297,9 +297,9 @@ def reduce_loop_table(functions: Dict[str, Function]) -> List[Tuple[str, LoopCos
     rows = []
     names = [n for n in functions if OUR_KERNEL.search(n) and re.search(r"[Rr]educe", n)]
     for name, readable in zip(names, demangle(names)):
-        function = functions[name]
-        double = "BackwardArgsId" in name or re.search(r"Reduce(Dense|Sparse)ILi\d+EdE", name)
-        cost = inner_loop_cost(function, *(("DMUL", "DADD") if double else ("FMUL", "FADD")))
+        # fp64 kernels fold with DMUL/DADD, the others with FMUL/FADD.
+        cost = (inner_loop_cost(functions[name], "FMUL", "FADD")
+                or inner_loop_cost(functions[name], "DMUL", "DADD"))
         if cost is not None:
             rows.append((readable, cost))
     return sorted(rows)
@@ -314,10 +314,15 @@ def main(argv=None) -> int:
     parser.add_argument("--loops", action="store_true",
                         help="print the reduce kernels' inner-loop instruction counts")
     args = parser.parse_args(argv)
-    with open(args.ptxas_log) as f:
-        resources = parse_ptxas(f.read())
-    with open(args.sass) as f:
-        functions = parse_sass(f.read())
+    try:
+        with open(args.ptxas_log, encoding="utf-8") as f:
+            resources = parse_ptxas(f.read())
+        with open(args.sass, encoding="utf-8") as f:
+            functions = parse_sass(f.read())
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"sass audit: cannot read {e.filename or 'an input'}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     ours = [n for n in functions if OUR_KERNEL.search(n)]
     if not ours:
         print("sass audit: no detgrid kernel in the SASS (was it built with -lineinfo?)",
