@@ -22,6 +22,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+from detgrid import ops
 from golden import corpus
 from golden.corpus import CASES, CASES_BY_NAME
 
@@ -62,6 +63,44 @@ class TestGoldenDigests(TestCase):
                   if corpus.compute(case, key_bits=key_bits, index_bits=index_bits)
                   != {k: GOLDEN[case.name][k] for k in ("grad_input", "grad_grid")}]
         self.assertEqual(differ, [])
+
+    def test_one_key_per_tap_gives_the_golden_bits_of_one_key_per_point(self):
+        # Bilinear and trilinear sampling sort one key per point (its cell)
+        # where the reduction is dense and merge the neighbouring cells per
+        # destination; keying=1 sorts one key per tap instead. Both must
+        # give every case's golden bits.
+        per_cell = [case for case in CASES if case.keying == "cell"]
+        self.assertGreaterEqual(len(per_cell), 30)
+        differ = [case.name for case in CASES
+                  if corpus.compute(case, keying=1)
+                  != {k: GOLDEN[case.name][k] for k in ("grad_input", "grad_grid")}]
+        self.assertEqual(differ, [])
+
+    def test_one_key_per_point_covers_every_padding_rank_and_grid_kind(self):
+        per_cell = [case for case in CASES if case.keying == "cell"]
+        self.assertEqual({(c.dims, c.padding) for c in per_cell},
+                         {(d, p) for d in (2, 3) for p in corpus.PADDINGS})
+        self.assertEqual({c.align_corners for c in per_cell}, {False, True})
+        self.assertEqual({c.grid for c in per_cell}, set(corpus.GRID_KINDS))
+        self.assertEqual({c.dtype for c in per_cell}, set(corpus.DTYPES))
+        self.assertTrue(any(c.num_chunks > 1 and c.dtype in corpus.REDUCED_DTYPES
+                            for c in per_cell))
+
+    def test_keying_restated_by_the_corpus_is_the_executors(self):
+        # The counting executor runs the pipeline's own plan: one sort item
+        # per point where the corpus says "cell", one per record elsewhere.
+        for case in CASES:
+            if case.reduction == "none":
+                continue
+            grad_output, inp, grid = corpus.make_inputs(case)
+            counters = ops.work_counters(
+                grad_output, inp, grid, corpus.MODES[case.mode],
+                corpus.PADDINGS[case.padding], case.align_corners,
+                list(case.output_mask), chunk_points=case.chunk_points)
+            items_per_point = 1 if case.keying == "cell" else case.taps
+            self.assertEqual(counters["items_sorted"], case.points * items_per_point,
+                             msg=case.name)
+            self.assertEqual(counters["chunks"], case.num_chunks, msg=case.name)
 
     def test_table_has_exactly_the_corpus_cases_with_current_descriptions(self):
         self.assertEqual(sorted(GOLDEN), sorted(CASES_BY_NAME),
@@ -221,14 +260,19 @@ class TestGoldenCorpusCoverage(TestCase):
     def test_destinations_with_more_than_256_records_across_tiles(self):
         self.assertEqual(corpus.RECORDS_PER_PARTIAL, 256)
         crossing = []
+        keyings = set()
         for case in CASES:
             if case.name.startswith("hot_") and case.mode in ("bilinear", "nearest"):
                 records, first, last = self._hot_destination(case)
                 self.assertGreater(records, corpus.RECORDS_PER_PARTIAL, case.name)
                 if first // corpus.TILE_POINTS != last // corpus.TILE_POINTS:
                     crossing.append((case.dims, case.reduction, case.num_chunks))
+                    keyings.add((case.mode, case.keying))
         self.assertIn((2, "sparse", 1), crossing)
         self.assertIn((3, "dense", 1), crossing)
+        # The merge of neighbouring cells (one key per point) cuts partials
+        # at the same records as one key per tap.
+        self.assertIn(("bilinear", "cell"), keyings)
         # and one whose records also straddle a chunk boundary
         self.assertTrue(any(dims == 2 and chunks > 1 for dims, _, chunks in crossing))
         # Multi-chunk zoom cases: hot destinations in reduced precision, so

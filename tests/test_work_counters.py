@@ -39,22 +39,50 @@ def _counters(input_shape, grid_spatial, mode=BILINEAR, mask=(True, True),
 
 class TestWorkCounters(TestCase):
 
-    def test_dense_bilinear_call_counts_by_hand(self):
-        # 256 points x 4 taps = 1024 records >= 64 destinations: dense.
+    def test_dense_bilinear_call_sorts_one_key_per_point(self):
+        # 256 points; 9 x 9 = 81 cells <= 256 x 4 taps: dense, keyed per cell.
         c = _counters((1, 3, 8, 8), (16, 16))
         self.assertEqual(c["points"], 256)
         self.assertEqual(c["records"], 1024)
-        self.assertEqual(c["items_sorted"], 1024)
+        self.assertEqual(c["items_sorted"], 256)
         self.assertEqual(c["chunks"], 1)
-        # point pass, sort, two zero fills of the segment bounds, mark
+        # point pass, sort, one zero fill of the segment table, mark
         # segments, reduce
-        self.assertEqual(c["launches_per_chunk"], 6)
-        self.assertEqual(c["launches"], 6)
-        self.assertEqual(c["key_bits"], 7)  # keys 0..64 (64 marks "nowhere")
+        self.assertEqual(c["launches_per_chunk"], 5)
+        self.assertEqual(c["launches"], 5)
+        self.assertEqual(c["key_bits"], 7)  # keys 0..81 (81 marks "nowhere")
         self.assertEqual(c["key_bytes"], 4)
-        # keys in/out, ids in (+1) and out, weights, per-point offsets
+        # keys in/out, ids in (+1) and out, the weights of all 1024 taps,
+        # per-point offsets, the segment table over the cells
         self.assertEqual(c["workspace_bytes"],
-                         2 * 1024 * 4 + (1025 + 1024) * 4 + 1024 * 4 + 256 * 4)
+                         2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
+        self.assertEqual(c["sort_scratch_bytes"], 256 * (4 + 4))
+
+    def test_dense_bilinear_call_keyed_per_tap_counts_by_hand(self):
+        c = _counters((1, 3, 8, 8), (16, 16), keying=1)
+        self.assertEqual(c["items_sorted"], 1024)
+        self.assertEqual(c["launches_per_chunk"], 5)
+        self.assertEqual(c["key_bits"], 7)  # keys 0..64 (64 marks "nowhere")
+        self.assertEqual(c["workspace_bytes"],
+                         2 * 1024 * 4 + (1025 + 1024) * 4 + 1024 * 4 + 256 * 4 + 2 * 64 * 4)
+
+    def test_dense_trilinear_call_sorts_one_key_per_point(self):
+        # 512 points; 5^3 = 125 cells <= 512 x 8 taps.
+        c = _counters((1, 2, 4, 4, 4), (8, 8, 8))
+        self.assertEqual(c["items_sorted"], 512)
+        self.assertEqual(c["records"], 4096)
+        self.assertEqual(c["key_bits"], 7)  # keys 0..125
+        self.assertEqual(_counters((1, 2, 4, 4, 4), (8, 8, 8), keying=1)["items_sorted"], 4096)
+
+    def test_bilinear_keys_per_tap_where_the_cells_need_a_sparse_reduction(self):
+        # 64 points x 4 taps = 256 records: 201 x 201 cells would need a
+        # sparse reduction, which merges no cells, so the keys are per tap.
+        c = _counters((1, 1, 200, 200), (8, 8))
+        self.assertEqual(c["items_sorted"], 256)
+
+    def test_unknown_keying_is_a_one_line_error(self):
+        with self.assertRaisesRegex(RuntimeError, "keying must be 0 \\(automatic\\) or 1"):
+            _counters((1, 1, 8, 8), (4, 4), keying=2)
 
     def test_sparse_bilinear_call_counts_by_hand(self):
         # 64 points x 4 taps = 256 records < 40000 destinations: sparse.
@@ -78,14 +106,15 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["workspace_bytes"], 0)
 
     def test_chunks_of_a_reduced_precision_call_add_a_float_carry(self):
-        # 3 chunks of 4096 points; sparse (10^4 destinations > 16384 records
-        # is false: 100 x 100 = 10^4 <= 16384, so dense).
+        # 3 chunks of 4096 points; 101 x 101 = 10201 cells <= 4096 x 4 taps:
+        # dense, keyed per cell.
         c = _counters((1, 2, 100, 100), (96, 128), dtype=torch.float16, chunk_points=4096)
         self.assertEqual(c["chunks"], 3)
-        self.assertEqual(c["items_sorted"], 96 * 128 * 4)
-        self.assertEqual(c["launches"], 3 * 6)
-        records = 4096 * 4
-        own = 2 * records * 4 + (2 * records + 1) * 4 + records * 4 + 4096 * 4
+        self.assertEqual(c["items_sorted"], 96 * 128)
+        self.assertEqual(c["launches"], 3 * 5)
+        points = 4096
+        own = (2 * points * 4 + (2 * points + 1) * 4 + points * 4 * 4 + points * 4
+               + 2 * 101 * 101 * 4)
         self.assertEqual(c["workspace_bytes"], own + 2 * 100 * 100 * 4)
 
     def test_sparse_float_carry_is_rounded_out_once(self):
@@ -94,14 +123,20 @@ class TestWorkCounters(TestCase):
         # zero fill, 2 chunks of 6, the rounding of the carry into grad_input
         self.assertEqual(c["launches"], 1 + 2 * 6 + 1)
 
-    @parametrize("dims,mode,taps", [(2, BILINEAR, 4), (2, NEAREST, 1), (2, BICUBIC, 16),
-                                    (3, BILINEAR, 8), (3, NEAREST, 1), (3, BICUBIC, 64)],
-                 name_fn=lambda dims, mode, taps: f"{dims}d_{taps}_taps")
-    def test_items_sorted_are_points_times_taps(self, dims, mode, taps):
+    @parametrize("dims,mode,taps,items_per_point",
+                 [(2, BILINEAR, 4, 1), (2, NEAREST, 1, 1), (2, BICUBIC, 16, 16),
+                  (3, BILINEAR, 8, 1), (3, NEAREST, 1, 1), (3, BICUBIC, 64, 64)],
+                 name_fn=lambda dims, mode, taps, items_per_point: f"{dims}d_{taps}_taps")
+    def test_items_sorted_per_point(self, dims, mode, taps, items_per_point):
+        # Dense problems: bilinear and trilinear sort one key per point, the
+        # others one per tap (nearest has one); keying=1 is one per tap.
         shape = (2, 3) + (5,) * dims
+        points = 2 * 6 ** dims
         c = _counters(shape, (6,) * dims, mode=mode)
-        self.assertEqual(c["items_sorted"], 2 * 6 ** dims * taps)
-        self.assertEqual(c["items_sorted"], c["records"])
+        self.assertEqual(c["records"], points * taps)
+        self.assertEqual(c["items_sorted"], points * items_per_point)
+        per_tap = _counters(shape, (6,) * dims, mode=mode, keying=1)
+        self.assertEqual(per_tap["items_sorted"], points * taps)
 
     def test_meta_and_real_tensors_count_the_same(self):
         torch.manual_seed(0)
@@ -115,23 +150,34 @@ class TestWorkCounters(TestCase):
 
     @parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32, torch.float64))
     def test_workspace_is_bounded_whatever_the_input_size(self, dtype):
-        # Our buffers stay within 64 MiB with 32-bit keys (CUB's sort scratch
-        # comes on top: about one more key and id per record of a chunk), and
-        # do not grow with the problem once it fills a chunk. Full precision
-        # keeps its sums in grad_input; a Half/BFloat16 float carry is
-        # counted apart below.
-        for dims in (2, 3):
+        # Our buffers and CUB's copy of the sort items stay within 64 MiB,
+        # dense segment table included, from inputs a dense table fits to
+        # inputs it does not, with 32- or 64-bit keys and index math, and
+        # stop growing with the problem once it fills a chunk. Full precision
+        # keeps its sums in grad_input; a Half/BFloat16 float carry the size
+        # of grad_input is counted apart.
+        for dims, sides in ((2, (64, 256, 700, 1000, 1400, 2048, 4096)),
+                            (3, (16, 40, 80, 120, 160, 200))):
             for mode in (BILINEAR, NEAREST, BICUBIC):
-                sizes = []
-                for side in (2048, 4096) if dims == 2 else (160, 200):
-                    c = _counters((2, 4) + (side,) * dims, (side,) * dims, mode=mode,
-                                  dtype=dtype)
-                    own = c["workspace_bytes"]
-                    if dtype in (torch.float16, torch.bfloat16) and c["chunks"] > 1:
-                        own -= 2 * 4 * side ** dims * 4  # the float carry of grad_input
-                    self.assertLessEqual(own, 64 * MIB, msg=f"{dims}d mode {mode} {side}")
-                    sizes.append(own)
-                self.assertEqual(sizes[0], sizes[1], msg=f"{dims}d mode {mode}")
+                for knobs in ({}, {"key_bits": 64, "index_bits": 64}, {"keying": 1}):
+                    totals = []
+                    for side in sides:
+                        c = _counters((2, 4) + (side,) * dims, (side,) * dims, mode=mode,
+                                      dtype=dtype, **knobs)
+                        own = c["workspace_bytes"]
+                        if dtype in (torch.float16, torch.bfloat16) and c["chunks"] > 1:
+                            own -= 2 * 4 * side ** dims * 4  # the float carry
+                        total = own + c["sort_scratch_bytes"]
+                        self.assertLessEqual(total, 64 * MIB - MIB,
+                                             msg=f"{dims}d mode {mode} {side} {knobs}")
+                        totals.append(total)
+                    # The two largest inputs fill chunks and need no dense table.
+                    self.assertEqual(totals[-2], totals[-1], msg=f"{dims}d mode {mode} {knobs}")
+
+    def test_default_chunks_fill_most_of_the_budget(self):
+        # Chunks are as many tiles as fit: at most one tile's bytes short.
+        c = _counters((2, 4, 4096, 4096), (4096, 4096))
+        self.assertGreater(c["workspace_bytes"] + c["sort_scratch_bytes"], 60 * MIB)
 
     def test_keys_are_32_bit_until_destinations_reach_2_to_31(self):
         self.assertEqual(_counters((1, 1, 32768, 65535), (4, 4))["key_bytes"], 4)

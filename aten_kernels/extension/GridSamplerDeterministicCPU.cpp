@@ -145,6 +145,9 @@ struct CountingExecutor {
     counters->items_sorted += count;
     counters->key_bits = end_bit;
     counters->key_bytes = sizeof(key_t);
+    counters->sort_scratch_bytes = std::max<int64_t>(
+        counters->sort_scratch_bytes,
+        int64_t{count} * static_cast<int64_t>(sizeof(key_t) + sizeof(int32_t)));
   }
 
   void inclusive_sum(

@@ -26,7 +26,10 @@ void grid_sampler_backward_executor(
 // What one call of the CUDA pipeline does, counted exactly by running the
 // pipeline with an executor that runs nothing: the tensors need only their
 // sizes, strides and dtype (meta tensors will do). A CUB call counts as one
-// launch; workspace_bytes is detgrid's own buffers, without CUB's scratch.
+// launch; workspace_bytes is detgrid's own buffers, sort_scratch_bytes an
+// estimate of CUB's scratch for the largest sort: its own copy of the keys
+// and payloads (the histograms and tile states beyond it are kept within
+// kSortScratchSlack of the pipeline's budget).
 struct WorkCounters {
   int64_t launches = 0;
   int64_t chunks = 0;
@@ -35,6 +38,7 @@ struct WorkCounters {
   int64_t key_bits = 0; // bits the radix sort looks at
   int64_t key_bytes = 0; // sizeof the sort key
   int64_t workspace_bytes = 0;
+  int64_t sort_scratch_bytes = 0;
 };
 
 WorkCounters count_backward_work(

@@ -21,9 +21,10 @@ struct BackwardOptions {
   int64_t grain_size = 0;
   int64_t key_bits = 0;
   int64_t index_bits = 0;
+  int64_t keying = 0;
 
   at::native::GridSamplerDeterministicOptions pipeline() const {
-    return {chunk_points, block_size, max_blocks, key_bits, index_bits};
+    return {chunk_points, block_size, max_blocks, key_bits, index_bits, keying};
   }
 };
 

@@ -19,9 +19,12 @@ both round-to-nearest-even.
 
 Terminology as in GridSamplerDeterministic.cu: a point is one output
 location, a tap one input pixel (voxel) a point reads, a record one (point,
-tap) pair, a tile 4096 consecutive points. The reduction of grad_input is
-dense when N * prod(input spatial sizes) <= min(points, chunk_points) * taps
-(use_dense_reduction), sparse otherwise.
+tap) pair, a tile 4096 consecutive points. Bilinear and trilinear sampling sort one
+key per point, its cell, where the reduction of grad_input is dense, that is
+where N * prod(input spatial sizes + 1) <= min(points, chunk_points) * taps;
+elsewhere one key per tap, with a dense reduction where N * prod(input
+spatial sizes) <= min(points, chunk_points) * taps, sparse otherwise
+(plan_chunks in GridSamplerDeterministicPipeline.cuh).
 
 Usage:
   python tests/golden/corpus.py            rewrite digests.json from today's code
@@ -48,9 +51,10 @@ DIGESTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digests
 
 TILE_POINTS = 4096
 RECORDS_PER_PARTIAL = 256
-# kChunkRecords in GridSamplerDeterministic.cuh: the default chunk holds
-# about this many records.
-DEFAULT_CHUNK_RECORDS = 1 << 21
+# kWorkspaceBytes and kSortScratchSlack of the pipeline: default chunks are
+# as many tiles as fit the budget beside a dense table.
+WORKSPACE_BYTES = 64 << 20
+SORT_SCRATCH_SLACK = 1 << 20
 
 MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
@@ -140,11 +144,36 @@ class Case:
         return self.N * math.prod(self.in_size)
 
     @property
-    def resolved_chunk_points(self) -> int:
+    def cells(self) -> int:
+        return self.N * math.prod(size + 1 for size in self.in_size)
+
+    def _plan(self, items_per_point: int, table_entries: int) -> tuple[int, bool]:
+        """(chunk_points, dense) as plan_chunks makes them, for 32-bit keys and
+        index math (every case fits both)."""
+        def dense_with(chunk_points):
+            return table_entries <= min(self.points, chunk_points) * self.taps
         if self.chunk_points:
-            return self.chunk_points
-        tiles = DEFAULT_CHUNK_RECORDS // (self.taps * TILE_POINTS)
-        return max(tiles, 1) * TILE_POINTS
+            return self.chunk_points, dense_with(self.chunk_points)
+        opmath_bytes = 8 if self.dtype == "float64" else 4
+        bytes_per_point = items_per_point * 3 * (4 + 4) + self.taps * opmath_bytes + 4
+        budget = WORKSPACE_BYTES - SORT_SCRATCH_SLACK - 2 * 4
+        dense_tiles = max(budget - 8 * table_entries, 0) // (bytes_per_point * TILE_POINTS)
+        if dense_tiles and dense_with(dense_tiles * TILE_POINTS):
+            return dense_tiles * TILE_POINTS, True
+        return max(budget // (bytes_per_point * TILE_POINTS), 1) * TILE_POINTS, False
+
+    @property
+    def keying(self) -> str:
+        """"cell" (one sort key per point) or "tap" (one per record)."""
+        if self.output_mask[0] and self.mode == "bilinear" and self._plan(1, self.cells)[1]:
+            return "cell"
+        return "tap"
+
+    @property
+    def resolved_chunk_points(self) -> int:
+        if self.keying == "cell":
+            return self._plan(1, self.cells)[0]
+        return self._plan(self.taps, self.destinations)[0]
 
     @property
     def records_per_chunk(self) -> int:
@@ -159,7 +188,9 @@ class Case:
         """"dense", "sparse", or "none" where grad_input is not asked for."""
         if not self.output_mask[0]:
             return "none"
-        return "dense" if self.destinations <= self.records_per_chunk else "sparse"
+        if self.keying == "cell":
+            return "dense"
+        return "dense" if self._plan(self.taps, self.destinations)[1] else "sparse"
 
     @property
     def knobs(self) -> dict[str, int]:
@@ -183,8 +214,10 @@ class Case:
         if self.reduction == "none":
             parts.append("no grad_input reduction")
         else:
+            entries = (f"{self.cells} cells" if self.keying == "cell"
+                       else f"{self.destinations} destinations")
             parts.append(
-                f"{self.reduction} reduction ({self.destinations} destinations vs "
+                f"{self.reduction} reduction keyed per {self.keying} ({entries} vs "
                 f"{self.records_per_chunk} records per chunk), {self.num_chunks} "
                 f"chunk(s) of {self.resolved_chunk_points} points")
         if self.grain_size:

@@ -61,10 +61,11 @@ def _backward_with_options(name: str):
         grain_size: int = 0,
         key_bits: int = 0,
         index_bits: int = 0,
+        keying: int = 0,
     ) -> Gradients:
         return op(grad_output, input, grid, interpolation_mode, padding_mode,
                   align_corners, list(output_mask), chunk_points, block_size,
-                  max_blocks, grain_size, key_bits, index_bits)
+                  max_blocks, grain_size, key_bits, index_bits, keying)
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -75,7 +76,8 @@ def _backward_with_options(name: str):
     block_size and max_blocks shape CUDA launches, grain_size the host
     executor's parallel_for; key_bits and index_bits (32 or 64) force the
     width of the sort keys and of the index math, which are otherwise 32
-    wherever the problem fits.
+    wherever the problem fits; keying=1 sorts one key per tap where the
+    default sorts one per point (bilinear and trilinear, dense reduction).
     """
     return backward_with_options
 
@@ -87,7 +89,7 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 
 
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
-                       "key_bits", "key_bytes", "workspace_bytes")
+                       "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes")
 
 
 def work_counters(
@@ -102,6 +104,7 @@ def work_counters(
     chunk_points: int = 0,
     key_bits: int = 0,
     index_bits: int = 0,
+    keying: int = 0,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
 
@@ -109,13 +112,15 @@ def work_counters(
     tensors' sizes, strides and dtype matter: meta tensors will do, and the
     counts are the same on every machine. Fields: kernel launches (a CUB call
     counts as one), chunks, launches_per_chunk (those of the first chunk),
-    items_sorted (records through the radix sort), key_bits (bits it sorts),
-    key_bytes, workspace_bytes (detgrid's buffers; CUB's scratch is extra).
+    items_sorted (radix-sort items: one per point or one per record, as the
+    pipeline keys the call), key_bits (bits it sorts),
+    key_bytes, workspace_bytes (detgrid's buffers), sort_scratch_bytes (an
+    estimate of CUB's radix-sort scratch: its copy of the keys and payloads).
     Also `points` and `records` (points x taps), from the shapes.
     """
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-        list(output_mask), chunk_points, key_bits, index_bits)
+        list(output_mask), chunk_points, key_bits, index_bits, keying)
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     dims = input.dim() - 2
     points = grid.numel() // dims

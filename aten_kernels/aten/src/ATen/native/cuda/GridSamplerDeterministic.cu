@@ -97,8 +97,13 @@ template <typename Stage>
 struct MaxThreads {
   static constexpr int value = kMaxBlockSize;
 };
-template <int kTaps, bool kEmitRecords, typename Args, typename key_t>
-struct MaxThreads<PointPass<kTaps, kEmitRecords, Args, key_t>> {
+template <
+    int kTaps,
+    bool kEmitRecords,
+    Keying kKeying,
+    typename Args,
+    typename key_t>
+struct MaxThreads<PointPass<kTaps, kEmitRecords, kKeying, Args, key_t>> {
   static constexpr int value = kPointPassBlockSize;
 };
 

@@ -40,8 +40,9 @@ using detail::GridSamplerPadding;
 constexpr int64_t kTilePoints = 4096;
 // Longest run of one destination's records summed into a single partial.
 constexpr int64_t kRecordsPerPartial = 256;
-// Records sorted at once; bounds the workspace (see the .cu file).
-constexpr int64_t kChunkRecords = int64_t{1} << 21;
+// What one chunk's buffers may take, CUB's sort scratch included; chunks are
+// sized to it (see the .cu file and plan_chunks in the pipeline).
+constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
 // Coordinates are converted to integers only inside this range; no input
 // dimension comes close to it, so a point beyond it has no tap in bounds.
 constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
@@ -785,6 +786,19 @@ struct BackwardArgs {
   C10_HOST_DEVICE index_t num_destinations() const {
     return batch * destinations_per_image();
   }
+  // Cells (see ChunkRecords) of one image: one more than the pixels along
+  // every axis, for base taps at -1.
+  C10_HOST_DEVICE Spatial<index_t, kDims> cell_size() const {
+    Spatial<index_t, kDims> size;
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = 0; a < kDims; ++a) {
+      size.v[a] = inp_size.v[a] + 1;
+    }
+    return size;
+  }
+  C10_HOST_DEVICE int64_t num_cells() const {
+    return batch * spatial_numel(cell_size());
+  }
 };
 
 // The arguments of one call; every tensor may have any strides.
@@ -826,12 +840,29 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   return args;
 }
 
-// Where the point pass writes one chunk's records. Record r of a chunk is
-// tap r % kTapsPerPoint of the chunk's point r / kTapsPerPoint. Its key is
-// its destination, or num_destinations when the tap is out of bounds (so it
-// sorts after every real destination); its sort payload is r itself. Beside
-// them lie what the reduce needs of r without any integer division: the tap
-// weight, and per point the offset of grad_output[n][0][position].
+// How a chunk's records are keyed for the sort.
+//   PerTap: one record per tap, keyed by its destination, or "nowhere"
+//     (num_destinations) when the tap is out of bounds, so it sorts after
+//     every real destination. Record r of a chunk is tap r % kTapsPerPoint
+//     of the chunk's point r / kTapsPerPoint, and r is its sort payload.
+//   PerCell (bilinear and trilinear only): one record per point, keyed by
+//     its cell, the position of its lowest tap plus one along every axis
+//     (lowest taps range over -1 .. size - 1), numbered n * cells_per_image
+//     + row-major position in the (size + 1)^kDims cells of an image; or
+//     "nowhere" (num_cells) when no tap is in bounds. Its payload is the
+//     chunk's point number. The taps of a point are distinct pixels under
+//     every padding mode (the coordinate is padded before the taps are
+//     formed), so the records of destination d are those of d's 2^kDims
+//     neighbouring cells, each through one tap, and merging those cells in
+//     ascending point number gives d's records in PerTap order exactly.
+//     Bicubic taps are padded one by one and may coincide, so bicubic
+//     sampling is always PerTap; nearest has one tap, its own cell.
+// Record ids are point * kTapsPerPoint + tap under both keyings. Beside the
+// keys lie what the reduce needs of a record without any integer division:
+// the weight of every tap by record id, and per point the offset of
+// grad_output[n][0][position].
+enum class Keying { PerTap, PerCell };
+
 template <typename key_t, typename T, typename index_t>
 struct ChunkRecords {
   key_t* keys;
@@ -840,13 +871,34 @@ struct ChunkRecords {
   index_t* gout_offsets;
 };
 
+// The PerCell key of a point's taps (see Keying).
+template <typename key_t, typename T, int kDims, typename index_t>
+C10_HOST_DEVICE inline key_t cell_key(
+    const PointTaps<T, 2, kDims>& taps,
+    index_t n,
+    const Spatial<index_t, kDims>& cell_size,
+    key_t nowhere) {
+  Spatial<int64_t, kDims> cell;
+  GRID_SAMPLER_DET_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    // Some tap along every axis in bounds, or none of the point's is.
+    if (!taps.axis[a].in_bounds[0] && !taps.axis[a].in_bounds[1]) {
+      return nowhere;
+    }
+    cell.v[a] = taps.axis[a].index[0] + 1;
+  }
+  return static_cast<key_t>(n) * static_cast<key_t>(spatial_numel(cell_size)) +
+      ravel<key_t>(cell, cell_size);
+}
+
 // Point pass for one point: its grid gradient (single writer, when
-// requested) and, with kEmitRecords, one record per tap. kTaps (taps per
+// requested) and, with kEmitRecords, its records keyed by kKeying. kTaps (taps per
 // axis) must match args.interpolation_mode; dispatch_taps_per_axis picks it.
 // `chunk_point` is the point's number within its chunk.
 template <
     int kTaps,
     bool kEmitRecords,
+    Keying kKeying,
     typename scalar_t,
     typename index_t,
     int kDims,
@@ -874,19 +926,29 @@ C10_HOST_DEVICE inline void process_point(
       args.align_corners);
 
   if constexpr (kEmitRecords) {
-    const key_t image_base = static_cast<key_t>(n) *
-        static_cast<key_t>(args.destinations_per_image());
-    const key_t nowhere = static_cast<key_t>(args.num_destinations());
     const int32_t first_record =
         static_cast<int32_t>(chunk_point) * taps.count;
+    if constexpr (kKeying == Keying::PerCell) {
+      static_assert(kTaps == 2, "only bilinear and trilinear taps are distinct");
+      chunk.keys[chunk_point] = cell_key(
+          taps, n, args.cell_size(), static_cast<key_t>(args.num_cells()));
+      chunk.record_ids[chunk_point] = static_cast<int32_t>(chunk_point);
+    } else {
+      const key_t image_base = static_cast<key_t>(n) *
+          static_cast<key_t>(args.destinations_per_image());
+      const key_t nowhere = static_cast<key_t>(args.num_destinations());
+      GRID_SAMPLER_DET_UNROLL
+      for (int t = 0; t < taps.count; ++t) {
+        const int32_t r = first_record + t;
+        chunk.keys[r] = taps.in_bounds(t)
+            ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
+            : nowhere;
+        chunk.record_ids[r] = r;
+      }
+    }
     GRID_SAMPLER_DET_UNROLL
     for (int t = 0; t < taps.count; ++t) {
-      const int32_t r = first_record + t;
-      chunk.keys[r] = taps.in_bounds(t)
-          ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
-          : nowhere;
-      chunk.record_ids[r] = r;
-      chunk.weights[r] = taps.weight(t);
+      chunk.weights[first_record + t] = taps.weight(t);
     }
     chunk.gout_offsets[chunk_point] =
         args.grad_output.offset(n, 0, out_position);
@@ -909,9 +971,88 @@ C10_HOST_DEVICE inline void process_point(
   }
 }
 
-// The canonical order of one grad_input element, channel c. ids[begin, end)
-// are the chunk's record ids of one destination in ascending order (the
-// stable sort gives that); the contribution of record r is
+// The record ids of one destination in ascending order, as a fold reads
+// them: front() is the next id, pop() moves past it. PerTap: a range of the
+// sorted record ids (the stable sort keeps them ascending).
+struct SortedRecordIds {
+  const int32_t* ids;
+  int32_t next;
+  int32_t end;
+
+  C10_HOST_DEVICE bool done() const {
+    return next == end;
+  }
+  C10_HOST_DEVICE uint32_t front() const {
+    return static_cast<uint32_t>(ids[next]);
+  }
+  C10_HOST_DEVICE void pop() {
+    ++next;
+  }
+};
+
+// PerCell: the records of destination d, merged from its kWays = 2^kDims
+// neighbouring cells. Way k is the cell at d's position plus the k-th
+// corner of the unit cube (row-major, x fastest); that cell's points reach d
+// through tap kWays - 1 - k. Each way's sorted point numbers ascend, and a
+// point lies in one cell only, so the smallest head is the next record.
+// Heads live in registers: every loop over the ways unrolls.
+template <int kWays>
+struct MergedCellRecords {
+  static constexpr uint32_t kExhausted = 0xffffffffu;
+  const int32_t* point_ids;
+  int32_t next[kWays];
+  int32_t end[kWays];
+  uint32_t head[kWays]; // record id of way k's next record, or kExhausted
+  uint32_t current;
+
+  C10_HOST_DEVICE MergedCellRecords(
+      const int32_t* sorted_point_ids,
+      const int32_t* seg_begin,
+      const int32_t* seg_end,
+      int32_t base_cell,
+      const int32_t (&way_offsets)[kWays])
+      : point_ids(sorted_point_ids) {
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 0; k < kWays; ++k) {
+      next[k] = seg_begin[base_cell + way_offsets[k]];
+      end[k] = seg_end[base_cell + way_offsets[k]];
+      load_head(k);
+    }
+    find_current();
+  }
+  C10_HOST_DEVICE void load_head(int k) {
+    head[k] = next[k] < end[k]
+        ? static_cast<uint32_t>(point_ids[next[k]]) * kWays + (kWays - 1 - k)
+        : kExhausted;
+  }
+  C10_HOST_DEVICE void find_current() {
+    current = head[0];
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 1; k < kWays; ++k) {
+      current = head[k] < current ? head[k] : current;
+    }
+  }
+  C10_HOST_DEVICE bool done() const {
+    return current == kExhausted;
+  }
+  C10_HOST_DEVICE uint32_t front() const {
+    return current;
+  }
+  C10_HOST_DEVICE void pop() {
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 0; k < kWays; ++k) {
+      if (head[k] == current) {
+        ++next[k];
+        load_head(k);
+      }
+    }
+    find_current();
+  }
+};
+
+// The canonical order of one grad_input element, channel c. `records`
+// yields the chunk's record ids of one destination in ascending order; the
+// contribution of record r is
 // round(weights[r] * gout_channel[gout_offsets[r / kTapsPerPoint]]), where
 // gout_channel points at grad_output[0][c][0...]. Records are summed left to
 // right into partials, a partial ends after kRecordsPerPartial records or at
@@ -921,63 +1062,37 @@ C10_HOST_DEVICE inline void process_point(
 // kTapsPerPoint is a power of two, so the divisions are shifts.
 template <
     int kTapsPerPoint,
+    typename RecordIds,
     typename T,
     typename scalar_t,
     typename index_t>
 C10_HOST_DEVICE inline T fold_records(
-    const int32_t* ids,
-    int32_t begin,
-    int32_t end,
+    RecordIds records,
     const T* weights,
     const index_t* gout_offsets,
     const scalar_t* gout_channel,
     T acc) {
   constexpr uint32_t kRecordsPerTile = kTapsPerPoint * kTilePoints;
-  constexpr int32_t kPartial = kRecordsPerPartial;
   static_assert(
       (kRecordsPerTile & (kRecordsPerTile - 1)) == 0,
       "taps per point must be a power of two");
-  int32_t i = begin;
-  while (i < end) {
+  while (!records.done()) {
     const uint32_t tile_end =
-        (static_cast<uint32_t>(ids[i]) / kRecordsPerTile + 1) * kRecordsPerTile;
-    const int32_t partial_end = end - i < kPartial ? end : i + kPartial;
+        (records.front() / kRecordsPerTile + 1) * kRecordsPerTile;
     T partial = static_cast<T>(0);
-    for (; i < partial_end; ++i) {
-      const uint32_t id = static_cast<uint32_t>(ids[i]);
+    for (int32_t n = 0; n < kRecordsPerPartial && !records.done(); ++n) {
+      const uint32_t id = records.front();
       if (id >= tile_end) {
         break;
       }
       const T gout =
           static_cast<T>(gout_channel[gout_offsets[id / kTapsPerPoint]]);
       partial = add_rn(partial, mul_rn(weights[id], gout));
+      records.pop();
     }
     acc = add_rn(acc, partial);
   }
   return acc;
-}
-
-// Points per chunk: `requested` (a test knob) or, for 0, whole tiles making
-// about kChunkRecords records. Chunks must be whole tiles, or the chunk size
-// would change the partials and so the result; a chunk's records are
-// counted in int32.
-inline int64_t resolve_chunk_points(
-    int64_t requested,
-    int64_t taps_per_point,
-    const char* op_name) {
-  if (requested == 0) {
-    const int64_t tiles = kChunkRecords / (taps_per_point * kTilePoints);
-    return (tiles > 0 ? tiles : 1) * kTilePoints;
-  }
-  TORCH_CHECK(
-      requested > 0 && requested % kTilePoints == 0 &&
-          requested <= std::numeric_limits<int32_t>::max() / taps_per_point,
-      op_name,
-      " (deterministic): chunk_points must be a positive multiple of ",
-      kTilePoints,
-      " with chunk_points * taps < 2^31, got ",
-      requested);
-  return requested;
 }
 
 } // namespace at::native::grid_sampler_deterministic

@@ -20,6 +20,9 @@ struct GridSamplerDeterministicOptions {
   // wherever the problem fits (32 is an error where it does not).
   int64_t key_bits = 0;
   int64_t index_bits = 0;
+  // How the sort is keyed: 0 for one key per point wherever bilinear or
+  // trilinear sampling reduces densely, 1 for one key per tap everywhere.
+  int64_t keying = 0;
 };
 
 // The arguments of one backward call, as the launchers below receive them;

@@ -40,7 +40,12 @@ namespace at::native::grid_sampler_deterministic {
 
 // Point pass: the grid gradient of points [first_point, first_point + count)
 // and, with kEmitRecords, their records.
-template <int kTaps, bool kEmitRecords, typename Args, typename key_t>
+template <
+    int kTaps,
+    bool kEmitRecords,
+    Keying kKeying,
+    typename Args,
+    typename key_t>
 struct PointPass {
   using index_t = typename Args::index_type;
   Args args;
@@ -48,14 +53,15 @@ struct PointPass {
   index_t first_point;
 
   C10_HOST_DEVICE void operator()(index_t i) const {
-    process_point<kTaps, kEmitRecords>(args, first_point + i, i, chunk);
+    process_point<kTaps, kEmitRecords, kKeying>(args, first_point + i, i, chunk);
   }
 };
 
-// Dense reduction, step 1: [seg_begin[d], seg_end[d]) are destination d's
-// sorted records (both zero-filled before, so an untouched d has an empty
-// range). One thread per sorted record, O(records): only the first and the
-// last record of each destination write.
+// Dense reduction, step 1: [seg_begin[k], seg_end[k]) are the sorted
+// records of key k, a destination (PerTap) or a cell (PerCell); both were
+// zero-filled before, so an untouched key has an empty range. One thread per
+// sorted record, O(records): only the first and the last record of each key
+// write.
 template <typename key_t>
 struct MarkDestinationSegments {
   const key_t* keys;
@@ -126,20 +132,85 @@ struct SortedRecords {
   }
 };
 
+// Where the dense reduce finds one destination's records, from the segment
+// bounds of step 1. PerTap: the destination's own segment.
+template <typename index_t>
+struct DestinationSegments {
+  const int32_t* ids;
+  const int32_t* seg_begin;
+  const int32_t* seg_end;
+  index_t destinations_per_image;
+
+  C10_HOST_DEVICE SortedRecordIds of(index_t n, index_t s) const {
+    const index_t d = n * destinations_per_image + s;
+    return SortedRecordIds{ids, seg_begin[d], seg_end[d]};
+  }
+};
+
+// PerCell: the segments of the destination's 2^kDims neighbouring cells,
+// merged. Dense tables hold at most 2^31 cells, so cell numbers are int32.
+template <typename index_t, int kDims>
+struct CellSegments {
+  static constexpr int kWays = 1 << kDims;
+  const int32_t* point_ids;
+  const int32_t* seg_begin;
+  const int32_t* seg_end;
+  Spatial<index_t, kDims> inp_size;
+  Spatial<int32_t, kDims> cell_size;
+  int32_t cells_per_image;
+  // Cell-number offset of way k's corner (MergedCellRecords).
+  int32_t way_offsets[kWays];
+
+  C10_HOST_DEVICE MergedCellRecords<kWays> of(index_t n, index_t s) const {
+    const int32_t base_cell = static_cast<int32_t>(n) * cells_per_image +
+        ravel<int32_t>(unravel(s, inp_size), cell_size);
+    return MergedCellRecords<kWays>(
+        point_ids, seg_begin, seg_end, base_cell, way_offsets);
+  }
+};
+
+template <typename index_t, int kDims>
+CellSegments<index_t, kDims> make_cell_segments(
+    const int32_t* point_ids,
+    const int32_t* seg_begin,
+    const int32_t* seg_end,
+    const Spatial<index_t, kDims>& inp_size) {
+  CellSegments<index_t, kDims> segments{
+      point_ids, seg_begin, seg_end, inp_size, {}, 1, {}};
+  int32_t stride[kDims];
+  for (int a = kDims - 1; a >= 0; --a) {
+    segments.cell_size.v[a] = static_cast<int32_t>(inp_size.v[a]) + 1;
+    stride[a] = segments.cells_per_image;
+    segments.cells_per_image *= segments.cell_size.v[a];
+  }
+  for (int k = 0; k < segments.kWays; ++k) {
+    int32_t offset = 0;
+    for (int a = 0; a < kDims; ++a) {
+      offset += ((k >> (kDims - 1 - a)) & 1) * stride[a];
+    }
+    segments.way_offsets[k] = offset;
+  }
+  return segments;
+}
+
 // Dense reduction, step 2: the single writer of every element of a
 // contiguous (N, C, spatial...) output, thread (row n * C + c, column =
 // spatial index s), so a warp's lanes take consecutive destinations of one
-// channel: its segment bounds load coalesced, its writes are contiguous,
+// channel: their segment bounds load coalesced, their writes are contiguous,
 // and neighbouring destinations' sorted records lie side by side. `carry`
 // (same layout) holds the sums of earlier chunks when has_carry. Only the
 // first chunk, and a last one that rounds a float carry into grad_input,
 // write untouched elements.
-template <int kTapsPerPoint, typename scalar_t, typename index_t, typename out_t>
+template <
+    int kTapsPerPoint,
+    typename Segments,
+    typename scalar_t,
+    typename index_t,
+    typename out_t>
 struct ReduceDense {
   using T = at::opmath_type<scalar_t>;
   SortedRecords<scalar_t, index_t> records;
-  const int32_t* seg_begin;
-  const int32_t* seg_end;
+  Segments segments;
   out_t* out;
   const T* carry;
   index_t channels;
@@ -148,7 +219,7 @@ struct ReduceDense {
   bool write_untouched;
 
   struct Row {
-    index_t first_destination;
+    index_t n;
     const scalar_t* gout_channel;
     out_t* out;
     const T* carry;
@@ -158,24 +229,20 @@ struct ReduceDense {
     const index_t n = r / channels;
     const index_t offset = r * destinations_per_image;
     return Row{
-        n * destinations_per_image,
+        n,
         records.gout_channel(r - n * channels),
         out + offset,
         has_carry ? carry + offset : nullptr};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
-    const index_t d = row.first_destination + s;
-    const int32_t begin = seg_begin[d];
-    const int32_t end = seg_end[d];
-    if (begin == end && !write_untouched) {
+    const auto ids = segments.of(row.n, s);
+    if (ids.done() && !write_untouched) {
       return;
     }
     const T initial = has_carry ? row.carry[s] : static_cast<T>(0);
     row.out[s] = static_cast<out_t>(fold_records<kTapsPerPoint>(
-        records.ids,
-        begin,
-        end,
+        ids,
         records.weights,
         records.gout_offsets,
         row.gout_channel,
@@ -231,9 +298,7 @@ struct ReduceSparse {
     const T initial =
         has_carry ? static_cast<T>(element) : static_cast<T>(0);
     element = static_cast<out_t>(fold_records<kTapsPerPoint>(
-        records.ids,
-        begin,
-        run_begin[j + 1],
+        SortedRecordIds{records.ids, begin, run_begin[j + 1]},
         records.weights,
         records.gout_offsets,
         row.gout_channel,
@@ -252,19 +317,6 @@ struct RoundCarry {
     grad_input[i] = static_cast<scalar_t>(carry[i]);
   }
 };
-
-// Two ways to reach every grad_input element, with the same sums. Dense,
-// when grad_input has no more destinations than a chunk has records: one
-// thread per element, the first chunk writing the zeros too (no memset),
-// segment bounds per destination. Sparse otherwise: a zero fill, then one
-// thread per (run of one destination's records, channel). Either way the
-// work and the workspace are bounded by the records of a chunk, not by the
-// size of the input.
-inline bool use_dense_reduction(
-    int64_t num_destinations,
-    int64_t records_per_chunk) {
-  return num_destinations <= records_per_chunk;
-}
 
 // Bits a radix sort must look at for keys in [0, max_key] (at least one).
 inline int bits_for(int64_t max_key) {
@@ -308,10 +360,84 @@ T* as(const c10::DataPtr& data) {
   return static_cast<T*>(data.get());
 }
 
+// Two ways to reach every grad_input element, with the same sums. Dense:
+// a table of segment bounds over every key (destination or cell), then one
+// thread per element, the first chunk writing the zeros too (no memset).
+// Sparse (PerTap only): a zero fill, then one thread per (run of one
+// destination's records, channel). Dense is chosen when its table has no
+// more entries than a chunk has taps, so that a pass over every element
+// costs no more than folding the chunk's records, and when it fits the
+// workspace beside the chunk; sparse otherwise. Either way the work and the
+// workspace are bounded by a chunk, not by the size of the input.
+struct ChunkPlan {
+  int64_t chunk_points; // whole tiles
+  bool dense;
+};
+
+// Bytes of workspace per point of a chunk: sort keys and payloads, in and
+// out, and CUB's scratch, which holds one more copy of both (the radix sort
+// with separate input and output buffers ping-pongs through its own); the
+// weight of every tap; the grad_output offset.
+inline int64_t chunk_bytes_per_point(
+    int64_t items_per_point,
+    int64_t taps_per_point,
+    int64_t key_bytes,
+    int64_t weight_bytes,
+    int64_t index_bytes) {
+  return items_per_point * 3 * (key_bytes + int64_t{sizeof(int32_t)}) +
+      taps_per_point * weight_bytes + index_bytes;
+}
+
+// Kept free of the budget for CUB's histograms and tile states, which grow
+// with the number of items far more slowly than its copy of them.
+constexpr int64_t kSortScratchSlack = int64_t{1} << 20;
+
+// Points per chunk and the reduction. `requested` (a test knob, 0 for the
+// default) fixes the points per chunk; the default is as many whole tiles as
+// fit kWorkspaceBytes with the dense table, if dense, beside them. Chunks
+// must be whole tiles, or the chunk size would change the partials and so
+// the result; a chunk's sort items are counted in int32.
+inline ChunkPlan plan_chunks(
+    int64_t requested,
+    int64_t num_points,
+    int64_t taps_per_point,
+    int64_t table_entries,
+    int64_t bytes_per_point,
+    const char* op_name) {
+  auto dense_with = [&](int64_t chunk_points) {
+    return table_entries <= std::min(num_points, chunk_points) * taps_per_point;
+  };
+  if (requested != 0) {
+    TORCH_CHECK(
+        requested > 0 && requested % kTilePoints == 0 &&
+            requested <= std::numeric_limits<int32_t>::max() / taps_per_point,
+        op_name,
+        " (deterministic): chunk_points must be a positive multiple of ",
+        kTilePoints,
+        " with chunk_points * taps < 2^31, got ",
+        requested);
+    return {requested, dense_with(requested)};
+  }
+  auto tiles_within = [&](int64_t bytes) {
+    return std::max<int64_t>(bytes, 0) / (bytes_per_point * kTilePoints);
+  };
+  // Less the fixed bytes of a chunk: the extra record id and the run count.
+  const int64_t budget =
+      kWorkspaceBytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
+  const int64_t table_bytes = table_entries * 2 * int64_t{sizeof(int32_t)};
+  const int64_t dense_tiles = tiles_within(budget - table_bytes);
+  if (dense_tiles > 0 && dense_with(dense_tiles * kTilePoints)) {
+    return {dense_tiles * kTilePoints, true};
+  }
+  return {std::max<int64_t>(tiles_within(budget), 1) * kTilePoints, false};
+}
+
 // The grad_input half of the backward for contiguous grad_input, chunk by
-// chunk: point pass, stable sort, reduce (see the .cu file's pipeline).
+// chunk: point pass, stable sort, reduce (see the .cu file's pipeline), with
+// records keyed by kKeying; PerCell needs plan.dense.
 template <
     int kTaps,
+    Keying kKeying,
     typename key_t,
     typename Executor,
     typename scalar_t,
@@ -321,33 +447,41 @@ void reduce_grad_input(
     const Executor& ex,
     const BackwardArgs<scalar_t, index_t, kDims>& args,
     scalar_t* grad_input,
-    int64_t chunk_points) {
+    const ChunkPlan& plan) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   using T = at::opmath_type<scalar_t>;
   constexpr int kTapsPerPoint = ipow(kTaps, kDims);
+  constexpr int kItemsPerPoint = kKeying == Keying::PerCell ? 1 : kTapsPerPoint;
   constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
+  constexpr bool kPerTap = kKeying == Keying::PerTap;
+  TORCH_INTERNAL_ASSERT(kPerTap || plan.dense);
 
+  const int64_t chunk_points = plan.chunk_points;
+  const bool dense = plan.dense;
   const int64_t num_points = args.num_points();
-  const int64_t num_destinations = args.num_destinations();
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t points_per_chunk = std::min(num_points, chunk_points);
-  const int64_t capacity = points_per_chunk * kTapsPerPoint;
-  const bool dense = use_dense_reduction(num_destinations, capacity);
+  const int64_t capacity = points_per_chunk * kItemsPerPoint;
   const index_t channels = args.channels;
   const index_t image_size = args.destinations_per_image();
   const index_t numel = args.batch * channels * image_size;
-  const key_t nowhere = static_cast<key_t>(num_destinations);
+  // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
+  const int64_t table_entries = kPerTap ? args.num_destinations() : args.num_cells();
+  const key_t nowhere = static_cast<key_t>(table_entries);
 
   // After the sort the unsorted keys and ids are dead until the next chunk's
-  // point pass, so the reduce keeps its int32 bookkeeping there (dense:
-  // segment bounds, D <= capacity; sparse: heads, run numbers, run starts).
+  // point pass, so the sparse reduce keeps its int32 bookkeeping there
+  // (heads, run numbers, run starts).
   const auto keys = ex.allocate(capacity * sizeof(key_t));
   const auto sorted_keys = ex.allocate(capacity * sizeof(key_t));
   const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
-  const auto weights = ex.allocate(capacity * sizeof(T));
+  const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
+  // Dense: [seg_begin | seg_end], one allocation and one fill per chunk.
+  const auto segments =
+      ex.allocate(dense ? 2 * table_entries * sizeof(int32_t) : 0);
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
   // Running sums between chunks live in grad_input itself when it holds
   // opmath values, else in a float buffer of its size.
@@ -363,6 +497,8 @@ void reduce_grad_input(
       as<index_t>(gout_offsets),
       args.grad_output.data,
       args.grad_output.stride_c};
+  int32_t* const seg_begin = as<int32_t>(segments);
+  int32_t* const seg_end = seg_begin + (dense ? table_entries : 0);
   int32_t* const bookkeeping_a = as<int32_t>(ids);
   int32_t* const bookkeeping_b = reinterpret_cast<int32_t*>(as<key_t>(keys));
 
@@ -375,24 +511,24 @@ void reduce_grad_input(
       ex.zero(grad_input, numel * sizeof(scalar_t));
     }
   }
-  const int end_bit = bits_for(num_destinations);
+  const int end_bit = bits_for(table_entries);
   for (int64_t k = 0; k < num_chunks; ++k) {
     const int64_t first_point = k * chunk_points;
     const int64_t count = std::min(chunk_points, num_points - first_point);
-    const int32_t num_records = static_cast<int32_t>(count * kTapsPerPoint);
+    const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
     const bool first = k == 0;
     const bool last = k == num_chunks - 1;
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
-        PointPass<kTaps, true, Args, key_t>{
+        PointPass<kTaps, true, kKeying, Args, key_t>{
             args, chunk, static_cast<index_t>(first_point)});
     ex.stable_sort_pairs(
         as<key_t>(keys),
         as<key_t>(sorted_keys),
         as<int32_t>(ids),
         as<int32_t>(sorted_ids),
-        num_records,
+        num_items,
         end_bit);
 
     // Where this chunk's reduce writes (out) and reads the sums of earlier
@@ -401,59 +537,63 @@ void reduce_grad_input(
     // chunk of a dense reduction rounds straight into grad_input.
     auto reduce_into = [&](auto* out, const T* in) {
       using out_t = std::remove_pointer_t<decltype(out)>;
-      if (dense) {
-        const bool reads_carry = !first;
+      auto reduce_dense = [&](const auto& segments_of) {
+        using Segments = std::decay_t<decltype(segments_of)>;
         ex.for_each_row(
             args.batch * channels,
             image_size,
-            ReduceDense<kTapsPerPoint, scalar_t, index_t, out_t>{
+            ReduceDense<kTapsPerPoint, Segments, scalar_t, index_t, out_t>{
                 sorted,
-                bookkeeping_a,
-                bookkeeping_b,
+                segments_of,
                 out,
                 in,
                 channels,
                 image_size,
-                reads_carry,
-                first || static_cast<const void*>(out) != in});
+                /*has_carry=*/!first,
+                /*write_untouched=*/first ||
+                    static_cast<const void*>(out) != in});
+      };
+      if constexpr (kPerTap) {
+        if (dense) {
+          reduce_dense(DestinationSegments<index_t>{
+              sorted.ids, seg_begin, seg_end, image_size});
+        } else {
+          ex.for_each_row(
+              channels,
+              num_items,
+              ReduceSparse<kTapsPerPoint, scalar_t, index_t, key_t, out_t>{
+                  sorted,
+                  as<key_t>(sorted_keys),
+                  bookkeeping_a,
+                  as<int32_t>(num_runs),
+                  nowhere,
+                  out,
+                  channels,
+                  image_size,
+                  static_cast<const void*>(out) == in});
+        }
       } else {
-        ex.for_each_row(
-            channels,
-            num_records,
-            ReduceSparse<kTapsPerPoint, scalar_t, index_t, key_t, out_t>{
-                sorted,
-                as<key_t>(sorted_keys),
-                bookkeeping_a,
-                as<int32_t>(num_runs),
-                nowhere,
-                out,
-                channels,
-                image_size,
-                static_cast<const void*>(out) == in});
+        reduce_dense(make_cell_segments(
+            sorted.ids, seg_begin, seg_end, args.inp_size));
       }
     };
     if (dense) {
-      ex.zero(bookkeeping_a, num_destinations * sizeof(int32_t));
-      ex.zero(bookkeeping_b, num_destinations * sizeof(int32_t));
+      ex.zero(seg_begin, 2 * table_entries * sizeof(int32_t));
       ex.for_each(
-          num_records,
+          num_items,
           MarkDestinationSegments<key_t>{
-              as<key_t>(sorted_keys),
-              num_records,
-              nowhere,
-              bookkeeping_a,
-              bookkeeping_b});
-    } else if (num_records > 0) {
+              as<key_t>(sorted_keys), num_items, nowhere, seg_begin, seg_end});
+    } else if (num_items > 0) {
       ex.for_each(
-          num_records,
+          num_items,
           MarkRunHeads<key_t>{as<key_t>(sorted_keys), bookkeeping_a});
-      ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_records);
+      ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_items);
       ex.for_each(
-          num_records,
+          num_items,
           RecordRunStarts<key_t>{
               as<key_t>(sorted_keys),
               bookkeeping_b,
-              num_records,
+              num_items,
               bookkeeping_a,
               as<int32_t>(num_runs)});
     } else {
@@ -472,6 +612,49 @@ void reduce_grad_input(
   if (!dense && float_carry) {
     ex.for_each(numel, RoundCarry<scalar_t, index_t>{carry, grad_input});
   }
+}
+
+// Plans and runs the grad_input reduction with records keyed by kKeying;
+// false, having run nothing, when PerCell keys would need a sparse
+// reduction (or 64-bit keys while key_bits forces 32).
+template <int kTaps, Keying kKeying, typename Executor, typename Args>
+bool reduce_grad_input_keyed(
+    const Executor& ex,
+    const Args& args,
+    typename Args::scalar_type* grad_input,
+    const GridSamplerDeterministicOptions& options) {
+  constexpr bool kPerTap = kKeying == Keying::PerTap;
+  constexpr int kTapsPerPoint = ipow(kTaps, Args::dims);
+  const int64_t table_entries =
+      kPerTap ? args.num_destinations() : args.num_cells();
+  // table_entries itself is a key: it marks records that land nowhere.
+  const bool keys_fit = table_entries < std::numeric_limits<int32_t>::max();
+  if (!kPerTap && options.key_bits == 32 && !keys_fit) {
+    return false;
+  }
+  auto run = [&](auto key) {
+    using key_t = decltype(key);
+    const ChunkPlan plan = plan_chunks(
+        options.chunk_points,
+        args.num_points(),
+        kTapsPerPoint,
+        table_entries,
+        chunk_bytes_per_point(
+            kPerTap ? kTapsPerPoint : 1,
+            kTapsPerPoint,
+            sizeof(key_t),
+            sizeof(typename Args::opmath_t),
+            sizeof(typename Args::index_type)),
+        Args::op_name());
+    if (!kPerTap && !plan.dense) {
+      return false;
+    }
+    reduce_grad_input<kTaps, kKeying, key_t>(ex, args, grad_input, plan);
+    return true;
+  };
+  return use_32_bits(options.key_bits, keys_fit, "key_bits", Args::op_name())
+      ? run(int32_t{})
+      : run(int64_t{});
 }
 
 template <typename Executor, typename scalar_t, typename index_t, int kDims>
@@ -511,25 +694,29 @@ void run_backward_with_index(
       // Grid gradient only: no records, no sort, nothing to group.
       ex.for_each(
           args.num_points(),
-          PointPass<kTaps, false, Args, int32_t>{args, {}, 0});
+          PointPass<kTaps, false, Keying::PerTap, Args, int32_t>{args, {}, 0});
       return;
     }
     TORCH_CHECK(
         grad_input.is_contiguous(),
         Args::op_name(),
         " (deterministic): expected a contiguous grad_input");
-    const int64_t chunk_points = resolve_chunk_points(
-        options.chunk_points, ipow(kTaps, kDims), Args::op_name());
-    const int64_t num_destinations = args.num_destinations();
-    // num_destinations itself is a key: it marks taps that land nowhere.
-    const bool keys_fit =
-        num_destinations < std::numeric_limits<int32_t>::max();
     scalar_t* const grad_input_data = grad_input.data_ptr<scalar_t>();
-    if (use_32_bits(options.key_bits, keys_fit, "key_bits", Args::op_name())) {
-      reduce_grad_input<kTaps, int32_t>(ex, args, grad_input_data, chunk_points);
-    } else {
-      reduce_grad_input<kTaps, int64_t>(ex, args, grad_input_data, chunk_points);
+    TORCH_CHECK(
+        options.keying == 0 || options.keying == 1,
+        Args::op_name(),
+        " (deterministic): keying must be 0 (automatic) or 1 (per tap), got ",
+        options.keying);
+    if constexpr (kTaps == 2) {
+      // One sort item per point where the dense reduction applies.
+      if (options.keying == 0 &&
+          reduce_grad_input_keyed<kTaps, Keying::PerCell>(
+              ex, args, grad_input_data, options)) {
+        return;
+      }
     }
+    reduce_grad_input_keyed<kTaps, Keying::PerTap>(
+        ex, args, grad_input_data, options);
   });
 }
 
