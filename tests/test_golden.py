@@ -64,15 +64,20 @@ class TestGoldenDigests(TestCase):
                   != {k: GOLDEN[case.name][k] for k in ("grad_input", "grad_grid")}]
         self.assertEqual(differ, [])
 
-    def test_one_key_per_tap_gives_the_golden_bits_of_one_key_per_point(self):
+    @parametrize("keying,gather", [(1, 0), (0, 1), (0, 2), (1, 2)],
+                 name_fn=lambda keying, gather: f"keying{keying}_gather{gather}")
+    def test_every_keying_and_thread_order_gives_the_golden_bits(self, keying, gather):
         # Bilinear and trilinear sampling sort one key per point (its cell)
         # where the reduction is dense and merge the neighbouring cells per
-        # destination; keying=1 sorts one key per tap instead. Both must
-        # give every case's golden bits.
+        # destination; keying=1 sorts one key per tap instead. The dense
+        # reduce takes destinations fastest below 16 channels (every case
+        # here); gather=2 takes channels fastest, reading a channels-last
+        # copy of each chunk's grad_output where its channel stride is not 1.
+        # Every combination must give every case's golden bits.
         per_cell = [case for case in CASES if case.keying == "cell"]
         self.assertGreaterEqual(len(per_cell), 30)
         differ = [case.name for case in CASES
-                  if corpus.compute(case, keying=1)
+                  if corpus.compute(case, keying=keying, gather=gather)
                   != {k: GOLDEN[case.name][k] for k in ("grad_input", "grad_grid")}]
         self.assertEqual(differ, [])
 

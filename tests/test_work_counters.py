@@ -80,6 +80,32 @@ class TestWorkCounters(TestCase):
         c = _counters((1, 1, 200, 200), (8, 8))
         self.assertEqual(c["items_sorted"], 256)
 
+    def test_many_channels_gather_a_channels_last_copy_of_grad_output(self):
+        # 16 channels: the dense reduce takes channels fastest, after one
+        # more launch per chunk copying the chunk's grad_output channels last
+        # (256 points x 16 channels) with its offsets.
+        base = 2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4
+        c = _counters((1, 16, 8, 8), (16, 16))
+        self.assertEqual(c["launches_per_chunk"], 6)
+        self.assertEqual(c["workspace_bytes"], base + 256 * 16 * 4 + 256 * 4)
+        # 15 channels, or threads told to take destinations fastest: no copy.
+        self.assertEqual(_counters((1, 15, 8, 8), (16, 16))["launches_per_chunk"], 5)
+        destinations_fastest = _counters((1, 16, 8, 8), (16, 16), gather=1)
+        self.assertEqual(destinations_fastest["launches_per_chunk"], 5)
+        self.assertEqual(destinations_fastest["workspace_bytes"], base)
+
+    def test_channels_last_grad_output_is_gathered_without_a_copy(self):
+        grad_output, inp, grid = _meta_problem((1, 16, 8, 8), (16, 16))
+        grad_output = grad_output.contiguous(memory_format=torch.channels_last)
+        c = ops.work_counters(grad_output, inp, grid, BILINEAR, ZEROS, False, [True, True])
+        self.assertEqual(c["launches_per_chunk"], 5)
+        self.assertEqual(c["workspace_bytes"],
+                         2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
+
+    def test_unknown_gather_is_a_one_line_error(self):
+        with self.assertRaisesRegex(RuntimeError, "gather must be 0 \\(automatic\\), 1"):
+            _counters((1, 1, 8, 8), (4, 4), gather=3)
+
     def test_unknown_keying_is_a_one_line_error(self):
         with self.assertRaisesRegex(RuntimeError, "keying must be 0 \\(automatic\\) or 1"):
             _counters((1, 1, 8, 8), (4, 4), keying=2)
@@ -159,7 +185,8 @@ class TestWorkCounters(TestCase):
         for dims, sides in ((2, (64, 256, 700, 1000, 1400, 2048, 4096)),
                             (3, (16, 40, 80, 120, 160, 200))):
             for mode in (BILINEAR, NEAREST, BICUBIC):
-                for knobs in ({}, {"key_bits": 64, "index_bits": 64}, {"keying": 1}):
+                for knobs in ({}, {"key_bits": 64, "index_bits": 64}, {"keying": 1},
+                              {"gather": 2}):
                     totals = []
                     for side in sides:
                         c = _counters((2, 4) + (side,) * dims, (side,) * dims, mode=mode,
@@ -173,6 +200,17 @@ class TestWorkCounters(TestCase):
                         totals.append(total)
                     # The two largest inputs fill chunks and need no dense table.
                     self.assertEqual(totals[-2], totals[-1], msg=f"{dims}d mode {mode} {knobs}")
+
+    def test_workspace_is_bounded_with_the_channels_last_copy(self):
+        # The copy of a chunk's grad_output is part of the budget: more
+        # channels make smaller chunks, or a sparse reduction (no copy) when
+        # not even one tile of copies fits beside the table.
+        for channels in (16, 1024, 8192):
+            for side in (64, 512, 2048):
+                for dtype in (torch.float32, torch.float64):
+                    c = _counters((1, channels, side, side), (side, side), dtype=dtype)
+                    self.assertLessEqual(c["workspace_bytes"] + c["sort_scratch_bytes"],
+                                         64 * MIB - MIB, msg=f"C={channels} side {side}")
 
     def test_default_chunks_fill_most_of_the_budget(self):
         # Chunks are as many tiles as fit: at most one tile's bytes short.

@@ -22,9 +22,17 @@ struct BackwardOptions {
   int64_t key_bits = 0;
   int64_t index_bits = 0;
   int64_t keying = 0;
+  int64_t gather = 0;
 
   at::native::GridSamplerDeterministicOptions pipeline() const {
-    return {chunk_points, block_size, max_blocks, key_bits, index_bits, keying};
+    return {
+        chunk_points,
+        block_size,
+        max_blocks,
+        key_bits,
+        index_bits,
+        keying,
+        gather};
   }
 };
 

@@ -64,7 +64,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t grain_size,
     int64_t key_bits,
     int64_t index_bits,
-    int64_t keying) {
+    int64_t keying,
+    int64_t gather) {
   return backward(
       grad_output,
       input,
@@ -80,7 +81,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           grain_size,
           key_bits,
           index_bits,
-          keying});
+          keying,
+          gather});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -125,7 +127,8 @@ std::vector<int64_t> backward_work_counters(
     int64_t chunk_points,
     int64_t key_bits,
     int64_t index_bits,
-    int64_t keying) {
+    int64_t keying,
+    int64_t gather) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
@@ -144,7 +147,7 @@ std::vector<int64_t> backward_work_counters(
        padding_mode,
        align_corners,
        output_mask},
-      {chunk_points, 0, 0, key_bits, index_bits, keying});
+      {chunk_points, 0, 0, key_bits, index_bits, keying, gather});
   return {
       counters.launches,
       counters.chunks,
@@ -254,18 +257,18 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying) -> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather) -> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying) -> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather) -> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int key_bits, int index_bits, int keying) -> int[]",
+      "int key_bits, int index_bits, int keying, int gather) -> int[]",
       &backward_work_counters);
   m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);

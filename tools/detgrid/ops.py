@@ -62,10 +62,11 @@ def _backward_with_options(name: str):
         key_bits: int = 0,
         index_bits: int = 0,
         keying: int = 0,
+        gather: int = 0,
     ) -> Gradients:
         return op(grad_output, input, grid, interpolation_mode, padding_mode,
                   align_corners, list(output_mask), chunk_points, block_size,
-                  max_blocks, grain_size, key_bits, index_bits, keying)
+                  max_blocks, grain_size, key_bits, index_bits, keying, gather)
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -77,7 +78,10 @@ def _backward_with_options(name: str):
     executor's parallel_for; key_bits and index_bits (32 or 64) force the
     width of the sort keys and of the index math, which are otherwise 32
     wherever the problem fits; keying=1 sorts one key per tap where the
-    default sorts one per point (bilinear and trilinear, dense reduction).
+    default sorts one per point (bilinear and trilinear, dense reduction);
+    gather=1 (2) makes the dense reduce's threads take destinations
+    (channels) fastest, where the default takes channels fastest from 16
+    channels on.
     """
     return backward_with_options
 
@@ -105,6 +109,7 @@ def work_counters(
     key_bits: int = 0,
     index_bits: int = 0,
     keying: int = 0,
+    gather: int = 0,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
 
@@ -120,7 +125,7 @@ def work_counters(
     """
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-        list(output_mask), chunk_points, key_bits, index_bits, keying)
+        list(output_mask), chunk_points, key_bits, index_bits, keying, gather)
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     dims = input.dim() - 2
     points = grid.numel() // dims

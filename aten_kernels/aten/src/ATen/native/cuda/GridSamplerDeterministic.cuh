@@ -933,7 +933,13 @@ C10_HOST_DEVICE inline void process_point(
       chunk.keys[chunk_point] = cell_key(
           taps, n, args.cell_size(), static_cast<key_t>(args.num_cells()));
       chunk.record_ids[chunk_point] = static_cast<int32_t>(chunk_point);
+      GRID_SAMPLER_DET_UNROLL
+      for (int t = 0; t < taps.count; ++t) {
+        chunk.weights[first_record + t] = taps.weight(t);
+      }
     } else {
+      // One loop over the taps for keys, ids and weights: split in two, the
+      // 64 taps of tricubic sampling outlive the registers.
       const key_t image_base = static_cast<key_t>(n) *
           static_cast<key_t>(args.destinations_per_image());
       const key_t nowhere = static_cast<key_t>(args.num_destinations());
@@ -944,11 +950,8 @@ C10_HOST_DEVICE inline void process_point(
             ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
             : nowhere;
         chunk.record_ids[r] = r;
+        chunk.weights[r] = taps.weight(t);
       }
-    }
-    GRID_SAMPLER_DET_UNROLL
-    for (int t = 0; t < taps.count; ++t) {
-      chunk.weights[first_record + t] = taps.weight(t);
     }
     chunk.gout_offsets[chunk_point] =
         args.grad_output.offset(n, 0, out_position);
@@ -972,15 +975,24 @@ C10_HOST_DEVICE inline void process_point(
 }
 
 // The record ids of one destination in ascending order, as a fold reads
-// them: front() is the next id, pop() moves past it. PerTap: a range of the
-// sorted record ids (the stable sort keeps them ascending).
+// them: front() is the next id, pop() moves past it; start_partial(n) opens
+// a partial of at most n records, and in_partial() says whether it may take
+// one more (then front() is valid). PerTap: a range of the sorted record ids
+// (the stable sort keeps them ascending).
 struct SortedRecordIds {
   const int32_t* ids;
   int32_t next;
   int32_t end;
+  int32_t partial_end = 0;
 
   C10_HOST_DEVICE bool done() const {
     return next == end;
+  }
+  C10_HOST_DEVICE void start_partial(int32_t records) {
+    partial_end = end - next < records ? end : next + records;
+  }
+  C10_HOST_DEVICE bool in_partial() const {
+    return next < partial_end;
   }
   C10_HOST_DEVICE uint32_t front() const {
     return static_cast<uint32_t>(ids[next]);
@@ -995,7 +1007,9 @@ struct SortedRecordIds {
 // corner of the unit cube (row-major, x fastest); that cell's points reach d
 // through tap kWays - 1 - k. Each way's sorted point numbers ascend, and a
 // point lies in one cell only, so the smallest head is the next record.
-// Heads live in registers: every loop over the ways unrolls.
+// Heads live in registers: every loop over the ways unrolls. When all ways
+// are exhausted front() is kExhausted, above every tile end, so a fold's
+// tile test ends the partial and in_partial() need only count.
 template <int kWays>
 struct MergedCellRecords {
   static constexpr uint32_t kExhausted = 0xffffffffu;
@@ -1004,6 +1018,7 @@ struct MergedCellRecords {
   int32_t end[kWays];
   uint32_t head[kWays]; // record id of way k's next record, or kExhausted
   uint32_t current;
+  int32_t partial_left = 0;
 
   C10_HOST_DEVICE MergedCellRecords(
       const int32_t* sorted_point_ids,
@@ -1035,10 +1050,17 @@ struct MergedCellRecords {
   C10_HOST_DEVICE bool done() const {
     return current == kExhausted;
   }
+  C10_HOST_DEVICE void start_partial(int32_t records) {
+    partial_left = records;
+  }
+  C10_HOST_DEVICE bool in_partial() const {
+    return partial_left > 0;
+  }
   C10_HOST_DEVICE uint32_t front() const {
     return current;
   }
   C10_HOST_DEVICE void pop() {
+    --partial_left;
     GRID_SAMPLER_DET_UNROLL
     for (int k = 0; k < kWays; ++k) {
       if (head[k] == current) {
@@ -1080,7 +1102,8 @@ C10_HOST_DEVICE inline T fold_records(
     const uint32_t tile_end =
         (records.front() / kRecordsPerTile + 1) * kRecordsPerTile;
     T partial = static_cast<T>(0);
-    for (int32_t n = 0; n < kRecordsPerPartial && !records.done(); ++n) {
+    records.start_partial(kRecordsPerPartial);
+    while (records.in_partial()) {
       const uint32_t id = records.front();
       if (id >= tile_end) {
         break;

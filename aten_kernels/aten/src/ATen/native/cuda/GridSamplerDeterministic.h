@@ -23,6 +23,10 @@ struct GridSamplerDeterministicOptions {
   // How the sort is keyed: 0 for one key per point wherever bilinear or
   // trilinear sampling reduces densely, 1 for one key per tap everywhere.
   int64_t keying = 0;
+  // How the dense reduce's threads take (destination, channel) pairs: 0 for
+  // channels fastest from 16 channels on, 1 for destinations fastest, 2 for
+  // channels fastest.
+  int64_t gather = 0;
 };
 
 // The arguments of one backward call, as the launchers below receive them;

@@ -250,6 +250,78 @@ struct ReduceDense {
   }
 };
 
+// Dense reduction, step 2, channels fastest: thread i takes destination
+// i / channels and channel i % channels, so a warp's lanes fold the same
+// records (the merge and the loads of ids, weights and offsets are the same
+// for all of them) and read grad_output at consecutive channels of one
+// point: contiguous when its channel stride is 1, which GatherChannelsLast
+// provides when grad_output's own is not. Same sums as ReduceDense.
+template <
+    int kTapsPerPoint,
+    typename Segments,
+    typename scalar_t,
+    typename index_t,
+    typename out_t>
+struct ReduceDenseChannelsFastest {
+  using T = at::opmath_type<scalar_t>;
+  SortedRecords<scalar_t, index_t> records;
+  Segments segments;
+  out_t* out;
+  const T* carry;
+  index_t channels;
+  index_t destinations_per_image;
+  bool has_carry;
+  bool write_untouched;
+
+  C10_HOST_DEVICE void operator()(index_t i) const {
+    const index_t destination = i / channels;
+    const index_t c = i - destination * channels;
+    const index_t n = destination / destinations_per_image;
+    const index_t s = destination - n * destinations_per_image;
+    const auto ids = segments.of(n, s);
+    if (ids.done() && !write_untouched) {
+      return;
+    }
+    const index_t element = (n * channels + c) * destinations_per_image + s;
+    const T initial = has_carry ? carry[element] : static_cast<T>(0);
+    out[element] = static_cast<out_t>(fold_records<kTapsPerPoint>(
+        ids,
+        records.weights,
+        records.gout_offsets,
+        records.gout_channel(c),
+        initial));
+  }
+};
+
+// A chunk's grad_output, channels last: row p (a point of the chunk) holds
+// its channels contiguously, and gathered_offsets[p] = p * channels is where.
+template <typename scalar_t, typename index_t>
+struct GatherChannelsLast {
+  const scalar_t* grad_output;
+  const index_t* gout_offsets;
+  index_t stride_c;
+  index_t channels;
+  scalar_t* gathered;
+  index_t* gathered_offsets;
+
+  struct Row {
+    index_t point;
+    index_t source;
+  };
+
+  C10_HOST_DEVICE Row row(index_t p) const {
+    return Row{p, gout_offsets[p]};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, index_t c) const {
+    const index_t target = row.point * channels;
+    gathered[target + c] = grad_output[row.source + c * stride_c];
+    if (c == 0) {
+      gathered_offsets[row.point] = target;
+    }
+  }
+};
+
 // Sparse reduction, step 3: one thread per (channel row c, run j): lanes take
 // consecutive runs of one channel, whose sorted records are contiguous. The
 // output was zero-filled; runs of taps that land nowhere are skipped.
@@ -372,7 +444,31 @@ T* as(const c10::DataPtr& data) {
 struct ChunkPlan {
   int64_t chunk_points; // whole tiles
   bool dense;
+  // Dense only: ReduceDenseChannelsFastest, reading a GatherChannelsLast copy
+  // of each chunk's grad_output when copy_grad_output.
+  bool channels_fastest = false;
+  bool copy_grad_output = false;
 };
+
+// Channels fastest pays from this many channels on: at fp32, 16 lanes on
+// one point read 64 contiguous bytes (two 32-byte sectors) where 16 lanes on
+// 16 destinations read 16 sectors, and the lanes share one merge. Below it a
+// warp spans more destinations than it saves sectors, and its writes,
+// strided by the image size, cost a sector per lane either way.
+constexpr int64_t kChannelsFastestFrom = 16;
+
+inline bool use_channels_fastest(
+    int64_t knob,
+    int64_t channels,
+    const char* op_name) {
+  TORCH_CHECK(
+      knob >= 0 && knob <= 2,
+      op_name,
+      " (deterministic): gather must be 0 (automatic), 1 (destinations "
+      "fastest) or 2 (channels fastest), got ",
+      knob);
+  return knob == 2 || (knob == 0 && channels >= kChannelsFastestFrom);
+}
 
 // Bytes of workspace per point of a chunk: sort keys and payloads, in and
 // out, and CUB's scratch, which holds one more copy of both (the radix sort
@@ -394,7 +490,8 @@ constexpr int64_t kSortScratchSlack = int64_t{1} << 20;
 
 // Points per chunk and the reduction. `requested` (a test knob, 0 for the
 // default) fixes the points per chunk; the default is as many whole tiles as
-// fit kWorkspaceBytes with the dense table, if dense, beside them. Chunks
+// fit kWorkspaceBytes with the dense table, if dense, beside them, and
+// dense_bytes_per_point more per point in a dense reduction. Chunks
 // must be whole tiles, or the chunk size would change the partials and so
 // the result; a chunk's sort items are counted in int32.
 inline ChunkPlan plan_chunks(
@@ -403,6 +500,7 @@ inline ChunkPlan plan_chunks(
     int64_t taps_per_point,
     int64_t table_entries,
     int64_t bytes_per_point,
+    int64_t dense_bytes_per_point,
     const char* op_name) {
   auto dense_with = [&](int64_t chunk_points) {
     return table_entries <= std::min(num_points, chunk_points) * taps_per_point;
@@ -418,18 +516,21 @@ inline ChunkPlan plan_chunks(
         requested);
     return {requested, dense_with(requested)};
   }
-  auto tiles_within = [&](int64_t bytes) {
-    return std::max<int64_t>(bytes, 0) / (bytes_per_point * kTilePoints);
+  auto tiles_within = [&](int64_t bytes, int64_t per_point) {
+    return std::max<int64_t>(bytes, 0) / (per_point * kTilePoints);
   };
   // Less the fixed bytes of a chunk: the extra record id and the run count.
   const int64_t budget =
       kWorkspaceBytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
   const int64_t table_bytes = table_entries * 2 * int64_t{sizeof(int32_t)};
-  const int64_t dense_tiles = tiles_within(budget - table_bytes);
+  const int64_t dense_tiles = tiles_within(
+      budget - table_bytes, bytes_per_point + dense_bytes_per_point);
   if (dense_tiles > 0 && dense_with(dense_tiles * kTilePoints)) {
     return {dense_tiles * kTilePoints, true};
   }
-  return {std::max<int64_t>(tiles_within(budget), 1) * kTilePoints, false};
+  return {
+      std::max<int64_t>(tiles_within(budget, bytes_per_point), 1) * kTilePoints,
+      false};
 }
 
 // The grad_input half of the backward for contiguous grad_input, chunk by
@@ -483,6 +584,11 @@ void reduce_grad_input(
   const auto segments =
       ex.allocate(dense ? 2 * table_entries * sizeof(int32_t) : 0);
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
+  const bool copy = plan.copy_grad_output;
+  const auto gathered =
+      ex.allocate(copy ? points_per_chunk * channels * sizeof(scalar_t) : 0);
+  const auto gathered_offsets =
+      ex.allocate(copy ? points_per_chunk * sizeof(index_t) : 0);
   // Running sums between chunks live in grad_input itself when it holds
   // opmath values, else in a float buffer of its size.
   const bool float_carry = kReducedPrecision && num_chunks > 1;
@@ -491,12 +597,19 @@ void reduce_grad_input(
 
   const ChunkRecords<key_t, T, index_t> chunk{
       as<key_t>(keys), as<int32_t>(ids), as<T>(weights), as<index_t>(gout_offsets)};
-  const SortedRecords<scalar_t, index_t> sorted{
-      as<int32_t>(sorted_ids),
-      as<T>(weights),
-      as<index_t>(gout_offsets),
-      args.grad_output.data,
-      args.grad_output.stride_c};
+  const SortedRecords<scalar_t, index_t> sorted = copy
+      ? SortedRecords<scalar_t, index_t>{
+            as<int32_t>(sorted_ids),
+            as<T>(weights),
+            as<index_t>(gathered_offsets),
+            as<scalar_t>(gathered),
+            1}
+      : SortedRecords<scalar_t, index_t>{
+            as<int32_t>(sorted_ids),
+            as<T>(weights),
+            as<index_t>(gout_offsets),
+            args.grad_output.data,
+            args.grad_output.stride_c};
   int32_t* const seg_begin = as<int32_t>(segments);
   int32_t* const seg_end = seg_begin + (dense ? table_entries : 0);
   int32_t* const bookkeeping_a = as<int32_t>(ids);
@@ -539,6 +652,26 @@ void reduce_grad_input(
       using out_t = std::remove_pointer_t<decltype(out)>;
       auto reduce_dense = [&](const auto& segments_of) {
         using Segments = std::decay_t<decltype(segments_of)>;
+        if (plan.channels_fastest) {
+          ex.for_each(
+              numel,
+              ReduceDenseChannelsFastest<
+                  kTapsPerPoint,
+                  Segments,
+                  scalar_t,
+                  index_t,
+                  out_t>{
+                  sorted,
+                  segments_of,
+                  out,
+                  in,
+                  channels,
+                  image_size,
+                  /*has_carry=*/!first,
+                  /*write_untouched=*/first ||
+                      static_cast<const void*>(out) != in});
+          return;
+        }
         ex.for_each_row(
             args.batch * channels,
             image_size,
@@ -577,6 +710,18 @@ void reduce_grad_input(
             sorted.ids, seg_begin, seg_end, args.inp_size));
       }
     };
+    if (copy) {
+      ex.for_each_row(
+          static_cast<index_t>(count),
+          channels,
+          GatherChannelsLast<scalar_t, index_t>{
+              args.grad_output.data,
+              as<index_t>(gout_offsets),
+              args.grad_output.stride_c,
+              channels,
+              as<scalar_t>(gathered),
+              as<index_t>(gathered_offsets)});
+    }
     if (dense) {
       ex.zero(seg_begin, 2 * table_entries * sizeof(int32_t));
       ex.for_each(
@@ -632,9 +777,14 @@ bool reduce_grad_input_keyed(
   if (!kPerTap && options.key_bits == 32 && !keys_fit) {
     return false;
   }
+  using scalar_t = typename Args::scalar_type;
+  using index_t = typename Args::index_type;
+  const bool channels_fastest =
+      use_channels_fastest(options.gather, args.channels, Args::op_name());
+  const bool copy = channels_fastest && args.grad_output.stride_c > 1;
   auto run = [&](auto key) {
     using key_t = decltype(key);
-    const ChunkPlan plan = plan_chunks(
+    ChunkPlan plan = plan_chunks(
         options.chunk_points,
         args.num_points(),
         kTapsPerPoint,
@@ -644,11 +794,14 @@ bool reduce_grad_input_keyed(
             kTapsPerPoint,
             sizeof(key_t),
             sizeof(typename Args::opmath_t),
-            sizeof(typename Args::index_type)),
+            sizeof(index_t)),
+        copy ? args.channels * sizeof(scalar_t) + sizeof(index_t) : 0,
         Args::op_name());
     if (!kPerTap && !plan.dense) {
       return false;
     }
+    plan.channels_fastest = plan.dense && channels_fastest;
+    plan.copy_grad_output = plan.dense && copy;
     reduce_grad_input<kTaps, kKeying, key_t>(ex, args, grad_input, plan);
     return true;
   };
