@@ -18,7 +18,7 @@ from torch.testing._internal.common_utils import TestCase
 
 import detgrid
 from detgrid import ops, stock_limits
-from detgrid.bitwise import differing_elements
+from detgrid.kit.bitwise import differing_elements
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 ZEROS, BORDER, REFLECTION = 0, 1, 2
@@ -397,7 +397,7 @@ class DetgridTestCase(TestCase):
 def assert_same_bits_or_both_nan(test, actual, expected, what="tensor"):
     """assert_bitwise_equal, except that two NaNs are equal whatever their
     payloads: the rule for a CUDA result against the host executor's, whose
-    arithmetic NaNs differ in their bits (detgrid.bitwise says why)."""
+    arithmetic NaNs differ in their bits (detgrid.kit.bitwise says why)."""
     if actual is None or expected is None:
         test.assertIs(actual, expected, f"{what}: one side is None")
         return

@@ -21,7 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import bench, cli, workloads
+from detgrid import bench, workloads
+from detgrid.kit import cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

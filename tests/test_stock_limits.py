@@ -15,7 +15,8 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from detgrid import bench, gpucheck, workloads
+from detgrid import bench, workloads
+from detgrid.kit import gpucheck
 from detgrid.stock_limits import (
     STOCK_CPU_HALF_MAX_PLANE_OFFSET,
     largest_plane_offset,

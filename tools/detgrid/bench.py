@@ -20,7 +20,7 @@ is the route stock really takes (cuDNN where it applies, else native), the
 extra peak memory over that stock run (CUDA only), the records count, and
 max |det - stock| / max |stock| per gradient, flagged past a dtype
 tolerance so that a fast wrong kernel cannot win. Functions return data;
-detgrid.cli prints. The CPU run (host executor vs stock CPU on small
+detgrid.kit.cli prints. The CPU run (host executor vs stock CPU on small
 shapes) is a smoke test of this harness, not a performance claim.
 """
 

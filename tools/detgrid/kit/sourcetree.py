@@ -10,7 +10,7 @@ inside, or writing ISSUE.md next to site-packages.
 import os
 from typing import Optional, Sequence
 
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # What each verb reads from the tree.
 NEEDS = {
