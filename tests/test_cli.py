@@ -21,7 +21,8 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from detgrid import bench, ops
+from detgrid import ops
+from detgrid.bench import matrix as bench
 from detgrid.kit import cli
 
 CUDA_USABLE = torch.cuda.is_available() and ops.has_cuda_kernels()

@@ -1,6 +1,6 @@
 # Owner(s): ["module: nn"]
 """Tests of the GPU check's parts that need no GPU (tools/gpu_check.sh,
-detgrid.kit.gpucheck, detgrid.kit.gpucheck_report, detgrid.workloads): report
+detgrid.kit.gpucheck, detgrid.kit.gpucheck_report, detgrid.bench.workloads): report
 assembly, workloads, sanitizer parsing, and the bitwise and timing logic run
 on the host executor.
 
@@ -21,7 +21,7 @@ import tempfile
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import workloads
+from detgrid.bench import workloads
 from detgrid.kit import gpucheck, gpucheck_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -543,7 +543,7 @@ class TestGpuCheckHostRuns(TestCase):
     def test_timing_on_host(self):
         # rgb_warp_bicubic_fp16 times stock's CPU float16 backward: at scale
         # 0.05 its input (11x11) is far below where that breaks
-        # (detgrid.stock_limits; run_timing skips the row beyond it).
+        # (detgrid.bench.stock_limits; run_timing skips the row beyond it).
         names = ["basicvsr_flow_warp", "rgb_warp_bicubic_fp16", "monodepth2_grid_only"]
         result = gpucheck.run_timing("cpu", names, warmup=1, reps=3, scale=0.05)
         self.assertEqual([r["name"] for r in result["rows"]], names)

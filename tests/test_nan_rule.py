@@ -22,7 +22,7 @@ from detgrid_testing import (
     HAS_DETGRID_CUDA,
     assert_same_bits_or_both_nan,
 )
-from detgrid.workloads import DIMS, run_detgrid
+from detgrid.bench.workloads import DIMS, run_detgrid
 
 # Each dtype's NaN as a GPU makes it, as x86 makes it (the default NaN, or
 # the propagated operand's), and one more with another payload and sign.

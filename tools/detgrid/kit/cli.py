@@ -100,7 +100,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from detgrid import bench
+    from detgrid.bench import matrix as bench
 
     if args.render:
         return _render(args.render)
@@ -160,7 +160,7 @@ def _bench_progress(done: int, total: int, row: dict) -> None:
 
 def _render(path: str) -> int:
     """`bench --render FILE.json`: FILE.md and FILE.png from an earlier run."""
-    from detgrid import bench
+    from detgrid.bench import matrix as bench
 
     try:
         with open(path) as f:

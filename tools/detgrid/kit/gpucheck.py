@@ -17,7 +17,7 @@ is aten's CPU kernel.
 
 The functions return plain data (dicts, lists); only main() prints. This
 module runs the checks; the cases, workloads, comparisons and timing they
-use are detgrid.workloads (which a benchmark command reuses), the report
+use are detgrid.bench.workloads (which a benchmark command reuses), the report
 is detgrid.kit.gpucheck_report.
 
 The file also runs as a script (`python3 tools/detgrid/kit/gpucheck.py ...`),
@@ -62,11 +62,11 @@ import torch
 
 from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
-from detgrid.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
-from detgrid.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
-                               dtype_name, executor_cases, max_abs_diff,
-                               run_detgrid, run_stock, sanitizer_cases, sha256, synchronize,
-                               time_workload)
+from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
+from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
+                                     dtype_name, executor_cases, max_abs_diff, run_detgrid,
+                                     run_stock, sanitizer_cases, sha256, synchronize,
+                                     time_workload)
 
 # dtypes whose device result must equal the host executor's bit for bit.
 EXACT_DTYPES = ("float32", "float64")
