@@ -1,4 +1,4 @@
-"""Builds detgrid: the Python package in tools/detgrid and its extension.
+"""Builds detgrid: the Python packages in tools/detgrid (the runtime, kit, bench) and the extension.
 
 The extension compiles the ATen-style sources in aten_kernels/ against the
 installed torch: always the host executor, and the CUDA kernels too when
