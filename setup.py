@@ -1,4 +1,4 @@
-"""Builds detgrid: the Python package in tools/detgrid and its extension.
+"""Builds detgrid: the Python packages in tools/detgrid (the runtime, kit, bench) and the extension.
 
 The extension compiles the ATen-style sources in aten_kernels/ against the
 installed torch: always the host executor, and the CUDA kernels too when
@@ -6,7 +6,7 @@ torch has CUDA. Build it against the torch you run:
 
     pip install --no-build-isolation .
 
-No GPU is needed. tools/detgrid/toolchain.py picks the CUDA compiler
+No GPU is needed. tools/detgrid/kit/toolchain.py picks the CUDA compiler
 ($CUDA_HOME, nvcc on PATH, pip's nvidia-cuda-nvcc for torch's CUDA major,
 /usr/local/cuda) and the architectures ($TORCH_CUDA_ARCH_LIST, else those
 torch was built for). A CUDA torch without a usable compiler fails the
@@ -47,9 +47,9 @@ NVCC_FLAGS = [
 
 
 def load_toolchain():
-    """tools/detgrid/toolchain.py, loaded by path: importing the detgrid
+    """tools/detgrid/kit/toolchain.py, loaded by path: importing the detgrid
     package would load the extension this script is about to build."""
-    path = os.path.join(ROOT, "tools", "detgrid", "toolchain.py")
+    path = os.path.join(ROOT, "tools", "detgrid", "kit", "toolchain.py")
     spec = importlib.util.spec_from_file_location("detgrid_toolchain", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -178,7 +178,7 @@ setup(
     packages=find_packages("tools"),
     ext_modules=[extension(TOOLKIT)],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
-    entry_points={"console_scripts": ["detgrid = detgrid.cli:main"]},
+    entry_points={"console_scripts": ["detgrid = detgrid.kit.cli:main"]},
     python_requires=">=3.9",
     install_requires=install_requires(),
     extras_require={

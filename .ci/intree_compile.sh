@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # In-tree compile check: upstream v2.6.0 (Debian's pytorch source, cached by
-# detgrid.upstream_tree) patched by this checkout's `detgrid patch`, then the
+# detgrid.kit.upstream_tree) patched by this checkout's `detgrid patch`, then the
 # patched/new GridSampler .cu (nvcc 12.4) and .cpp (g++) files compiled to
 # objects against the tree's own headers, its own torchgen's generated headers
-# and its CMake-configured headers (see tools/detgrid/intree_compile.py).
+# and its CMake-configured headers (see tools/detgrid/kit/intree_compile.py).
 # No GPU needed; nothing is linked or run. Fails (never skips) when the tree
 # or the toolchain cannot be had.
 #   PYTHON   python with detgrid's dependencies (default .venv/bin/python)
@@ -12,8 +12,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$root/.venv/bin/python}
 export PYTHONPATH="$root/tools${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! tree=$("$python" -m detgrid.upstream_tree); then
+if ! tree=$("$python" -m detgrid.kit.upstream_tree); then
   echo "intree_compile: upstream v2.6.0 tree unavailable (reason above): FAILED" >&2
   exit 1
 fi
-exec "$python" -m detgrid.intree_compile --pytorch "$tree"
+exec "$python" -m detgrid.kit.intree_compile --pytorch "$tree"

@@ -42,7 +42,7 @@ build() {
 }
 
 audit() {
-  PYTHONPATH="$root/tools" "$python" -m detgrid.sass_audit \
+  PYTHONPATH="$root/tools" "$python" -m detgrid.kit.sass_audit \
     --ptxas-log "$work/$1/ptxas.txt" --sass "$work/$1/sass.txt" "${@:2}"
 }
 

@@ -17,8 +17,9 @@ import torch
 from torch.testing._internal.common_utils import TestCase
 
 import detgrid
-from detgrid import ops, stock_limits
-from detgrid.bitwise import differing_elements
+from detgrid import ops
+from detgrid.bench import stock_limits
+from detgrid.kit.bitwise import differing_elements
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 ZEROS, BORDER, REFLECTION = 0, 1, 2
@@ -397,7 +398,7 @@ class DetgridTestCase(TestCase):
 def assert_same_bits_or_both_nan(test, actual, expected, what="tensor"):
     """assert_bitwise_equal, except that two NaNs are equal whatever their
     payloads: the rule for a CUDA result against the host executor's, whose
-    arithmetic NaNs differ in their bits (detgrid.bitwise says why)."""
+    arithmetic NaNs differ in their bits (detgrid.kit.bitwise says why)."""
     if actual is None or expected is None:
         test.assertIs(actual, expected, f"{what}: one side is None")
         return
@@ -420,7 +421,7 @@ def assert_same_bits_or_both_nan(test, actual, expected, what="tensor"):
 # Stock's CPU float16/bfloat16 2-D backward is wrong once the largest element
 # offset within an input plane passes this (from 182x182 contiguous; channels
 # last multiplies the offsets by C), and crashes with SIGSEGV in mask_gather
-# from about 400x400 (detgrid.stock_limits). Every comparison with stock in
+# from about 400x400 (detgrid.bench.stock_limits). Every comparison with stock in
 # those dtypes keeps its input below it.
 STOCK_CPU_HALF_MAX_PLANE_OFFSET = stock_limits.STOCK_CPU_HALF_MAX_PLANE_OFFSET
 stock_cpu_backward_is_reliable = stock_limits.stock_cpu_backward_is_reliable

@@ -1,6 +1,6 @@
 # Owner(s): ["module: nn"]
-"""Tests of `detgrid bench` (detgrid.bench and the benchmark matrix in
-detgrid.workloads) that need no GPU: the workload registry against
+"""Tests of `detgrid bench` (detgrid.bench.matrix and the benchmark matrix in
+detgrid.bench.workloads) that need no GPU: the workload registry against
 shared BENCHMARKS.md, the builders, the cuDNN-route classification, the
 summary and targets, the budget guard, and a small run on the host executor
 that writes JSON, Markdown and a PNG.
@@ -21,7 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import bench, cli, workloads
+from detgrid.bench import matrix as bench, workloads
+from detgrid.kit import cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -418,7 +419,7 @@ class TestBenchHostRuns(TestCase):
 
     def test_small_run_writes_json_markdown_and_png(self):
         # The bf16 row compares with stock's CPU bf16 backward: --quick keeps
-        # its input (5x5) far below where that breaks (detgrid.stock_limits).
+        # its input (5x5) far below where that breaks (detgrid.bench.stock_limits).
         names = ["rtdetr_l20_bf16", "basicvsr_flow_warp", "monodepth2_grid_only",
                  "voxelmorph_warp_3d", "simplebev_lift_3d"]
         with tempfile.TemporaryDirectory() as work:

@@ -1,5 +1,5 @@
 # Owner(s): ["module: nn"]
-"""Tests of `detgrid build` (detgrid.build) that need no GPU and no real PyTorch
+"""Tests of `detgrid build` (detgrid.kit.build) that need no GPU and no real PyTorch
 build: the dry-run script (environment and commands, exactly), MAX_JOBS, and a
 fake checkout whose stub build prints ninja-style `[n/m]` progress and fails on
 demand with a compiler-style error: progress parsed, full log written, the first
@@ -19,7 +19,7 @@ from unittest import mock
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import build, cli
+from detgrid.kit import build, cli
 
 GIB = 2**30
 

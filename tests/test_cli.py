@@ -21,7 +21,9 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from detgrid import bench, cli, ops
+from detgrid import ops
+from detgrid.bench import matrix as bench
+from detgrid.kit import cli
 
 CUDA_USABLE = torch.cuda.is_available() and ops.has_cuda_kernels()
 
@@ -62,7 +64,7 @@ class TestBadArguments(TestCase):
         """A non-zero exit and an error on stderr, with no traceback; the run
         itself (bench.run_bench, verify.verify) never starts."""
         with mock.patch.object(bench, "run_bench", side_effect=AssertionError("bench ran")), \
-                mock.patch("detgrid.verify.verify", side_effect=AssertionError("verify ran")):
+                mock.patch("detgrid.kit.verify.verify", side_effect=AssertionError("verify ran")):
             code, out, err = run_cli(argv)
         self.assertNotIn("Traceback", out + err)
         self.assertIsNotNone(code, err)

@@ -1,6 +1,6 @@
 # Owner(s): ["module: nn"]
 """Tests of the GPU check's parts that need no GPU (tools/gpu_check.sh,
-detgrid.gpucheck, detgrid.gpucheck_report, detgrid.workloads): report
+detgrid.kit.gpucheck, detgrid.kit.gpucheck_report, detgrid.bench.workloads): report
 assembly, workloads, sanitizer parsing, and the bitwise and timing logic run
 on the host executor.
 
@@ -21,7 +21,8 @@ import tempfile
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import gpucheck, gpucheck_report, workloads
+from detgrid.bench import workloads
+from detgrid.kit import gpucheck, gpucheck_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
@@ -445,7 +446,7 @@ class TestGpuCheckWorkloads(TestCase):
     def test_non_finite_grad_output_cases_make_nans_in_both_gradients(self):
         # Where NaNs come from arithmetic, the GPU's bits differ from the
         # host's: these cases are what makes the device == host rows test
-        # the NaN rule (detgrid.bitwise).
+        # the NaN rule (detgrid.kit.bitwise).
         for dim in (2, 3):
             cases = [c for c in gpucheck.executor_row_cases("float32", dim)
                      if c.name.endswith("_non_finite_grad_output")]
@@ -542,7 +543,7 @@ class TestGpuCheckHostRuns(TestCase):
     def test_timing_on_host(self):
         # rgb_warp_bicubic_fp16 times stock's CPU float16 backward: at scale
         # 0.05 its input (11x11) is far below where that breaks
-        # (detgrid.stock_limits; run_timing skips the row beyond it).
+        # (detgrid.bench.stock_limits; run_timing skips the row beyond it).
         names = ["basicvsr_flow_warp", "rgb_warp_bicubic_fp16", "monodepth2_grid_only"]
         result = gpucheck.run_timing("cpu", names, warmup=1, reps=3, scale=0.05)
         self.assertEqual([r["name"] for r in result["rows"]], names)
@@ -601,14 +602,14 @@ class TestGpuCheckScript(TestCase):
         # failed: a copy of the package without the compiled extension.
         with tempfile.TemporaryDirectory() as tmp:
             pkg = os.path.join(tmp, "tools", "detgrid")
-            os.makedirs(pkg)
-            for path in glob.glob(os.path.join(ROOT, "tools", "detgrid", "*.py")):
-                shutil.copy(path, pkg)
+            shutil.copytree(os.path.join(ROOT, "tools", "detgrid"), pkg,
+                            ignore=shutil.ignore_patterns("*.so", "__pycache__"))
             work, out = os.path.join(tmp, "work"), os.path.join(tmp, "out")
             os.makedirs(work)
 
             def run(*args):
-                return subprocess.run([sys.executable, os.path.join(pkg, "gpucheck.py"), *args],
+                return subprocess.run([sys.executable, os.path.join(pkg, "kit", "gpucheck.py"),
+                                       *args],
                                       cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, timeout=120)
 

@@ -1,6 +1,6 @@
 # Owner(s): ["module: nn"]
 """How detgrid installs: which CUDA compiler and architectures a build uses
-(detgrid.toolchain, shared by setup.py and `detgrid build --dry-run`), the
+(detgrid.kit.toolchain, shared by setup.py and `detgrid build --dry-run`), the
 loud failure when torch has CUDA and no compiler fits, the torch-version
 guard (detgrid.buildinfo), the verbs that need the kit's source tree, and
 the CLI's --version and --help. No GPU and no CUDA build needed: the
@@ -20,7 +20,8 @@ from unittest import mock
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import build, buildinfo, cli, sourcetree, toolchain
+from detgrid import buildinfo
+from detgrid.kit import build, cli, sourcetree, toolchain
 
 KIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -259,7 +260,7 @@ class TestSourceTree(TestCase):
         with tempfile.TemporaryDirectory() as site:
             err = io.StringIO()
             with mock.patch.object(sourcetree, "KIT_ROOT", site), \
-                    mock.patch("detgrid.report.write", side_effect=AssertionError("wrote")), \
+                    mock.patch("detgrid.kit.report.write", side_effect=AssertionError("wrote")), \
                     contextlib.redirect_stderr(err):
                 rc = cli.main(["report"])
             self.assertEqual(os.listdir(site), [])

@@ -1,5 +1,5 @@
 # Owner(s): ["module: nn"]
-"""Tests of the pure-Python parts of the in-tree compile check (detgrid.intree_compile): CMake
+"""Tests of the pure-Python parts of the in-tree compile check (detgrid.kit.intree_compile): CMake
 header configuration, unit classification, depfile parsing, header coverage, the record of
 successful compiles that lets a rerun skip an identical compile, wheel header extraction and the
 compile command lines. No network, no compiler run (the check itself runs in .ci/intree_compile.sh).
@@ -18,8 +18,8 @@ from unittest import mock
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import intree_compile as IC
-from detgrid import upstream_tree
+from detgrid.kit import intree_compile as IC
+from detgrid.kit import upstream_tree
 
 CMAKE_MACROS_IN = """\
 #ifndef C10_MACROS_CMAKE_MACROS_H_

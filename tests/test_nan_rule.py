@@ -1,6 +1,6 @@
 # Owner(s): ["module: nn"]
 """The equality rule between a CUDA result and the host executor's
-(detgrid.bitwise): bit-equal, or both NaN. Arithmetic NaNs have different
+(detgrid.kit.bitwise): bit-equal, or both NaN. Arithmetic NaNs have different
 bits on the GPU and on x86, every other value must keep its bits."""
 
 import math
@@ -15,14 +15,14 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from detgrid import gpucheck
-from detgrid.bitwise import same_bits_or_both_nan
+from detgrid.kit import gpucheck
+from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid_testing import (
     ALL_DTYPES,
     HAS_DETGRID_CUDA,
     assert_same_bits_or_both_nan,
 )
-from detgrid.workloads import DIMS, run_detgrid
+from detgrid.bench.workloads import DIMS, run_detgrid
 
 # Each dtype's NaN as a GPU makes it, as x86 makes it (the default NaN, or
 # the propagated operand's), and one more with another payload and sign.

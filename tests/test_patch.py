@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from torch.testing._internal.common_utils import DeterministicGuard, TestCase, run_tests
 
-from detgrid import patch as P
-from detgrid import upstream_tree
+from detgrid.kit import patch as P
+from detgrid.kit import upstream_tree
 
 KIT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -810,7 +810,7 @@ class TestPatchCrashSafety(FixtureTree):
         """`detgrid patch` in a child process; the detgrid package is loaded without its
         __init__ (which imports torch), so that the child starts fast."""
         code = ("import sys, types; pkg = types.ModuleType('detgrid'); pkg.__path__ = [sys.argv[1]]; "
-                "sys.modules['detgrid'] = pkg; from detgrid import patch; "
+                "sys.modules['detgrid'] = pkg; from detgrid.kit import patch; "
                 "sys.exit(patch.main(['patch', '--pytorch', sys.argv[2], '--out', sys.argv[3]]))")
         return subprocess.Popen([sys.executable, "-c", code, str(KIT / "tools" / "detgrid"),
                                  str(self.tree), str(self.out)],

@@ -11,7 +11,7 @@ import sys
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import toolchain
+from detgrid.kit import toolchain
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 

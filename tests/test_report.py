@@ -16,8 +16,8 @@ from unittest import mock
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import cli
-from detgrid import report as R
+from detgrid.kit import cli
+from detgrid.kit import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_180417 = Path(__file__).resolve().parent / "fixtures" / "upstream_180417"

@@ -1,5 +1,5 @@
 # Owner(s): ["module: nn"]
-"""The machine-code audit (tools/detgrid/sass_audit.py) on small, hand-written
+"""The machine-code audit (tools/detgrid/kit/sass_audit.py) on small, hand-written
 excerpts of ptxas -v and nvdisasm -g -gi output. CI runs it on the real sm_90
 build (.ci/sass_audit.sh); these tests pin what it accepts and refuses."""
 
@@ -7,7 +7,7 @@ import textwrap
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid import sass_audit
+from detgrid.kit import sass_audit
 
 OURS = "_ZN2at6native60_GLOBAL__N__GridSamplerDeterministic_cu_1215for_each_kernelIiNS_4StageEEEvT0_T_"
 CUH = "/src/ATen/native/cuda/GridSamplerDeterministic.cuh"

@@ -1,7 +1,7 @@
 # Owner(s): ["module: nn"]
 """Stock's CPU float16/bfloat16 2-D backward is wrong beyond 2^15 - 1
 elements of offset per input plane and crashes from about 400x400
-(detgrid.stock_limits): the limit's arithmetic, and that bench and the GPU
+(detgrid.bench.stock_limits): the limit's arithmetic, and that bench and the GPU
 check's CPU timing never hand stock such an input. Nothing here runs stock
 beyond the limit."""
 
@@ -15,8 +15,9 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from detgrid import bench, gpucheck, workloads
-from detgrid.stock_limits import (
+from detgrid.bench import matrix as bench, workloads
+from detgrid.kit import gpucheck
+from detgrid.bench.stock_limits import (
     STOCK_CPU_HALF_MAX_PLANE_OFFSET,
     largest_plane_offset,
     stock_cpu_backward_is_reliable,
@@ -72,14 +73,14 @@ class TestStockIsNeverAskedBeyondTheLimit(TestCase):
             result = bench.run_bench(config)
         (row,) = result["workloads"]
         self.assertEqual(row["status"], "skipped")
-        self.assertIn("detgrid.stock_limits", row["skip_reason"])
+        self.assertIn("detgrid.bench.stock_limits", row["skip_reason"])
 
     def test_cpu_timing_of_the_gpu_check_skips_a_half_row_beyond_the_limit(self):
         with mock.patch.object(gpucheck, "time_workload",
                                side_effect=AssertionError("stock would run")):
             result = gpucheck.run_timing("cpu", ["rgb_warp_bicubic_fp16"], scale=1.0)
         (row,) = result["rows"]
-        self.assertIn("detgrid.stock_limits", row["skipped"])
+        self.assertIn("detgrid.bench.stock_limits", row["skipped"])
 
 
 instantiate_parametrized_tests(TestStockLimits)

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch.testing._internal.common_utils import run_tests
 
-from detgrid import verify
+from detgrid.kit import verify
 from detgrid_testing import DetgridTestCase
 
 

@@ -40,7 +40,7 @@ set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF="$ROOT/tools/gpu_check.sh"
-GC="$ROOT/tools/detgrid/gpucheck.py"
+GC="$ROOT/tools/detgrid/kit/gpucheck.py"
 
 # ---------------------------------------------------------------- step bodies
 # `bash tools/gpu_check.sh __step NAME` runs one step's body; the driver below

@@ -1,5 +1,5 @@
 import sys
 
-from detgrid.cli import main
+from detgrid.kit.cli import main
 
 sys.exit(main())

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from detgrid import patch_apply
+from detgrid.kit import patch_apply
 
-KIT_ROOT = Path(__file__).resolve().parents[2]
+KIT_ROOT = Path(__file__).resolve().parents[3]
 KERNEL_DIR = "aten/src/ATen/native/cuda"
 KERNEL_FILES = (
     "GridSamplerDeterministic.h",

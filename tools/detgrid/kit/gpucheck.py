@@ -1,12 +1,12 @@
 """The Python side of tools/gpu_check.sh: the checks of detgrid that need a GPU.
 
-    python3 -m detgrid.gpucheck env            --json env.json
-    python3 -m detgrid.gpucheck build-info     --json build.json [--require-cuda]
-    python3 -m detgrid.gpucheck bitwise        --device cuda --json bitwise.json
-    python3 -m detgrid.gpucheck timing         --device cuda --json timing.json
-    python3 -m detgrid.gpucheck sanitize       --tool memcheck --set all --json s.json
-    python3 -m detgrid.gpucheck sanitizer-case --device cuda --set all
-    python3 -m detgrid.gpucheck report         --work DIR --out DIR [--junit X]
+    python3 -m detgrid.kit.gpucheck env            --json env.json
+    python3 -m detgrid.kit.gpucheck build-info     --json build.json [--require-cuda]
+    python3 -m detgrid.kit.gpucheck bitwise        --device cuda --json bitwise.json
+    python3 -m detgrid.kit.gpucheck timing         --device cuda --json timing.json
+    python3 -m detgrid.kit.gpucheck sanitize       --tool memcheck --set all --json s.json
+    python3 -m detgrid.kit.gpucheck sanitizer-case --device cuda --set all
+    python3 -m detgrid.kit.gpucheck report         --work DIR --out DIR [--junit X]
 
 The bitwise and sanitizer checks cover both backwards,
 grid_sampler_2d_backward and grid_sampler_3d_backward (timing: the 2-D
@@ -17,10 +17,10 @@ is aten's CPU kernel.
 
 The functions return plain data (dicts, lists); only main() prints. This
 module runs the checks; the cases, workloads, comparisons and timing they
-use are detgrid.workloads (which a benchmark command reuses), the report
-is detgrid.gpucheck_report.
+use are detgrid.bench.workloads (which a benchmark command reuses), the report
+is detgrid.kit.gpucheck_report.
 
-The file also runs as a script (`python3 tools/detgrid/gpucheck.py ...`),
+The file also runs as a script (`python3 tools/detgrid/kit/gpucheck.py ...`),
 which the shell script uses: then `env` and `report` work even when the
 extension did not build, since detgrid's ops are imported only by the
 subcommands that call them.
@@ -45,27 +45,28 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 if __name__ == "__main__" and __package__ in (None, ""):
-    # Run as a script: import detgrid from the tools/ folder beside this file,
+    # Run as a script: import detgrid from the tools/ folder above this file,
     # not its modules as top-level ones. detgrid/__init__.py imports the
     # extension, so the package is registered without running it: its
-    # modules import as usual, and detgrid.ops (with the extension) only
-    # where a subcommand calls it.
+    # modules (detgrid.kit's, detgrid.bench's) import as usual, and
+    # detgrid.ops (with the extension) only where a subcommand calls it.
     _here = os.path.dirname(os.path.abspath(__file__))
+    _package = os.path.dirname(_here)
     if sys.path and os.path.abspath(sys.path[0]) == _here:
-        sys.path[0] = os.path.dirname(_here)
+        sys.path[0] = os.path.dirname(_package)
     _spec = importlib.util.spec_from_file_location(
-        "detgrid", os.path.join(_here, "__init__.py"), submodule_search_locations=[_here])
+        "detgrid", os.path.join(_package, "__init__.py"), submodule_search_locations=[_package])
     sys.modules["detgrid"] = importlib.util.module_from_spec(_spec)
 
 import torch
 
-from detgrid.bitwise import same_bits_or_both_nan
-from detgrid.gpucheck_report import jsonable, markdown_report, write_report
-from detgrid.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
-from detgrid.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
-                               dtype_name, executor_cases, max_abs_diff,
-                               run_detgrid, run_stock, sanitizer_cases, sha256, synchronize,
-                               time_workload)
+from detgrid.kit.bitwise import same_bits_or_both_nan
+from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
+from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
+from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
+                                     dtype_name, executor_cases, max_abs_diff, run_detgrid,
+                                     run_stock, sanitizer_cases, sha256, synchronize,
+                                     time_workload)
 
 # dtypes whose device result must equal the host executor's bit for bit.
 EXACT_DTYPES = ("float32", "float64")
@@ -115,7 +116,7 @@ def knob_settings(device: str) -> List[Dict[str, int]]:
 # Put into grad_output by with_non_finite_grad_output: NaN, and +-Inf that
 # meet zero weights and each other in the sums, so that grad_input and
 # grad_grid hold NaNs made by arithmetic, whose bits differ between the GPU
-# and the host (detgrid.bitwise).
+# and the host (detgrid.kit.bitwise).
 NON_FINITE_GRAD_OUTPUT = (math.nan, math.inf, -math.inf)
 
 
@@ -141,7 +142,7 @@ def executor_row_cases(dtype: str, dim: int, seed: int = 0) -> List[Case]:
 
 def executor_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
     """The device backward against the host executor, bit for bit (NaN
-    payloads aside: detgrid.bitwise): one row per dtype and spatial dims
+    payloads aside: detgrid.kit.bitwise): one row per dtype and spatial dims
     (2-D, 3-D).
 
     On --device cpu the "device" run is the executor with grain_size=1 (as
@@ -350,7 +351,7 @@ def run_sanitizer(tool: str, set_name: str, timeout: float, seed: int = 0) -> Di
     # Without the caching allocator every tensor is its own allocation, so
     # memcheck sees an access past its end.
     env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    tools_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tools_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = tools_dir + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.monotonic()
 
@@ -481,7 +482,7 @@ def _write_json(path: Optional[str], data: Any) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="detgrid.gpucheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="detgrid.kit.gpucheck", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp, device=True):

@@ -1,6 +1,6 @@
 """Benchmark workloads and test cases of detgrid's backward, and their timing.
 
-The layer that the GPU check (detgrid.gpucheck) and a benchmark command
+The layer that the GPU check (detgrid.kit.gpucheck) and a benchmark command
 share: Case is one call of grid_sampler_2d_backward or
 grid_sampler_3d_backward (by the input's rank) with its inputs; Workload
 (WORKLOADS) builds a benchmark's inputs from a seeded generator at any
@@ -409,7 +409,7 @@ def _with_variants(base: Sequence[Workload]) -> List[Workload]:
 
 BENCH_WORKLOADS: Dict[str, Workload] = {w.name: w for w in _with_variants(_BENCH_BASE)}
 
-# The GPU check's timing set (detgrid.gpucheck timing): eight of the above.
+# The GPU check's timing set (detgrid.kit.gpucheck timing): eight of the above.
 GPUCHECK_WORKLOADS = ("rtdetr_l80", "mask2former_l32", "basicvsr_flow_warp", "tensorf_line",
                       "positional_table_c1024", "rgb_warp_bicubic_fp16",
                       "monodepth2_grid_only", "liif_nearest")

@@ -241,7 +241,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
     if bw.get("executor"):
         lines += ["", "## Device vs host executor", "",
                   "Bitwise equal: the same bits, or NaN on both sides (a NaN made by "
-                  "arithmetic has other bits on the GPU than on x86; see detgrid.bitwise).", "",
+                  "arithmetic has other bits on the GPU than on x86; see detgrid.kit.bitwise).", "",
                   "| dtype | dims | cases | bitwise equal | max abs diff | required |",
                   "|---|---|---|---|---|---|"]
         for r in bw["executor"]:

@@ -13,7 +13,7 @@ stock's CPU half-precision 2-D backward on a larger input plane.
 
 import torch
 
-from detgrid.workloads import Workload, channels_last
+from detgrid.bench.workloads import Workload, channels_last
 
 STOCK_CPU_HALF_MAX_PLANE_OFFSET = 2**15 - 1
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -42,4 +42,4 @@ def stock_cpu_workload_is_reliable(workload: Workload, scale: float) -> bool:
 
 
 SKIP_REASON = ("stock's CPU float16/bfloat16 2-D backward is wrong beyond 2^15 elements per "
-               "input plane (and crashes from ~400x400): see detgrid.stock_limits")
+               "input plane (and crashes from ~400x400): see detgrid.bench.stock_limits")

@@ -13,8 +13,8 @@ from typing import Dict, List, Optional
 import torch
 
 from detgrid import ops
-from detgrid.bitwise import same_bits_or_both_nan
-from detgrid.workloads import sha256
+from detgrid.kit.bitwise import same_bits_or_both_nan
+from detgrid.bench.workloads import sha256
 
 MODES = (0, 0, False)  # bilinear, zeros, align_corners=False
 

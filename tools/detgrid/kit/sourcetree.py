@@ -1,16 +1,17 @@
 """Whether detgrid runs from the kit's source tree, for the verbs that need it.
 
 `pip install .` installs the runtime package (ops, the switch, the
-extension) and the CLI, but not the kit around it: repro/, patches/,
-aten_kernels/, setup.py. The verbs that read or write those (report, patch,
-build --mode extension) say so in one line instead of failing somewhere
-inside, or writing ISSUE.md next to site-packages.
+extension), detgrid.kit with the CLI and detgrid.bench, but not the source
+tree around them: repro/, patches/, aten_kernels/, setup.py. The verbs
+that read or write those (report, patch, build --mode extension) say so in
+one line instead of failing somewhere inside, or writing ISSUE.md next to
+site-packages.
 """
 
 import os
 from typing import Optional, Sequence
 
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # What each verb reads from the tree.
 NEEDS = {

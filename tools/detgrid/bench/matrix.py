@@ -1,6 +1,6 @@
 """`detgrid bench`: the benchmark matrix of shared BENCHMARKS.md, timed.
 
-Per workload (detgrid.workloads.BENCH_WORKLOADS) the backward variants run
+Per workload (detgrid.bench.workloads.BENCH_WORKLOADS) the backward variants run
 in one process, interleaved rep by rep on rotating copies of the inputs:
 
 - stock native: torch.ops.aten.grid_sampler_2d_backward, or for the 3-D
@@ -20,7 +20,7 @@ is the route stock really takes (cuDNN where it applies, else native), the
 extra peak memory over that stock run (CUDA only), the records count, and
 max |det - stock| / max |stock| per gradient, flagged past a dtype
 tolerance so that a fast wrong kernel cannot win. Functions return data;
-detgrid.cli prints. The CPU run (host executor vs stock CPU on small
+detgrid.kit.cli prints. The CPU run (host executor vs stock CPU on small
 shapes) is a smoke test of this harness, not a performance claim.
 """
 
@@ -40,13 +40,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from detgrid import stock_limits
-from detgrid.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload, backward_name,
-                               bitwise_equal, case_bytes, contiguous_case, dtype_name,
-                               full_size_work_counters, peak_bytes, records, rel_err,
-                               rotation_copies, run_cudnn, run_in_tree, run_stock,
-                               samples_per_cell, synchronize, takes_cudnn, time_rotating,
-                               work_counters)
+from detgrid.bench import stock_limits
+from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload,
+                                     backward_name, bitwise_equal, case_bytes, contiguous_case,
+                                     dtype_name, full_size_work_counters, peak_bytes, records,
+                                     rel_err, rotation_copies, run_cudnn, run_in_tree, run_stock,
+                                     samples_per_cell, synchronize, takes_cudnn, time_rotating,
+                                     work_counters)
 
 # max |det - stock| / max |stock| per gradient beyond which a row is flagged.
 # Stock accumulates float16/bfloat16 grad_input in that type (atomics on
@@ -299,7 +299,7 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     # Correctness first (also the first warm-up): detgrid against stock
     # native (the same math), and against float64 stock for context.
     stock_out = run_stock(case)
-    from detgrid.workloads import run_detgrid  # loads the extension
+    from detgrid.bench.workloads import run_detgrid  # loads the extension
 
     det_out = run_detgrid(case)
     synchronize(device)
@@ -497,7 +497,8 @@ def environment(device: str) -> Dict[str, Any]:
         env.update({"capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count,
                     "l2_bytes": l2_bytes(device)})
     try:
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
         proc = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10)
         env["git_commit"] = proc.stdout.strip() or None

@@ -1,7 +1,7 @@
 """In-tree compile check: the patched PyTorch sources, compiled the way the checkout builds them.
 
-``python -m detgrid.intree_compile --pytorch TREE`` (TREE: a PyTorch source tree, e.g. the one
-``python -m detgrid.upstream_tree`` prints) never touches TREE. It
+``python -m detgrid.kit.intree_compile --pytorch TREE`` (TREE: a PyTorch source tree, e.g. the one
+``python -m detgrid.kit.upstream_tree`` prints) never touches TREE. It
 
 1. copies the files the patch and the compile need into a temporary git repo (committed, tagged
    v<version>) and runs ``detgrid patch`` of this checkout of the kit on it;
@@ -48,7 +48,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Uni
 
 EXIT_OK, EXIT_COMPILE, EXIT_SETUP = 0, 1, 2
 
-KIT_TOOLS = Path(__file__).resolve().parents[1]
+KIT_TOOLS = Path(__file__).resolve().parents[2]
 
 
 class SetupError(RuntimeError):
@@ -246,7 +246,7 @@ def toolchain_for(version_txt: str) -> Toolchain:
 
 
 def cache_dir() -> Path:
-    from detgrid.upstream_tree import cache_dir as _cache_dir
+    from detgrid.kit.upstream_tree import cache_dir as _cache_dir
 
     return _cache_dir()
 
@@ -437,7 +437,7 @@ EXTRA_DIRS = ("c10", "caffe2", "torchgen", "torch/csrc", "torch/headeronly")
 def copy_and_patch(tree: Path, dest: Path, log=print) -> List[str]:
     """A committed git copy of ``tree`` (what the patch and the compile read), patched by this
     kit's ``detgrid patch``; return the paths the patch created or changed."""
-    from detgrid import upstream_tree
+    from detgrid.kit import upstream_tree
 
     version = (Path(tree) / "version.txt").read_text().strip()
     tag = "v" + re.sub(r"a0$", "", version)
@@ -773,7 +773,7 @@ def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print) -> 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m detgrid.intree_compile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m detgrid.kit.intree_compile", description=__doc__.split("\n")[0])
     ap.add_argument("--pytorch", required=True, metavar="TREE", help="PyTorch source tree (not modified)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
     ap.add_argument("--no-reuse", action="store_true",

@@ -86,7 +86,7 @@ def _fail(verb: str, message: str) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from detgrid import verify
+    from detgrid.kit import verify
 
     if args.device == "cuda" and (reason := _cuda_unusable()):
         return _fail("verify", f"--device cuda, but {reason}")
@@ -100,7 +100,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from detgrid import bench
+    from detgrid.bench import matrix as bench
 
     if args.render:
         return _render(args.render)
@@ -160,7 +160,7 @@ def _bench_progress(done: int, total: int, row: dict) -> None:
 
 def _render(path: str) -> int:
     """`bench --render FILE.json`: FILE.md and FILE.png from an earlier run."""
-    from detgrid import bench
+    from detgrid.bench import matrix as bench
 
     try:
         with open(path) as f:
@@ -226,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--render", metavar="FILE.json",
                        help="only redraw FILE.md and FILE.png from an earlier FILE.json")
     bench.set_defaults(handler=_bench)
-    from detgrid import build as build_command
-    from detgrid import patch as patch_command
-    from detgrid import report as report_command
+    from detgrid.kit import build as build_command
+    from detgrid.kit import patch as patch_command
+    from detgrid.kit import report as report_command
 
     build_command.register(commands)
     patch_command.register(commands)
@@ -240,7 +240,7 @@ def _needs_source_tree(args: argparse.Namespace) -> Optional[str]:
     """Why the verb cannot run from this (installed) copy, or None."""
     import os
 
-    from detgrid import sourcetree
+    from detgrid.kit import sourcetree
 
     if args.command == "report":
         return sourcetree.needs_source_tree("report")
@@ -248,7 +248,7 @@ def _needs_source_tree(args: argparse.Namespace) -> Optional[str]:
         # patch may take aten_kernels/ from another checkout (DETGRID_KIT_ROOT)
         return sourcetree.needs_source_tree(
             "patch", os.environ.get("DETGRID_KIT_ROOT") or sourcetree.KIT_ROOT)
-    return None  # build --mode extension checks in its plan (detgrid.build)
+    return None  # build --mode extension checks in its plan (detgrid.kit.build)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

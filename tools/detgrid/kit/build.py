@@ -14,7 +14,7 @@ extension: `pip install --no-build-isolation .` in the kit's root, against the
            installed torch (minutes); `-e .` when detgrid is already installed
            editable from the tree (as tools/setup.sh does), so that it stays so.
            The plan's notes say which nvcc and architectures setup.py will use
-           (detgrid.toolchain decides for both), or why its build will fail.
+           (detgrid.kit.toolchain decides for both), or why its build will fail.
 
 plan_build() returns the plan (environment and commands) as data; run_build()
 runs it through a runner that streams lines, writes the full log, parses
@@ -33,12 +33,12 @@ import subprocess
 import sys
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from detgrid import sourcetree, toolchain
+from detgrid.kit import sourcetree, toolchain
 
 GIB = 2**30
 GIB_PER_JOB = 2.5  # a CUDA/ATen translation unit can take ~2-3 GiB to compile
 LOG_NAME = "detgrid-build.log"
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 NINJA_PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 # gcc/clang "file.cpp:12:5: error: ..." and nvcc "file.cu(12): error: ..."

@@ -2,7 +2,7 @@
 
 Debian trixie's ``pytorch 2.6.0+dfsg-7`` is upstream v2.6.0 (``version.txt`` 2.6.0a0) with its
 tests; the dfsg repack drops third_party sources, which the patch tool never touches. Used by the
-tests and by CI (``python -m detgrid.upstream_tree`` prints the tree's path, or exits 3 with the
+tests and by CI (``python -m detgrid.kit.upstream_tree`` prints the tree's path, or exits 3 with the
 reason when Debian cannot be reached). apt runs with a private state directory under the cache
 (``<cache>/apt-src``): the system's apt configuration is never read or written.
 """
@@ -50,7 +50,7 @@ def _run(cmd, cwd=None, timeout=900):
 def _private_apt(state: Path) -> list:
     """apt options for a private state directory holding only a deb-src line for trixie: the
     system's apt configuration is neither read nor written."""
-    from detgrid.intree_compile import _apt_options
+    from detgrid.kit.intree_compile import _apt_options
 
     for d in ("lists/partial", "cache/archives/partial", "preferences.d"):
         (state / d).mkdir(parents=True, exist_ok=True)
@@ -141,12 +141,12 @@ def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0
     return dest
 
 
-REGENERATE = "python -m detgrid.upstream_tree --write-patch patches/v2.6.0.patch"
+REGENERATE = "python -m detgrid.kit.upstream_tree --write-patch patches/v2.6.0.patch"
 
 
 def write_patch(out: Path) -> int:
     """Run `detgrid patch` on a fresh copy of the cached tree (never on the cache itself)."""
-    from detgrid import patch
+    from detgrid.kit import patch
 
     with tempfile.TemporaryDirectory(prefix="detgrid-regen-") as tmp:
         copy = fresh_git_copy(Path(tmp) / "pytorch")
