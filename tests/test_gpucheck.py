@@ -404,9 +404,10 @@ class TestGpuCheckWorkloads(TestCase):
 
     def test_multichunk_cases_take_both_reductions_in_each_rank(self):
         # The reduction is dense when the input has no more destinations
-        # (batch x pixels or voxels) than a chunk has records
-        # (use_dense_reduction); each rank reaches both, and the sparse one
-        # with the float16 carry that is copied out after the last chunk.
+        # (batch x pixels or voxels) than a chunk has records (plan_chunks;
+        # keyed per cell, the cells must fit too, and they outnumber the
+        # destinations); each rank reaches both, and the sparse one with the
+        # float16 carry that is copied out after the last chunk.
         mode_of = {v: k for k, v in workloads.MODES.items()}
         for dim in (2, 3):
             kinds = set()

@@ -1,9 +1,9 @@
 # Owner(s): ["module: nn"]
-"""The two ways grad_input is reduced (GridSamplerDeterministic.cuh,
-use_dense_reduction): dense, one writer per element of grad_input, when
-grad_input has no more destinations (N * H_in * W_in, times D_in in 3-D)
-than a chunk has records; sparse, a zero fill and one writer per touched
-destination, otherwise. Both must give the canonical sums, so the choice
+"""The two ways grad_input is reduced (GridSamplerDeterministicPipeline.cuh,
+plan_chunks): dense, one writer per element of grad_input, when the table
+of sort keys (destinations, or for bilinear and trilinear sampling the
+cells) has no more entries than a chunk has records; sparse, a zero fill
+and one writer per touched destination, otherwise. Both must give the canonical sums, so the choice
 never shows in the bits, in 2-D and in 3-D (subtests with a "3d" suffix)."""
 
 import math
@@ -34,18 +34,20 @@ from detgrid_testing import (
     taps_per_point,
 )
 
-DEFAULT_CHUNK_RECORDS = 1 << 21
-
-
 def is_dense(inp, grid, mode, chunk_points=0):
-    """The launcher's rule, restated: dense iff destinations <= records per
-    chunk."""
+    """The planner's rule (plan_chunks), restated for problems that fit one
+    default chunk: dense iff the keys' table has no more entries than a
+    chunk has records; bilinear and trilinear keys are cells (one more than
+    the pixels along every axis) where that holds, else destinations."""
     N = inp.shape[0]
     points = N * math.prod(grid.shape[1:-1])
     taps = taps_per_point(mode, inp.dim() - 2)
-    if chunk_points == 0:
-        chunk_points = max(1, DEFAULT_CHUNK_RECORDS // (taps * TILE_POINTS)) * TILE_POINTS
-    return N * math.prod(inp.shape[2:]) <= min(points, chunk_points) * taps
+    assert chunk_points or points <= 100_000, "beyond one default chunk: restate the budget"
+    records = min(points, chunk_points or points) * taps
+    cells = N * math.prod(size + 1 for size in inp.shape[2:])
+    if mode == BILINEAR and cells <= records:
+        return True
+    return N * math.prod(inp.shape[2:]) <= records
 
 
 class TestReductionModes(DetgridTestCase):

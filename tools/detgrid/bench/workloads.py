@@ -677,9 +677,9 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
         _small_case("bilinear_border_f16_multichunk", "bilinear", "border", False,
                     torch.float16, g, shape=(1, 3, 11, 13), grid_size=(100, 100),
                     options={"chunk_points": 4096}),
-        # 18,200 pixels > 16,384 records per chunk (4096 points x 4 taps):
-        # the sparse reduction, over three chunks; in float16 also the float
-        # carry's copy-out after the last chunk.
+        # 18,200 pixels (18,471 cells) > 16,384 records per chunk (4096
+        # points x 4 taps): keyed per tap, the sparse reduction, over three
+        # chunks; in float16 also the float carry's copy-out after the last.
         _small_case("bilinear_zeros_multichunk_sparse", "bilinear", "zeros", False,
                     torch.float32, g, shape=(1, 2, 130, 140), grid_size=(100, 100),
                     options={"chunk_points": 4096}),
@@ -702,9 +702,8 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
 
 def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
     """sanitizer_cases' 3-D part. Its multi-chunk cases take both reductions
-    (see use_dense_reduction): dense where the input has no more voxels
-    than a chunk has records (4096 points x taps), else sparse, which the
-    2-D multi-chunk cases never reach; the float16 one carries a float sum
+    (see plan_chunks): dense where the input has no more cells (trilinear)
+    or voxels than a chunk has records (4096 points x taps), else sparse; the float16 one carries a float sum
     across chunks and copies it out after the last (sparse)."""
     f32, tri = torch.float32, "bilinear"
     chunked = {"chunk_points": 4096}
@@ -727,7 +726,8 @@ def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
                     special=True, **small),
         _small_case("3d_nearest_border_bf16", "nearest", "border", True, torch.bfloat16, g,
                     **small),
-        # 12,000 points, 1,287 voxels <= 32,768 records per chunk: dense.
+        # 12,000 points, 1,287 voxels (1,680 cells) <= 32,768 records per
+        # chunk: dense, keyed per cell.
         _small_case("3d_trilinear_zeros_multichunk_dense", tri, "zeros", False, f32, g,
                     shape=(1, 2, 9, 11, 13), grid_size=(10, 30, 40), extent=1.1,
                     options=chunked),

@@ -1050,11 +1050,12 @@ def commit_message(pl: Plan) -> str:
             "scatters grad_input with atomicAdd and so alerts (grid_sampler_2d_backward_cuda, "
             "grid_sampler_3d_backward_cuda). With the input gradient requested, deterministic mode "
             "now takes GridSamplerDeterministic.cu instead: a point pass (grid gradient, single "
-            "writer; one record per tap), a stable radix sort of the records by destination "
-            "(at::cuda::cub), and a reduction with one writer per grad_input element in a canonical "
-            "order that depends only on shapes and grid values, not on GPU model, launch "
-            "configuration or chunking. Workspace comes from the caching allocator, in chunks of "
-            "about 2^21 records whatever the input size. Non-finite grid coordinates never form an "
+            "writer; one sort key per point, its cell, for bilinear and trilinear sampling, one "
+            "per tap otherwise), a stable radix sort (at::cuda::cub), and a reduction with one "
+            "writer per grad_input element in a canonical order that depends only on shapes and "
+            "grid values, not on GPU model, launch configuration, keying or chunking. Workspace "
+            "comes from the caching allocator, in chunks sized to stay within 64 MiB whatever "
+            "the input size. Non-finite grid coordinates never form an "
             "index. With only the grid gradient requested the existing kernel runs, without an "
             "alert: it has a single writer per element.", 72)]
     if CUDNN in changed:

@@ -7,20 +7,29 @@
 // holds the CUDA executor (grid-stride launches of the stage structs on the
 // current stream, at::cuda::cub, the caching allocator):
 //   1. point pass, one thread per point: source coordinates once, the grid
-//      gradient (single writer), and one record per tap: key = destination
-//      (n, y, x) or (n, z, y, x) of grad_input, or "none" when the tap is out
-//      of bounds; value = record id (point * taps + tap); the tap weight
-//      beside it, and per point its grad_output offset.
-//   2. stable radix sort of the records by key (at::cuda::cub), so each
-//      destination's records are in ascending record id order.
+//      gradient (single writer), the weight of every tap, the point's
+//      grad_output offset, and its sort items: for bilinear and trilinear
+//      sampling with a dense reduction, one per point, keyed by its cell
+//      (the position of its lowest tap, plus one); otherwise one per tap,
+//      keyed by the destination (n, y, x) or (n, z, y, x) of grad_input.
+//      Either way "none" when nothing lands in bounds. Record ids are
+//      point * taps + tap.
+//   2. stable radix sort of the items by key (at::cuda::cub), so each key's
+//      points (records) are in ascending order.
 //   3. reduce: the single writer of each grad_input element folds its
 //      records in the canonical order; no atomics, no integer division per
-//      record. Dense when grad_input has no more destinations than a chunk
-//      has records: segment bounds marked from the sorted keys in
-//      O(records), then one thread per (destination, channel) over all of
-//      grad_input, the first chunk writing the zeros (no memset). Sparse
-//      otherwise: a zero fill, runs of one destination found from head flags
-//      and a CUB scan, then one thread per (run, channel).
+//      record. Dense when the table of keys has no more entries than a chunk
+//      has records: segment bounds marked from the sorted keys in O(items),
+//      then one thread per (destination, channel) over all of grad_input,
+//      the first chunk writing the zeros (no memset). Keyed per cell, a
+//      destination merges its 2^dims neighbouring cells in ascending point
+//      id, which gives its records in the order of a per-tap sort exactly:
+//      a point's taps are distinct pixels, so it reaches a destination
+//      through one tap at most. From 16 channels the threads take channels
+//      fastest, reading a channels-last copy of the chunk's grad_output
+//      unless its channel stride is 1 already. Sparse otherwise (per tap): a
+//      zero fill, runs of one destination found from head flags and a CUB
+//      scan, then one thread per (run, channel).
 // When grad_input is not requested only the point pass runs: the grid
 // gradient is single-writer already, so nothing needs grouping and the
 // backward raises no determinism alert.
@@ -41,16 +50,18 @@
 //     depend on GPU model, SM count, block size, chunk size (chunks are whole
 //     tiles and carry the running sum), stream, free memory or thread count.
 // (b) Bounded workspace, from the caching allocator, independent of the grid
-//     values: with P = min(points, chunk_points) points and R = P * taps
-//     records per chunk (chunk_points defaults to about kChunkRecords / taps,
-//     so R <= 2^21): keys 2 * R * sizeof(key), record ids (2R + 1) * 4,
-//     weights R * sizeof(opmath), grad_output offsets P * sizeof(index),
-//     plus CUB's radix-sort scratch (about R * (sizeof(key) + 4)); the
-//     reduce's bookkeeping reuses the unsorted keys and ids. For Half/BFloat16
-//     inputs that need more than one chunk, a float carry the size of
-//     grad_input. With int32 keys, int32 indexing and fp32 that is about
-//     30 bytes per record of one chunk: at most 64 MiB, whatever the input
-//     size.
+//     values: per chunk of P points, sort keys and int32 payloads in and out
+//     (one item per point keyed per cell, one per tap keyed per tap), CUB's
+//     radix-sort scratch (about one more key and payload per item, plus
+//     histograms), the weight of every tap, a grad_output offset per point;
+//     the dense reduction's segment table (two int32 per key) and, when it
+//     takes channels fastest over a grad_output whose channel stride is not
+//     1, a channels-last copy of the chunk's grad_output. plan_chunks sizes
+//     P so that all of it stays within kWorkspaceBytes (64 MiB), with 1 MiB
+//     left for CUB's histograms, whatever the input size; the sparse
+//     reduce's bookkeeping reuses the unsorted keys and ids. For Half/
+//     BFloat16 inputs that need more than one chunk, a float carry the size
+//     of grad_input comes on top.
 // (c) Safe coordinates. No index is formed from a coordinate that is not
 //     finite and within +-2^40 after unnormalizing and padding (the bicubic
 //     taps are padded in integers). A point with such a coordinate (NaN,
