@@ -1059,14 +1059,28 @@ struct MergedCellRecords {
   C10_HOST_DEVICE uint32_t front() const {
     return current;
   }
+  // The way that holds the current record is known from its tap (its low
+  // bits), so a pop gathers that way's cursor with selects, loads one id
+  // and scatters the cursor back: one load per record, not one per way.
   C10_HOST_DEVICE void pop() {
     --partial_left;
+    const uint32_t tap = current & (kWays - 1);
+    const int way = kWays - 1 - static_cast<int>(tap);
+    int32_t position = next[0];
+    int32_t limit = end[0];
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 1; k < kWays; ++k) {
+      position = k == way ? next[k] : position;
+      limit = k == way ? end[k] : limit;
+    }
+    ++position;
+    const uint32_t way_head = position < limit
+        ? static_cast<uint32_t>(point_ids[position]) * kWays + tap
+        : kExhausted;
     GRID_SAMPLER_DET_UNROLL
     for (int k = 0; k < kWays; ++k) {
-      if (head[k] == current) {
-        ++next[k];
-        load_head(k);
-      }
+      next[k] = k == way ? position : next[k];
+      head[k] = k == way ? way_head : head[k];
     }
     find_current();
   }
