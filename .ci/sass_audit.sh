@@ -48,7 +48,7 @@ audit() {
 
 echo "sass audit: building GridSamplerDeterministic.cu for sm_90"
 build release "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"
-audit release --loops | grep -E "^FAIL|^sass audit|inner loop|ReduceSparse<4, float, int, int, float>|ReduceDense(ChannelsFastest)?<(4|8), [a-z_:]*(DestinationSegments<int>|CellSegments<int, (2|3)>), float, int, float>"
+audit release --loops | grep -E "^FAIL|^sass audit|inner loop|ReduceSparse<4, float, int, int, float>|ReduceDense(ChannelsFastest)?<[a-z_:]*DenseFold<(4|8), [a-z_:]*(DestinationSegments<int>|CellSegments<int, (2|3)>), float, int, float> ?>"
 
 echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
 build fast_math "$root/.ci/audit/fast_math_probe.cu" --use_fast_math

@@ -193,22 +193,22 @@ CellSegments<index_t, kDims> make_cell_segments(
   return segments;
 }
 
-// Dense reduction, step 2: the single writer of every element of a
-// contiguous (N, C, spatial...) output, thread (row n * C + c, column =
-// spatial index s), so a warp's lanes take consecutive destinations of one
-// channel: their segment bounds load coalesced, their writes are contiguous,
-// and neighbouring destinations' sorted records lie side by side. `carry`
-// (same layout) holds the sums of earlier chunks when has_carry. Only the
-// first chunk, and a last one that rounds a float carry into grad_input,
-// write untouched elements.
+// Dense reduction, step 2: what both thread orders below share. The single
+// writer of element (n, c, s) of a contiguous (N, C, spatial...) output folds
+// the records of destination (n, s) for channel c. `carry` (same layout)
+// holds the sums of earlier chunks when has_carry. Only the first chunk, and
+// a last one that rounds a float carry into grad_input, write untouched
+// elements.
 template <
     int kTapsPerPoint,
     typename Segments,
     typename scalar_t,
     typename index_t,
     typename out_t>
-struct ReduceDense {
+struct DenseFold {
   using T = at::opmath_type<scalar_t>;
+  using scalar_type = scalar_t;
+  using index_type = index_t;
   SortedRecords<scalar_t, index_t> records;
   Segments segments;
   out_t* out;
@@ -218,78 +218,71 @@ struct ReduceDense {
   bool has_carry;
   bool write_untouched;
 
-  struct Row {
-    index_t n;
-    const scalar_t* gout_channel;
-    out_t* out;
-    const T* carry;
-  };
-
-  C10_HOST_DEVICE Row row(index_t r) const {
-    const index_t n = r / channels;
-    const index_t offset = r * destinations_per_image;
-    return Row{
-        n,
-        records.gout_channel(r - n * channels),
-        out + offset,
-        has_carry ? carry + offset : nullptr};
-  }
-
-  C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
-    const auto ids = segments.of(row.n, s);
-    if (ids.done() && !write_untouched) {
-      return;
-    }
-    const T initial = has_carry ? row.carry[s] : static_cast<T>(0);
-    row.out[s] = static_cast<out_t>(fold_records<kTapsPerPoint>(
-        ids,
-        records.weights,
-        records.gout_offsets,
-        row.gout_channel,
-        initial));
-  }
-};
-
-// Dense reduction, step 2, channels fastest: thread i takes destination
-// i / channels and channel i % channels, so a warp's lanes fold the same
-// records (the merge and the loads of ids, weights and offsets are the same
-// for all of them) and read grad_output at consecutive channels of one
-// point: contiguous when its channel stride is 1, which GatherChannelsLast
-// provides when grad_output's own is not. Same sums as ReduceDense.
-template <
-    int kTapsPerPoint,
-    typename Segments,
-    typename scalar_t,
-    typename index_t,
-    typename out_t>
-struct ReduceDenseChannelsFastest {
-  using T = at::opmath_type<scalar_t>;
-  SortedRecords<scalar_t, index_t> records;
-  Segments segments;
-  out_t* out;
-  const T* carry;
-  index_t channels;
-  index_t destinations_per_image;
-  bool has_carry;
-  bool write_untouched;
-
-  C10_HOST_DEVICE void operator()(index_t i) const {
-    const index_t destination = i / channels;
-    const index_t c = i - destination * channels;
-    const index_t n = destination / destinations_per_image;
-    const index_t s = destination - n * destinations_per_image;
+  // element = (n * channels + c) * destinations_per_image + s.
+  C10_HOST_DEVICE void fold_into(
+      index_t n,
+      index_t s,
+      const scalar_t* gout_channel,
+      index_t element) const {
     const auto ids = segments.of(n, s);
     if (ids.done() && !write_untouched) {
       return;
     }
-    const index_t element = (n * channels + c) * destinations_per_image + s;
     const T initial = has_carry ? carry[element] : static_cast<T>(0);
     out[element] = static_cast<out_t>(fold_records<kTapsPerPoint>(
-        ids,
-        records.weights,
-        records.gout_offsets,
-        records.gout_channel(c),
-        initial));
+        ids, records.weights, records.gout_offsets, gout_channel, initial));
+  }
+};
+
+// Destinations fastest: thread (row n * C + c, column = spatial index s), so
+// a warp's lanes take consecutive destinations of one channel: their segment
+// bounds load coalesced, their writes are contiguous, and neighbouring
+// destinations' sorted records lie side by side.
+template <typename Fold>
+struct ReduceDense {
+  using index_t = typename Fold::index_type;
+  Fold fold;
+
+  struct Row {
+    index_t n;
+    const typename Fold::scalar_type* gout_channel;
+    index_t first_element;
+  };
+
+  C10_HOST_DEVICE Row row(index_t r) const {
+    const index_t n = r / fold.channels;
+    return Row{
+        n,
+        fold.records.gout_channel(r - n * fold.channels),
+        r * fold.destinations_per_image};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
+    fold.fold_into(row.n, s, row.gout_channel, row.first_element + s);
+  }
+};
+
+// Channels fastest: thread i takes destination i / channels and channel
+// i % channels, so a warp's lanes fold the same records (the merge and the
+// loads of ids, weights and offsets are the same for all of them) and read
+// grad_output at consecutive channels of one point: contiguous when its
+// channel stride is 1, which GatherChannelsLast provides when grad_output's
+// own is not.
+template <typename Fold>
+struct ReduceDenseChannelsFastest {
+  using index_t = typename Fold::index_type;
+  Fold fold;
+
+  C10_HOST_DEVICE void operator()(index_t i) const {
+    const index_t destination = i / fold.channels;
+    const index_t c = i - destination * fold.channels;
+    const index_t n = destination / fold.destinations_per_image;
+    const index_t s = destination - n * fold.destinations_per_image;
+    fold.fold_into(
+        n,
+        s,
+        fold.records.gout_channel(c),
+        (n * fold.channels + c) * fold.destinations_per_image + s);
   }
 };
 
@@ -652,39 +645,23 @@ void reduce_grad_input(
       using out_t = std::remove_pointer_t<decltype(out)>;
       auto reduce_dense = [&](const auto& segments_of) {
         using Segments = std::decay_t<decltype(segments_of)>;
-        if (plan.channels_fastest) {
-          ex.for_each(
-              numel,
-              ReduceDenseChannelsFastest<
-                  kTapsPerPoint,
-                  Segments,
-                  scalar_t,
-                  index_t,
-                  out_t>{
-                  sorted,
-                  segments_of,
-                  out,
-                  in,
-                  channels,
-                  image_size,
-                  /*has_carry=*/!first,
-                  /*write_untouched=*/first ||
-                      static_cast<const void*>(out) != in});
-          return;
-        }
-        ex.for_each_row(
-            args.batch * channels,
+        using Fold =
+            DenseFold<kTapsPerPoint, Segments, scalar_t, index_t, out_t>;
+        const Fold fold{
+            sorted,
+            segments_of,
+            out,
+            in,
+            channels,
             image_size,
-            ReduceDense<kTapsPerPoint, Segments, scalar_t, index_t, out_t>{
-                sorted,
-                segments_of,
-                out,
-                in,
-                channels,
-                image_size,
-                /*has_carry=*/!first,
-                /*write_untouched=*/first ||
-                    static_cast<const void*>(out) != in});
+            /*has_carry=*/!first,
+            /*write_untouched=*/first || static_cast<const void*>(out) != in};
+        if (plan.channels_fastest) {
+          ex.for_each(numel, ReduceDenseChannelsFastest<Fold>{fold});
+        } else {
+          ex.for_each_row(
+              args.batch * channels, image_size, ReduceDense<Fold>{fold});
+        }
       };
       if constexpr (kPerTap) {
         if (dense) {
