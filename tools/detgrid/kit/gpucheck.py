@@ -106,11 +106,18 @@ def repeat_hashes(fn: Callable[[], Gradients], reps: int, device: str) -> Dict[s
     }
 
 
+# Knobs that must not move a bit on either device: the keying (one sort key
+# per tap instead of per point) and the dense reduce's thread order.
+PIPELINE_KNOBS = [{"keying": 1}, {"gather": 1}, {"gather": 2}, {"keying": 1, "gather": 2}]
+
+
 def knob_settings(device: str) -> List[Dict[str, int]]:
     if torch.device(device).type == "cuda":
         return [{}, {"chunk_points": 4096}, {"block_size": 128}, {"block_size": 512},
-                {"block_size": 64, "max_blocks": 7}, {"chunk_points": 8192, "max_blocks": 2}]
-    return [{}, {"chunk_points": 4096}, {"grain_size": 1}, {"grain_size": 100000}]
+                {"block_size": 64, "max_blocks": 7}, {"chunk_points": 8192, "max_blocks": 2},
+                *PIPELINE_KNOBS]
+    return [{}, {"chunk_points": 4096}, {"grain_size": 1}, {"grain_size": 100000},
+            *PIPELINE_KNOBS]
 
 
 # Put into grad_output by with_non_finite_grad_output: NaN, and +-Inf that
