@@ -118,16 +118,22 @@ def run_detgrid(case: Case, **options: int) -> Gradients:
     return getattr(ops, case.op)(*case.args())
 
 
-def run_stock(case: Case) -> Gradients:
-    """aten's own kernel, outside deterministic mode (it alerts there)."""
+def _run_aten(case: Case, deterministic: bool) -> Gradients:
+    """aten::grid_sampler_{2d,3d}_backward with deterministic algorithms set
+    as asked, restored afterwards; None for a gradient not asked for."""
     previous = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
+    torch.use_deterministic_algorithms(deterministic)
     try:
         gi, gg = getattr(torch.ops.aten, case.op)(*case.args())
     finally:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
     return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
+
+
+def run_stock(case: Case) -> Gradients:
+    """aten's own kernel, outside deterministic mode (it alerts there)."""
+    return _run_aten(case, deterministic=False)
 
 
 def _scaled(d: int, scale: float) -> int:
@@ -547,14 +553,7 @@ def run_in_tree(case: Case) -> Gradients:
     """aten::grid_sampler_{2d,3d}_backward under deterministic algorithms:
     on a torch carrying the ATen change this is the in-tree deterministic
     kernel (on stock torch it raises on CUDA)."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        gi, gg = getattr(torch.ops.aten, case.op)(*case.args())
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
-    return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
+    return _run_aten(case, deterministic=True)
 
 
 def contiguous_case(case: Case) -> Case:

@@ -1035,10 +1035,16 @@ struct MergedCellRecords {
     }
     find_current();
   }
-  C10_HOST_DEVICE void load_head(int k) {
-    head[k] = next[k] < end[k]
-        ? static_cast<uint32_t>(point_ids[next[k]]) * kWays + (kWays - 1 - k)
+  // The record id at `position` of a way whose records reach the
+  // destination through `tap`, or kExhausted at its end.
+  C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
+      const {
+    return position < limit
+        ? static_cast<uint32_t>(point_ids[position]) * kWays + tap
         : kExhausted;
+  }
+  C10_HOST_DEVICE void load_head(int k) {
+    head[k] = head_at(next[k], end[k], kWays - 1 - k);
   }
   C10_HOST_DEVICE void find_current() {
     current = head[0];
@@ -1074,9 +1080,7 @@ struct MergedCellRecords {
       limit = k == way ? end[k] : limit;
     }
     ++position;
-    const uint32_t way_head = position < limit
-        ? static_cast<uint32_t>(point_ids[position]) * kWays + tap
-        : kExhausted;
+    const uint32_t way_head = head_at(position, limit, tap);
     GRID_SAMPLER_DET_UNROLL
     for (int k = 0; k < kWays; ++k) {
       next[k] = k == way ? position : next[k];
