@@ -82,7 +82,10 @@ grep -q "^ *detgrid: CUDA kernels with $build_venv/.*/nvidia/cu13/bin/nvcc .*fou
 wheel=$(ls "$work"/dist/detgrid-*.whl)
 unzip -p "$wheel" detgrid/_build_info.py | tee "$work/build_info.py"
 grep -q "^CUDA_KERNELS = True" "$work/build_info.py"
-unzip -l "$wheel" | grep -q "detgrid/_C.*\.so"
+# The listing goes to a file first: under pipefail, `unzip -l | grep -q` fails
+# with SIGPIPE whenever grep exits on its first match before unzip is done.
+unzip -l "$wheel" >"$work/wheel_files.txt"
+grep -q "detgrid/_C.*\.so" "$work/wheel_files.txt"
 
 step "fresh venv: torch $torch_version, then the wheel; no compiler on PATH"
 run_venv=$work/venv

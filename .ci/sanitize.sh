@@ -76,7 +76,9 @@ status=0
 
 report='^(SUMMARY: (Address|UndefinedBehavior)Sanitizer|==[0-9]+==ERROR: |AddressSanitizer: |.*: runtime error: )'
 if grep -Eq "$report" "$work/stderr.log"; then
-  grep -E -A 30 "$report" "$work/stderr.log" | head -n 120 >&2
+  # Through a file, not a pipe: `grep | head` under pipefail races to SIGPIPE.
+  grep -E -A 30 "$report" "$work/stderr.log" >"$work/reports.log" || true
+  head -n 120 "$work/reports.log" >&2
   echo "sanitize: sanitizer report (pytest exit $status)" >&2
   exit 1
 fi
