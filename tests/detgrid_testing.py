@@ -225,6 +225,17 @@ def hard_grid(N, out_H, out_W, H, W, align_corners, *, D=None, out_D=None,
                        dim=-1).reshape(N, *out_size, len(in_size))
 
 
+def half_pixel_grid(grid, in_size):
+    """`grid` (float64) moved to the nearest whole or half pixel under
+    align_corners=False. With power-of-two input sizes (`in_size`, outermost
+    first) the grid values, pixel coordinates, weights and cubic
+    coefficients are then exact in every dtype, so half and bfloat16 take
+    the taps and weights float32 does."""
+    size = torch.tensor(tuple(in_size)[::-1], dtype=torch.float64, device=grid.device)
+    twice_pixel = torch.round((grid + 1) * size - 1)
+    return (twice_pixel + 1) / size - 1
+
+
 def smooth_grid(N, out_H, out_W, H, W, align_corners, *, D=None, out_D=None,
                 seed=0):
     """A float64 grid whose pixel coordinates are k + u with u in

@@ -31,6 +31,7 @@ from torch.testing._internal.common_utils import (
 from torch.testing._internal.opinfo.core import SampleInput
 
 import detgrid
+import stock_reference
 from detgrid_testing import (
     DetgridTestCase,
     ALL_DTYPES,
@@ -80,8 +81,9 @@ def _tolerances(dtype, reference):
         return 1e-12, 1e-12 * scale
     if dtype == torch.float32:
         return 1e-5, 1e-5 * scale
-    # Half/BFloat16: coordinates and sums in float32, rounded once, so
-    # within one ulp of the truth; atol covers results that cancel to ~0.
+    # Half/BFloat16: stock's taps and weights, sums in float32, rounded
+    # once, so within one ulp of the truth; atol covers results that cancel
+    # to ~0. One tap moved by a pixel would be off by a whole weight.
     return ulp_rtol(dtype), 1e-4 if dtype == torch.float16 else 1e-3
 
 
@@ -115,12 +117,16 @@ def _random_problem(dims, dtype, device, seed, grid_range):
 
 def _reference(grad_output, inp, grid, mode, padding, align_corners,
                output_mask=(True, True)):
-    """Stock's answer: on the same device for float32/float64; for
-    Half/BFloat16 stock CPU in float64 on the upcast inputs (stock's own
-    reduced-precision backward rounds every step and is less accurate)."""
+    """Stock's answer: on the same device for float32/float64. For
+    Half/BFloat16 the exact gradients, in float64, of the function stock's
+    CUDA forward computes: its taps and weights are scalar_t arithmetic
+    (stock_reference); stock's own reduced-precision backward rounds every
+    step and is less accurate."""
     if grad_output.dtype in REDUCED_DTYPES:
-        grad_output, inp, grid = (
-            t.detach().cpu().double() for t in (grad_output, inp, grid))
+        gradients = stock_reference.backward(
+            *(t.detach().cpu() for t in (grad_output, inp, grid)), mode, padding,
+            align_corners)
+        return tuple(g if wanted else None for g, wanted in zip(gradients, output_mask))
     return stock_backward(grad_output, inp, grid, mode, padding, align_corners,
                           output_mask)
 

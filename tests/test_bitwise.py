@@ -44,6 +44,7 @@ from detgrid_testing import (
     dims_name,
     expanded,
     make_problem,
+    half_pixel_grid,
     make_zoom_problem,
     padding_name,
     same_bits,
@@ -67,6 +68,22 @@ def _multi_tile_problem(kind, dtype, device, seed=0, dims=2):
                                  seed=seed)
     return make_problem(**MULTI_TILE[dims], dtype=dtype, device=device, seed=seed,
                         grid_range=1.1)
+
+
+# MULTI_TILE's point counts over power-of-two input sizes.
+HALF_PIXEL = {
+    2: dict(MULTI_TILE[2], H=16),
+    3: dict(MULTI_TILE[3], H=8),
+}
+
+
+def _half_pixel_problem(dtype, device, seed, dims):
+    """A zoom problem whose grid lands on whole and half pixels, where half
+    and bfloat16 take float32's taps and weights (see half_pixel_grid)."""
+    grad_output, inp, grid = make_zoom_problem(**HALF_PIXEL[dims], dtype=torch.float64,
+                                               device=device, seed=seed)
+    grid = half_pixel_grid(grid, inp.shape[2:])
+    return tuple(t.to(dtype) for t in (grad_output, inp, grid))
 
 
 class TestBitwiseReproducibility(DetgridTestCase):
@@ -139,11 +156,13 @@ class TestBitwiseReproducibility(DetgridTestCase):
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
     def test_reduced_precision_equals_float32_result_rounded_once(
             self, device, dtype, dims, mode, chunk_points):
-        # Half/BFloat16 upcast exactly to float32, and detgrid computes
-        # their gradients in float32 and rounds once at the end: the result
+        # Half/BFloat16 upcast exactly to float32, and detgrid sums their
+        # gradients in float32 and rounds once at the end. Taps and weights
+        # are computed in the dtype, as stock's forward does; on half pixels
+        # of power-of-two sizes that computation is exact, so the result
         # must be the float32 result on the upcast inputs, rounded, bit for
         # bit, also when the sums are carried across chunks.
-        args = _multi_tile_problem("zoom", dtype, device, seed=4, dims=dims)
+        args = _half_pixel_problem(dtype, device, seed=4, dims=dims)
         ours = detgrid_backward(*args, mode, ZEROS, False, chunk_points=chunk_points)
         upcast = detgrid_backward(*(t.float() for t in args), mode, ZEROS, False,
                                   chunk_points=chunk_points)

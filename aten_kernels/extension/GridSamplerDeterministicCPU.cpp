@@ -15,7 +15,10 @@
 
 #include "GridSamplerDeterministicCPU.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 #include <c10/core/CPUAllocator.h>
 
@@ -27,6 +30,8 @@
 namespace detgrid {
 namespace {
 
+using at::native::detail::GridSamplerInterpolation;
+using at::native::detail::GridSamplerPadding;
 using at::native::grid_sampler_deterministic::run_deterministic_backward;
 
 constexpr int64_t kDefaultGrainSize = 1024;
@@ -193,7 +198,97 @@ void check_rank(const at::TensorBase& input) {
       "-D");
 }
 
+template <typename scalar_t, int kTaps, int kDims>
+void fill_point_taps(
+    const at::Tensor& grid,
+    at::IntArrayRef input_size,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    const at::Tensor& index,
+    const at::Tensor& in_bounds,
+    const at::Tensor& weight) {
+  using T = at::opmath_type<scalar_t>;
+  using at::native::grid_sampler_deterministic::Spatial;
+  Spatial<int64_t, kDims> sizes;
+  Spatial<double, kDims> inverse_periods;
+  for (int a = 0; a < kDims; ++a) {
+    sizes.v[a] = input_size[a];
+    const int64_t period =
+        at::native::grid_sampler_deterministic::reflection_period(
+            input_size[a], align_corners);
+    inverse_periods.v[a] = period > 0 ? 1.0 / static_cast<double>(period) : 0.0;
+  }
+  const auto coords = grid.accessor<scalar_t, 2>();
+  auto index_out = index.accessor<int64_t, 3>();
+  auto in_bounds_out = in_bounds.accessor<bool, 2>();
+  auto weight_out = weight.accessor<T, 2>();
+  for (int64_t p = 0; p < grid.size(0); ++p) {
+    T coord[kDims];
+    for (int k = 0; k < kDims; ++k) {
+      coord[k] = static_cast<T>(coords[p][k]);
+    }
+    const auto taps =
+        at::native::grid_sampler_deterministic::compute_point_taps<
+            kTaps,
+            scalar_t>(
+            coord, sizes, inverse_periods, padding_mode, align_corners);
+    for (int t = 0; t < taps.count; ++t) {
+      const auto position = taps.position(t);
+      for (int a = 0; a < kDims; ++a) {
+        index_out[p][t][a] = position.v[a];
+      }
+      in_bounds_out[p][t] = taps.in_bounds(t);
+      weight_out[p][t] = taps.template sample_weight<scalar_t>(t);
+    }
+  }
+}
+
 } // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> point_taps(
+    const at::Tensor& grid,
+    at::IntArrayRef input_size,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  const int64_t dims = static_cast<int64_t>(input_size.size());
+  TORCH_CHECK(
+      (dims == 2 || dims == 3) && grid.dim() == 2 && grid.size(1) == dims &&
+          grid.device().is_cpu(),
+      "_point_taps: expected a CPU grid of shape (points, ",
+      dims,
+      ") and 2 or 3 input sizes");
+  const auto mode = static_cast<GridSamplerInterpolation>(interpolation_mode);
+  const auto padding = static_cast<GridSamplerPadding>(padding_mode);
+  const int64_t taps = at::native::grid_sampler_deterministic::ipow(
+      at::native::grid_sampler_deterministic::taps_per_axis(mode),
+      static_cast<int>(dims));
+  const at::Tensor coords = grid.contiguous();
+  const at::Tensor index =
+      at::empty({grid.size(0), taps, dims}, grid.options().dtype(at::kLong));
+  const at::Tensor in_bounds =
+      at::empty({grid.size(0), taps}, grid.options().dtype(at::kBool));
+  const at::Tensor weight = at::empty(
+      {grid.size(0), taps},
+      grid.options().dtype(at::toOpMathType(grid.scalar_type())));
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grid.scalar_type(), "_point_taps", [&] {
+        at::native::grid_sampler_deterministic::dispatch_taps_per_axis(
+            mode, [&](auto taps_per_axis) {
+              constexpr int kTaps = decltype(taps_per_axis)::value;
+              if (dims == 2) {
+                fill_point_taps<scalar_t, kTaps, 2>(
+                    coords, input_size, padding, align_corners, index,
+                    in_bounds, weight);
+              } else {
+                fill_point_taps<scalar_t, kTaps, 3>(
+                    coords, input_size, padding, align_corners, index,
+                    in_bounds, weight);
+              }
+            });
+      });
+  return {index, in_bounds, weight};
+}
 
 void grid_sampler_backward_executor(
     const at::native::GridSamplerBackwardCall& call,

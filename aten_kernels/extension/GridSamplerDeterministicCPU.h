@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 
 namespace detgrid {
 
@@ -44,5 +45,18 @@ struct WorkCounters {
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
     const at::native::GridSamplerDeterministicOptions& options);
+
+// Tests read the shared math's taps through this: for each point of `grid`
+// ((points, dims) coordinates in grid order, x first) over an input of
+// spatial size `input_size` (outermost first), every tap's position
+// ((points, taps, dims), outermost first), whether it is in bounds
+// ((points, taps)) and the weight a record of it carries ((points, taps),
+// opmath dtype), as the point pass computes them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> point_taps(
+    const at::Tensor& grid,
+    at::IntArrayRef input_size,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
 
 } // namespace detgrid

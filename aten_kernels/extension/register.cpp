@@ -273,6 +273,10 @@ TORCH_LIBRARY(detgrid, m) {
   m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);
   m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);
+  m.def(
+      "_point_taps(Tensor grid, int[] input_size, int interpolation_mode, "
+      "int padding_mode, bool align_corners) -> (Tensor, Tensor, Tensor)",
+      &point_taps);
 }
 
 // Registers one device's 2-D and 3-D backward.

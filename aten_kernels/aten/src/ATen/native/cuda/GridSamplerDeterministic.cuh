@@ -7,7 +7,15 @@
 // executor run these same functions, and every floating-point operation is
 // rounded explicitly (no FMA contraction, only exact library functions:
 // floor, nearbyint, fmod, fabs), so the two produce the same bits for
-// float and double.
+// every dtype.
+//
+// Taps and weights are those of stock's CUDA forward (GridSampler.cuh), whose
+// coordinate helpers compute in scalar_t: for Half and BFloat16 the source
+// coordinate is rounded to scalar_t once unnormalized, and clipping,
+// reflection, the bilinear weights and the cubic coefficients are scalar_t
+// arithmetic, which c10::Half and c10::BFloat16 round after every operation.
+// The *_s operations below reproduce that: an explicitly rounded float
+// result converted to scalar_t and back.
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
@@ -94,6 +102,40 @@ inline T div_rn(T a, T b) {
 }
 #endif
 
+// An opmath_type result rounded to scalar_t, as c10::Half and c10::BFloat16
+// round every result of their arithmetic; the identity for float and double.
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T round_to_scalar(T x) {
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    return x;
+  } else {
+    return static_cast<T>(static_cast<scalar_t>(x));
+  }
+}
+
+// scalar_t arithmetic carried out in T = opmath_type<scalar_t>.
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T add_s(T a, T b) {
+  return round_to_scalar<scalar_t>(add_rn(a, b));
+}
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T sub_s(T a, T b) {
+  return round_to_scalar<scalar_t>(sub_rn(a, b));
+}
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T mul_s(T a, T b) {
+  return round_to_scalar<scalar_t>(mul_rn(a, b));
+}
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T div_s(T a, T b) {
+  return round_to_scalar<scalar_t>(div_rn(a, b));
+}
+// scalar_t's value of an integer (static_cast<scalar_t>(int) in stock).
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T integer_s(int64_t i) {
+  return round_to_scalar<scalar_t>(static_cast<T>(i));
+}
+
 // True for finite values whose integer part fits comfortably in int64_t;
 // false for NaN and +-Inf. Nothing is converted to an integer unless this
 // holds, so non-finite or huge grids never yield a wild index.
@@ -104,8 +146,9 @@ C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
 }
 
 // Maps a normalized grid coordinate in [-1, 1] to pixel units; `mult` is
-// d(pixel coordinate) / d(grid coordinate).
-template <typename T>
+// d(pixel coordinate) / d(grid coordinate), kept in opmath. Stock computes
+// the expression in float (double for double) and returns it as scalar_t.
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T unnormalize(
     T coord,
     int64_t size,
@@ -116,17 +159,20 @@ C10_HOST_DEVICE inline T unnormalize(
   if (align_corners) {
     const T extent = static_cast<T>(size - 1);
     *mult = mul_rn(extent, half);
-    return mul_rn(mul_rn(add_rn(coord, one), half), extent);
+    return round_to_scalar<scalar_t>(
+        mul_rn(mul_rn(add_rn(coord, one), half), extent));
   }
   const T extent = static_cast<T>(size);
   *mult = mul_rn(extent, half);
-  return mul_rn(sub_rn(mul_rn(add_rn(coord, one), extent), one), half);
+  return round_to_scalar<scalar_t>(
+      mul_rn(sub_rn(mul_rn(add_rn(coord, one), extent), one), half));
 }
 
-// Clamps to [0, size - 1]; the borders count as outside for the gradient.
-template <typename T>
+// Clamps to [0, size - 1] (size - 1 as scalar_t holds it); the borders count
+// as outside for the gradient.
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
-  const T upper = static_cast<T>(size - 1);
+  const T upper = integer_s<scalar_t, T>(size - 1);
   if (coord <= static_cast<T>(0)) {
     *grad = static_cast<T>(0);
     return static_cast<T>(0);
@@ -139,10 +185,12 @@ C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
   return coord;
 }
 
-// Reflects into [twice_low / 2, twice_high / 2]. The parity of the number of
-// flips is taken with fmod instead of an int cast, so huge or infinite input
-// stays well defined (it yields NaN, which the caller rejects).
-template <typename T>
+// Reflects into [twice_low / 2, twice_high / 2], in scalar_t arithmetic as
+// stock does (the flip count comes from the rounded quotient). The parity of
+// the number of flips is taken with fmod instead of an int cast, so huge or
+// infinite input stays well defined (it yields NaN, which the caller
+// rejects). fmod is exact, so it needs no rounding.
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T reflect(
     T coord,
     int64_t twice_low,
@@ -152,49 +200,64 @@ C10_HOST_DEVICE inline T reflect(
     *grad = static_cast<T>(0);
     return static_cast<T>(0);
   }
-  const T low = mul_rn(static_cast<T>(twice_low), static_cast<T>(0.5));
+  const T half = static_cast<T>(0.5);
+  const T low = mul_s<scalar_t>(integer_s<scalar_t, T>(twice_low), half);
   const T span =
-      mul_rn(static_cast<T>(twice_high - twice_low), static_cast<T>(0.5));
-  T distance = sub_rn(coord, low);
+      mul_s<scalar_t>(integer_s<scalar_t, T>(twice_high - twice_low), half);
+  T distance = sub_s<scalar_t>(coord, low);
   T sign = static_cast<T>(1);
   if (distance < static_cast<T>(0)) {
     sign = static_cast<T>(-1);
     distance = -distance;
   }
   const T extra = std::fmod(distance, span);
-  const T flips = std::floor(div_rn(distance, span));
+  const T flips = std::floor(div_s<scalar_t>(distance, span));
   if (std::fmod(flips, static_cast<T>(2)) == static_cast<T>(0)) {
     *grad = sign;
-    return add_rn(extra, low);
+    return add_s<scalar_t>(extra, low);
   }
   *grad = -sign;
-  return add_rn(sub_rn(span, extra), low);
+  return add_s<scalar_t>(sub_s<scalar_t>(span, extra), low);
+}
+
+// Pads a pixel coordinate as stock's compute_coordinates does (clip, or
+// reflect then clip), multiplying *mult by the derivative of the padding.
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T pad_coordinate(
+    T coord,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    T* mult) {
+  if (padding_mode == GridSamplerPadding::Border) {
+    T grad_clip;
+    coord = clip<scalar_t>(coord, size, &grad_clip);
+    *mult = mul_rn(*mult, grad_clip);
+  } else if (padding_mode == GridSamplerPadding::Reflection) {
+    T grad_reflect;
+    T grad_clip;
+    coord = align_corners
+        ? reflect<scalar_t>(coord, 0, 2 * (size - 1), &grad_reflect)
+        : reflect<scalar_t>(coord, -1, 2 * size - 1, &grad_reflect);
+    coord = clip<scalar_t>(coord, size, &grad_clip);
+    *mult = mul_rn(mul_rn(*mult, grad_reflect), grad_clip);
+  }
+  return coord;
 }
 
 // The padded source coordinate of bilinear and nearest sampling, as in
 // grid_sampler_compute_source_index_set_grad: the result may be NaN or out
 // of range; callers test it with is_safe_coordinate before using it.
-template <typename T>
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T source_coordinate(
     T coord,
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
     T* mult) {
-  coord = unnormalize(coord, size, align_corners, mult);
-  if (padding_mode == GridSamplerPadding::Border) {
-    T grad_clip;
-    coord = clip(coord, size, &grad_clip);
-    *mult = mul_rn(*mult, grad_clip);
-  } else if (padding_mode == GridSamplerPadding::Reflection) {
-    T grad_reflect;
-    T grad_clip;
-    coord = align_corners ? reflect(coord, 0, 2 * (size - 1), &grad_reflect)
-                          : reflect(coord, -1, 2 * size - 1, &grad_reflect);
-    coord = clip(coord, size, &grad_clip);
-    *mult = mul_rn(mul_rn(*mult, grad_reflect), grad_clip);
-  }
-  return coord;
+  coord = unnormalize<scalar_t>(coord, size, align_corners, mult);
+  return pad_coordinate<scalar_t>(
+      coord, size, padding_mode, align_corners, mult);
 }
 
 // The period of reflection padding along an axis of `size` pixels, in
@@ -265,55 +328,71 @@ C10_HOST_DEVICE inline int64_t pad_index(
 }
 
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
-// -1, 0, 1, 2 from floor(coord), and their derivatives by t = coord - floor.
-template <typename T>
+// -1, 0, 1, 2 from floor(coord), and their derivatives by t = coord - floor,
+// in scalar_t arithmetic as stock's get_cubic_upsampling_coefficients and
+// get_cubic_coefficients_grad compute them (the backward instantiates both
+// with scalar_t).
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
   const T one = static_cast<T>(1);
   const T two = static_cast<T>(2);
   // ((A + 2) x - (A + 3)) x x + 1 for |x| <= 1
   auto near = [](T x) {
-    return add_rn(
-        mul_rn(
-            mul_rn(
-                sub_rn(mul_rn(static_cast<T>(1.25), x), static_cast<T>(2.25)),
+    return add_s<scalar_t>(
+        mul_s<scalar_t>(
+            mul_s<scalar_t>(
+                sub_s<scalar_t>(
+                    mul_s<scalar_t>(static_cast<T>(1.25), x),
+                    static_cast<T>(2.25)),
                 x),
             x),
         static_cast<T>(1));
   };
   // ((A x - 5A) x + 8A) x - 4A for 1 < |x| < 2
   auto far = [](T x) {
-    return sub_rn(
-        mul_rn(
-            add_rn(
-                mul_rn(
-                    add_rn(
-                        mul_rn(static_cast<T>(-0.75), x), static_cast<T>(3.75)),
+    return sub_s<scalar_t>(
+        mul_s<scalar_t>(
+            add_s<scalar_t>(
+                mul_s<scalar_t>(
+                    add_s<scalar_t>(
+                        mul_s<scalar_t>(static_cast<T>(-0.75), x),
+                        static_cast<T>(3.75)),
                     x),
                 static_cast<T>(-6)),
             x),
         static_cast<T>(-3));
   };
-  const T one_minus_t = sub_rn(one, t);
-  weight[0] = far(add_rn(t, one));
+  const T one_minus_t = sub_s<scalar_t>(one, t);
+  weight[0] = far(add_s<scalar_t>(t, one));
   weight[1] = near(t);
   weight[2] = near(one_minus_t);
-  weight[3] = far(add_rn(one_minus_t, one));
+  weight[3] = far(add_s<scalar_t>(one_minus_t, one));
 
   // d weight / d t, each the negation of stock's get_cubic_coefficients_grad
   // term (which is written in the distance x from the tap to the point).
-  T x = sub_rn(-one, t);
-  dweight[0] = -sub_rn(
-      mul_rn(add_rn(mul_rn(static_cast<T>(2.25), x), static_cast<T>(7.5)), x),
+  T x = sub_s<scalar_t>(-one, t);
+  dweight[0] = -sub_s<scalar_t>(
+      mul_s<scalar_t>(
+          add_s<scalar_t>(
+              mul_s<scalar_t>(static_cast<T>(2.25), x), static_cast<T>(7.5)),
+          x),
       static_cast<T>(-6));
   x = -t;
-  dweight[1] =
-      -mul_rn(sub_rn(mul_rn(static_cast<T>(-3.75), x), static_cast<T>(4.5)), x);
+  dweight[1] = -mul_s<scalar_t>(
+      sub_s<scalar_t>(
+          mul_s<scalar_t>(static_cast<T>(-3.75), x), static_cast<T>(4.5)),
+      x);
   x = one_minus_t;
-  dweight[2] =
-      -mul_rn(sub_rn(mul_rn(static_cast<T>(3.75), x), static_cast<T>(4.5)), x);
-  x = sub_rn(two, t);
-  dweight[3] = -add_rn(
-      mul_rn(sub_rn(mul_rn(static_cast<T>(-2.25), x), static_cast<T>(-7.5)), x),
+  dweight[2] = -mul_s<scalar_t>(
+      sub_s<scalar_t>(
+          mul_s<scalar_t>(static_cast<T>(3.75), x), static_cast<T>(4.5)),
+      x);
+  x = sub_s<scalar_t>(two, t);
+  dweight[3] = -add_s<scalar_t>(
+      mul_s<scalar_t>(
+          sub_s<scalar_t>(
+              mul_s<scalar_t>(static_cast<T>(-2.25), x), static_cast<T>(-7.5)),
+          x),
       static_cast<T>(-6));
 }
 
@@ -376,9 +455,41 @@ C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   }
 }
 
+// The padded position of the bicubic tap at offset k - 1 from `base`, an
+// integer with |base| <= 2^40. float and double pad the integer position
+// exactly (pad_index), which equals stock's floating-point padding wherever
+// that is exact. For Half and BFloat16, stock's get_value_bounded forms the
+// position in scalar_t, ((base - 1) + k), which rounds beyond the dtype's
+// run of consecutive integers (so neighbouring taps can coincide), and pads
+// it like a coordinate; the result, within [-2^40, 2^40] still, is truncated
+// to an integer as stock's int cast does.
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline int64_t cubic_tap_index(
+    T base,
+    int k,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    double inverse_period) {
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    return pad_index(
+        static_cast<int64_t>(base) - 1 + k,
+        size,
+        padding_mode,
+        align_corners,
+        inverse_period);
+  } else {
+    T unused_mult = static_cast<T>(1);
+    const T position = add_s<scalar_t>(
+        sub_s<scalar_t>(base, static_cast<T>(1)), static_cast<T>(k));
+    return static_cast<int64_t>(pad_coordinate<scalar_t>(
+        position, size, padding_mode, align_corners, &unused_mult));
+  }
+}
+
 // Bicubic: four taps around floor(coord), each position padded on its own
 // (as stock does), not the coordinate.
-template <typename T>
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     std::integral_constant<int, 4>,
     T grid_coord,
@@ -388,20 +499,18 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     double inverse_period) {
   AxisTaps<T, 4> taps;
   taps.usable = true;
-  const T coord = unnormalize(grid_coord, size, align_corners, &taps.mult);
+  const T coord =
+      unnormalize<scalar_t>(grid_coord, size, align_corners, &taps.mult);
   if (!is_safe_coordinate(coord)) {
     make_void(taps);
     return taps;
   }
   const T base = std::floor(coord);
-  cubic_weights(sub_rn(coord, base), taps.weight, taps.dweight);
+  cubic_weights<scalar_t>(
+      sub_s<scalar_t>(coord, base), taps.weight, taps.dweight);
   for (int k = 0; k < 4; ++k) {
-    const int64_t index = pad_index(
-        static_cast<int64_t>(base) - 1 + k,
-        size,
-        padding_mode,
-        align_corners,
-        inverse_period);
+    const int64_t index = cubic_tap_index<scalar_t>(
+        base, k, size, padding_mode, align_corners, inverse_period);
     taps.index[k] = index;
     taps.in_bounds[k] = index >= 0 && index < size;
   }
@@ -410,7 +519,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
 
 // Bilinear and nearest sampling start from the padded source coordinate;
 // false (and a void axis) when that coordinate is unusable.
-template <typename T, int kTaps>
+template <typename scalar_t, typename T, int kTaps>
 C10_HOST_DEVICE inline bool start_padded_axis(
     AxisTaps<T, kTaps>& taps,
     T grid_coord,
@@ -419,7 +528,7 @@ C10_HOST_DEVICE inline bool start_padded_axis(
     bool align_corners,
     T* coord) {
   taps.usable = true;
-  *coord = source_coordinate(
+  *coord = source_coordinate<scalar_t>(
       grid_coord, size, padding_mode, align_corners, &taps.mult);
   if (!is_safe_coordinate(*coord)) {
     make_void(taps);
@@ -429,7 +538,7 @@ C10_HOST_DEVICE inline bool start_padded_axis(
 }
 
 // Bilinear: the two pixels around the padded source coordinate.
-template <typename T>
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
     std::integral_constant<int, 2>,
     T grid_coord,
@@ -438,7 +547,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
     bool align_corners) {
   AxisTaps<T, 2> taps;
   T coord;
-  if (!start_padded_axis(
+  if (!start_padded_axis<scalar_t>(
           taps, grid_coord, size, padding_mode, align_corners, &coord)) {
     return taps;
   }
@@ -447,16 +556,17 @@ C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
     taps.index[k] = low + k;
     taps.in_bounds[k] = low + k >= 0 && low + k < size;
   }
-  // Same expressions as stock: (low + 1 - coord) and (coord - low).
-  taps.weight[0] = sub_rn(static_cast<T>(low + 1), coord);
-  taps.weight[1] = sub_rn(coord, static_cast<T>(low));
+  // Same expressions as stock, in scalar_t: (low + 1 - coord) and
+  // (coord - low); low + 1 rounds where scalar_t's integers are sparse.
+  taps.weight[0] = sub_s<scalar_t>(integer_s<scalar_t, T>(low + 1), coord);
+  taps.weight[1] = sub_s<scalar_t>(coord, integer_s<scalar_t, T>(low));
   taps.dweight[0] = static_cast<T>(-1);
   taps.dweight[1] = static_cast<T>(1);
   return taps;
 }
 
 // Nearest: the pixel at the padded source coordinate, rounded half to even.
-template <typename T>
+template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
     std::integral_constant<int, 1>,
     T grid_coord,
@@ -465,7 +575,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
     bool align_corners) {
   AxisTaps<T, 1> taps;
   T coord;
-  if (!start_padded_axis(
+  if (!start_padded_axis<scalar_t>(
           taps, grid_coord, size, padding_mode, align_corners, &coord)) {
     return taps;
   }
@@ -576,11 +686,31 @@ struct PointTaps {
     }
     return product;
   }
+  // The weight the forward gives tap t. Bilinear and trilinear sampling
+  // multiply the axes' weights in scalar_t, as stock does. Bicubic sampling
+  // interpolates one axis at a time, so the weight of a tap in its output is
+  // the product of the axes' coefficients, formed in opmath (exact in 2-D
+  // for Half and BFloat16).
+  template <typename scalar_t>
+  C10_HOST_DEVICE T sample_weight(int t) const {
+    if constexpr (kTaps != 2) {
+      return weight(t);
+    } else {
+      T product = static_cast<T>(1);
+      GRID_SAMPLER_DET_UNROLL
+      for (int a = kDims - 1; a >= 0; --a) {
+        const T factor = axis[a].weight[tap_along(t, a)];
+        product = a == kDims - 1 ? factor : mul_s<scalar_t>(product, factor);
+      }
+      return product;
+    }
+  }
 };
 
 // grid_coord holds the point's grid coordinates in the grid's own order
-// (x first); inp_size the input's spatial sizes, outermost first.
-template <int kTaps, int kDims, typename T, typename index_t>
+// (x first), converted to T from scalar_t; inp_size the input's spatial
+// sizes, outermost first.
+template <int kTaps, typename scalar_t, int kDims, typename T, typename index_t>
 C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     const T (&grid_coord)[kDims],
     const Spatial<index_t, kDims>& inp_size,
@@ -593,8 +723,8 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   GRID_SAMPLER_DET_UNROLL
   for (int a = 0; a < kDims; ++a) {
     if constexpr (kTaps == 4) {
-      // Bicubic pads each tap's integer position, the others the coordinate.
-      taps.axis[a] = compute_axis_taps(
+      // Bicubic pads each tap's position, the others the coordinate.
+      taps.axis[a] = compute_axis_taps<scalar_t>(
           taps_per_axis_c,
           grid_coord[kDims - 1 - a],
           static_cast<int64_t>(inp_size.v[a]),
@@ -602,7 +732,7 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
           align_corners,
           inverse_periods.v[a]);
     } else {
-      taps.axis[a] = compute_axis_taps(
+      taps.axis[a] = compute_axis_taps<scalar_t>(
           taps_per_axis_c,
           grid_coord[kDims - 1 - a],
           static_cast<int64_t>(inp_size.v[a]),
@@ -918,7 +1048,7 @@ C10_HOST_DEVICE inline void process_point(
   for (int k = 0; k < kDims; ++k) {
     grid_coord[k] = static_cast<T>(args.grid.at(n, k, out_position));
   }
-  const PointTaps<T, kTaps, kDims> taps = compute_point_taps<kTaps>(
+  const PointTaps<T, kTaps, kDims> taps = compute_point_taps<kTaps, scalar_t>(
       grid_coord,
       args.inp_size,
       args.inverse_periods,
@@ -935,7 +1065,8 @@ C10_HOST_DEVICE inline void process_point(
       chunk.record_ids[chunk_point] = static_cast<int32_t>(chunk_point);
       GRID_SAMPLER_DET_UNROLL
       for (int t = 0; t < taps.count; ++t) {
-        chunk.weights[first_record + t] = taps.weight(t);
+        chunk.weights[first_record + t] =
+            taps.template sample_weight<scalar_t>(t);
       }
     } else {
       // One loop over the taps for keys, ids and weights: split in two, the
@@ -950,7 +1081,7 @@ C10_HOST_DEVICE inline void process_point(
             ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
             : nowhere;
         chunk.record_ids[r] = r;
-        chunk.weights[r] = taps.weight(t);
+        chunk.weights[r] = taps.template sample_weight<scalar_t>(t);
       }
     }
     chunk.gout_offsets[chunk_point] =

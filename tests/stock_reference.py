@@ -1,0 +1,262 @@
+"""Stock's CUDA forward taps and weights, written from upstream's formulas
+(aten/src/ATen/native/cuda/GridSampler.cuh and UpSample.cuh), independent of
+detgrid's kernel code.
+
+Stock's coordinate helpers compute in scalar_t. For Half and BFloat16 every
+operator of c10::Half / c10::BFloat16 computes in float and rounds the result
+to the 16-bit type; `_Arith` does the same with numpy float32 arithmetic and a
+dtype cast (torch's). For float32 and float64 the rounding is the identity.
+Stock's unnormalize is float arithmetic whose result is returned as scalar_t.
+
+Where stock's behaviour is undefined or ends in a NaN (non-finite coordinates,
+coordinates beyond int range), the reference follows detgrid's stated rule
+instead: a coordinate that is NaN, infinite or beyond +-2^40 pixels (after
+padding for bilinear and nearest, after unnormalizing for bicubic) gives the
+point no tap in bounds.
+"""
+
+import numpy as np
+import torch
+
+BILINEAR, NEAREST, BICUBIC = 0, 1, 2
+ZEROS, BORDER, REFLECTION = 0, 1, 2
+MAX_SAFE_COORDINATE = 2.0 ** 40
+
+
+class _Arith:
+    """scalar_t arithmetic on numpy arrays holding scalar_t values."""
+
+    def __init__(self, dtype, fma_unnormalize=False):
+        self.dtype = dtype
+        self.opmath = np.float64 if dtype == torch.float64 else np.float32
+        self.fma_unnormalize = fma_unnormalize
+
+    def round(self, x):
+        x = np.asarray(x, dtype=self.opmath)
+        if self.dtype in (torch.float32, torch.float64):
+            return x
+        return torch.from_numpy(x.copy()).to(self.dtype).to(torch.float32).numpy()
+
+    def const(self, value):
+        """static_cast<scalar_t>(value)."""
+        return self.round(np.asarray(value, dtype=self.opmath))
+
+    def add(self, a, b):
+        return self.round(np.add(a, b, dtype=self.opmath))
+
+    def sub(self, a, b):
+        return self.round(np.subtract(a, b, dtype=self.opmath))
+
+    def mul(self, a, b):
+        return self.round(np.multiply(a, b, dtype=self.opmath))
+
+    def div(self, a, b):
+        return self.round(np.divide(a, b, dtype=self.opmath))
+
+    def unnormalize(self, coord, size, align_corners):
+        f = self.opmath
+        coord = np.asarray(coord, dtype=f)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if align_corners:
+                value = ((coord + f(1)) / f(2)) * f(size - 1)
+            elif self.fma_unnormalize:
+                # (coord + 1) * size - 1 as one fused multiply-add: the exact
+                # product minus one (exact in double), rounded once.
+                fused = (coord + f(1)).astype(np.float64) * size - 1.0
+                value = fused.astype(f) / f(2)
+            else:
+                value = ((coord + f(1)) * f(size) - f(1)) / f(2)
+        return self.round(value)
+
+    def clip(self, coord, size):
+        """clip_coordinates_set_grad: (coordinate, derivative); the borders
+        count as outside."""
+        upper = self.const(size - 1)
+        with np.errstate(invalid="ignore"):
+            inside = (coord > 0) & (coord < upper)
+            return np.where(coord <= 0, self.opmath(0), np.where(coord >= upper, upper, coord)), \
+                inside.astype(np.float64)
+
+    def reflect(self, coord, twice_low, twice_high):
+        """reflect_coordinates_set_grad: (coordinate, derivative)."""
+        if twice_low == twice_high:
+            return np.zeros_like(coord), np.zeros(coord.shape)
+        low = self.div(self.const(twice_low), self.opmath(2))
+        span = self.div(self.const(twice_high - twice_low), self.opmath(2))
+        with np.errstate(invalid="ignore", over="ignore"):
+            distance = self.sub(coord, low)
+            sign = np.where(distance < 0, -1.0, 1.0)
+            distance = np.abs(distance)
+            extra = np.fmod(distance, span)
+            flips = np.floor(self.div(distance, span))
+            even = np.fmod(flips, 2) == 0
+        return (np.where(even, self.add(extra, low), self.add(self.sub(span, extra), low)),
+                np.where(even, sign, -sign))
+
+    def pad(self, coord, size, padding, align_corners):
+        """compute_coordinates: clip, or reflect then clip; with the
+        derivative of the padding."""
+        if padding == BORDER:
+            return self.clip(coord, size)
+        if padding == REFLECTION:
+            if align_corners:
+                coord, d_reflect = self.reflect(coord, 0, 2 * (size - 1))
+            else:
+                coord, d_reflect = self.reflect(coord, -1, 2 * size - 1)
+            coord, d_clip = self.clip(coord, size)
+            return coord, d_reflect * d_clip
+        return coord, np.ones(coord.shape)
+
+    def cubic_coefficients(self, t):
+        """get_cubic_upsampling_coefficients<scalar_t>, A = -0.75."""
+        A = self.const(-0.75)
+
+        def near(x):  # ((A + 2) * x - (A + 3)) * x * x + 1
+            return self.add(self.mul(self.mul(self.sub(self.mul(self.add(A, 2), x),
+                                                       self.add(A, 3)), x), x), 1)
+
+        def far(x):  # ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+            return self.sub(self.mul(self.add(self.mul(self.sub(self.mul(A, x), self.mul(5, A)),
+                                                       x), self.mul(8, A)), x), self.mul(4, A))
+
+        one_minus_t = self.sub(1, t)
+        return [far(self.add(t, 1)), near(t), near(one_minus_t), far(self.add(one_minus_t, 1))]
+
+    def cubic_coefficient_derivatives(self, t):
+        """d coefficient / d t: the negated get_cubic_coefficients_grad<scalar_t>
+        terms (written there in the tap-to-point distance x)."""
+        A = self.const(-0.75)
+        x = self.sub(-1, t)
+        g0 = self.sub(self.mul(self.sub(self.mul(self.mul(-3, A), x), self.mul(10, A)), x),
+                      self.mul(8, A))
+        x = -t
+        g1 = self.mul(self.sub(self.mul(self.mul(-3, self.add(A, 2)), x),
+                               self.mul(2, self.add(A, 3))), x)
+        x = self.sub(1, t)
+        g2 = self.mul(self.sub(self.mul(self.mul(3, self.add(A, 2)), x),
+                               self.mul(2, self.add(A, 3))), x)
+        x = self.sub(2, t)
+        g3 = self.add(self.mul(self.sub(self.mul(self.mul(3, A), x), self.mul(10, A)), x),
+                      self.mul(8, A))
+        return [-g0, -g1, -g2, -g3]
+
+
+def _usable(coord):
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(coord) & (np.abs(coord) <= MAX_SAFE_COORDINATE)
+
+
+def axis_taps(arith, coord, size, mode, padding, align_corners):
+    """Per point of one axis: indices [P, K], in_bounds [P, K], weights and
+    their derivatives by the pixel coordinate [P, K] (scalar_t values), the
+    derivative of the pixel coordinate by the grid coordinate [P] (exact)
+    and usable [P]."""
+    mult = np.full(coord.shape, (size - 1) / 2 if align_corners else size / 2)
+    source = arith.unnormalize(coord, size, align_corners)
+    if mode == BICUBIC:
+        usable = _usable(source)
+        source = np.where(usable, source, 0)
+        base = np.floor(source)
+        t = arith.sub(source, base)
+        weights = np.stack(arith.cubic_coefficients(t), axis=1)
+        dweights = np.stack(arith.cubic_coefficient_derivatives(t), axis=1)
+        indices = []
+        for k in range(4):
+            # get_value_bounded: the position (base - 1) + k in scalar_t,
+            # padded like a coordinate, then cast to int.
+            position = arith.add(arith.sub(base, 1), k)
+            indices.append(np.trunc(arith.pad(position, size, padding, align_corners)[0]))
+        indices = np.stack(indices, axis=1).astype(np.int64)
+    else:
+        source, d_pad = arith.pad(source, size, padding, align_corners)
+        mult = mult * d_pad
+        usable = _usable(source)
+        source = np.where(usable, source, 0)
+        if mode == NEAREST:
+            indices = np.rint(source).astype(np.int64)[:, None]
+            weights = np.ones_like(source)[:, None]
+            dweights = np.zeros_like(weights)
+        else:
+            low = np.floor(source)
+            indices = np.stack([low, low + 1], axis=1).astype(np.int64)
+            # (ix_se - ix) and (ix - ix_nw): an int converted to scalar_t.
+            weights = np.stack([arith.sub(arith.const(low + 1), source),
+                                arith.sub(source, arith.const(low))], axis=1)
+            dweights = np.broadcast_to(np.array([-1.0, 1.0]), weights.shape)
+    in_bounds = (indices >= 0) & (indices < size) & usable[:, None]
+    return indices, in_bounds, weights, usable, dweights, mult
+
+
+def point_taps(grid, input_size, mode, padding, align_corners, fma_unnormalize=False):
+    """Stock's taps of every point of `grid` ((P, dims) in its dtype, x
+    first) over an input of spatial size `input_size` (outermost first):
+    positions (P, taps, dims) outermost first, in_bounds (P, taps), weights
+    (P, taps) in opmath, taps numbered row-major with x fastest."""
+    arith = _Arith(grid.dtype, fma_unnormalize)
+    coords = grid.to(torch.float64).numpy()
+    dims = len(input_size)
+    axes = [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), input_size[a],
+                      mode, padding, align_corners) for a in range(dims)]
+    usable = np.logical_and.reduce([axis[3] for axis in axes])
+    per_axis = axes[0][0].shape[1]
+    positions, in_bounds, weights = [], [], []
+    for digits in np.ndindex(*(per_axis,) * dims):
+        positions.append([axes[a][0][:, digits[a]] for a in range(dims)])
+        in_bounds.append(np.logical_and.reduce([axes[a][1][:, digits[a]]
+                                                for a in range(dims)]) & usable)
+        # Multiplied from x outwards, ((wx * wy) * wz): in scalar_t for
+        # bilinear and trilinear, as the forward does; bicubic's forward
+        # applies one axis at a time, so its tap weight is the plain product.
+        weight = axes[dims - 1][2][:, digits[dims - 1]]
+        for a in range(dims - 2, -1, -1):
+            factor = axes[a][2][:, digits[a]]
+            if mode == BILINEAR:
+                weight = arith.mul(weight, factor)
+            else:
+                weight = np.multiply(weight, factor, dtype=arith.opmath)
+        weights.append(weight)
+    positions = np.stack([np.stack(p, axis=1) for p in positions], axis=1)
+    return positions, np.stack(in_bounds, axis=1), np.stack(weights, axis=1)
+
+
+def backward(grad_output, inp, grid, mode, padding, align_corners):
+    """The gradients of the function stock's CUDA forward computes, exactly
+    (float64 sums over stock's taps and weights), for any dtype: (grad_input,
+    grad_grid) in float64. grad_grid multiplies the axes' weights and
+    derivatives in float64 and uses the exact unnormalize factor."""
+    dims = inp.dim() - 2
+    in_size = tuple(inp.shape[2:])
+    N, C = inp.shape[:2]
+    out_size = tuple(grid.shape[1:-1])
+    points = grid.reshape(-1, dims)
+    arith = _Arith(grid.dtype)
+    coords = points.to(torch.float64).numpy()
+    axes = [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), in_size[a],
+                      mode, padding, align_corners) for a in range(dims)]
+    usable = np.logical_and.reduce([axis[3] for axis in axes])
+    n_of = np.repeat(np.arange(N), int(np.prod(out_size)))
+    gout = grad_output.double().reshape(N, C, -1).permute(0, 2, 1).reshape(-1, C).numpy()
+    values = inp.double().reshape(N, C, -1).numpy()
+    grad_input = np.zeros((N, C, int(np.prod(in_size))))
+    grad_grid = np.zeros((len(coords), dims))
+    per_axis = axes[0][0].shape[1]
+    tap_weights = point_taps(points, in_size, mode, padding, align_corners)[2]
+    for tap, digits in enumerate(np.ndindex(*(per_axis,) * dims)):
+        inside = np.logical_and.reduce([axes[a][1][:, digits[a]] for a in range(dims)]) & usable
+        flat = np.zeros(len(coords), dtype=np.int64)
+        for a in range(dims):
+            flat = flat * in_size[a] + np.where(inside, axes[a][0][:, digits[a]], 0)
+        factors = [axes[a][2][:, digits[a]].astype(np.float64) for a in range(dims)]
+        weight = tap_weights[:, tap].astype(np.float64)
+        contribution = np.where(inside, weight, 0.0)[:, None] * gout
+        np.add.at(grad_input, (n_of[:, None], np.arange(C)[None, :], flat[:, None]),
+                  contribution)
+        tap_values = values[n_of, :, flat] * inside[:, None]
+        for a in range(dims):
+            derivative = np.prod([axes[b][4][:, digits[b]] if b == a else factors[b]
+                                  for b in range(dims)], axis=0)
+            grad_grid[:, dims - 1 - a] += derivative * (tap_values * gout).sum(axis=1)
+    for a in range(dims):
+        grad_grid[:, dims - 1 - a] *= np.where(usable, axes[a][5], 0.0)
+    return (torch.from_numpy(grad_input).reshape(N, C, *in_size),
+            torch.from_numpy(grad_grid).reshape(*grid.shape))
