@@ -8,6 +8,7 @@ Names here avoid the word the device run selects tests by (-k cuda), so the
 GPU check does not run these again.
 """
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -82,7 +83,8 @@ DETGRID_CASES_DONE cases=1 mismatches=0
 """
 
 
-def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16):
+def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16,
+                 fidelity_failing=()):
     def repeat(case, dim, input_shape, grid_shape, det_distinct):
         return {"case": case, "dim": dim, "input_shape": input_shape, "grid_shape": grid_shape,
                 "detgrid": {"reps": 100, "grad_input_distinct": det_distinct,
@@ -106,6 +108,10 @@ def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16):
                      executor("float32", 3, 16, fp32_equal_3d, True),
                      executor("float16", 2, 24, 20, False),
                      executor("float16", 3, 16, 12, False)],
+        "fidelity": [{"dtype": dtype, "dim": dim, "device": "cuda", "cases": 18,
+                      "failing": list(fidelity_failing) if (dtype, dim) == ("float16", 2) else [],
+                      "max_abs_diff": 0.002, "errors": []}
+                     for dtype in ("float16", "bfloat16") for dim in (2, 3)],
     }
 
 
@@ -204,6 +210,11 @@ class TestGpuCheckReport(TestCase):
         self.assertIn("illegal address", md)
         data, _, _ = self.report(bitwise=fake_bitwise(fp32_equal=23))
         self.assertEqual(self.checks(data)["device == host executor (float32, 2-D)"], "fail")
+        data, _, md = self.report(bitwise=fake_bitwise(fidelity_failing=["fidelity_2d_x"]))
+        self.assertEqual(self.checks(data)["half/bfloat16 taps as stock's (float16, 2-D)"], "fail")
+        self.assertEqual(self.checks(data)["half/bfloat16 taps as stock's (bfloat16, 2-D)"], "pass")
+        self.assertEqual(data["verdict"], "FAIL")
+        self.assertIn("fidelity_2d_x", md)
         data, _, _ = self.report(bitwise=fake_bitwise(fp32_equal_3d=15))
         self.assertEqual(self.checks(data)["device == host executor (float32, 2-D)"], "pass")
         self.assertEqual(self.checks(data)["device == host executor (float32, 3-D)"], "fail")
@@ -488,6 +499,60 @@ class TestGpuCheckWorkloads(TestCase):
         cl = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
         self.assertTrue(workloads._move_input(cl, "meta").is_contiguous(
             memory_format=torch.channels_last))
+
+
+class TestGpuCheckFidelity(TestCase):
+    """The half/bfloat16 comparison with stock's CUDA backward: its tolerance
+    passes rounding differences and catches a tap moved by a pixel."""
+
+    def _ours(self, case):
+        return gpucheck.run_detgrid(case)[0]
+
+    def test_cases_cover_every_mode_padding_and_align_corners_in_both_ranks(self):
+        for dim in (2, 3):
+            cases = gpucheck.fidelity_cases(torch.float16, dim)
+            self.assertEqual(len({(c.interpolation_mode, c.padding_mode, c.align_corners)
+                                  for c in cases}), 18)
+            for case in cases:
+                self.assertEqual(case.dim, dim)
+                self.assertTrue(bool((case.grad_output == 1).all()))
+
+    def test_rounding_differences_pass(self):
+        for case in gpucheck.fidelity_cases(torch.float16, 2)[:6]:
+            ours = self._ours(case)
+            # Four ulps off everywhere: more than stock's few 16-bit atomic
+            # additions per pixel make.
+            noisy = ours.double() * (1 + 4 * 2.0 ** -11)
+            self.assertEqual(gpucheck.fidelity_mismatches(noisy, ours), 0, case.name)
+
+    def test_taps_computed_in_float_are_caught(self):
+        # What detgrid did before (taps and weights in float, not in the
+        # dtype) moves taps at this width: every mode must show it.
+        for dtype in (torch.float16, torch.bfloat16):
+            caught = set()
+            for case in gpucheck.fidelity_cases(dtype, 2):
+                ours = self._ours(case)
+                in_float = gpucheck.run_detgrid(dataclasses.replace(
+                    case, grad_output=case.grad_output.float(), input=case.input.float(),
+                    grid=case.grid.float()))[0].to(dtype)
+                if gpucheck.fidelity_mismatches(in_float, ours):
+                    caught.add(case.interpolation_mode)
+            self.assertEqual(caught, {0, 1, 2}, dtype)
+
+    def test_one_tap_moved_by_a_pixel_is_caught(self):
+        case = gpucheck.fidelity_cases(torch.float16, 2)[0]  # bilinear
+        ours = self._ours(case)
+        moved = ours.clone()
+        y, x = (ours[0, 0] > 0.3).nonzero()[0].tolist()
+        moved[0, 0, y, x] -= 0.3
+        moved[0, 0, y, (x + 1) % ours.shape[-1]] += 0.3
+        self.assertGreater(gpucheck.fidelity_mismatches(moved, ours), 0)
+
+    def test_row_on_host_is_informative_only(self):
+        row = gpucheck.fidelity_row("cpu", "float16", 2)
+        self.assertEqual(row["cases"], 18)
+        check = gpucheck_report.fidelity_checks([row])[0]
+        self.assertFalse(check["required"])
 
 
 class TestGpuCheckHostRuns(TestCase):

@@ -33,6 +33,7 @@ import dataclasses
 import datetime
 import hashlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -63,7 +64,8 @@ import torch
 from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
 from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
-from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, WORKLOADS, Case, Gradients,
+from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, MODES, PADDINGS, WORKLOADS,
+                                     Case, Gradients,
                                      dtype_name, executor_cases, max_abs_diff, run_detgrid,
                                      run_stock, sanitizer_cases, sha256, synchronize,
                                      time_workload)
@@ -228,7 +230,8 @@ def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed:
                 dtypes: Sequence[str] = tuple(DTYPES)) -> Dict[str, Any]:
     """Per high-collision case (2-D, 3-D): repeat hashes (detgrid and
     stock) and knob invariance; then device vs host executor per dtype and
-    spatial dims."""
+    spatial dims; then detgrid against stock in half and bfloat16
+    (fidelity to stock's forward)."""
     cases = repeat_cases(device, scale, seed)
     return {
         "device": device,
@@ -236,7 +239,75 @@ def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed:
         "knobs": [{"case": case.name, "dim": case.dim,
                    **_guarded(lambda: knob_invariance(case, device))} for case in cases],
         "executor": executor_match(device, dtypes, seed),
+        "fidelity": [fidelity_row(device, name, dim, seed)
+                     for name in FIDELITY_DTYPES for dim in DIMS],
     }
+
+
+# --------------------------------------------------------------------------
+# Fidelity to stock's forward in half and bfloat16
+# --------------------------------------------------------------------------
+
+# Half and bfloat16 taps and weights are scalar_t arithmetic in stock's CUDA
+# kernels; detgrid reproduces them. Against stock's CUDA backward, with
+# grad_output = 1 and about one point per four pixels, grad_input holds each
+# pixel's sum of a few weights: stock's 16-bit atomics round each addition
+# (a few ulps, below 2^-8 here), while a tap moved by a pixel moves a whole
+# weight (nearest: 1; bilinear: at least 1/4 at one of a point's taps;
+# bicubic: its largest coefficient) to another pixel, far beyond the
+# tolerance. On --device cpu "stock" is aten's CPU kernel, which rounds
+# after every operation: a different function, so the row is informative
+# only there.
+FIDELITY_DTYPES = ("float16", "bfloat16")
+FIDELITY_ATOL = 2.0 ** -6
+FIDELITY_RTOL = 2.0 ** -7
+
+
+def fidelity_cases(dtype: torch.dtype, dim: int, seed: int = 0) -> List[Case]:
+    """Every mode x padding x align_corners of one rank: one channel, a wide
+    input (past half's and bfloat16's consecutive integers), a uniform grid
+    over [-1.1, 1.1], grad_output = 1."""
+    g = torch.Generator().manual_seed(seed)
+    shape, grid_size = ((1, 1, 16, 1024), (16, 64)) if dim == 2 else (
+        (1, 1, 4, 8, 520), (4, 8, 32))
+    cases = []
+    for mode, padding, align in itertools.product(MODES, PADDINGS, (False, True)):
+        grid = (torch.rand(1, *grid_size, dim, generator=g) * 2 - 1) * 1.1
+        cases.append(Case(
+            name=f"fidelity_{dim}d_{mode}_{padding}_align{int(align)}_{dtype_name(dtype)}",
+            grad_output=torch.ones(1, 1, *grid_size, dtype=dtype),
+            input=torch.randn(*shape, generator=g).to(dtype),
+            grid=grid.to(dtype),
+            interpolation_mode=MODES[mode],
+            padding_mode=PADDINGS[padding],
+            align_corners=align,
+            output_mask=(True, True)))
+    return cases
+
+
+def fidelity_mismatches(ours: torch.Tensor, stock: torch.Tensor) -> int:
+    """Elements of grad_input farther from stock's than rounding explains."""
+    ours, stock = ours.double().cpu(), stock.double().cpu()
+    return int(((ours - stock).abs() > FIDELITY_ATOL + FIDELITY_RTOL * stock.abs()).sum())
+
+
+def fidelity_row(device: str, dtype: str, dim: int, seed: int = 0) -> Dict[str, Any]:
+    """detgrid's grad_input against stock's backward on the device, per case."""
+    cases, failing, errors, worst = 0, [], [], 0.0
+    for case in fidelity_cases(DTYPES[dtype], dim, seed):
+        try:
+            moved = case.to(device)
+            ours, stock = run_detgrid(moved)[0], run_stock(moved)[0]
+            synchronize(device)
+        except Exception as e:  # 3-D bicubic before torch 2.15, for one
+            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        cases += 1
+        worst = max(worst, max_abs_diff(ours, stock))
+        if fidelity_mismatches(ours, stock):
+            failing.append(case.name)
+    return {"dtype": dtype, "dim": dim, "device": device, "cases": cases,
+            "failing": failing, "max_abs_diff": worst, "errors": errors[:10]}
 
 
 # --------------------------------------------------------------------------

@@ -117,6 +117,7 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
             required=bool(exact)))
     if not bw.get("executor"):
         checks.append(_check("device == host executor", None, "not run"))
+    checks += fidelity_checks(bw.get("fidelity") or [])
     for key, required in (("memcheck", True), ("racecheck", True), ("initcheck", False)):
         s = (data.get("sanitizer") or {}).get(key)
         if not s:
@@ -157,6 +158,27 @@ def repeat_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             f"grad_grid={rep.get('grad_grid_distinct')}; "
             f"stock grad_input={stock.get('grad_input_distinct', stock.get('error'))}"
             + (f"; {rep['error']}" if rep.get("error") else "")))
+    return checks
+
+
+def fidelity_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """detgrid's half/bfloat16 grad_input within rounding of stock's CUDA
+    backward (no tap moved); required on CUDA only (stock CPU rounds
+    differently)."""
+    if not rows:
+        return [_check("half/bfloat16 taps as stock's", None, "not run")]
+    checks = []
+    for row in rows:
+        on_cuda = row.get("device") == "cuda"
+        ok = not row["failing"] and row["cases"] > 0
+        detail = (f"{row['cases'] - len(row['failing'])}/{row['cases']} cases within rounding "
+                  f"of stock {row.get('device')}, max abs diff {_fmt(row['max_abs_diff'])}")
+        if row["failing"]:
+            detail += f", failing: {row['failing'][:3]}"
+        if row.get("errors"):
+            detail += f", not run: {row['errors'][:2]}"
+        checks.append(_check(f"half/bfloat16 taps as stock's ({row['dtype']}, {row['dim']}-D)",
+                             ok, detail, required=on_cuda))
     return checks
 
 
