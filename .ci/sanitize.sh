@@ -9,7 +9,12 @@
 # The build happens in a temporary copy of the tree (tracked and untracked,
 # not ignored, files), so the instrumented _C.so never replaces the one in
 # .venv. -fno-wrapv undoes the -fwrapv in Python's CFLAGS, which would make
-# signed overflow defined and hide it from UBSan.
+# signed overflow defined and hide it from UBSan. GCC's -fsanitize=undefined
+# leaves out float-cast-overflow: a float-to-int conversion of NaN, +-Inf or
+# an out-of-range value gives 0x80000000... on x86 but a clamped value (0 for
+# NaN) on CUDA, so the shared math must never make one, and this checks it
+# over the golden corpus and the hostile coordinates of test_fidelity.py. No
+# division by zero is relied on either (float-divide-by-zero).
 #
 # Environment:
 #   DETGRID_PYTHON           interpreter with torch (default .venv/bin/python)
@@ -21,7 +26,7 @@ ROOT=$PWD
 PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
 
 default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
-tests/test_reduction_modes.py tests/test_3d.py"
+tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py"
 [[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
 read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
 
@@ -32,7 +37,8 @@ mkdir -p "$tree"
 git ls-files -z --cached --others --exclude-standard |
   tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$tree"
 
-sanitizers="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+sanitizers="-fsanitize=address,undefined,float-cast-overflow,float-divide-by-zero"
+sanitizers+=" -fno-sanitize-recover=undefined,float-cast-overflow,float-divide-by-zero"
 echo "sanitize: building the host executor with $sanitizers -fno-wrapv in $tree"
 (
   cd "$tree"

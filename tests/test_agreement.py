@@ -222,8 +222,8 @@ class TestAgreementWithStock(DetgridTestCase):
                  name_fn=sampler_name)
     def test_reduced_precision_is_at_least_as_accurate_as_stock(
             self, device, dtype, dims, mode):
-        # detgrid works in float32 and rounds once; stock rounds to the
-        # dtype at every step. The input stays far below the size where
+        # detgrid sums in float32 and rounds once; stock's backward rounds
+        # to the dtype at every step of its sums too. The input stays far below the size where
         # stock's own half-precision CPU backward breaks
         # (STOCK_CPU_HALF_MAX_PLANE_OFFSET).
         depth = depth_sizes(dims, 3, 4)
