@@ -426,6 +426,7 @@ class TestGeneratedNNTests(TestCase):
 
 class FixtureTree(TestCase):
     fixture = FIXTURE_MAIN
+    flags = ()  # what every run of `detgrid patch` on this fixture passes
 
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-fixture-"))
@@ -442,9 +443,11 @@ class FixtureTree(TestCase):
             git(self.tree, "commit", "-qam", f"edit {rel}")
             self.base = git(self.tree, "rev-parse", "HEAD").strip()
 
-    def assert_refused(self, *expected, rc=P.EXIT_ANCHOR, env=None):
+    def assert_refused(self, *expected, rc=P.EXIT_ANCHOR, env=None, flags=None):
         before = snapshot(self.tree)
-        rc_, _, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "x.patch", env=env)
+        flags = self.flags if flags is None else flags
+        rc_, _, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "x.patch", *flags,
+                                   env=env)
         self.assertEqual(rc_, rc, stderr)
         for e in expected:
             self.assertIn(e, stderr)
@@ -456,7 +459,8 @@ class FixtureTree(TestCase):
         return stderr
 
     def patch_ok(self, *extra):
-        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "m.patch", *extra)
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "m.patch",
+                                       *self.flags, *extra)
         self.assertEqual(rc, 0, stderr)
         return stdout
 
@@ -484,7 +488,23 @@ class FixtureTree(TestCase):
 
 class TestPatchMainShaped(FixtureTree):
     """Upstream main's shape (tests/fixtures/upstream_main/README.md): #196856's deterministic
-    branch, cuDNN delegation and six tests are there already."""
+    branch, cuDNN delegation and six tests are there already. Replacing that branch is an
+    explicit choice, so the runs below pass the flag that makes it."""
+
+    flags = ("--replace-existing-deterministic-path",)
+
+    def test_plain_run_refuses_an_existing_deterministic_path(self):
+        stderr = self.assert_refused("has a deterministic path already", "grid_sampler_2d_backward_det()",
+                                     "--replace-existing-deterministic-path", flags=())
+        self.assertIn("nothing was changed", stderr)
+
+    def test_check_without_the_flag_refuses_too(self):
+        before = snapshot(self.tree)
+        rc, _, stderr = run_patch("--pytorch", self.tree, "--check")
+        self.assertEqual(rc, P.EXIT_ANCHOR, stderr)
+        self.assertIn("--replace-existing-deterministic-path", stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        assert_untouched(self, self.tree, before)
 
     def test_applies_and_replaces_the_existing_branch(self):
         stdout = self.patch_ok()

@@ -10,8 +10,9 @@ checks that it applies, writing nothing.
 
 What the change is, and why each edit has its shape:
 
-- ``GridSampler.cu``: the deterministic branch in both backward launchers replaces the alert (and
-  another deterministic branch, e.g. #196856's, if the checkout has one);
+- ``GridSampler.cu``: the deterministic branch in both backward launchers replaces the alert. A
+  checkout with a deterministic branch of its own (e.g. #196856's) is refused unless
+  ``--replace-existing-deterministic-path`` asks to replace it with ours;
 - ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks,
   as upstream main does; the forward and the composite's choice of cuDNN stay, so no forward
   result changes, ``warn_only`` users included;
@@ -65,6 +66,11 @@ class AnchorError(Exception):
     def __init__(self, path: str, anchor: str, why: str = "not found"):
         super().__init__(f"{path}: anchor {anchor!r}: {why}")
         self.path, self.anchor, self.why = path, anchor, why
+
+
+class ExistingDeterministicPath(AnchorError):
+    """The checkout has a deterministic grid_sample path already; replacing it is the user's
+    explicit choice (--replace-existing-deterministic-path), never a side effect."""
 
 
 class NotUsable(AnchorError):
@@ -303,9 +309,11 @@ def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
     )
 
 
-def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
+def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
+                      replace_existing: bool) -> str:
     """Put the deterministic branch in place of launch_grid_sampler_<dims>d_backward_kernel's
-    nondeterministic alert (replacing another deterministic branch found there)."""
+    nondeterministic alert. Another deterministic branch found there is replaced only with
+    ``replace_existing``; otherwise ExistingDeterministicPath refuses the whole change."""
     launcher, det = LAUNCHERS[dims], DET_LAUNCHERS[dims]
     defs = _find_defs(text, r"\bvoid", launcher)
     if len(defs) != 1:
@@ -319,6 +327,12 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
     body, removed = _remove_existing_det_branch(body)
     if removed is not None:
         calls = ", ".join(f"{c}()" for c in _calls(removed) if c != "globalContext")
+        if not replace_existing:
+            raise ExistingDeterministicPath(
+                path, f"{launcher}(...)",
+                f"the checkout has a deterministic path already (calling {calls or 'nothing'}, as "
+                "upstream PR #196856 does); nothing was changed. Pass "
+                "--replace-existing-deterministic-path to replace it with detgrid's")
         notes.append(f"{path}: replaced an existing deterministic branch in {launcher} "
                      f"(upstream PR #196856's path, calling {calls or 'nothing'}) with detgrid's")
     caller = f"grid_sampler_{dims}d_backward_cuda"
@@ -334,9 +348,10 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
     return text[: f.body_open] + body + text[f.body_close + 1 :]
 
 
-def edit_gridsampler_cu(path: str, text: str, notes: List[str]) -> str:
+def edit_gridsampler_cu(path: str, text: str, notes: List[str],
+                        replace_existing: bool = False) -> str:
     for dims in DIMS:
-        text = _add_det_dispatch(path, text, dims, notes)
+        text = _add_det_dispatch(path, text, dims, notes, replace_existing)
     return _add_include(path, text, f"ATen/native/cuda/{DET_HEADER}",
                         after=("ATen/native/cuda/GridSampler.h", "ATen/native/cuda/"))
 
@@ -982,8 +997,9 @@ def _all_test_sources(text: str) -> Dict[str, str]:
     return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
 
 
-def plan(tree: Path, kit: Optional[Path] = None) -> Plan:
-    """Every edit, in memory; nothing is written."""
+def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False) -> Plan:
+    """Every edit, in memory; nothing is written. ``replace_existing``: replace a deterministic
+    path the checkout has already (refused otherwise)."""
     tree, kit = Path(tree), kit_root(kit)
     p = Plan(base=detect_base(tree))
     for name in KERNEL_FILES:
@@ -999,7 +1015,10 @@ def plan(tree: Path, kit: Optional[Path] = None) -> Plan:
             raise AnchorError(rel, rel, "file missing")
         old = read_text(tree, rel)
         try:
-            new = fn(rel, old, p.notes)
+            if fn is edit_gridsampler_cu:
+                new = fn(rel, old, p.notes, replace_existing)
+            else:
+                new = fn(rel, old, p.notes)
         except ValueError as e:
             raise AnchorError(rel, fn.__name__, f"cannot parse: {e}") from None
         p.old[rel], p.new[rel] = old.encode("utf-8"), new.encode("utf-8")
@@ -1240,7 +1259,7 @@ def _run(args: argparse.Namespace) -> int:
         done = patch_apply.recover(tree)
         if done:
             print(f"recovered: {done}")
-    pl = plan(tree)
+    pl = plan(tree, replace_existing=args.replace_existing_deterministic_path)
     for n in pl.notes:
         print(f"note: {n}")
     if args.check:
@@ -1279,6 +1298,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--allow-dirty", action="store_true",
                    help="patch although files the change does not touch have uncommitted changes "
                    "(they stay out of the commit); files it touches must be clean regardless")
+    p.add_argument("--replace-existing-deterministic-path", action="store_true",
+                   help="on a checkout that already has a deterministic grid_sample backward "
+                   "(e.g. #196856's), delete it and put detgrid's in its place; without this flag "
+                   "such a checkout is refused and left untouched")
     p.add_argument("--out", metavar="FILE", help="patch file (default patches/<base>.patch in the kit)")
     p.set_defaults(handler=run)
     return p
