@@ -381,6 +381,14 @@ class TestPatchRealTree(TestCase):
             self.assertIn(code, codes)
 
 
+def _recording_dtypes(*dtypes):
+    """@dtypes for the generated tests run here: the test keeps its dtypes for the CUDA run."""
+    def record(f):
+        f.dtypes = dtypes
+        return f
+    return record
+
+
 class TestGeneratedNNTests(TestCase):
     """The tests the patch adds to test/test_nn.py, run here on CPU (@onlyCUDA stubbed out) with
     detgrid routing the CPU backward in deterministic mode: their shapes, modes and helpers must
@@ -390,7 +398,7 @@ class TestGeneratedNNTests(TestCase):
     def generated(self, name):
         ns = dict(torch=torch, F=F, product=product, DeterministicGuard=DeterministicGuard,
                   unittest=unittest, TEST_CUDNN=False, TEST_WITH_ROCM=False, TestCase=TestCase,
-                  onlyCUDA=lambda f: f, dtypes=lambda *_: (lambda f: f),
+                  onlyCUDA=lambda f: f, dtypes=_recording_dtypes,
                   largeTensorTest=lambda *_, **__: (lambda f: f))
         source = P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS)
         exec("class Generated(TestCase):\n" + source, ns)
@@ -421,6 +429,18 @@ class TestGeneratedNNTests(TestCase):
                           else detgrid.enabled("cpu"))
                 with self.subTest(name=name, dtype=dtype), routed:
                     test("cpu", *([dtype] if dtype else []))
+
+    @unittest.skipUnless(torch.cuda.is_available() and detgrid.ops.has_cuda_kernels(),
+                         "needs a GPU and detgrid's CUDA kernels")
+    def test_generated_tests_run_on_cuda(self):
+        # All of them, with their own dtypes, through the extension's build of the same ATen
+        # sources (detgrid.enable("cuda") in place of the patched dispatch): what the GPU check
+        # (tools/gpu_check.sh, pytest -k cuda) runs of the upstream tests.
+        for name in P.NN_TEST_NAMES:
+            test = self.generated(name)
+            for dtype in getattr(test.__func__, "dtypes", (None,)):
+                with self.subTest(name=name, dtype=dtype), detgrid.enabled("cuda"):
+                    test("cuda", *([dtype] if dtype else []))
 
     def test_generated_tests_can_fail(self):
         # a backward that differs from run to run must fail the reproducibility check
