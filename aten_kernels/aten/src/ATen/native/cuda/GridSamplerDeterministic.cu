@@ -118,10 +118,17 @@ struct MaxThreads<PointPass<kTaps, kEmitRecords, kKeying, Args, key_t>> {
   static constexpr int value = kPointPassBlockSize;
 };
 
+// Every stage runs through one of these two kernels, so a kernel's name is
+// the stage's: its first template argument, which profilers and the
+// compiler's resource reports print in full, e.g.
+//   for_each_kernel<at::native::grid_sampler_deterministic::PointPass<...>, int>
+// A __global__ function per stage, as EmbeddingBackwardKernel.cu has, would
+// repeat the grid-stride loop once per stage to say what the argument says.
+//
 // Loop counters are unsigned: count < 2^31 (or 2^63) and the grid stride is
 // at most kDefaultMaxBlocks * kMaxBlockSize = 2^29, so i + stride never
 // wraps, and the loop stays 32-bit for 32-bit counts.
-template <typename count_t, typename Stage>
+template <typename Stage, typename count_t>
 C10_LAUNCH_BOUNDS_2(MaxThreads<Stage>::value, 1)
 __global__ void for_each_kernel(const Stage stage, count_t count) {
   using ucount_t = std::make_unsigned_t<count_t>;
@@ -133,7 +140,7 @@ __global__ void for_each_kernel(const Stage stage, count_t count) {
   }
 }
 
-template <typename row_t, typename col_t, typename Stage>
+template <typename Stage, typename row_t, typename col_t>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void for_each_row_kernel(const Stage stage, row_t rows, col_t cols) {
   using urow_t = std::make_unsigned_t<row_t>;
