@@ -417,7 +417,7 @@ class TestGeneratedNNTests(TestCase):
 
     def test_generated_tests_run_on_cpu(self):
         names = [n for n in P.NN_TEST_NAMES if n not in self.CUDA_ONLY]
-        self.assertEqual(len(names), 10)
+        self.assertEqual(len(names), 11)
         for name in names:
             test = self.generated(name)
             dtypes = (torch.float, torch.double) if "dtype" in test.__code__.co_varnames else (None,)
@@ -472,10 +472,11 @@ class TestGeneratedNNTests(TestCase):
         graph = source["test_grid_sample_backward_deterministic_side_stream_and_graph"]
         for needed in ("torch.cuda.Stream()", "torch.cuda.graph(graph)", "graph.replay()"):
             self.assertIn(needed, graph)
-        grads = source["test_grid_sample_backward_deterministic_gradcheck"]
-        self.assertIn("torch.autograd.gradcheck(", grads)
-        self.assertIn("torch.autograd.gradgradcheck(", grads)
-        self.assertIn("dtype=torch.double", grads)
+        for name, check in (("gradcheck", "torch.autograd.gradcheck("),
+                            ("gradgradcheck", "torch.autograd.gradgradcheck(")):
+            grads = source[f"test_grid_sample_backward_deterministic_{name}"]
+            self.assertIn(check, grads)
+            self.assertIn("dtype=torch.double", grads)
         self.assertIn("torch.profiler.profile(", source["test_grid_sample_backward_deterministic_kernel_runs"])
         self.assertIn("@unittest.skipIf(TEST_WITH_ROCM", source["test_grid_sample_2d_backward_deterministic_cudnn"])
         for t in P.NN_TESTS:
@@ -643,6 +644,7 @@ class TestPatchMainShaped(FixtureTree):
                                  "test_grid_sample_backward_deterministic_side_stream_and_graph",
                                  "test_grid_sample_backward_deterministic_kernel_runs"])
         self.assertIn("not adding test_grid_sample_backward_deterministic_gradcheck", stdout)
+        self.assertIn("not adding test_grid_sample_backward_deterministic_gradgradcheck", stdout)
         self.assertIn("not adding test_grid_sample_backward_deterministic_expanded_and_strided", stdout)
         self.assertIn("not adding test_grid_sample_2d_backward_deterministic_cudnn", stdout)
         self.assertIn("upstream's test_grid_sample_dispatch checks it", stdout)

@@ -653,8 +653,12 @@ def _graph_capture(src: str) -> bool:
     return "torch.cuda.graph(" in src or "CUDAGraph" in src
 
 
+def _first_order(src: str) -> bool:
+    return "gradcheck(" in src
+
+
 def _second_order(src: str) -> bool:
-    return "gradgradcheck" in src
+    return "gradgradcheck(" in src
 
 
 def _profiles_this_kernel(src: str) -> bool:
@@ -934,26 +938,44 @@ NN_TESTS += (
             self.assertEqual(captured, expected, atol=0, rtol=0)
 '''),
     NNTest("test_grid_sample_backward_deterministic_gradcheck",
-           "gradcheck and gradgradcheck in float64 through the deterministic backward",
-           _second_order, '''\
+           "gradcheck in float64 through the deterministic backward",
+           _first_order, '''\
     @onlyCUDA
     def test_grid_sample_backward_deterministic_gradcheck(self, device):
         torch.manual_seed(0)
         for dims, modes in ((2, ('bilinear', 'nearest', 'bicubic')), (3, ('bilinear', 'nearest'))):
             input = torch.randn((1, 2) + (4,) * dims, device=device, dtype=torch.double)
             grid = torch.rand((1,) + (3,) * dims + (dims,), device=device, dtype=torch.double)
-            grid = grid * 2.2 - 1.1
-            input.requires_grad_()
-            grid.requires_grad_()
+            inputs = (input.requires_grad_(), (grid * 2.2 - 1.1).requires_grad_())
             for mode, padding_mode in product(modes, ('zeros', 'border', 'reflection')):
                 def fn(input, grid):
                     return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode,
                                          align_corners=False)
 
                 with DeterministicGuard(True):
-                    self.assertTrue(torch.autograd.gradcheck(fn, (input, grid), nondet_tol=0))
-                    if mode == 'bilinear':
-                        self.assertTrue(torch.autograd.gradgradcheck(fn, (input, grid), nondet_tol=0))
+                    self.assertTrue(torch.autograd.gradcheck(fn, inputs, nondet_tol=0))
+'''),
+    NNTest("test_grid_sample_backward_deterministic_gradgradcheck",
+           "gradgradcheck in float64 through the deterministic backward, where the tree has a "
+           "double backward",
+           _second_order, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_gradgradcheck(self, device):
+        torch.manual_seed(0)
+        input = torch.randn(1, 2, 4, 4, device=device, dtype=torch.double, requires_grad=True)
+        grid = torch.rand(1, 3, 3, 2, device=device, dtype=torch.double) * 2.2 - 1.1
+        grid.requires_grad_()
+        grad_input = torch.ops.aten.grid_sampler_2d_backward(
+            torch.ones(1, 2, 3, 3, device=device, dtype=torch.double), input, grid, 0, 0, False,
+            [True, True])[0]
+        if type(grad_input.grad_fn).__name__ == 'NotImplemented':
+            self.skipTest('grid_sampler_2d_backward has no derivative in this build')
+        for padding_mode in ('zeros', 'border', 'reflection'):
+            def fn(input, grid):
+                return F.grid_sample(input, grid, padding_mode=padding_mode, align_corners=False)
+
+            with DeterministicGuard(True):
+                self.assertTrue(torch.autograd.gradgradcheck(fn, (input, grid), nondet_tol=0))
 '''),
     NNTest("test_grid_sample_backward_deterministic_kernel_runs",
            "the profiler sees the deterministic kernels, not the atomicAdd one",
