@@ -463,7 +463,7 @@ static_assert(
 // The default chunk is sized by kWorkspaceBytes, which a record's key and
 // payload (8 bytes at least) fill long before kMaxChunkRecords.
 static_assert(
-    kWorkspaceBytes / (2 * sizeof(int32_t)) < kMaxChunkRecords,
+    kWorkspaceBytes / (2 * int64_t{sizeof(int32_t)}) < kMaxChunkRecords,
     "the workspace budget must bound a chunk below kMaxChunkRecords");
 
 // Two ways to reach every grad_input element, with the same sums. Dense:
