@@ -200,8 +200,8 @@ class TestReportBodies(TestCase):
         issue = R.render_issue(stub_report(self.tmp)[0])
         self.assertNotIn("independent of GPU model", issue)
         alternatives = section(issue, "Alternatives")
-        for point in ("tests check, on its CPU executor", "grid-only backward", "#24823",
-                      "do not change with the chunk size"):
+        for point in ("tests check, on its CPU executor", "not compared with #196856", "grid-only backward",
+                      "#24823", "do not change with the chunk size"):
             self.assertIn(point, alternatives)
 
     def test_pr_shows_the_patch_lines_per_component_with_a_labelled_argument(self):

@@ -616,10 +616,10 @@ def render_issue(report: Report) -> str:
         "",
         "### Alternatives",
         "",
-        f"- #196856, {PR_196856_STATE}, takes the same road. This patch's tests check, on its CPU "
-        "executor, three behaviours #196856's description does not state: a grid-only backward "
-        "with no sort and no alert, NaN/Inf grids that form no index (#24823), and bits that do "
-        "not change with the chunk size.",
+        f"- #196856, {PR_196856_STATE}, takes the same road. What this patch's tests check, on "
+        "its CPU executor, beyond the bits repeating (not compared with #196856, whose code was "
+        "not run): a grid-only backward with no sort and no alert, NaN/Inf grids that form no "
+        "index (#24823), and bits that do not change with the chunk size.",
         "- `warn_only=True`, or the backward on the CPU: nondeterministic bits, or slow.",
         "",
         "### Additional context",
