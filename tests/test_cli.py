@@ -6,6 +6,7 @@ its output path before it runs, not after."""
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -147,6 +148,58 @@ class TestBadArguments(TestCase):
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertNotIn("Traceback", proc.stdout + proc.stderr)
         self.assertIn("argument --reps: must be at least 1, got 0", proc.stderr)
+
+
+class TestInsideAPyTorchCheckout(TestCase):
+    """`python -m detgrid` puts the current directory first on sys.path: inside a PyTorch
+    checkout `import torch` finds the checkout's torch/ package, which is no build (here a
+    package with no __version__, as a checkout's is before it is built)."""
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="detgrid-checkout-")
+        self.addCleanup(shutil.rmtree, self.work, ignore_errors=True)
+        os.mkdir(os.path.join(self.work, "torch"))
+        with open(os.path.join(self.work, "torch", "__init__.py"), "w") as f:
+            f.write("# a source checkout's torch/, not built\n")
+
+    def run_module(self, *argv):
+        proc = subprocess.run([sys.executable, "-m", "detgrid", *argv], cwd=self.work,
+                              capture_output=True, text=True, timeout=300)
+        self.assertNotIn("Traceback", proc.stdout + proc.stderr)
+        return proc
+
+    def test_patch_starts_without_torch(self):
+        # no checkout here (no version.txt): patch gets as far as saying so, in one line
+        proc = self.run_module("patch", "--pytorch", ".", "--check")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertEqual(proc.stderr.strip().splitlines(),
+                         [f"detgrid patch: {self.work} is not a PyTorch checkout (no version.txt)"])
+
+    def test_patch_check_runs_on_a_checkout(self):
+        tree = os.path.join(self.work, "tree")
+        shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "upstream_180417"), tree)
+        for args in (["init", "-q"], ["add", "-A"],
+                     ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+            subprocess.run(["git", "-C", tree, *args], check=True, capture_output=True)
+        proc = subprocess.run([sys.executable, "-m", "detgrid", "patch", "--pytorch", ".", "--check"],
+                              cwd=tree, capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("applies:", proc.stdout)
+
+    def test_verbs_that_need_torch_say_so_in_one_line(self):
+        for argv in (["verify"], ["report", "--out", os.path.join(self.work, "out")]):
+            proc = self.run_module(*argv)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            lines = proc.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, proc.stderr)
+            self.assertIn(f"the torch Python imports here ({self.work}/torch) is not an installed "
+                          "build", lines[0])
+            self.assertIn("run detgrid from another directory", lines[0])
+
+    def test_version_needs_no_torch(self):
+        proc = self.run_module("--version")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertTrue(proc.stdout.startswith("detgrid "), proc.stdout)
 
 
 instantiate_parametrized_tests(TestBadArguments)

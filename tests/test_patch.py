@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from torch.testing._internal.common_utils import DeterministicGuard, TestCase, run_tests
 
+import detgrid
 from detgrid.kit import patch as P
 from detgrid.kit import upstream_tree
 
@@ -380,28 +381,66 @@ class TestPatchRealTree(TestCase):
             self.assertIn(code, codes)
 
 
+def _recording_dtypes(*dtypes):
+    """@dtypes for the generated tests run here: the test keeps its dtypes for the CUDA run."""
+    def record(f):
+        f.dtypes = dtypes
+        return f
+    return record
+
+
 class TestGeneratedNNTests(TestCase):
-    """The tests the patch adds to test/test_nn.py, run here on CPU (@onlyCUDA stubbed out): their
-    shapes, modes and helpers must work, and the CPU backward they then exercise is deterministic.
+    """The tests the patch adds to test/test_nn.py, run here on CPU (@onlyCUDA stubbed out) with
+    detgrid routing the CPU backward in deterministic mode: their shapes, modes and helpers must
+    work, and their claims hold for the host executor, which runs the kernel's pipeline code.
     (The upstream tests stay @onlyCUDA: the patch carries no CPU-run test.)"""
 
     def generated(self, name):
         ns = dict(torch=torch, F=F, product=product, DeterministicGuard=DeterministicGuard,
-                  unittest=unittest, TEST_CUDNN=False, TestCase=TestCase,
-                  onlyCUDA=lambda f: f, dtypes=lambda *_: (lambda f: f))
+                  unittest=unittest, TEST_CUDNN=False, TEST_WITH_ROCM=False, TestCase=TestCase,
+                  onlyCUDA=lambda f: f, dtypes=_recording_dtypes,
+                  largeTensorTest=lambda *_, **__: (lambda f: f))
         source = P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS)
         exec("class Generated(TestCase):\n" + source, ns)
         return getattr(ns["Generated"](name), name)
 
+    # CUDA-only: cuDNN, streams and graphs, the CUDA profiler; and 8.6 GB tensors
+    CUDA_ONLY = ("test_grid_sample_2d_backward_deterministic_cudnn",
+                 "test_grid_sample_backward_deterministic_side_stream_and_graph",
+                 "test_grid_sample_backward_deterministic_kernel_runs",
+                 "test_grid_sample_backward_deterministic_large_index")
+
+    # detgrid's grad_grid differs from stock CPU's by more than the default float32 tolerance
+    # on a few elements (up to 6e-5 absolute); see the report to the lead
+    STOCK_ON_CPU = ("test_grid_sample_2d_backward_deterministic_matches_default",
+                    "test_grid_sample_3d_backward_deterministic_matches_default")
+
     def test_generated_tests_run_on_cpu(self):
-        names = [n for n in P.NN_TEST_NAMES if "cudnn" not in n]  # cuDNN is CUDA-only
-        self.assertEqual(len(names), 5)
+        names = [n for n in P.NN_TEST_NAMES if n not in self.CUDA_ONLY]
+        self.assertEqual(len(names), 11)
         for name in names:
             test = self.generated(name)
             dtypes = (torch.float, torch.double) if "dtype" in test.__code__.co_varnames else (None,)
+            # the new tests' bit-for-bit claims are about the deterministic pipeline: on CPU
+            # its host executor (detgrid.enable("cpu")); the older two compare the tree's own
+            # backward with itself here, as before
             for dtype in dtypes:
-                with self.subTest(name=name, dtype=dtype):
+                routed = (contextlib.nullcontext() if name in self.STOCK_ON_CPU
+                          else detgrid.enabled("cpu"))
+                with self.subTest(name=name, dtype=dtype), routed:
                     test("cpu", *([dtype] if dtype else []))
+
+    @unittest.skipUnless(torch.cuda.is_available() and detgrid.ops.has_cuda_kernels(),
+                         "needs a GPU and detgrid's CUDA kernels")
+    def test_generated_tests_run_on_cuda(self):
+        # All of them, with their own dtypes, through the extension's build of the same ATen
+        # sources (detgrid.enable("cuda") in place of the patched dispatch): what the GPU check
+        # (tools/gpu_check.sh, pytest -k cuda) runs of the upstream tests.
+        for name in P.NN_TEST_NAMES:
+            test = self.generated(name)
+            for dtype in getattr(test.__func__, "dtypes", (None,)):
+                with self.subTest(name=name, dtype=dtype), detgrid.enabled("cuda"):
+                    test("cuda", *([dtype] if dtype else []))
 
     def test_generated_tests_can_fail(self):
         # a backward that differs from run to run must fail the reproducibility check
@@ -416,6 +455,50 @@ class TestGeneratedNNTests(TestCase):
         with self.assertRaises(AssertionError):
             test("cpu", torch.float)
 
+    def test_added_tests_reach_every_path_of_the_kernel(self):
+        # what each path needs, found in the generated source (the GPU check runs them)
+        source = {t.name: t.source for t in P.NN_TESTS}
+        sparse = source["test_grid_sample_backward_deterministic_sparse_reduction"]
+        self.assertIn("torch.randn(1, 3, 300, 200", sparse)  # 60,000 pixels, 30 points
+        chunks = source["test_grid_sample_backward_deterministic_several_chunks"]
+        self.assertIn("@dtypes(torch.half, torch.bfloat16", chunks)
+        self.assertIn("('bilinear', 1300), ('bicubic', 450)", chunks)  # > 1.5M and > 143K points
+        channels = source["test_grid_sample_backward_deterministic_many_channels"]
+        self.assertIn("for channels in (15, 16, 40)", channels)
+        self.assertIn("memory_format=torch.channels_last", channels)
+        large = source["test_grid_sample_backward_deterministic_large_index"]
+        self.assertIn("32769, 65536", large)  # 2^31 + 2^16 elements: 64-bit keys and indices
+        self.assertIn(".expand(", source["test_grid_sample_backward_deterministic_expanded_and_strided"])
+        graph = source["test_grid_sample_backward_deterministic_side_stream_and_graph"]
+        for needed in ("torch.cuda.Stream()", "torch.cuda.graph(graph)", "graph.replay()"):
+            self.assertIn(needed, graph)
+        for name, check in (("gradcheck", "torch.autograd.gradcheck("),
+                            ("gradgradcheck", "torch.autograd.gradgradcheck(")):
+            grads = source[f"test_grid_sample_backward_deterministic_{name}"]
+            self.assertIn(check, grads)
+            self.assertIn("dtype=torch.double", grads)
+        self.assertIn("torch.profiler.profile(", source["test_grid_sample_backward_deterministic_kernel_runs"])
+        self.assertIn("@unittest.skipIf(TEST_WITH_ROCM", source["test_grid_sample_2d_backward_deterministic_cudnn"])
+        for t in P.NN_TESTS:
+            self.assertTrue(t.source.startswith("    @onlyCUDA\n"), t.name)
+
+    def test_added_tests_pass_flake8(self):
+        cmd = linter("flake8")
+        if cmd is None:
+            raise unittest.SkipTest("flake8 is not installed")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "generated.py"
+            path.write_text("import unittest\nfrom itertools import product\n\nimport torch\n"
+                            "import torch.nn.functional as F\n"
+                            "from torch.testing._internal.common_cuda import TEST_CUDNN\n"
+                            "from torch.testing._internal.common_device_type import dtypes, "
+                            "largeTensorTest, onlyCUDA\n"
+                            "from torch.testing._internal.common_utils import DeterministicGuard, "
+                            "TEST_WITH_ROCM, TestCase\n\n\nclass Generated(TestCase):\n"
+                            + P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS))
+            r = subprocess.run([*cmd, "--max-line-length=120", str(path)], capture_output=True, text=True)
+        self.assertEqual(r.stdout, "", r.stdout)
+
     def test_every_test_says_what_upstream_test_would_cover_it(self):
         # each added test is skipped where an upstream test checks the same; on a tree without
         # deterministic tests none is
@@ -426,6 +509,7 @@ class TestGeneratedNNTests(TestCase):
 
 class FixtureTree(TestCase):
     fixture = FIXTURE_MAIN
+    flags = ()  # what every run of `detgrid patch` on this fixture passes
 
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-fixture-"))
@@ -442,9 +526,11 @@ class FixtureTree(TestCase):
             git(self.tree, "commit", "-qam", f"edit {rel}")
             self.base = git(self.tree, "rev-parse", "HEAD").strip()
 
-    def assert_refused(self, *expected, rc=P.EXIT_ANCHOR, env=None):
+    def assert_refused(self, *expected, rc=P.EXIT_ANCHOR, env=None, flags=None):
         before = snapshot(self.tree)
-        rc_, _, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "x.patch", env=env)
+        flags = self.flags if flags is None else flags
+        rc_, _, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "x.patch", *flags,
+                                   env=env)
         self.assertEqual(rc_, rc, stderr)
         for e in expected:
             self.assertIn(e, stderr)
@@ -456,7 +542,8 @@ class FixtureTree(TestCase):
         return stderr
 
     def patch_ok(self, *extra):
-        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "m.patch", *extra)
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--out", self.tmp / "m.patch",
+                                       *self.flags, *extra)
         self.assertEqual(rc, 0, stderr)
         return stdout
 
@@ -484,7 +571,23 @@ class FixtureTree(TestCase):
 
 class TestPatchMainShaped(FixtureTree):
     """Upstream main's shape (tests/fixtures/upstream_main/README.md): #196856's deterministic
-    branch, cuDNN delegation and six tests are there already."""
+    branch, cuDNN delegation and six tests are there already. Replacing that branch is an
+    explicit choice, so the runs below pass the flag that makes it."""
+
+    flags = ("--replace-existing-deterministic-path",)
+
+    def test_plain_run_refuses_an_existing_deterministic_path(self):
+        stderr = self.assert_refused("has a deterministic path already", "grid_sampler_2d_backward_det()",
+                                     "--replace-existing-deterministic-path", flags=())
+        self.assertIn("nothing was changed", stderr)
+
+    def test_check_without_the_flag_refuses_too(self):
+        before = snapshot(self.tree)
+        rc, _, stderr = run_patch("--pytorch", self.tree, "--check")
+        self.assertEqual(rc, P.EXIT_ANCHOR, stderr)
+        self.assertIn("--replace-existing-deterministic-path", stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        assert_untouched(self, self.tree, before)
 
     def test_applies_and_replaces_the_existing_branch(self):
         stdout = self.patch_ok()
@@ -530,9 +633,19 @@ class TestPatchMainShaped(FixtureTree):
             self.assertIn(body, nn)
         added = P._added_tests(P.Plan(P.Base("", None, ""),
                                       {P.TEST_NN: original.encode()}, {P.TEST_NN: nn.encode()}), P.TEST_NN)
+        # upstream's expanded-inputs and gradgradcheck tests cover those two of ours
         self.assertEqual(added, ["test_grid_sample_2d_backward_deterministic",
                                  "test_grid_sample_3d_backward_deterministic",
-                                 "test_grid_sample_backward_deterministic_grid_only"])
+                                 "test_grid_sample_backward_deterministic_grid_only",
+                                 "test_grid_sample_backward_deterministic_sparse_reduction",
+                                 "test_grid_sample_backward_deterministic_several_chunks",
+                                 "test_grid_sample_backward_deterministic_many_channels",
+                                 "test_grid_sample_backward_deterministic_large_index",
+                                 "test_grid_sample_backward_deterministic_side_stream_and_graph",
+                                 "test_grid_sample_backward_deterministic_kernel_runs"])
+        self.assertIn("not adding test_grid_sample_backward_deterministic_gradcheck", stdout)
+        self.assertIn("not adding test_grid_sample_backward_deterministic_gradgradcheck", stdout)
+        self.assertIn("not adding test_grid_sample_backward_deterministic_expanded_and_strided", stdout)
         self.assertIn("not adding test_grid_sample_2d_backward_deterministic_cudnn", stdout)
         self.assertIn("upstream's test_grid_sample_dispatch checks it", stdout)
         # placed after upstream's deterministic tests, inside TestNNDeviceType

@@ -302,7 +302,7 @@ void grid_sampler_backward_executor(
 
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
-    const at::native::GridSamplerDeterministicOptions& options) {
+    const at::native::grid_sampler_deterministic::PipelineOptions& options) {
   check_rank(call.input);
   WorkCounters counters;
   run_deterministic_backward(CountingExecutor{&counters}, call, options);

@@ -1,6 +1,6 @@
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <ATen/native/cuda/GridSamplerDeterministic.h>
+#include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
 #include <array>
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace detgrid {
 struct ExecutorOptions {
   // chunk_points, key_bits and index_bits, as on CUDA (block_size and
   // max_blocks mean nothing here).
-  at::native::GridSamplerDeterministicOptions pipeline;
+  at::native::grid_sampler_deterministic::PipelineOptions pipeline;
   int64_t grain_size = 0; // at::parallel_for grain; 0 = default
 };
 
@@ -44,7 +44,7 @@ struct WorkCounters {
 
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
-    const at::native::GridSamplerDeterministicOptions& options);
+    const at::native::grid_sampler_deterministic::PipelineOptions& options);
 
 // Tests read the shared math's taps through this: for each point of `grid`
 // ((points, dims) coordinates in grid order, x first) over an input of

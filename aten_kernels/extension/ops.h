@@ -3,7 +3,7 @@
 // the routing behind detgrid.enable().
 
 #include <ATen/Context.h>
-#include <ATen/native/cuda/GridSamplerDeterministic.h>
+#include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -13,7 +13,7 @@
 
 namespace detgrid {
 
-// Knobs the tests turn; see GridSamplerDeterministicOptions/ExecutorOptions.
+// Knobs the tests turn; see grid_sampler_deterministic::PipelineOptions and ExecutorOptions.
 struct BackwardOptions {
   int64_t chunk_points = 0;
   int64_t block_size = 0;
@@ -24,7 +24,7 @@ struct BackwardOptions {
   int64_t keying = 0;
   int64_t gather = 0;
 
-  at::native::GridSamplerDeterministicOptions pipeline() const {
+  at::native::grid_sampler_deterministic::PipelineOptions pipeline() const {
     return {
         chunk_points,
         block_size,

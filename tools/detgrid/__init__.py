@@ -8,10 +8,37 @@
 `detgrid.ops.grid_sampler_2d_backward` is the backward itself, with the
 contract of `torch.ops.aten.grid_sampler_2d_backward` (CPU tensors run the
 host executor, CUDA tensors the kernel).
+
+`import detgrid` loads the runtime (torch, the build guard, the extension) at
+once, so that a build made for another torch is refused at import. The one
+exception is `python -m detgrid`, the kit's command line: Python imports this
+package before its __main__, with the current directory first on sys.path,
+and contributors run it from a PyTorch checkout whose uninstalled torch/ would
+be imported instead of theirs. Its verbs patch and report need no torch to
+start, so there the runtime is loaded on first use (__getattr__ below).
 """
 
-from detgrid import ops
-from detgrid.switch import disable, enable, enabled, is_enabled
+import importlib
+import sys
 
 __all__ = ["ops", "enable", "disable", "enabled", "is_enabled"]
 __version__ = "0.1.0"
+
+# The runtime's public names and the module each comes from.
+_RUNTIME = {"ops": "detgrid.ops", "enable": "detgrid.switch", "disable": "detgrid.switch",
+            "enabled": "detgrid.switch", "is_enabled": "detgrid.switch"}
+
+
+def __getattr__(name):
+    """The runtime's names, loaded on first use where the import below did not run."""
+    if name not in _RUNTIME:
+        raise AttributeError(f"module 'detgrid' has no attribute {name!r}")
+    module = importlib.import_module(_RUNTIME[name])
+    return module if name == "ops" else getattr(module, name)
+
+
+# While `python -m` locates the module to run (importing its packages, this
+# one included), sys.argv[0] is "-m" (Python's command-line docs, option -m).
+if getattr(sys, "argv", [])[:1] != ["-m"]:
+    from detgrid import ops
+    from detgrid.switch import disable, enable, enabled, is_enabled

@@ -134,7 +134,9 @@ def extension_cuda_notes(arch: Optional[str], arch_origin: str) -> List[str]:
     """What the extension build will do about CUDA, decided as setup.py decides
     it (toolchain.cuda_plan), so that a dry run tells the truth. `arch` is the
     TORCH_CUDA_ARCH_LIST the plan sets, if any, and `arch_origin` its source."""
-    import torch
+    from detgrid.kit import installed_torch
+
+    torch = installed_torch.load()
 
     env = dict(os.environ, TORCH_CUDA_ARCH_LIST=arch) if arch else os.environ
     try:

@@ -1,4 +1,9 @@
-"""The kit's command line: thin argparse subcommands over plain functions."""
+"""The kit's command line: thin argparse subcommands over plain functions.
+
+Nothing here imports torch at import time: `patch` and `report` must start in
+a PyTorch checkout, whose uninstalled torch/ shadows the installed one under
+`python -m detgrid` (see detgrid.kit.installed_torch); the verbs that need
+torch load it through installed_torch and fail in one line without it."""
 
 import argparse
 import json
@@ -6,7 +11,7 @@ import math
 import sys
 from typing import Callable, List, Optional
 
-import torch
+from detgrid.kit import installed_torch
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -73,7 +78,7 @@ def _cuda_unusable() -> Optional[str]:
     """Why --device cuda cannot run here, or None."""
     from detgrid import ops
 
-    if not torch.cuda.is_available():
+    if not installed_torch.load().cuda.is_available():
         return "torch sees no CUDA device"
     if not ops.has_cuda_kernels():
         return "this detgrid build has no CUDA kernels"
@@ -86,6 +91,7 @@ def _fail(verb: str, message: str) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    torch = installed_torch.load()
     from detgrid.kit import verify
 
     if args.device == "cuda" and (reason := _cuda_unusable()):
@@ -100,6 +106,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    torch = installed_torch.load()  # the harness imports it
     from detgrid.bench import matrix as bench
 
     if args.render:
@@ -160,6 +167,7 @@ def _bench_progress(done: int, total: int, row: dict) -> None:
 
 def _render(path: str) -> int:
     """`bench --render FILE.json`: FILE.md and FILE.png from an earlier run."""
+    installed_torch.load()  # the harness imports it
     from detgrid.bench import matrix as bench
 
     try:
@@ -256,7 +264,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     problem = _needs_source_tree(args)
     if problem:
         return _fail(args.command, problem)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except installed_torch.TorchUnusable as e:
+        return _fail(args.command, str(e))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ checks that it applies, writing nothing.
 
 What the change is, and why each edit has its shape:
 
-- ``GridSampler.cu``: the deterministic branch in both backward launchers replaces the alert (and
-  another deterministic branch, e.g. #196856's, if the checkout has one);
+- ``GridSampler.cu``: the deterministic branch in both backward launchers replaces the alert. A
+  checkout with a deterministic branch of its own (e.g. #196856's) is refused unless
+  ``--replace-existing-deterministic-path`` asks to replace it with ours;
 - ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks,
   as upstream main does; the forward and the composite's choice of cuDNN stay, so no forward
   result changes, ``warn_only`` users included;
@@ -65,6 +66,11 @@ class AnchorError(Exception):
     def __init__(self, path: str, anchor: str, why: str = "not found"):
         super().__init__(f"{path}: anchor {anchor!r}: {why}")
         self.path, self.anchor, self.why = path, anchor, why
+
+
+class ExistingDeterministicPath(AnchorError):
+    """The checkout has a deterministic grid_sample path already; replacing it is the user's
+    explicit choice (--replace-existing-deterministic-path), never a side effect."""
 
 
 class NotUsable(AnchorError):
@@ -304,9 +310,11 @@ def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
     )
 
 
-def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
+def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
+                      replace_existing: bool) -> str:
     """Put the deterministic branch in place of launch_grid_sampler_<dims>d_backward_kernel's
-    nondeterministic alert (replacing another deterministic branch found there)."""
+    nondeterministic alert. Another deterministic branch found there is replaced only with
+    ``replace_existing``; otherwise ExistingDeterministicPath refuses the whole change."""
     launcher, det = LAUNCHERS[dims], DET_LAUNCHERS[dims]
     defs = _find_defs(text, r"\bvoid", launcher)
     if len(defs) != 1:
@@ -320,6 +328,12 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
     body, removed = _remove_existing_det_branch(body)
     if removed is not None:
         calls = ", ".join(f"{c}()" for c in _calls(removed) if c != "globalContext")
+        if not replace_existing:
+            raise ExistingDeterministicPath(
+                path, f"{launcher}(...)",
+                f"the checkout has a deterministic path already (calling {calls or 'nothing'}, as "
+                "upstream PR #196856 does); nothing was changed. Pass "
+                "--replace-existing-deterministic-path to replace it with detgrid's")
         notes.append(f"{path}: replaced an existing deterministic branch in {launcher} "
                      f"(upstream PR #196856's path, calling {calls or 'nothing'}) with detgrid's")
     caller = f"grid_sampler_{dims}d_backward_cuda"
@@ -335,9 +349,10 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str]) -> str:
     return text[: f.body_open] + body + text[f.body_close + 1 :]
 
 
-def edit_gridsampler_cu(path: str, text: str, notes: List[str]) -> str:
+def edit_gridsampler_cu(path: str, text: str, notes: List[str],
+                        replace_existing: bool = False) -> str:
     for dims in DIMS:
-        text = _add_det_dispatch(path, text, dims, notes)
+        text = _add_det_dispatch(path, text, dims, notes, replace_existing)
     return _add_include(path, text, f"ATen/native/cuda/{DET_HEADER}",
                         after=("ATen/native/cuda/GridSampler.h", "ATen/native/cuda/"))
 
@@ -580,6 +595,13 @@ NN_HELPERS = '''\
                     self.assertEqual(actual[0], expected[0], atol=0, rtol=0)
                     self.assertEqual(actual[1], expected[1], atol=0, rtol=0)
 
+    def _grid_sample_grads_of(self, input, grid, grad_output, **kwargs):
+        # Both gradients of the given tensors as they are: expanded and strided
+        # inputs reach the backward with their strides (a clone would not keep them).
+        input = input.detach().requires_grad_()
+        grid = grid.detach().requires_grad_()
+        return torch.autograd.grad(F.grid_sample(input, grid, **kwargs), (input, grid), grad_output)
+
     def _check_grid_sample_backward_matches_default(self, input, grid, grad_output, modes):
         for mode, padding_mode, align_corners in product(
                 modes, ('zeros', 'border', 'reflection'), (False, True)):
@@ -616,6 +638,32 @@ def _cudnn_route(src: str) -> bool:
 
 def _grid_gradient_only(src: str) -> bool:
     return bool(re.search(r"\(\s*False\s*,\s*True\s*\)|requires_grad_\(False\)", src))
+
+
+def _kernel_internal(src: str) -> bool:
+    """Paths of this kernel that only its own tests know of (its sparse reduction, its chunks,
+    its channels-fastest reduce, its 64-bit keys): no upstream test checks them."""
+    return False
+
+
+def _expanded_inputs(src: str) -> bool:
+    return ".expand(" in src
+
+
+def _graph_capture(src: str) -> bool:
+    return "torch.cuda.graph(" in src or "CUDAGraph" in src
+
+
+def _first_order(src: str) -> bool:
+    return "gradcheck(" in src
+
+
+def _second_order(src: str) -> bool:
+    return "gradgradcheck(" in src
+
+
+def _profiles_this_kernel(src: str) -> bool:
+    return "profile" in src and "grid_sampler_deterministic" in src
 
 
 NN_TESTS = (
@@ -679,6 +727,7 @@ NN_TESTS = (
            _cudnn_route, '''\
     @onlyCUDA
     @unittest.skipIf(not TEST_CUDNN, 'CUDNN not available')
+    @unittest.skipIf(TEST_WITH_ROCM, 'torch.cudnn_grid_sampler is cuDNN only, MIOpen has none')
     def test_grid_sample_2d_backward_deterministic_cudnn(self, device):
         # Bilinear, zeros, align_corners=True is the combination the composite
         # grid_sampler hands to cuDNN; cudnn_grid_sampler can also be called
@@ -719,8 +768,245 @@ NN_TESTS = (
                 self.assertEqual(grad, grads[0], atol=0, rtol=0)
 '''),
 )
+NN_TESTS += (
+    NNTest("test_grid_sample_backward_deterministic_sparse_reduction",
+           "a few points on a large image (the sparse reduction) reproduce and match the default",
+           _kernel_internal, '''\
+    @onlyCUDA
+    @dtypes(torch.float, torch.double)
+    def test_grid_sample_backward_deterministic_sparse_reduction(self, device, dtype):
+        # Far fewer taps than pixels: the deterministic backward zero-fills
+        # grad_input and reduces per run of one pixel's records instead of
+        # passing over every pixel.
+        torch.manual_seed(0)
+        input = torch.randn(1, 3, 300, 200, device=device, dtype=dtype)
+        grid = torch.rand(1, 5, 6, 2, device=device, dtype=dtype) * 2 - 1
+        grad_output = torch.randn(1, 3, 5, 6, device=device, dtype=dtype)
+        modes = ('bilinear', 'nearest', 'bicubic')
+        self._check_grid_sample_backward_reproducible(input, grid, grad_output, modes)
+        for mode, padding_mode in product(modes, ('zeros', 'border', 'reflection')):
+            kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=False)
+            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)[0]
+            with DeterministicGuard(True):
+                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)[0]
+            self.assertEqual(actual, expected)
+'''),
+    NNTest("test_grid_sample_backward_deterministic_several_chunks",
+           "inputs needing several workspace chunks (float carry for half/bfloat16) reproduce "
+           "and match a float64 reference",
+           _kernel_internal, '''\
+    @onlyCUDA
+    @dtypes(torch.half, torch.bfloat16, torch.float)
+    def test_grid_sample_backward_deterministic_several_chunks(self, device, dtype):
+        # 1.7M bilinear points, or 0.2M bicubic ones (16 taps each), take more
+        # than one chunk of the deterministic backward's 64 MiB workspace; half
+        # and bfloat16 carry their running sums in float from chunk to chunk.
+        torch.manual_seed(0)
+        input = torch.randn(1, 1, 16, 16, device=device, dtype=dtype)
+        for mode, size in (('bilinear', 1300), ('bicubic', 450)):
+            grid = torch.rand(1, size, size, 2, device=device, dtype=dtype) * 2 - 1
+            grad_output = torch.randn(1, 1, size, size, device=device, dtype=dtype)
+            kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
+            with DeterministicGuard(True):
+                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+                again = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+            self.assertEqual(again, actual, atol=0, rtol=0)
+            expected = self._grid_sample_grads(
+                input.double(), grid.double(), grad_output.double(), **kwargs)[0]
+            # thousands of samples per pixel: a tolerance on the scale of the sums
+            self.assertEqual(actual[0].double(), expected,
+                             atol=2e-2 * expected.abs().max().item(), rtol=0)
+'''),
+    NNTest("test_grid_sample_backward_deterministic_many_channels",
+           "from 16 channels, with and without the channels-last copy of grad_output, the same bits",
+           _kernel_internal, '''\
+    @onlyCUDA
+    @dtypes(torch.float, torch.double)
+    def test_grid_sample_backward_deterministic_many_channels(self, device, dtype):
+        # From 16 channels the deterministic reduce takes channels fastest, from
+        # a channels-last copy of grad_output unless its channel stride is 1
+        # already: neither the copy nor the channel count changes the bits.
+        torch.manual_seed(0)
+        for channels in (15, 16, 40):
+            input = torch.randn(2, channels, 9, 8, device=device, dtype=dtype)
+            grid = torch.rand(2, 20, 21, 2, device=device, dtype=dtype) * 2.4 - 1.2
+            grad_output = torch.randn(2, channels, 20, 21, device=device, dtype=dtype)
+            last = grad_output.contiguous(memory_format=torch.channels_last)
+            for mode in ('bilinear', 'bicubic'):
+                kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
+                with DeterministicGuard(True):
+                    plain = self._grid_sample_grads_of(input, grid, grad_output, **kwargs)
+                    copied = self._grid_sample_grads_of(input, grid, last, **kwargs)
+                    first = self._grid_sample_grads_of(
+                        input[:, :1], grid, grad_output[:, :1].contiguous(), **kwargs)
+                self.assertEqual(copied, plain, atol=0, rtol=0)
+                self.assertEqual(first[0], plain[0][:, :1], atol=0, rtol=0)
+                default = self._grid_sample_grads_of(input, grid, grad_output, **kwargs)
+                self.assertEqual(plain[0], default[0])
+'''),
+    NNTest("test_grid_sample_backward_deterministic_large_index",
+           "64-bit index math and 64-bit sort keys (more than 2^31 elements)",
+           _kernel_internal, '''\
+    @onlyCUDA
+    @largeTensorTest('12GB', device='cuda')
+    def test_grid_sample_backward_deterministic_large_index(self, device):
+        # 64-bit index math: a view whose last element lies beyond 2^31 (as in
+        # test_grid_sample_large_index_2d) gives the bits of its contiguous copy.
+        torch.manual_seed(0)
+        image = torch.zeros(1, 1, 32769, 65536, device=device)
+        large_view = image[..., 127::128]
+        small_image = torch.rand_like(large_view)
+        large_view[...] = small_image
+        self.assertGreaterEqual(
+            sum(i * s for i, s in zip(large_view.size(), large_view.stride())), 2 ** 31)
+        grid = torch.rand(1, 4, 4, 2, device=device) * 2 - 1
+        grad_output = torch.randn(1, 1, 4, 4, device=device)
+        for mode in ('nearest', 'bilinear', 'bicubic'):
+            kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
+            with DeterministicGuard(True):
+                large = self._grid_sample_grads_of(large_view, grid, grad_output, **kwargs)
+                small = self._grid_sample_grads_of(small_image, grid, grad_output, **kwargs)
+            self.assertEqual(large, small, atol=0, rtol=0)
+        del image, large_view, small_image
+        # 64-bit sort keys: an input gradient of 2^31 + 2^16 elements, sampled
+        # (nearest, align_corners=True) at its four corners.
+        input = torch.zeros(1, 1, 32769, 65536, device=device, dtype=torch.half)
+        corners = torch.tensor([[[[-1., -1.], [1., -1.]], [[-1., 1.], [1., 1.]]]],
+                               device=device, dtype=torch.half)
+        grad_output = torch.arange(1., 5., device=device, dtype=torch.half).view(1, 1, 2, 2)
+        with DeterministicGuard(True):
+            grad_input = self._grid_sample_grads_of(
+                input, corners, grad_output, mode='nearest', align_corners=True)[0]
+        self.assertEqual(grad_input[0, 0, [0, 0, -1, -1], [0, -1, 0, -1]], grad_output.flatten(),
+                         atol=0, rtol=0)
+        self.assertEqual(grad_input.count_nonzero().item(), 4)
+'''),
+    NNTest("test_grid_sample_backward_deterministic_expanded_and_strided",
+           "expanded (zero-stride) and non-contiguous inputs give their contiguous copies' bits",
+           _expanded_inputs, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_expanded_and_strided(self, device):
+        # The order of the sums depends on shapes and values only, so strides
+        # change no bit: expanded input and grad_output, a transposed grid.
+        torch.manual_seed(0)
+        for dims in (2, 3):
+            input = torch.randn((1, 3) + (6,) * dims, device=device).expand((4, 3) + (6,) * dims)
+            grid = torch.rand((4,) + (9,) * (dims - 1) + (11, dims), device=device) * 2.4 - 1.2
+            grid = grid.transpose(1, 2).contiguous().transpose(1, 2)
+            grad_output = torch.randn((1, 3) + (9,) * (dims - 1) + (11,), device=device)
+            grad_output = grad_output.expand((4, 3) + (9,) * (dims - 1) + (11,))
+            modes = ('bilinear', 'nearest', 'bicubic') if dims == 2 else ('bilinear', 'nearest')
+            for mode in modes:
+                kwargs = dict(mode=mode, padding_mode='border', align_corners=False)
+                with DeterministicGuard(True):
+                    strided = self._grid_sample_grads_of(input, grid, grad_output, **kwargs)
+                    contiguous = self._grid_sample_grads_of(
+                        input.contiguous(), grid.contiguous(), grad_output.contiguous(), **kwargs)
+                self.assertEqual(strided, contiguous, atol=0, rtol=0)
+'''),
+    NNTest("test_grid_sample_backward_deterministic_side_stream_and_graph",
+           "on a side stream and captured in a CUDA graph, the eager bits",
+           _graph_capture, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_side_stream_and_graph(self, device):
+        # The deterministic backward runs on the current stream, allocates from
+        # the caching allocator and never waits for the host: it runs on a side
+        # stream and can be captured in a CUDA graph, with the eager bits. Dense
+        # and sparse reductions both.
+        torch.manual_seed(0)
+        for size in (9, 300):
+            input = torch.randn(2, 3, size, size, device=device)
+            grid = torch.rand(2, 30, 31, 2, device=device) * 0.6 - 0.3
+            grad_output = torch.randn(2, 3, 30, 31, device=device)
+
+            def backward():
+                return torch.ops.aten.grid_sampler_2d_backward(
+                    grad_output, input, grid, 0, 0, False, [True, True])
+
+            with DeterministicGuard(True):
+                expected = backward()
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    on_stream = backward()  # also the warm-up before the capture
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    captured = backward()
+                graph.replay()
+                torch.cuda.synchronize()
+            self.assertEqual(on_stream, expected, atol=0, rtol=0)
+            self.assertEqual(captured, expected, atol=0, rtol=0)
+'''),
+    NNTest("test_grid_sample_backward_deterministic_gradcheck",
+           "gradcheck in float64 through the deterministic backward",
+           _first_order, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_gradcheck(self, device):
+        torch.manual_seed(0)
+        for dims, modes in ((2, ('bilinear', 'nearest', 'bicubic')), (3, ('bilinear', 'nearest'))):
+            input = torch.randn((1, 2) + (4,) * dims, device=device, dtype=torch.double)
+            grid = torch.rand((1,) + (3,) * dims + (dims,), device=device, dtype=torch.double)
+            inputs = (input.requires_grad_(), (grid * 2.2 - 1.1).requires_grad_())
+            for mode, padding_mode in product(modes, ('zeros', 'border', 'reflection')):
+                def fn(input, grid):
+                    return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode,
+                                         align_corners=False)
+
+                with DeterministicGuard(True):
+                    self.assertTrue(torch.autograd.gradcheck(fn, inputs, nondet_tol=0))
+'''),
+    NNTest("test_grid_sample_backward_deterministic_gradgradcheck",
+           "gradgradcheck in float64 through the deterministic backward, where the tree has a "
+           "double backward",
+           _second_order, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_gradgradcheck(self, device):
+        torch.manual_seed(0)
+        input = torch.randn(1, 2, 4, 4, device=device, dtype=torch.double, requires_grad=True)
+        grid = torch.rand(1, 3, 3, 2, device=device, dtype=torch.double) * 2.2 - 1.1
+        grid.requires_grad_()
+        grad_input = torch.ops.aten.grid_sampler_2d_backward(
+            torch.ones(1, 2, 3, 3, device=device, dtype=torch.double), input, grid, 0, 0, False,
+            [True, True])[0]
+        if type(grad_input.grad_fn).__name__ == 'NotImplemented':
+            self.skipTest('grid_sampler_2d_backward has no derivative in this build')
+        for padding_mode in ('zeros', 'border', 'reflection'):
+            def fn(input, grid):
+                return F.grid_sample(input, grid, padding_mode=padding_mode, align_corners=False)
+
+            with DeterministicGuard(True):
+                self.assertTrue(torch.autograd.gradgradcheck(fn, (input, grid), nondet_tol=0))
+'''),
+    NNTest("test_grid_sample_backward_deterministic_kernel_runs",
+           "the profiler sees the deterministic kernels, not the atomicAdd one",
+           _profiles_this_kernel, '''\
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_kernel_runs(self, device):
+        # The deterministic pipeline's kernels are named after their stages, which
+        # live in at::native::grid_sampler_deterministic.
+        for dims in (2, 3):
+            input = torch.randn((1, 2) + (6,) * dims, device=device, requires_grad=True)
+            grid = torch.rand((1,) + (9,) * dims + (dims,), device=device) * 2 - 1
+            activities = [torch.profiler.ProfilerActivity.CUDA]
+            with DeterministicGuard(True), torch.profiler.profile(activities=activities) as prof:
+                F.grid_sample(input, grid, align_corners=False).sum().backward()
+                torch.cuda.synchronize()
+            kernels = [e.name for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA]
+            self.assertTrue(any('grid_sampler_deterministic' in k for k in kernels), kernels)
+            self.assertFalse(any(f'grid_sampler_{dims}d_backward_kernel' in k for k in kernels),
+                             kernels)
+'''),
+)
 NN_TEST_NAMES = tuple(t.name for t in NN_TESTS)
 NN_TEST_NEEDS = ("onlyCUDA", "dtypes", "product", "TEST_CUDNN", "unittest", "F", "torch")
+# Names the new tests use that a test_nn.py may lack: imported by the patch where missing.
+NN_TEST_IMPORTS = {
+    "DeterministicGuard": "torch.testing._internal.common_utils",
+    "TEST_WITH_ROCM": "torch.testing._internal.common_utils",
+    "largeTensorTest": "torch.testing._internal.common_device_type",
+}
 
 
 def _module_imports(path: str, text: str) -> collections.Counter:
@@ -802,12 +1088,13 @@ def edit_test_nn(path: str, text: str, notes: List[str]) -> str:
     block = "" if "def _grid_sample_grads(" in text else NN_HELPERS
     block += "\n".join(t.source for t in wanted) + "\n"
     text = text[:at] + block + text[at:]
-    if not imported["DeterministicGuard"]:
+    missing = [name for name in NN_TEST_IMPORTS if not imported[name]]
+    if missing:
         im = re.search(r"^from torch\.testing\._internal\.common_utils import", text, re.M)
         if im is None:
             raise AnchorError(path, "from torch.testing._internal.common_utils import ...")
-        text = (text[: im.start()] + "from torch.testing._internal.common_utils import DeterministicGuard\n"
-                + text[im.start() :])
+        lines = "".join(f"from {NN_TEST_IMPORTS[name]} import {name}\n" for name in missing)
+        text = text[: im.start()] + lines + text[im.start() :]
     twice = [n for n, k in _module_imports(path, text).items() if k > imported[n] and k > 1]
     if twice:  # never redefine an import (flake8/ruff F811)
         raise AnchorError(path, "imports", f"the edit would import {', '.join(twice)} twice")
@@ -983,8 +1270,9 @@ def _all_test_sources(text: str) -> Dict[str, str]:
     return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
 
 
-def plan(tree: Path, kit: Optional[Path] = None) -> Plan:
-    """Every edit, in memory; nothing is written."""
+def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False) -> Plan:
+    """Every edit, in memory; nothing is written. ``replace_existing``: replace a deterministic
+    path the checkout has already (refused otherwise)."""
     tree, kit = Path(tree), kit_root(kit)
     p = Plan(base=detect_base(tree))
     for name in KERNEL_FILES:
@@ -1000,7 +1288,10 @@ def plan(tree: Path, kit: Optional[Path] = None) -> Plan:
             raise AnchorError(rel, rel, "file missing")
         old = read_text(tree, rel)
         try:
-            new = fn(rel, old, p.notes)
+            if fn is edit_gridsampler_cu:
+                new = fn(rel, old, p.notes, replace_existing)
+            else:
+                new = fn(rel, old, p.notes)
         except ValueError as e:
             raise AnchorError(rel, fn.__name__, f"cannot parse: {e}") from None
         p.old[rel], p.new[rel] = old.encode("utf-8"), new.encode("utf-8")
@@ -1241,7 +1532,7 @@ def _run(args: argparse.Namespace) -> int:
         done = patch_apply.recover(tree)
         if done:
             print(f"recovered: {done}")
-    pl = plan(tree)
+    pl = plan(tree, replace_existing=args.replace_existing_deterministic_path)
     for n in pl.notes:
         print(f"note: {n}")
     if args.check:
@@ -1280,6 +1571,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--allow-dirty", action="store_true",
                    help="patch although files the change does not touch have uncommitted changes "
                    "(they stay out of the commit); files it touches must be clean regardless")
+    p.add_argument("--replace-existing-deterministic-path", action="store_true",
+                   help="on a checkout that already has a deterministic grid_sample backward "
+                   "(e.g. #196856's), delete it and put detgrid's in its place; without this flag "
+                   "such a checkout is refused and left untouched")
     p.add_argument("--out", metavar="FILE", help="patch file (default patches/<base>.patch in the kit)")
     p.set_defaults(handler=run)
     return p

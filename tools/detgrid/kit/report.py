@@ -1,12 +1,12 @@
-"""``detgrid report``: a comment for #68959 (linked from #196856) and a PR body, from real runs.
+"""``detgrid report``: the upstream issue body (a comment on #68959) and a PR body, from real runs.
 
 ``gather()`` collects the evidence (``torch.utils.collect_env``, the repro scripts' ``--json`` output
 and exit codes, an optional pytest junit summary, the newest benchmark results, the patch's stats,
-``detgrid patch --check`` on a checkout) into a ``Report``; ``render_comment()`` and ``render_pr()``
-turn it into ``COMMENT.md`` (about 300 words: what this implementation adds over #196856, an open
-PR on the same road, where a new feature request would duplicate #68959) and ``PR.md`` (one summary
-paragraph, the repro and the error, test plan, benchmarks, BC statement; the JSON, hashes and
-collect_env collapsed in one appendix).
+``detgrid patch --check`` on a checkout) into a ``Report``; ``render_issue()`` and ``render_pr()``
+turn it into ``ISSUE.md`` (about 300 words in the shape of PyTorch's feature-request template,
+headed by where to post it: a comment on #68959, since a new issue would duplicate it) and ``PR.md``
+(PyTorch's PR body: ``Fixes``, summary, the patch's lines per component, test plan, benchmarks, BC
+statement, checklist; the long output collapsed in one appendix).
 
 Claims are measured here or cited with what was checked and when; what could not be gathered (no
 GPU, tests not run, no benchmark results) is said as such. Per PyTorch's ``AI_POLICY.md`` every
@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -133,6 +133,8 @@ class Report:
     checkout: Optional[Checkout] = None
     submitter_notes: str = ""  # the human's own words; empty keeps the bodies drafts
     installed_doc: Optional[str] = None  # installed_doc_lists_grid_sample()
+    # component_lines(): the kernel files' lines per component, core path first
+    components: List[Tuple["Component", int]] = field(default_factory=list)
 
     @property
     def draft(self) -> bool:
@@ -155,7 +157,9 @@ def run_command(cmd: Sequence[str], cwd: Path) -> Tuple[int, str, str]:
 
 
 def environment() -> Dict[str, Any]:
-    import torch
+    from detgrid.kit import installed_torch
+
+    torch = installed_torch.load()
 
     cuda = torch.cuda.is_available()
     return {"torch": torch.__version__, "python": platform.python_version(),
@@ -225,7 +229,9 @@ def read_notes(path: Optional[str]) -> str:
 def installed_doc_lists_grid_sample() -> Optional[str]:
     """Which list of the installed torch's use_deterministic_algorithms docstring has CUDA
     grid_sample: 'act' (deterministic), 'throw', or None (in neither)."""
-    import torch
+    from detgrid.kit import installed_torch
+
+    torch = installed_torch.load()
 
     doc = torch.use_deterministic_algorithms.__doc__ or ""
     entry = "grid_sample` when attempting to differentiate a CUDA tensor"
@@ -338,6 +344,7 @@ def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root:
         checkout=checkout,
         submitter_notes=submitter_notes,
         installed_doc=installed_doc_lists_grid_sample(),
+        components=component_lines(kit_root),
     )
 
 
@@ -517,11 +524,19 @@ def render_checkout(report: Report) -> str:
             f"linters on the new files: {lint}.")
 
 
+def render_claims_list(run: ScriptRun) -> str:
+    """A repro script's claims, one line each; its raw JSON (with every run's hash) stays out."""
+    head = f"`{run.command}` (exit {run.exit_code}, {run.status}):"
+    if not run.claims:
+        tail = (run.stderr or run.stdout or "(no output)").strip().splitlines()[-3:]
+        return head + "\n\n" + _fence("\n".join(tail))
+    return head + "\n\n" + "\n".join(
+        f"- {_cell(c.get('claim'))}: **{_cell(c.get('status'))}** ({_cell(c.get('detail'))})"
+        for c in run.claims)
+
+
 def render_appendix(report: Report) -> str:
-    parts = []
-    for run in report.repro:
-        output = _fence(run.stdout or run.stderr or "(no output)", "json" if run.data else "")
-        parts.append(f"`{run.command}` (exit {run.exit_code}):\n\n{output}")
+    parts = [render_claims_list(run) for run in report.repro]
     if report.checkout:
         parts.append(f"`detgrid patch --check`: {report.checkout.check}.")
     if report.checkout and report.checkout.notes:
@@ -535,9 +550,9 @@ def render_appendix(report: Report) -> str:
     table = render_bench_table(report)
     if table:
         parts.append("Benchmarks:\n\n" + table)
-    parts.append(f"Made on {signature(report.environment)}.\n\n{ENV_BEGIN}\n{_fence(report.collect_env)}\n{ENV_END}")
-    return ("<details><summary>Appendix: the repro scripts' JSON, the patch's files, collect_env"
-            "</summary>\n\n" + "\n\n".join(parts) + "\n\n</details>")
+    parts.append(render_collect_env(report))
+    return render_details("Appendix: the repro scripts' claims, the patch's files, the environment",
+                          "\n\n".join(parts))
 
 
 def mask_volatile(text: str) -> str:
@@ -553,7 +568,12 @@ def _installed_release_line(report: Report) -> str:
     return f"the installed torch {torch_v}'s lists it {where} (read by this report)"
 
 
-# --------------------------------------------------------------------------- COMMENT.md
+# --------------------------------------------------------------------------- ISSUE.md
+
+WHERE_TO_POST = (
+    "**Where to post:** as a comment on #68959 (\"Deterministic implementation for "
+    "grid_sampler_2d_backward_cuda\", open since 2021). A new issue would duplicate it; #152171 "
+    "and #179123, filed for the same request, were closed.")
 
 
 def _cuda_equals_host(report: Report) -> str:
@@ -563,33 +583,183 @@ def _cuda_equals_host(report: Report) -> str:
     return "not yet measured: the kit's GPU check, which compares them, has not run"
 
 
-def render_comment(report: Report) -> str:
-    """A comment for #68959 (linked from #196856): what this implementation adds, short."""
+def render_details(summary: str, body: str) -> str:
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
+
+
+def render_collect_env(report: Report) -> str:
+    """collect_env where it describes a GPU set-up; from a machine without one it says nothing
+    about the CUDA path, so only the one-line signature is kept."""
+    if not report.environment.get("cuda_available"):
+        return (f"Made on {signature(report.environment)}; collect_env left out (no GPU here, "
+                f"so it describes no CUDA set-up).\n\n{ENV_BEGIN}{ENV_END}")
+    return f"Made on {signature(report.environment)}.\n\n{ENV_BEGIN}\n{_fence(report.collect_env)}\n{ENV_END}"
+
+
+def render_issue(report: Report) -> str:
+    """The body of a comment on #68959, in the shape of PyTorch's feature-request template."""
     agent = "\n".join([
         AI_DISCLOSURE,
         "",
-        "A second deterministic CUDA backward for this issue. Like #196856, "
-        f"{PR_196856_STATE}, it sorts contributions and reduces them in fixed 256-record "
-        "partials, in 2-D and 3-D. What it adds, as far as known:",
+        "### 🚀 The feature, motivation and pitch",
         "",
-        "- **Bits independent of GPU model and chunking.** Partials never cross a 4096-point tile "
-        "and chunks are whole tiles, so the order depends on shapes and grid values only. A CPU "
-        "executor runs the same `C10_HOST_DEVICE` math in the same order, built to reproduce the "
-        f"CUDA result bit for bit for float and double ({_cuda_equals_host(report)}).",
-        "- **No alert and no grouping for the grid gradient alone**: with `output_mask[0]` false "
-        "only the point pass runs, one writer per element.",
-        "- **NaN- and Inf-safe grids** (#24823): such a coordinate never forms an index.",
-        "- **One sort key per point** (bilinear, trilinear): 4x (8x) fewer sort items, same bits.",
-        "- **A workspace bound**: 64 MiB per chunk, CUB's scratch included, whatever the input "
-        "size (half/bfloat16 add a float carry over several chunks).",
-        f"- **Benchmarks beside #196856's**: {render_bench_summary(report)} {NUMBERS_196856}.",
+        "Under `torch.use_deterministic_algorithms(True)`, the CUDA backward of "
+        "`F.grid_sample` raises, because grad_input is accumulated with `atomicAdd`; with "
+        "`warn_only=True` its bits change from run to run.",
         "",
-        f"{MAIN_UNKNOWN} As a patch: {render_patch_line(report)}",
+        _fence(SNIPPET, "python"),
+        "",
+        "Expected: the same gradient bits on every run. Proposed: sort the contributions by "
+        "destination (`at::cuda::cub`) and reduce them with one writer per grad_input element, "
+        "in an order fixed by shapes and grid values, in bounded workspace. "
+        f"A patch: {render_patch_line(report)}",
+        "",
+        "### Alternatives",
+        "",
+        f"- #196856, {PR_196856_STATE}, takes the same road. What this patch's tests check, on "
+        "its CPU executor, beyond the bits repeating (not compared with #196856, whose code was "
+        "not run): a grid-only backward with no sort and no alert, NaN/Inf grids that form no "
+        "index (#24823), and bits that do not change with the chunk size.",
+        "- `warn_only=True`, or the backward on the CPU: nondeterministic bits, or slow.",
+        "",
+        "### Additional context",
+        "",
+        f"Benchmarks: {render_bench_summary(report)} The CPU executor runs the same pipeline "
+        f"code, built to reproduce the CUDA result bit for bit ({_cuda_equals_host(report)}). "
+        f"{MAIN_UNKNOWN}",
+        "",
+        render_details("Repro scripts and environment",
+                       "\n\n".join([*(render_claims_list(r) for r in report.repro),
+                                    render_collect_env(report)])),
     ])
-    out = [provenance(report, "COMMENT.md", "a comment for #68959, linked from #196856"),
+    out = [provenance(report, "ISSUE.md", "a comment on #68959"),
            *_head(report, "posting"),
+           WHERE_TO_POST, "",
            render_human_notes(report), "", "### Agent report", "", _quote(agent), ""]
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- the patch's components
+
+KERNEL_DIR = "aten/src/ATen/native/cuda"
+
+
+@dataclass
+class Component:
+    name: str
+    definitions: Tuple[Tuple[str, str], ...]  # (kernel file, name of a top-level definition)
+    why: str
+    evidence: str  # begins with "measured" or "modelled"
+
+
+# The optional parts of the kernel, each named by its definitions; "core path" is the rest of the
+# kernel files. What each costs is its definitions' lines, comments above them included.
+COMPONENTS = (
+    Component("second (sparse) reduction",
+              (("GridSamplerDeterministicPipeline.cuh", "MarkRunHeads"),
+               ("GridSamplerDeterministicPipeline.cuh", "RecordRunStarts"),
+               ("GridSamplerDeterministicPipeline.cuh", "ReduceSparse"),
+               ("GridSamplerDeterministicPipeline.cuh", "RoundCarry")),
+              "grids that touch few of many pixels: the dense reduce passes over all of "
+              "grad_input once per chunk, this one only over the chunk's records",
+              "modelled: exact launch and item counts (`detgrid.ops.work_counters`); no GPU time"),
+    Component("per-cell keying",
+              (("GridSamplerDeterministicPipeline.cuh", "CellSegments"),
+               ("GridSamplerDeterministicPipeline.cuh", "make_cell_segments"),
+               ("GridSamplerDeterministic.cuh", "cell_key"),
+               ("GridSamplerDeterministic.cuh", "MergedCellRecords")),
+              "bilinear/trilinear sort one item per point instead of 4 (8), with the same bits",
+              "modelled: 4x (8x) fewer sort items counted by `work_counters`; no GPU time"),
+    Component("channels-fastest gather",
+              (("GridSamplerDeterministicPipeline.cuh", "kChannelsFastestFrom"),
+               ("GridSamplerDeterministicPipeline.cuh", "use_channels_fastest"),
+               ("GridSamplerDeterministicPipeline.cuh", "ReduceDenseChannelsFastest"),
+               ("GridSamplerDeterministicPipeline.cuh", "GatherChannelsLast")),
+              "from 16 channels a warp reads one point's grad_output contiguously and shares "
+              "one merge",
+              "modelled: 32-byte sectors per warp (the comment at kChannelsFastestFrom); no GPU "
+              "time"),
+    Component("NaN/Inf guards",
+              (("GridSamplerDeterministic.cuh", "kMaxSafeCoordinate"),
+               ("GridSamplerDeterministic.cuh", "is_safe_coordinate")),
+              "a non-finite or huge coordinate forms no index (stock CPU segfaults, #24823)",
+              "measured on CPU: `tests/test_nan_rule.py`; the guard's calls in the tap math are "
+              "counted in the core"),
+    Component("tricubic (5-D bicubic)",
+              (("GridSamplerDeterministic.cu", "check_5d_input_and_grid"),),
+              "accepts 5-D bicubic where the tree's check_grid_sampler_3d does; the math is the "
+              "shared template's 3-D instance, no code of its own",
+              "modelled: one more instantiation per dtype; leaving it out is rejecting mode 2 here"),
+)
+
+
+def _definition_span(lines: List[str], name: str) -> Optional[Tuple[int, int]]:
+    """[start, end) of the top-level definition of `name`: from the comment and template lines
+    above it to its closing brace (or the `;` of a one-line constant)."""
+    pattern = re.compile(rf"^(?:[\w:<>,\s*&]*\s)?{re.escape(name)}\b(?!\s*::)")
+    at = next((i for i, line in enumerate(lines)
+               if not line.startswith((" ", "/", "#", "}")) and pattern.match(line)), None)
+    if at is None:
+        return None
+    start = at
+    while start > 0 and (lines[start - 1].startswith(("//", "template", "    typename", "    int ",
+                                                     "    bool ", "    Keying"))
+                         or lines[start - 1].startswith(">")):
+        start -= 1
+    depth, end, opened = 0, at, False
+    while end < len(lines):
+        code = re.sub(r"//.*", "", lines[end]).rstrip()
+        depth += code.count("{") - code.count("}")
+        opened = opened or "{" in code
+        end += 1
+        if (opened and depth == 0) or (not opened and code.endswith(";")):
+            break
+    return start, end
+
+
+def component_lines(kit_root: Path = KIT_ROOT) -> List[Tuple[Component, int]]:
+    """Lines of the kit's kernel files per component, core path first (the rest)."""
+    texts = {}
+    for path in sorted((Path(kit_root) / "aten_kernels" / KERNEL_DIR).glob("GridSamplerDeterministic*")):
+        texts[path.name] = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for comp in COMPONENTS:
+        count = 0
+        for file, name in comp.definitions:
+            span = _definition_span(texts.get(file, []), name)
+            count += span[1] - span[0] if span else 0
+        rows.append((comp, count))
+    total = sum(len(lines) for lines in texts.values())
+    core = Component("core path", (), "point pass, stable sort, dense reduce, chunk loop, "
+                     "executor, launchers",
+                     "measured on CPU: the kit's suite runs the same pipeline code; no GPU run yet")
+    return [(core, total - sum(n for _, n in rows)), *rows]
+
+
+# The patch's lines outside the kernel files, by where they are.
+OUTSIDE_KERNEL = (
+    Component("dispatch, cuDNN delegation, docs", (),
+              "the launchers' branch, the cuDNN backward's delegation, docstring and notes",
+              "measured: `.ci/intree_compile.sh` compiles the patched v2.6.0 units with nvcc 12.4"),
+    Component("upstream tests", (),
+              "test_nn.py, a test per path above; the alert tests expect none",
+              "measured on CPU: the new ones run through the host executor (tests/test_patch.py); "
+              "not yet on a GPU"),
+)
+
+
+def _outside_kernel_lines(stats: PatchStats) -> List[Tuple[Component, int]]:
+    tests = sum(f.added for f in stats.files if f.path.startswith("test/"))
+    kernel = sum(f.added for f in stats.files if f.path.startswith(f"{KERNEL_DIR}/GridSamplerDeterministic"))
+    return [(OUTSIDE_KERNEL[0], stats.added - tests - kernel), (OUTSIDE_KERNEL[1], tests)]
+
+
+def render_components(report: Report) -> str:
+    rows = ["| component | lines | why it is there | argument |", "|---|---|---|---|"]
+    outside = _outside_kernel_lines(report.patches[0]) if report.patches else []
+    for comp, lines in [*report.components, *outside]:
+        rows.append(f"| {comp.name} | {lines} | {_cell(comp.why)} | {_cell(comp.evidence)} |")
+    return "\n".join(rows)
 
 
 # --------------------------------------------------------------------------- PR.md
@@ -603,10 +773,8 @@ def render_summary(report: Report) -> str:
         "changes. Contributions are sorted (bilinear and trilinear: one key per point) and "
         "reduced with one writer per grad_input element, in an order fixed by shapes and grid "
         "values; the workspace is at most 64 MiB per chunk (plus a float carry of grad_input's size for "
-        f"half/bfloat16 inputs needing several chunks). #196856, {PR_196856_STATE}, takes the same road; this one adds a "
-        "chunk-independent order that a CPU executor is built to reproduce bit for bit (not "
-        "compared on a GPU by this report), a grid-only backward without sort or alert, and NaN/Inf-safe "
-        "coordinates. No release has a deterministic path: "
+        f"half/bfloat16 inputs needing several chunks). #196856, {PR_196856_STATE}, takes the same road. "
+        "No release has a deterministic path: "
         f"{RELEASE_215}; {_installed_release_line(report)}. {MAIN_UNKNOWN}")
 
 
@@ -618,12 +786,33 @@ def render_test_plan(report: Report) -> str:
                "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
         "",
         "Not run: they need a CUDA build of the patched tree and a GPU; this report had neither. "
-        "The added ones are `@onlyCUDA`; the patch carries no CPU-run test.",
+        "The added ones are `@onlyCUDA`; the patch carries no CPU-run test. The kit's "
+        "`tools/gpu_check.sh` runs them against the extension build of the same sources.",
         "",
         f"- {render_checkout(report)}",
         *[f"- Known to fail: {n}" for n in (report.checkout.notes if report.checkout else []) if "will fail" in n],
         f"- The kit's suite (`python -m pytest tests`): {render_tests(report)}.",
         *[f"- {render_claims(r)}" for r in report.repro],
+    ])
+
+
+def _box(done: bool) -> str:
+    return "[x]" if done else "[ ]"
+
+
+def render_checklist(report: Report) -> str:
+    gpu_bench = report.bench is not None and report.bench.on_gpu
+    lint_clean = report.checkout is not None and not report.checkout.lint
+    return "\n".join([
+        f"- {_box(False)} `lintrunner -a` on the changed files (not run; the checkout's grep "
+        f"linters on the new files: "
+        f"{'clean' if lint_clean else 'not run' if report.checkout is None else 'findings'})",
+        f"- {_box(True)} tests added (`test/test_nn.py`; the alert tests expect no alert)",
+        f"- {_box(False)} upstream tests run on a GPU",
+        f"- {_box(gpu_bench)} benchmarks on a GPU",
+        f"- {_box(True)} docs: the `use_deterministic_algorithms` docstring and the "
+        "reproducibility notes",
+        f"- {_box(True)} BC-breaking statement below",
     ])
 
 
@@ -636,14 +825,21 @@ BC_STATEMENT = (
 
 
 def render_pr(report: Report) -> str:
-    """The PR body: the summary paragraph, repro, test plan, benchmarks and BC statement in view;
-    JSON, hashes and collect_env in one collapsed appendix."""
+    """The PR body in PyTorch's shape: Fixes, summary, the patch's components, test plan,
+    benchmarks, BC statement and checklist in view; long output in one collapsed appendix."""
     agent = "\n".join([
         AI_DISCLOSURE,
         "",
         "#### Summary",
         "",
         render_summary(report),
+        "",
+        "#### What the patch's lines are for",
+        "",
+        f"{render_patch_line(report)} Its added lines by component (the kernel's optional parts "
+        "counted by their definitions; a reviewer can ask for any of them as a separate PR):",
+        "",
+        render_components(report),
         "",
         "#### Repro (stock torch, any CUDA GPU)",
         "",
@@ -658,13 +854,15 @@ def render_pr(report: Report) -> str:
         "#### Benchmarks",
         "",
         render_bench_summary(report)[0].upper() + render_bench_summary(report)[1:]
-        + " #196856's own numbers are cited in the comment on #68959.",
+        + " " + NUMBERS_196856 + ".",
         "",
         "#### BC-breaking",
         "",
         BC_STATEMENT,
         "",
-        f"Patch: {render_patch_line(report)}",
+        "#### Checklist",
+        "",
+        render_checklist(report),
         "",
         render_appendix(report),
     ])
@@ -676,7 +874,7 @@ def render_pr(report: Report) -> str:
 
 # --------------------------------------------------------------------------- CLI
 
-BODIES = {"COMMENT.md": render_comment, "PR.md": render_pr}
+BODIES = {"ISSUE.md": render_issue, "PR.md": render_pr}
 
 
 def check_out_dir(out: Path) -> Path:
@@ -728,11 +926,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report",
         help="run the repro scripts, collect the environment, test and benchmark results and the "
-        "patch's stats, and write COMMENT.md (for #68959 / #196856) and PR.md",
+        "patch's stats, and write ISSUE.md (a comment on #68959) and PR.md",
     )
     p.add_argument("--pytorch", metavar="PATH",
                    help="a PyTorch checkout: `detgrid patch --check` on it, in a temporary copy")
-    p.add_argument("--out", metavar="DIR", help="where COMMENT.md and PR.md go (default: the kit's root)")
+    p.add_argument("--out", metavar="DIR", help="where ISSUE.md and PR.md go (default: the kit's root)")
     p.add_argument("--junit", metavar="FILE",
                    help="a junit XML from `pytest --junitxml FILE`: its summary goes in the test plan")
     p.add_argument("--notes", metavar="FILE",

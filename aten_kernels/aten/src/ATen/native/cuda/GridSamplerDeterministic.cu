@@ -136,10 +136,17 @@ struct MaxThreads<PointPass<kTaps, kEmitRecords, kKeying, Args, key_t>> {
   static constexpr int value = kPointPassBlockSize;
 };
 
+// Every stage runs through one of these two kernels, so a kernel's name is
+// the stage's: its first template argument, which profilers and the
+// compiler's resource reports print in full, e.g.
+//   for_each_kernel<at::native::grid_sampler_deterministic::PointPass<...>, int>
+// A __global__ function per stage, as EmbeddingBackwardKernel.cu has, would
+// repeat the grid-stride loop once per stage to say what the argument says.
+//
 // Loop counters are unsigned: count < 2^31 (or 2^63) and the grid stride is
 // at most kDefaultMaxBlocks * kMaxBlockSize = 2^29, so i + stride never
 // wraps, and the loop stays 32-bit for 32-bit counts.
-template <typename count_t, typename Stage>
+template <typename Stage, typename count_t>
 C10_LAUNCH_BOUNDS_2(MaxThreads<Stage>::value, 1)
 __global__ void for_each_kernel(const Stage stage, count_t count) {
   using ucount_t = std::make_unsigned_t<count_t>;
@@ -151,7 +158,7 @@ __global__ void for_each_kernel(const Stage stage, count_t count) {
   }
 }
 
-template <typename row_t, typename col_t, typename Stage>
+template <typename Stage, typename row_t, typename col_t>
 C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
 __global__ void for_each_row_kernel(const Stage stage, row_t rows, col_t cols) {
   using urow_t = std::make_unsigned_t<row_t>;
@@ -180,7 +187,7 @@ struct LaunchConfig {
 };
 
 LaunchConfig make_launch_config(
-    const GridSamplerDeterministicOptions& options,
+    const PipelineOptions& options,
     const char* op_name) {
   TORCH_CHECK(
       options.block_size >= 0 && options.max_blocks >= 0,
@@ -282,8 +289,12 @@ struct CudaExecutor {
   void begin_chunk() const {}
 };
 
-// The shape half of check_grid_sampler_3d. Bicubic (tricubic) sampling is
-// supported: releases that reject it for 5-D input do so before a backward.
+// check_grid_sampler_3d(input, grid) of upstream's GridSamplerUtils.h at
+// 06310681c3ef, which accepts bicubic (tricubic) sampling of 5-D input and
+// keeps a three-argument overload that rejects it for backends without it.
+// Trees whose only check_grid_sampler_3d takes the interpolation mode and
+// rejects 5-D bicubic (v2.6.0, and upstream at 92f10113f39d) reject it in the
+// composite grid_sampler and the stock backward before this is reached.
 void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
   TORCH_CHECK(
       input.dim() == 5 && input.dim() == grid.dim(),
@@ -294,10 +305,14 @@ void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
       grid.sizes());
 }
 
+} // namespace
+
+namespace grid_sampler_deterministic {
+
 template <int kDims>
-void launch_backward(
+void launch_cuda_backward(
     const GridSamplerBackwardCall& call,
-    const GridSamplerDeterministicOptions& options) {
+    const PipelineOptions& options) {
   // See NOTE [ grid_sampler Native Functions ].
   // Add checks here in case this is called instead of grid_sampler.
   check_grid_sampler_common(call.input, call.grid);
@@ -313,7 +328,14 @@ void launch_backward(
   run_deterministic_backward(executor, call, options);
 }
 
-} // namespace
+template void launch_cuda_backward<2>(
+    const GridSamplerBackwardCall&,
+    const PipelineOptions&);
+template void launch_cuda_backward<3>(
+    const GridSamplerBackwardCall&,
+    const PipelineOptions&);
+
+} // namespace grid_sampler_deterministic
 
 void launch_grid_sampler_2d_backward_deterministic_kernel(
     const TensorBase& grad_input,
@@ -324,9 +346,8 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners,
-    std::array<bool, 2> output_mask,
-    const GridSamplerDeterministicOptions& options) {
-  launch_backward<2>(
+    std::array<bool, 2> output_mask) {
+  grid_sampler_deterministic::launch_cuda_backward<2>(
       {grad_input,
        grad_grid,
        grad_output,
@@ -336,7 +357,7 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
        padding_mode,
        align_corners,
        output_mask},
-      options);
+      /*options=*/{});
 }
 
 void launch_grid_sampler_3d_backward_deterministic_kernel(
@@ -348,9 +369,8 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners,
-    std::array<bool, 2> output_mask,
-    const GridSamplerDeterministicOptions& options) {
-  launch_backward<3>(
+    std::array<bool, 2> output_mask) {
+  grid_sampler_deterministic::launch_cuda_backward<3>(
       {grad_input,
        grad_grid,
        grad_output,
@@ -360,7 +380,7 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
        padding_mode,
        align_corners,
        output_mask},
-      options);
+      /*options=*/{});
 }
 
 } // namespace at::native

@@ -38,6 +38,29 @@
 
 namespace at::native::grid_sampler_deterministic {
 
+// Overrides of the choices the pipeline makes from the shapes. None of them
+// changes a bit of the result; the kit's tests turn them to prove that, and
+// the launchers of GridSamplerDeterministic.h pass none (zero means "choose
+// from the shapes"). Internal: GridSampler.cu never sees them.
+struct PipelineOptions {
+  // Points per chunk of records; a multiple of the tile size (4096).
+  int64_t chunk_points = 0;
+  // Threads per block and a cap on blocks per launch (grid-stride loops).
+  int64_t block_size = 0;
+  int64_t max_blocks = 0;
+  // Width of the sort keys and of the index math: 32 or 64, or 0 for 32
+  // wherever the problem fits (32 is an error where it does not).
+  int64_t key_bits = 0;
+  int64_t index_bits = 0;
+  // How the sort is keyed: 0 for one key per point wherever bilinear or
+  // trilinear sampling reduces densely, 1 for one key per tap everywhere.
+  int64_t keying = 0;
+  // How the dense reduce's threads take (destination, channel) pairs: 0 for
+  // channels fastest from 16 channels on, 1 for destinations fastest, 2 for
+  // channels fastest.
+  int64_t gather = 0;
+};
+
 // Point pass: the grid gradient of points [first_point, first_point + count)
 // and, with kEmitRecords, their records.
 template <
@@ -425,6 +448,24 @@ T* as(const c10::DataPtr& data) {
   return static_cast<T*>(data.get());
 }
 
+// The numbering a chunk relies on. Its record ids (point * taps + tap) are
+// int32 in the sort payloads and segment tables, and uint32 in fold_records'
+// tile ends and in MergedCellRecords, whose kExhausted must lie above every
+// record id and tile end. A chunk is whole tiles, so its record count is a
+// multiple of a tile's records and no tile end exceeds it: at most
+// kMaxChunkRecords records per chunk keeps all of them below 2^31. A dense
+// table has no more entries than a chunk has records, so its cell numbers
+// (n * cells_per_image + cell) are int32 too.
+constexpr int64_t kMaxChunkRecords = std::numeric_limits<int32_t>::max();
+static_assert(
+    kMaxChunkRecords < int64_t{MergedCellRecords<4>::kExhausted},
+    "kExhausted must exceed every record id and tile end");
+// The default chunk is sized by kWorkspaceBytes, which a record's key and
+// payload (8 bytes at least) fill long before kMaxChunkRecords.
+static_assert(
+    kWorkspaceBytes / (2 * int64_t{sizeof(int32_t)}) < kMaxChunkRecords,
+    "the workspace budget must bound a chunk below kMaxChunkRecords");
+
 // Two ways to reach every grad_input element, with the same sums. Dense:
 // a table of segment bounds over every key (destination or cell), then one
 // thread per element, the first chunk writing the zeros too (no memset).
@@ -501,7 +542,7 @@ inline ChunkPlan plan_chunks(
   if (requested != 0) {
     TORCH_CHECK(
         requested > 0 && requested % kTilePoints == 0 &&
-            requested <= std::numeric_limits<int32_t>::max() / taps_per_point,
+            requested <= kMaxChunkRecords / taps_per_point,
         op_name,
         " (deterministic): chunk_points must be a positive multiple of ",
         kTilePoints,
@@ -563,6 +604,11 @@ void reduce_grad_input(
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
   const int64_t table_entries = kPerTap ? args.num_destinations() : args.num_cells();
   const key_t nowhere = static_cast<key_t>(table_entries);
+  // The numbering limits of kMaxChunkRecords, which plan_chunks keeps.
+  TORCH_INTERNAL_ASSERT(
+      chunk_points % kTilePoints == 0 &&
+      chunk_points * kTapsPerPoint <= kMaxChunkRecords &&
+      (!dense || table_entries <= chunk_points * kTapsPerPoint));
 
   // After the sort the unsorted keys and ids are dead until the next chunk's
   // point pass, so the sparse reduce keeps its int32 bookkeeping there
@@ -744,7 +790,7 @@ bool reduce_grad_input_keyed(
     const Executor& ex,
     const Args& args,
     typename Args::scalar_type* grad_input,
-    const GridSamplerDeterministicOptions& options) {
+    const PipelineOptions& options) {
   constexpr bool kPerTap = kKeying == Keying::PerTap;
   constexpr int kTapsPerPoint = ipow(kTaps, Args::dims);
   const int64_t table_entries =
@@ -791,7 +837,7 @@ template <typename Executor, typename scalar_t, typename index_t, int kDims>
 void run_backward_with_index(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
-    const GridSamplerDeterministicOptions& options) {
+    const PipelineOptions& options) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   const auto args = make_backward_args<scalar_t, index_t, kDims>(
       call.grad_grid,
@@ -859,7 +905,7 @@ template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
-    const GridSamplerDeterministicOptions& options) {
+    const PipelineOptions& options) {
   if (!call.output_mask[0] && !call.output_mask[1]) {
     return;
   }
@@ -895,5 +941,13 @@ void run_deterministic_backward(
         }
       });
 }
+
+// The CUDA launch of run_deterministic_backward for a 4-D (kDims 2) or 5-D
+// (kDims 3) input, after the checks of GridSampler.cpp's native functions
+// (GridSamplerDeterministic.cu).
+template <int kDims>
+void launch_cuda_backward(
+    const GridSamplerBackwardCall& call,
+    const PipelineOptions& options);
 
 } // namespace at::native::grid_sampler_deterministic
