@@ -250,6 +250,20 @@ def _rel_diffs(got: Gradients, ref: Gradients) -> Dict[str, Optional[float]]:
     return {"grad_input": rel_err(got[0], ref[0]), "grad_grid": rel_err(got[1], ref[1])}
 
 
+def _judged(diffs: Dict[str, Optional[float]], dtype: str) -> List[Optional[float]]:
+    """The differences a row is judged on. For float16 and bfloat16 with
+    grad_input asked for, grad_input's only: their grid gradient has no
+    reference that is both independent and the same function. Stock's own
+    accumulates in the dtype, and float64 stock computes coordinates in
+    float64, while stock's forward (and detgrid) rounds them to the dtype, so
+    where the dtype rounds a coordinate onto a cell boundary the one-sided
+    derivatives differ by a whole term. tests/test_agreement.py checks that
+    gradient against the float64 gradient of the dtype's own function."""
+    if dtype in ("float16", "bfloat16") and diffs["grad_input"] is not None:
+        return [diffs["grad_input"]]
+    return list(diffs.values())
+
+
 def _max_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
     present = [v for v in values if v is not None]
     return max(present) if present else None
@@ -304,12 +318,12 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     det_out = run_detgrid(case)
     synchronize(device)
     row["rel_diff"] = _rel_diffs(det_out, stock_out)
-    row["max_rel_diff"] = _max_or_none(list(row["rel_diff"].values()))
+    row["max_rel_diff"] = _max_or_none(_judged(row["rel_diff"], row["dtype"]))
     row["tolerance"] = TOLERANCE[row["dtype"]]
     ref64 = run_stock(_upcast(case))
     row["err_vs_float64"] = {
-        "detgrid": _max_or_none(list(_rel_diffs(det_out, ref64).values())),
-        "stock": _max_or_none(list(_rel_diffs(stock_out, ref64).values())),
+        "detgrid": _max_or_none(_judged(_rel_diffs(det_out, ref64), row["dtype"])),
+        "stock": _max_or_none(_judged(_rel_diffs(stock_out, ref64), row["dtype"])),
     }
     del ref64
     row["correct"], row["correct_by"] = judge(row["max_rel_diff"], row["err_vs_float64"],
@@ -743,7 +757,9 @@ def markdown(result: Dict[str, Any]) -> str:
         "- max rel diff: max over gradients of max|det − stock native| / max|stock native|; "
         "tolerance float32 1e-4, float64 1e-10, float16 1e-2, bfloat16 5e-2. Past it a row is "
         "still right only if det is within the tolerance of stock run in float64 and closer "
-        "to it than stock (stock accumulates half types in that type); else it is flagged.",
+        "to it than stock (stock accumulates half types in that type); else it is flagged. "
+        "float16 and bfloat16 rows are judged on grad_input (their coordinates are rounded to "
+        "the dtype, as stock's forward does, which float64 stock does not).",
         "- samples/cell: grid points per touched input cell or voxel (the nearest, mean); "
         "≥ 16 is high-collision; goal ≤ 0.5 for those and for C ≥ 256, else ≤ 1.5.",
     ]
