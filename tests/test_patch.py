@@ -410,24 +410,17 @@ class TestGeneratedNNTests(TestCase):
                  "test_grid_sample_backward_deterministic_kernel_runs",
                  "test_grid_sample_backward_deterministic_large_index")
 
-    # detgrid's grad_grid differs from stock CPU's by more than the default float32 tolerance
-    # on a few elements (up to 6e-5 absolute); see the report to the lead
-    STOCK_ON_CPU = ("test_grid_sample_2d_backward_deterministic_matches_default",
-                    "test_grid_sample_3d_backward_deterministic_matches_default")
-
     def test_generated_tests_run_on_cpu(self):
         names = [n for n in P.NN_TEST_NAMES if n not in self.CUDA_ONLY]
         self.assertEqual(len(names), 11)
         for name in names:
             test = self.generated(name)
             dtypes = (torch.float, torch.double) if "dtype" in test.__code__.co_varnames else (None,)
-            # the new tests' bit-for-bit claims are about the deterministic pipeline: on CPU
-            # its host executor (detgrid.enable("cpu")); the older two compare the tree's own
-            # backward with itself here, as before
+            # the tests' claims are about the deterministic pipeline: on CPU its host
+            # executor (detgrid.enable("cpu")), against stock's CPU backward where a test
+            # compares with the default one
             for dtype in dtypes:
-                routed = (contextlib.nullcontext() if name in self.STOCK_ON_CPU
-                          else detgrid.enabled("cpu"))
-                with self.subTest(name=name, dtype=dtype), routed:
+                with self.subTest(name=name, dtype=dtype), detgrid.enabled("cpu"):
                     test("cpu", *([dtype] if dtype else []))
 
     @unittest.skipUnless(torch.cuda.is_available() and detgrid.ops.has_cuda_kernels(),

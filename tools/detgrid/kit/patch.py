@@ -603,14 +603,28 @@ NN_HELPERS = '''\
         return torch.autograd.grad(F.grid_sample(input, grid, **kwargs), (input, grid), grad_output)
 
     def _check_grid_sample_backward_matches_default(self, input, grid, grad_output, modes):
+        # The two backwards round differently (the default one may contract into
+        # FMAs and accumulates grad_grid in the input's dtype), and grad_grid sums
+        # terms that cancel (bicubic: 16 taps per channel), so they can differ by
+        # several ulps of its largest element. Both are measured against a
+        # float64 oracle instead (in float64 the oracle is the default backward
+        # itself): the deterministic gradients must be as accurate as the default
+        # ones, up to a factor of two and 16 ulps of the largest element; a
+        # misplaced tap is off by O(1).
+        eps = torch.finfo(input.dtype).eps
         for mode, padding_mode, align_corners in product(
                 modes, ('zeros', 'border', 'reflection'), (False, True)):
             kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+            oracle = self._grid_sample_grads(
+                input.double(), grid.double(), grad_output.double(), **kwargs)
             expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
             with DeterministicGuard(True):
                 actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-            self.assertEqual(actual[0], expected[0])
-            self.assertEqual(actual[1], expected[1])
+            for name, a, e, o in zip(('grad_input', 'grad_grid'), actual, expected, oracle):
+                default_error = (e.double() - o).abs().max().item()
+                bound = 2 * default_error + 16 * eps * o.abs().max().item()
+                self.assertLessEqual(
+                    (a.double() - o).abs().max().item(), bound, msg=f"{name}, {kwargs}")
 
 '''
 
