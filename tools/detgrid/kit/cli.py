@@ -46,11 +46,15 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class ArgumentParser(argparse.ArgumentParser):
     """The kit's parser: defaults in --help, for the subcommands' parsers too
-    (add_subparsers builds them with the parser's own class)."""
+    (add_subparsers builds them with the parser's own class), and a bad
+    argument answered in one line, not after a screenful of usage."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _VersionAction(argparse.Action):
@@ -67,6 +71,9 @@ class _VersionAction(argparse.Action):
 
         print(f"detgrid {detgrid.__version__}: {buildinfo.summary()}")
         parser.exit()
+
+
+VERIFY_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def _cuda_unusable() -> Optional[str]:
@@ -90,8 +97,8 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and (reason := _cuda_unusable()):
         return _fail("verify", f"--device cuda, but {reason}")
-    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    results = verify.verify(device=args.device, runs=args.runs, dtype=dtype)
+    results = verify.verify(device=args.device, runs=args.runs,
+                            dtype=getattr(torch, args.dtype))
     if args.json:
         print(json.dumps([result.to_dict() for result in results], indent=2))
     else:
@@ -192,10 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when torch sees a GPU and this build has CUDA kernels")
-    verify.add_argument("--runs", type=_count(1), default=10,
-                        help="repeated runs per case, hashed")
-    verify.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="dtype of the cases")
+    verify.add_argument("--runs", type=_count(2), default=10,
+                        help="repeated runs per case, hashed (two at least: one hash has "
+                        "nothing to agree with)")
+    verify.add_argument("--dtype", choices=VERIFY_DTYPES, default="float32",
+                        help="dtype of the cases; float16 and bfloat16 are checked against "
+                        "stock in float64, as detgrid sums in float32 and rounds once")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=_verify)
 
