@@ -1,11 +1,29 @@
-"""The seeds' recipe: everything PyTorch's reproducibility notes ask for, in one helper.
+"""The seeds' recipe: everything PyTorch's reproducibility notes ask for, in one helper,
+and a check that a training step really repeats its bits.
 
-    from seeding import seed_everything, dataloader_kwargs, check_determinism
-    seed_everything(0)                                    # before any CUDA work
-    loader = DataLoader(ds, num_workers=2, **dataloader_kwargs(0))
-    result = check_determinism(lambda: model(x).sum(), runs=10)   # result["deterministic"]
+    import torch
+    import torch.nn.functional as F
 
-Needs torch only; numpy is seeded when it is installed.
+    import detgrid
+
+    detgrid.seed_everything(0)  # before any CUDA work; deterministic algorithms on
+    detgrid.enable("cpu")       # "cuda" on a GPU machine (the default)
+    loader_kwargs = detgrid.dataloader_kwargs(0)  # DataLoader(ds, num_workers=2, **loader_kwargs)
+    x = torch.randn(4, 3, 16, 16)
+    grid = torch.rand(4, 12, 12, 2) * 2 - 1
+
+    def train_step():
+        torch.manual_seed(0)  # the same model and draws on every call
+        model = torch.nn.Conv2d(3, 8, 3, padding=1)
+        loss = F.grid_sample(model(x), grid, align_corners=False).square().mean()
+        loss.backward()
+        return [loss] + [p.grad for p in model.parameters()]
+
+    result = detgrid.check_determinism(train_step, runs=5)
+    assert result["deterministic"], result["hashes"]
+
+Needs torch only (numpy is seeded when it is installed), so that repro/
+can load this file without the compiled extension.
 """
 
 import hashlib
@@ -82,7 +100,9 @@ def _tensors(value):
 
 def check_determinism(fn, runs=10):
     """Call fn() `runs` times and compare the bitwise SHA-256 of what it returns
-    (a tensor or a sequence of tensors). Deterministic iff all hashes agree."""
+    (a tensor or a sequence of tensors, e.g. a training step's loss and its
+    parameters' gradients; None entries are skipped). Deterministic iff all
+    hashes agree. Returns {"runs", "hashes", "distinct", "deterministic"}."""
     if runs < 2:
         raise ValueError("check_determinism needs at least 2 runs to compare")
     hashes = [sha256(*_tensors(fn())) for _ in range(runs)]
