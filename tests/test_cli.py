@@ -91,6 +91,19 @@ class TestBadArguments(TestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(run.call_args.kwargs["dtype"], getattr(torch, dtype))
 
+    def test_bench_list_shows_only_the_workloads_asked_for(self):
+        code, out, err = run_cli(["bench", "--list", "--workloads",
+                                  "basicvsr_flow_warp,simplebev_lift_3d"])
+        self.assertEqual(code, 0, err)
+        listed = [line.split()[1] for line in out.splitlines()]
+        self.assertEqual(listed, ["basicvsr_flow_warp", "simplebev_lift_3d"])
+        code, out, _ = run_cli(["bench", "--list"])
+        self.assertEqual(len(out.splitlines()), len(bench.listing()))
+
+    def test_bench_list_refuses_an_unknown_workload(self):
+        err = self.assert_clean_failure(["bench", "--list", "--workloads", "nope"])
+        self.assertIn("unknown workload(s) nope", err)
+
     @unittest.skipIf(CUDA_USABLE, "CUDA is usable here")
     def test_device_cuda_without_cuda_fails_without_traceback(self):
         for verb in ("verify", "bench"):

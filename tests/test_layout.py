@@ -108,6 +108,12 @@ class TestLayout(TestCase):
         self.assertIn("detgrid.ops", loaded)
         self.assertEqual([m for m in loaded if m.startswith(("detgrid.kit", "detgrid.bench"))], [])
 
+    def test_importing_the_recipe_loads_only_the_runtime_package(self):
+        loaded = detgrid_modules_after(
+            "from detgrid import check_determinism, dataloader_kwargs, seed_everything")
+        self.assertIn("detgrid.seeding", loaded)
+        self.assertEqual([m for m in loaded if m.startswith(("detgrid.kit", "detgrid.bench"))], [])
+
     def test_the_benchmark_harness_imports_nothing_of_the_kit(self):
         for module in pkgutil.iter_modules(detgrid.bench.__path__, "detgrid.bench."):
             loaded = detgrid_modules_after(f"import {module.name}")

@@ -111,8 +111,13 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.render:
         return _render(args.render)
+    names = [n for n in (args.workloads or "").split(",") if n] or None
+    try:
+        names = bench.resolve_names(names)
+    except ValueError as e:
+        return _fail("bench", str(e))
     if args.list:
-        for r in bench.listing():
+        for r in (row for row in bench.listing() if row["name"] in names):
             settings = f"{r['mode']}/{r['padding']}/ac={r['align_corners']}"
             print(f"#{r['row']:<3}{r['name']:<24}{str(tuple(r['input_shape'])):<24}"
                   f"{str(tuple(r['grid_shape'])):<23}{settings:<29}{r['taps']:>2} taps/point "
@@ -132,11 +137,7 @@ def _bench(args: argparse.Namespace) -> int:
         except ValueError as e:
             return _fail("bench", f"--out {args.out}: {e}")
     config = bench.default_config(device, quick=args.quick)
-    names = [n for n in (args.workloads or "").split(",") if n] or None
-    try:
-        config.names = bench.resolve_names(names)
-    except ValueError as e:
-        return _fail("bench", str(e))
+    config.names = names
     for key in ("warmup", "reps", "scale", "seed", "budget_s"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
