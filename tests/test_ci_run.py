@@ -33,7 +33,8 @@ class TestCiRun(TestCase):
 
     def test_every_step_prints_its_wall_time(self):
         lines = commands(read(".ci", "run"))
-        steps = lines[lines.index(next(l for l in lines if l.startswith("trap "))) + 1:]
+        trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
+        steps = lines[trap + 1:]
         self.assertGreaterEqual(len(steps), 16)
         for label, timed in zip(steps[::2], steps[1::2]):
             self.assertTrue(label.startswith("step "), label)

@@ -48,6 +48,14 @@ DIMS = (2, 3)
 
 
 
+def _device_form_name(device):
+    """A subtest name for a device argument: "cpu_0" for "cpu:0", and
+    "torch_device_cpu_0" for torch.device("cpu", 0)."""
+    if isinstance(device, torch.device):
+        return "torch_device_" + str(device).replace(":", "_")
+    return str(device).replace(":", "_")
+
+
 def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
                        align_corners=False, input_grad=True, grid_grad=True):
     """(input.grad, grid.grad) of F.grid_sample through autograd."""
@@ -230,9 +238,7 @@ class TestSwitchOnCPU(DetgridTestCase):
         self.assertFalse(detgrid.is_enabled("cpu"))
 
     @parametrize("device", ("cpu", "cpu:0", torch.device("cpu"), torch.device("cpu", 0)),
-                 name_fn=lambda d: str(d).replace(":", "_") + ("_object" if
-                                                              isinstance(d, torch.device)
-                                                              else ""))
+                 name_fn=lambda d: _device_form_name(d))
     def test_enable_accepts_the_forms_torch_names_a_device_by(self, device):
         args = self._problem()
         ours, _ = self._expected(args, BILINEAR)
@@ -246,7 +252,7 @@ class TestSwitchOnCPU(DetgridTestCase):
         self.assertFalse(detgrid.is_enabled("cpu"))
 
     @parametrize("device", ("mps", "cuda:x", torch.device("meta"), 0),
-                 name_fn=lambda d: str(d).replace(":", "_"))
+                 name_fn=lambda d: _device_form_name(d))
     def test_enable_names_the_accepted_forms_for_any_other_device(self, device):
         with self.assertRaises(ValueError) as ctx:
             detgrid.enable(device)

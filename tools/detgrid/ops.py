@@ -23,18 +23,21 @@ INTERPOLATION_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 PADDING_MODES = {"zeros": 0, "border": 1, "reflection": 2}
 
 
-def _mode_number(op: str, what: str, value: Mode) -> Mode:
+_MODE_TABLES = {"interpolation_mode": ("INTERPOLATION_MODES", INTERPOLATION_MODES),
+                "padding_mode": ("PADDING_MODES", PADDING_MODES)}
+
+
+def _mode_number(op: str, argument: str, value: Mode) -> Mode:
     """aten's number for a mode given by F.grid_sample's name; a number goes
     on to the operator, which checks its range. Errors are RuntimeErrors in
     aten's one-line form, as the operator's own checks are."""
     if not isinstance(value, str):
         return value
-    names = INTERPOLATION_MODES if what == "interpolation_mode" else PADDING_MODES
-    if value not in names:
-        table = "INTERPOLATION_MODES" if what == "interpolation_mode" else "PADDING_MODES"
-        raise RuntimeError(f"{op}(): {what} must be a number or a name in "
-                           f"detgrid.ops.{table} ({', '.join(names)}), but got {value!r}")
-    return names[value]
+    table, numbers = _MODE_TABLES[argument]
+    if value not in numbers:
+        raise RuntimeError(f"{op}(): {argument} must be a number or a name in "
+                           f"detgrid.ops.{table} ({', '.join(numbers)}), but got {value!r}")
+    return numbers[value]
 
 
 def _output_mask(op: str, output_mask: Sequence[bool]) -> List[bool]:
@@ -49,9 +52,10 @@ def _output_mask(op: str, output_mask: Sequence[bool]) -> List[bool]:
     return mask
 
 
-def _call_modes(op: str, interpolation_mode: Mode, padding_mode: Mode, align_corners: bool,
+def _aten_arguments(op: str, interpolation_mode: Mode, padding_mode: Mode, align_corners: bool,
                 output_mask: Sequence[bool]) -> Tuple[Mode, Mode, bool, List[bool]]:
-    """The operator's (interpolation_mode, padding_mode, align_corners, output_mask)."""
+    """(interpolation_mode, padding_mode, align_corners, output_mask) as the
+    operator's schema takes them, or a one-line RuntimeError."""
     return (_mode_number(op, "interpolation_mode", interpolation_mode),
             _mode_number(op, "padding_mode", padding_mode),
             align_corners,
@@ -71,7 +75,7 @@ def _backward(name: str):
         output_mask: Sequence[bool],
     ) -> Gradients:
         return op(grad_output, input, grid,
-                  *_call_modes(name, interpolation_mode, padding_mode, align_corners,
+                  *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask))
 
     backward.__name__ = backward.__qualname__ = name
@@ -105,7 +109,7 @@ def _backward_with_options(name: str):
         gather: int = 0,
     ) -> Gradients:
         return op(grad_output, input, grid,
-                  *_call_modes(name, interpolation_mode, padding_mode, align_corners,
+                  *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask),
                   chunk_points, block_size, max_blocks, grain_size, key_bits, index_bits,
                   keying, gather)
@@ -166,7 +170,7 @@ def work_counters(
     Also `points` and `records` (points x taps), from the shapes.
     """
     dims = input.dim() - 2
-    interpolation_mode, padding_mode, align_corners, output_mask = _call_modes(
+    interpolation_mode, padding_mode, align_corners, output_mask = _aten_arguments(
         f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
         output_mask)
     values = torch.ops.detgrid._backward_work_counters(

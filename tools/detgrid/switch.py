@@ -28,11 +28,12 @@ def _device_type(device: object) -> str:
     """"cpu" or "cuda" for one device in any form torch names it. An index
     ("cuda:1") is accepted and means every device of its type: the override
     is registered per dispatch key, which covers all devices of a type."""
-    try:
-        device_type = torch.device(device).type if isinstance(device, (str, torch.device)) \
-            else None
-    except RuntimeError:  # torch.device("bogus")
-        device_type = None
+    device_type = None
+    if isinstance(device, (str, torch.device)):
+        try:
+            device_type = torch.device(device).type
+        except RuntimeError:  # torch.device("bogus")
+            pass
     if device_type not in _DEVICES:
         raise ValueError(f"detgrid: device must be one of {_DEVICES} ({_FORMS}), "
                          f"got {device!r}")
