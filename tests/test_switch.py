@@ -258,7 +258,7 @@ class TestSwitchOnCPU(DetgridTestCase):
             detgrid.enable(device)
         message = str(ctx.exception)
         self.assertEqual(len(message.splitlines()), 1)
-        self.assertIn('as a name ("cuda", "cuda:0") or a torch.device', message)
+        self.assertIn('by name ("cuda", "cuda:0") or as a torch.device', message)
         self.assertTrue(message.endswith(f"got {device!r}"), message)
 
     @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")

@@ -20,8 +20,6 @@ _enabled: set = set()
 Device = Union[str, torch.device]
 Devices = Union[Device, Iterable[Device], None]
 
-_FORMS = ('"cpu" or "cuda", as a name ("cuda", "cuda:0") or a torch.device, '
-          "or a sequence of those")
 
 
 def _device_type(device: object) -> str:
@@ -35,8 +33,8 @@ def _device_type(device: object) -> str:
         except RuntimeError:  # torch.device("bogus")
             pass
     if device_type not in _DEVICES:
-        raise ValueError(f"detgrid: device must be one of {_DEVICES} ({_FORMS}), "
-                         f"got {device!r}")
+        raise ValueError(f"detgrid: device must be one of {_DEVICES}, by name (\"cuda\", "
+                         f"\"cuda:0\") or as a torch.device, one or a sequence; got {device!r}")
     return device_type
 
 
