@@ -19,10 +19,16 @@ pip_env=()
 if [ "$version" = 2.15.0 ]; then
   pip_env=(XDG_CONFIG_DIRS=/nonexistent PIP_CONFIG_FILE=/dev/null)
 fi
+# The venv is cached across runs, and CI runs on one machine may overlap
+# (one per worktree): one at a time creates or updates it.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 env "${pip_env[@]}" "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   "torch==$version" numpy pytest expecttest hypothesis matplotlib "setuptools>=77" wheel 2>&1 \
   | { grep -v "^WARNING: Location" || true; }
+flock -u 9
 
 # Build in a copy so that the .so of this build and the one in .venv (both
 # for the same Python) never overwrite each other.
