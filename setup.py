@@ -8,8 +8,9 @@ torch has CUDA. Build it against the torch you run:
 
 No GPU is needed. tools/detgrid/kit/toolchain.py picks the CUDA compiler
 ($CUDA_HOME, nvcc on PATH, pip's nvidia-cuda-nvcc for torch's CUDA major,
-/usr/local/cuda) and the architectures ($TORCH_CUDA_ARCH_LIST, else those
-torch was built for). A CUDA torch without a usable compiler fails the
+/usr/local/cuda) and the architectures ($TORCH_CUDA_ARCH_LIST, else the
+visible GPUs', else those torch was built for), and the progress line says
+which and why. A CUDA torch without a usable compiler fails the
 install with the reason and the fix; DETGRID_CPU_ONLY=1 is the explicit
 opt-out. The build records the torch it was made for in
 detgrid/_build_info.py, and detgrid refuses to load under another.

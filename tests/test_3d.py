@@ -304,20 +304,20 @@ class TestInvalidArguments3d(DetgridTestCase):
 
     def test_grad_output_must_have_the_output_width(self, device):
         grad_output, inp, grid = self._args(device)
-        message = self._first_line(ValueError, grad_output[..., :6], inp, grid,
+        message = self._first_line(RuntimeError, grad_output[..., :6], inp, grid,
                                    BILINEAR, ZEROS, False)
         self.assertExpectedInline(message, """grid_sampler_3d_backward(): expected grad_output to have sizes [2, 3, 2, 4, 7] but got grad_output with sizes [2, 3, 2, 4, 6]""")  # noqa: B950
 
     def test_grad_output_must_have_the_output_depth(self, device):
         # Stock accepts this and reads past the end of grad_output's depth.
         grad_output, inp, grid = self._args(device)
-        message = self._first_line(ValueError, grad_output[:, :, :1], inp, grid,
+        message = self._first_line(RuntimeError, grad_output[:, :, :1], inp, grid,
                                    BILINEAR, ZEROS, False)
         self.assertExpectedInline(message, """grid_sampler_3d_backward(): expected grad_output to have sizes [2, 3, 2, 4, 7] but got grad_output with sizes [2, 3, 1, 4, 7]""")  # noqa: B950
 
     def test_grad_output_must_be_5d(self, device):
         grad_output, inp, grid = self._args(device)
-        message = self._first_line(ValueError, grad_output[:, :, 0], inp, grid,
+        message = self._first_line(RuntimeError, grad_output[:, :, 0], inp, grid,
                                    BILINEAR, ZEROS, False)
         self.assertExpectedInline(message, """grid_sampler_3d_backward(): expected grad_output to have sizes [2, 3, 2, 4, 7] but got grad_output with sizes [2, 3, 4, 7]""")  # noqa: B950
 

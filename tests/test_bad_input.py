@@ -24,6 +24,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+from detgrid import ops
 from detgrid_testing import (
     DetgridTestCase,
     ALL_DTYPES,
@@ -382,13 +383,13 @@ class TestInvalidArguments(DetgridTestCase):
 
     def test_grad_output_must_have_the_output_shape(self, device):
         grad_output, inp, grid = self._args(device)
-        message = self._first_line(ValueError, grad_output[..., :6], inp, grid,
+        message = self._first_line(RuntimeError, grad_output[..., :6], inp, grid,
                                    BILINEAR, ZEROS, False)
         self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected grad_output to have sizes [2, 3, 4, 7] but got grad_output with sizes [2, 3, 4, 6]""")  # noqa: B950
 
     def test_grad_output_must_be_4d(self, device):
         grad_output, inp, grid = self._args(device)
-        message = self._first_line(ValueError, grad_output[0], inp, grid,
+        message = self._first_line(RuntimeError, grad_output[0], inp, grid,
                                    BILINEAR, ZEROS, False)
         self.assertExpectedInline(message, """grid_sampler_2d_backward(): expected grad_output to have sizes [2, 3, 4, 7] but got grad_output with sizes [3, 4, 7]""")  # noqa: B950
 
@@ -421,6 +422,34 @@ class TestInvalidArguments(DetgridTestCase):
         grad_output, inp, grid = self._args(device)
         message = self._first_line(RuntimeError, grad_output, inp, grid, BILINEAR, 3, False)
         self.assertExpectedInline(message, """grid_sampler_2d_backward(): padding_mode must be 0 (zeros), 1 (border) or 2 (reflection), but got 3""")  # noqa: B950
+
+    @parametrize("dims", (2, 3), name_fn=dims_name)
+    def test_modes_by_name_give_the_bits_of_their_numbers(self, device, dims):
+        args = make_problem(2, 3, 5, 6, 4, 7, device=device, seed=5,
+                            **depth_sizes(dims, 3, 2))
+        by_number = detgrid_backward(*args, BICUBIC, REFLECTION, False)
+        by_name = detgrid_backward(*args, "bicubic", "reflection", False)
+        assert_bitwise_equal(self, by_name[0], by_number[0], "grad_input")
+        assert_bitwise_equal(self, by_name[1], by_number[1], "grad_grid")
+
+    def test_unknown_interpolation_mode_name_message(self, device):
+        message = self._first_line(RuntimeError, *self._args(device), "linear", ZEROS, False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): interpolation_mode must be a number or a name in detgrid.ops.INTERPOLATION_MODES (bilinear, nearest, bicubic), but got 'linear'""")  # noqa: B950
+
+    def test_unknown_padding_mode_name_message(self, device):
+        message = self._first_line(RuntimeError, *self._args(device), BILINEAR, "zero", False)
+        self.assertExpectedInline(message, """grid_sampler_2d_backward(): padding_mode must be a number or a name in detgrid.ops.PADDING_MODES (zeros, border, reflection), but got 'zero'""")  # noqa: B950
+
+    @parametrize("output_mask", ((True, True, True), (True,), (1, 0), "tt", None),
+                 name_fn=lambda m: f"{type(m).__name__}{len(m) if m else ''}")
+    def test_malformed_output_mask_is_refused_in_one_line(self, device, output_mask):
+        with self.assertRaises(RuntimeError) as ctx:
+            ops.grid_sampler_2d_backward(*self._args(device), BILINEAR, ZEROS, False,
+                                         output_mask)
+        self.assertEqual(
+            str(ctx.exception),
+            "grid_sampler_2d_backward(): output_mask must be two bools (grad_input, "
+            f"grad_grid), but got {output_mask!r}")
 
     def test_sparse_grad_output_is_rejected(self, device):
         grad_output, inp, grid = self._args(device)

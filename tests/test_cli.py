@@ -31,6 +31,7 @@ CUDA_USABLE = torch.cuda.is_available() and ops.has_cuda_kernels()
 # Bad arguments that need no files: (name, argv).
 BAD_ARGUMENTS = (
     ("verify_runs_zero", ["verify", "--runs", "0"]),
+    ("verify_runs_one", ["verify", "--runs", "1"]),
     ("verify_runs_negative", ["verify", "--runs", "-3"]),
     ("verify_runs_not_a_number", ["verify", "--runs", "many"]),
     ("bench_reps_zero", ["bench", "--device", "cpu", "--reps", "0"]),
@@ -78,9 +79,31 @@ class TestBadArguments(TestCase):
     def test_bad_argument_fails_without_traceback(self, argv):
         self.assert_clean_failure(argv)
 
-    def test_runs_zero_names_the_bound(self):
-        err = self.assert_clean_failure(["verify", "--runs", "0"])
-        self.assertIn("argument --runs: must be at least 1, got 0", err)
+    @parametrize("runs", ("0", "1"))
+    def test_fewer_than_two_runs_are_refused_in_one_line(self, runs):
+        err = self.assert_clean_failure(["verify", "--runs", runs])
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"argument --runs: must be at least 2, got {runs}", err)
+
+    @parametrize("dtype", ("float16", "bfloat16"))
+    def test_verify_takes_the_reduced_precision_dtypes(self, dtype):
+        with mock.patch("detgrid.kit.verify.verify", return_value=[]) as run:
+            code, _, err = run_cli(["verify", "--device", "cpu", "--runs", "2", "--dtype", dtype])
+        self.assertEqual(code, 0, err)
+        self.assertEqual(run.call_args.kwargs["dtype"], getattr(torch, dtype))
+
+    def test_bench_list_shows_only_the_workloads_asked_for(self):
+        code, out, err = run_cli(["bench", "--list", "--workloads",
+                                  "basicvsr_flow_warp,simplebev_lift_3d"])
+        self.assertEqual(code, 0, err)
+        listed = [line.split()[1] for line in out.splitlines()]
+        self.assertEqual(listed, ["basicvsr_flow_warp", "simplebev_lift_3d"])
+        code, out, _ = run_cli(["bench", "--list"])
+        self.assertEqual(len(out.splitlines()), len(bench.listing()))
+
+    def test_bench_list_refuses_an_unknown_workload(self):
+        err = self.assert_clean_failure(["bench", "--list", "--workloads", "nope"])
+        self.assertIn("unknown workload(s) nope", err)
 
     @unittest.skipIf(CUDA_USABLE, "CUDA is usable here")
     def test_device_cuda_without_cuda_fails_without_traceback(self):

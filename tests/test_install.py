@@ -38,9 +38,15 @@ def fake_toolkit(root, major="13", cudart="libcudart.so.13"):
     return root
 
 
-def fake_torch(version, cuda, archs=("sm_80", "sm_90")):
-    return SimpleNamespace(__version__=version, version=SimpleNamespace(cuda=cuda),
-                           cuda=SimpleNamespace(get_arch_list=lambda: list(archs)), _C=None)
+def fake_torch(version, cuda, archs=("sm_80", "sm_90"), gpus=()):
+    """A torch with CUDA release `cuda` built for `archs`, and GPUs of the
+    capabilities `gpus` ((9, 0) for an H200) visible."""
+    return SimpleNamespace(
+        __version__=version, version=SimpleNamespace(cuda=cuda), _C=None,
+        cuda=SimpleNamespace(get_arch_list=lambda: list(archs),
+                             is_available=lambda: bool(gpus),
+                             device_count=lambda: len(gpus),
+                             get_device_capability=lambda index: gpus[index]))
 
 
 def find(torch_cuda="13.0", env=None, nvcc_on_path=None, pip_homes=(), system_home="/nonexistent",
@@ -169,6 +175,31 @@ class TestArchitectures(TestCase):
     def test_torch_cuda_arch_list_overrides(self):
         self.assertEqual(toolchain.arch_list({"TORCH_CUDA_ARCH_LIST": "9.0"}, self.TORCH_ARCHS,
                                              "13.0"), ("9.0", "TORCH_CUDA_ARCH_LIST"))
+        self.assertEqual(toolchain.arch_list({"TORCH_CUDA_ARCH_LIST": "8.6"}, self.TORCH_ARCHS,
+                                             "13.0", ["9.0"]), ("8.6", "TORCH_CUDA_ARCH_LIST"))
+
+    def test_visible_gpus_are_built_for_with_ptx_for_the_newest(self):
+        archs, origin = toolchain.arch_list({}, self.TORCH_ARCHS, "13.0", ["9.0"])
+        self.assertEqual(archs, "9.0+PTX")
+        self.assertIn("the GPUs visible here (9.0)", origin)
+        self.assertEqual(toolchain.arch_list({}, self.TORCH_ARCHS, "13.0",
+                                             ["9.0", "8.0", "9.0"])[0], "8.0;9.0+PTX")
+
+    def test_a_gpu_newer_than_torch_gets_torchs_newest_architecture(self):
+        self.assertEqual(toolchain.arch_list({}, ["sm_80", "sm_90"], "12.4", ["12.0"])[0],
+                         "9.0+PTX")
+
+    def test_the_plan_asks_torch_for_the_visible_gpus(self):
+        kit = toolchain.Toolkit("/site/nvidia/cu13", "pip", "13.0")
+        with mock.patch.object(toolchain, "unusable", return_value=None):
+            one_h200 = toolchain.cuda_plan(
+                fake_torch("2.14.1+cu130", "13.0", self.TORCH_ARCHS, gpus=[(9, 0)]), {},
+                find=lambda cuda: kit)
+            login_node = toolchain.cuda_plan(
+                fake_torch("2.14.1+cu130", "13.0", self.TORCH_ARCHS), {}, find=lambda cuda: kit)
+        self.assertEqual(one_h200.archs, "9.0+PTX")
+        self.assertEqual(login_node.archs, "7.5;8.0;8.6;9.0;10.0;12.0+PTX")
+        self.assertIn("no GPU visible here", login_node.describe())
 
     def test_a_torch_that_reports_no_architectures_gets_the_documented_default(self):
         self.assertEqual(toolchain.arch_list({}, [], "13.0")[0], toolchain.DEFAULT_ARCHS["13"])
@@ -278,8 +309,12 @@ class TestSourceTree(TestCase):
 class TestDryRunTellsTheTruth(TestCase):
     PIP_KIT = toolchain.Toolkit("/site/nvidia/cu13", "pip", "13.0")
 
-    def notes(self, arch=None, origin="", env=None, toolkit=PIP_KIT):
+    @contextlib.contextmanager
+    def machine(self, env=None, toolkit=PIP_KIT, gpus=()):
+        """A CUDA 13.0 torch built for 8.0 and 9.0, `toolkit` found, GPUs of
+        the architectures `gpus` visible, and `env` the only build variables."""
         with mock.patch.object(torch.version, "cuda", "13.0"), \
+                mock.patch.object(toolchain, "visible_gpu_archs", return_value=list(gpus)), \
                 mock.patch.object(toolchain, "find_toolkit", return_value=toolkit), \
                 mock.patch.object(toolchain, "unusable",
                                   wraps=lambda kit, *a: None if kit else "no compiler"), \
@@ -288,15 +323,36 @@ class TestDryRunTellsTheTruth(TestCase):
             for name in ("TORCH_CUDA_ARCH_LIST", "DETGRID_CPU_ONLY"):
                 if name not in (env or {}):
                     os.environ.pop(name, None)
+            yield
+
+    def notes(self, arch=None, origin="", env=None, toolkit=PIP_KIT, gpus=()):
+        with self.machine(env, toolkit, gpus):
             return build.extension_cuda_notes(arch, origin)
 
     def test_extension_dry_run_names_the_compiler_and_architectures(self):
         self.assertEqual(self.notes(), [
             "CUDA kernels with /site/nvidia/cu13/bin/nvcc (CUDA 13.0; found via pip) for "
-            "8.0;9.0+PTX (the architectures torch was built for, PTX for the newest)"])
+            "8.0;9.0+PTX (the architectures torch was built for, PTX for the newest: no GPU "
+            "visible here and TORCH_CUDA_ARCH_LIST unset)"])
         self.assertIn("for 9.0 (--cuda-arch)", self.notes("9.0", "--cuda-arch")[0])
         self.assertIn("for 8.6 (TORCH_CUDA_ARCH_LIST)",
                       self.notes(env={"TORCH_CUDA_ARCH_LIST": "8.6"})[0])
+
+    def test_extension_dry_run_with_one_h200_builds_for_it_alone(self):
+        self.assertEqual(self.notes(gpus=["9.0"]), [
+            "CUDA kernels with /site/nvidia/cu13/bin/nvcc (CUDA 13.0; found via pip) for "
+            "9.0+PTX (the GPUs visible here (9.0), PTX for the newest; TORCH_CUDA_ARCH_LIST "
+            "unset)"])
+        self.assertIn("for 8.6 (TORCH_CUDA_ARCH_LIST)",
+                      self.notes(env={"TORCH_CUDA_ARCH_LIST": "8.6"}, gpus=["9.0"])[0])
+
+    def test_extension_dry_run_prints_the_plan_of_the_visible_gpus(self):
+        out = io.StringIO()
+        with self.machine(gpus=["9.0"]), contextlib.redirect_stdout(out):
+            self.assertEqual(cli.main(["build", "--mode", "extension", "--dry-run"]), 0)
+        self.assertIn("# note: CUDA kernels with /site/nvidia/cu13/bin/nvcc", out.getvalue())
+        self.assertIn("for 9.0+PTX (the GPUs visible here (9.0)", out.getvalue())
+        self.assertNotIn("TORCH_CUDA_ARCH_LIST=", out.getvalue())  # setup.py decides
 
     def test_extension_dry_run_warns_of_a_build_that_will_fail(self):
         self.assertEqual(self.notes(toolkit=None), ["this build will fail: no compiler"])

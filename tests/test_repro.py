@@ -1,7 +1,7 @@
 # Owner(s): ["module: nn"]
 """Tests of repro/: each script run as a user runs it (a subprocess of this
 python), its JSON schema and its exit code, with and without detgrid
-importable; and the seeding helper (the seeds' recipe, check_determinism).
+importable. The seeds' recipe they use is detgrid's (tests/test_seeding.py).
 
 Without a GPU the scripts must say that the claims about the GPU kernel are
 not checkable here and exit 77 when nothing at all could be checked; they
@@ -13,7 +13,6 @@ import importlib.util
 import itertools
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -42,12 +41,6 @@ _lib = torch.library.Library("aten", "IMPL")
 def enable(devices=None):
     _lib.impl("grid_sampler_2d_backward", ops.grid_sampler_2d_backward, "CPU")
 """
-
-
-def cudnn_flags_mutable():
-    """common_utils freezes torch.backends.cudnn's global flags for tests; the
-    recipe sets them as a user script does, so lift the freeze around it."""
-    return getattr(torch.backends, "__allow_nonbracketed_mutation")()
 
 
 def run_script(name, *args, hide_detgrid=False, detgrid_init=None):
@@ -246,75 +239,6 @@ class TestReproScripts(TestCase):
             if name.endswith(".py"):
                 with open(os.path.join(REPRO, name)) as f:
                     self.assertLess(len(f.readlines()), 100, name)
-
-
-class TestSeeding(TestCase):
-    def setUp(self):
-        self.saved = (torch.are_deterministic_algorithms_enabled(),
-                      torch.is_deterministic_algorithms_warn_only_enabled(),
-                      torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-
-    def tearDown(self):
-        torch.use_deterministic_algorithms(self.saved[0], warn_only=self.saved[1])
-        with cudnn_flags_mutable():
-            torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = self.saved[2:]
-
-    def test_check_determinism_detects_an_unseeded_random_fn(self):
-        result = seeding.check_determinism(lambda: torch.randn(16), runs=3)
-        self.assertFalse(result["deterministic"])
-        self.assertEqual(result["distinct"], 3)
-
-    def test_check_determinism_passes_a_deterministic_fn(self):
-        def seeded():
-            torch.manual_seed(0)
-            return torch.randn(16), torch.arange(4)
-
-        result = seeding.check_determinism(seeded, runs=4)
-        self.assertTrue(result["deterministic"])
-        self.assertEqual(len(result["hashes"]), 4)
-
-    def test_check_determinism_needs_two_runs(self):
-        with self.assertRaises(ValueError):
-            seeding.check_determinism(lambda: torch.zeros(1), runs=1)
-
-    def test_hash_sees_bits_dtype_and_shape(self):
-        self.assertNotEqual(seeding.sha256(torch.zeros(4)), seeding.sha256(torch.zeros(2, 2)))
-        self.assertNotEqual(seeding.sha256(torch.zeros(4)), seeding.sha256(-torch.zeros(4)))
-        self.assertEqual(seeding.sha256(torch.ones(3)[1:]), seeding.sha256(torch.ones(2)))
-
-    def test_seed_everything_applies_the_recipe(self):
-        with cudnn_flags_mutable():
-            applied = seeding.seed_everything(7, warn_only=True)
-        self.assertTrue(torch.are_deterministic_algorithms_enabled())
-        self.assertTrue(torch.is_deterministic_algorithms_warn_only_enabled())
-        self.assertFalse(torch.backends.cudnn.benchmark)
-        self.assertTrue(torch.backends.cudnn.deterministic)
-        self.assertIn(os.environ["CUBLAS_WORKSPACE_CONFIG"], (":4096:8", ":16:8"))
-        self.assertEqual(applied["seed"], 7)
-
-    def test_seed_everything_makes_python_numpy_and_torch_draws_repeat(self):
-        def draws():
-            with cudnn_flags_mutable():
-                seeding.seed_everything(3, deterministic=False)
-            import numpy
-            return random.random(), float(numpy.random.rand()), torch.rand(2).tolist()
-
-        self.assertEqual(draws(), draws())
-
-    def test_dataloader_kwargs_make_shuffling_and_workers_repeat(self):
-        class Noisy(torch.utils.data.Dataset):
-            def __len__(self):
-                return 8
-
-            def __getitem__(self, i):
-                return torch.tensor([float(i), random.random(), torch.rand(()).item()])
-
-        def epoch():
-            loader = torch.utils.data.DataLoader(Noisy(), batch_size=2, shuffle=True,
-                                                 num_workers=2, **seeding.dataloader_kwargs(5))
-            return torch.cat(list(loader))
-
-        self.assertEqual(epoch(), epoch(), atol=0, rtol=0)
 
 
 if __name__ == "__main__":

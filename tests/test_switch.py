@@ -48,6 +48,14 @@ DIMS = (2, 3)
 
 
 
+def _device_form_name(device):
+    """A subtest name for a device argument: "cpu_0" for "cpu:0", and
+    "torch_device_cpu_0" for torch.device("cpu", 0)."""
+    if isinstance(device, torch.device):
+        return "torch_device_" + str(device).replace(":", "_")
+    return str(device).replace(":", "_")
+
+
 def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
                        align_corners=False, input_grad=True, grid_grad=True):
     """(input.grad, grid.grad) of F.grid_sample through autograd."""
@@ -229,6 +237,47 @@ class TestSwitchOnCPU(DetgridTestCase):
         detgrid.disable("cpu")
         self.assertFalse(detgrid.is_enabled("cpu"))
 
+    @parametrize("device", ("cpu", "cpu:0", torch.device("cpu"), torch.device("cpu", 0)),
+                 name_fn=lambda d: _device_form_name(d))
+    def test_enable_accepts_the_forms_torch_names_a_device_by(self, device):
+        args = self._problem()
+        ours, _ = self._expected(args, BILINEAR)
+        with detgrid.enabled(device), DeterministicGuard(True):
+            self.assertTrue(detgrid.is_enabled(device))
+            grads = _grid_sample_grads(*args, BILINEAR)
+        assert_bitwise_equal(self, grads[0], ours[0], "input.grad")
+        self.assertFalse(detgrid.is_enabled("cpu"))
+        detgrid.enable([device])
+        detgrid.disable(device)
+        self.assertFalse(detgrid.is_enabled("cpu"))
+
+    @parametrize("device", ("mps", "cuda:x", torch.device("meta"), 0),
+                 name_fn=lambda d: _device_form_name(d))
+    def test_enable_names_the_accepted_forms_for_any_other_device(self, device):
+        with self.assertRaises(ValueError) as ctx:
+            detgrid.enable(device)
+        message = str(ctx.exception)
+        self.assertEqual(len(message.splitlines()), 1)
+        self.assertIn('by name ("cuda", "cuda:0") or as a torch.device', message)
+        self.assertTrue(message.endswith(f"got {device!r}"), message)
+
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_profiler_shows_that_detgrid_ran(self, dims):
+        args = self._problem(dims)
+        range_name = f"detgrid::grid_sampler_{dims}d_backward"
+
+        def profiled_names(deterministic):
+            with detgrid.enabled("cpu"), DeterministicGuard(deterministic):
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) \
+                        as profile:
+                    _grid_sample_grads(*args, BILINEAR)
+            return {event.name for event in profile.events()}
+
+        names = profiled_names(True)
+        self.assertIn(range_name, names)
+        self.assertIn(f"aten::grid_sampler_{dims}d_backward", names)
+        self.assertNotIn(range_name, profiled_names(False))  # stock ran
+
     @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
     def test_create_graph_backward_runs_detgrid(self, dims):
         grad_output, inp, grid = self._problem(dims)
@@ -275,6 +324,17 @@ class TestSwitchOnCPU(DetgridTestCase):
         with self.assertWarnsRegex(UserWarning, "built without CUDA kernels"):
             detgrid.enable(("cuda",))
         self.assertFalse(detgrid.is_enabled("cuda"))
+
+    @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
+    def test_no_cuda_kernels_warning_points_at_the_caller_and_says_what_to_do(self):
+        with self.assertWarnsRegex(UserWarning, "reinstall detgrid .*--no-build-isolation") \
+                as direct:
+            detgrid.enable("cuda")
+        with self.assertWarnsRegex(UserWarning, "built without CUDA kernels") as context:
+            with detgrid.enabled(torch.device("cuda")):
+                pass
+        for caught in (direct, context):
+            self.assertEqual(caught.filename, __file__)
 
     @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
     def test_enable_by_default_targets_cuda(self):

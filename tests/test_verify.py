@@ -5,7 +5,11 @@ verdict fails when any of its claims fails."""
 import dataclasses
 
 import torch
-from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
 
 from detgrid.kit import verify
 from detgrid_testing import DetgridTestCase
@@ -21,6 +25,18 @@ class TestVerify(DetgridTestCase):
             self.assertEqual(result.distinct_deterministic, 1)
         self.assertGreaterEqual(verify.CASES[1].samples_per_cell, 64)
 
+    @parametrize("dtype", (torch.float16, torch.bfloat16), name_fn=lambda d: str(d)[6:])
+    def test_reduced_precision_agrees_with_stock_in_float64(self, dtype):
+        results = verify.verify(device="cpu", runs=2, dtype=dtype)
+        for result in results:
+            self.assertTrue(result.ok, verify.format_result(result))
+            self.assertIn("stock in float64", verify.format_result(result))
+            self.assertLessEqual(result.max_rel_diff_vs_stock, verify.TOLERANCES[str(dtype)])
+
+    def test_one_run_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "at least 2 runs"):
+            verify.verify_case(verify.CASES[0], device="cpu", runs=1)
+
     def test_verdict_fails_on_differing_hashes_or_large_error(self):
         result = verify.verify_case(verify.CASES[0], device="cpu", runs=2,
                                     dtype=torch.float64)
@@ -34,6 +50,8 @@ class TestVerify(DetgridTestCase):
         not_equal_to_executor = dataclasses.replace(result, equals_cpu_executor=False)
         self.assertFalse(not_equal_to_executor.ok)
 
+
+instantiate_parametrized_tests(TestVerify)
 
 if __name__ == "__main__":
     run_tests()

@@ -71,7 +71,7 @@ void check_backward_inputs(
   for (int64_t a = 1; a <= spatial_dims; ++a) {
     expected.push_back(grid.size(a));
   }
-  TORCH_CHECK_VALUE(
+  TORCH_CHECK(
       grad_output.sizes() == at::IntArrayRef(expected),
       op,
       ": expected grad_output to have sizes ",

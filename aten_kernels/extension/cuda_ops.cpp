@@ -69,6 +69,7 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
     const at::Tensor& grid,
     const at::Tensor& grad_output) {
   if (at::globalContext().deterministicAlgorithms()) {
+    DETGRID_RECORD_ROUTED(2, grad_output, input, grid);
     constexpr int64_t kBilinear = 0;
     constexpr int64_t kZeros = 0;
     return backward_cuda<2>(

@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include <array>
@@ -105,6 +106,15 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
       BackwardOptions{});
 }
 
+// A routed call runs inside the aten op's own profiler range, which looks
+// the same whether stock or detgrid ran; this range, named after the
+// operator torch.ops.detgrid exposes, shows a trace that detgrid ran.
+#define DETGRID_RECORD_ROUTED(spatial_dims, grad_output, input, grid) \
+  RECORD_FUNCTION(                                                    \
+      (spatial_dims) == 3 ? "detgrid::grid_sampler_3d_backward"       \
+                          : "detgrid::grid_sampler_2d_backward",      \
+      std::vector<c10::IValue>({grad_output, input, grid}))
+
 // aten::grid_sampler_{2d,3d}_backward on a device where detgrid is enabled:
 // `deterministic` while deterministic algorithms are on, `stock` otherwise.
 template <AtenBackwardFn deterministic, AtenBackwardFn stock>
@@ -116,9 +126,18 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask) {
-  const AtenBackwardFn backward =
-      at::globalContext().deterministicAlgorithms() ? deterministic : stock;
-  return backward(
+  if (!at::globalContext().deterministicAlgorithms()) {
+    return stock(
+        grad_output,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        output_mask);
+  }
+  DETGRID_RECORD_ROUTED(input.dim() - 2, grad_output, input, grid);
+  return deterministic(
       grad_output,
       input,
       grid,

@@ -7,7 +7,9 @@
 
 `detgrid.ops.grid_sampler_2d_backward` is the backward itself, with the
 contract of `torch.ops.aten.grid_sampler_2d_backward` (CPU tensors run the
-host executor, CUDA tensors the kernel).
+host executor, CUDA tensors the kernel). `seed_everything`,
+`dataloader_kwargs` and `check_determinism` are the seeds' recipe
+(detgrid.seeding): the rest of what a reproducible training run needs.
 
 `import detgrid` loads the runtime (torch, the build guard, the extension) at
 once, so that a build made for another torch is refused at import. The one
@@ -21,12 +23,15 @@ start, so there the runtime is loaded on first use (__getattr__ below).
 import importlib
 import sys
 
-__all__ = ["ops", "enable", "disable", "enabled", "is_enabled"]
+__all__ = ["ops", "enable", "disable", "enabled", "is_enabled",
+           "seed_everything", "dataloader_kwargs", "check_determinism"]
 __version__ = "0.1.0"
 
 # The runtime's public names and the module each comes from.
 _RUNTIME = {"ops": "detgrid.ops", "enable": "detgrid.switch", "disable": "detgrid.switch",
-            "enabled": "detgrid.switch", "is_enabled": "detgrid.switch"}
+            "enabled": "detgrid.switch", "is_enabled": "detgrid.switch",
+            "seed_everything": "detgrid.seeding", "dataloader_kwargs": "detgrid.seeding",
+            "check_determinism": "detgrid.seeding"}
 
 
 def __getattr__(name):
@@ -41,4 +46,5 @@ def __getattr__(name):
 # one included), sys.argv[0] is "-m" (Python's command-line docs, option -m).
 if getattr(sys, "argv", [])[:1] != ["-m"]:
     from detgrid import ops
+    from detgrid.seeding import check_determinism, dataloader_kwargs, seed_everything
     from detgrid.switch import disable, enable, enabled, is_enabled

@@ -6,7 +6,7 @@ autograd.cpp says why); F.grid_sample with detgrid.enable() is the
 differentiable route.
 """
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -16,9 +16,50 @@ buildinfo.check()  # refuses, in one line, a build made for another torch
 import detgrid._C  # noqa: E402,F401  (registers torch.ops.detgrid)
 
 Gradients = Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]
+Mode = Union[int, str]
 
+# F.grid_sample's names for aten's mode numbers ("bicubic" is tricubic in 3-D).
 INTERPOLATION_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 PADDING_MODES = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+_MODE_TABLES = {"interpolation_mode": ("INTERPOLATION_MODES", INTERPOLATION_MODES),
+                "padding_mode": ("PADDING_MODES", PADDING_MODES)}
+
+
+def _mode_number(op: str, argument: str, value: Mode) -> Mode:
+    """aten's number for a mode given by F.grid_sample's name; a number goes
+    on to the operator, which checks its range. Errors are RuntimeErrors in
+    aten's one-line form, as the operator's own checks are."""
+    if not isinstance(value, str):
+        return value
+    table, numbers = _MODE_TABLES[argument]
+    if value not in numbers:
+        raise RuntimeError(f"{op}(): {argument} must be a number or a name in "
+                           f"detgrid.ops.{table} ({', '.join(numbers)}), but got {value!r}")
+    return numbers[value]
+
+
+def _output_mask(op: str, output_mask: Sequence[bool]) -> List[bool]:
+    """output_mask as the operator's bool[2], refused in one line otherwise."""
+    try:
+        mask = list(output_mask)
+    except TypeError:
+        mask = None
+    if mask is None or len(mask) != 2 or not all(isinstance(b, bool) for b in mask):
+        raise RuntimeError(f"{op}(): output_mask must be two bools (grad_input, grad_grid), "
+                           f"but got {output_mask!r}")
+    return mask
+
+
+def _aten_arguments(op: str, interpolation_mode: Mode, padding_mode: Mode, align_corners: bool,
+                output_mask: Sequence[bool]) -> Tuple[Mode, Mode, bool, List[bool]]:
+    """(interpolation_mode, padding_mode, align_corners, output_mask) as the
+    operator's schema takes them, or a one-line RuntimeError."""
+    return (_mode_number(op, "interpolation_mode", interpolation_mode),
+            _mode_number(op, "padding_mode", padding_mode),
+            align_corners,
+            _output_mask(op, output_mask))
 
 
 def _backward(name: str):
@@ -28,18 +69,21 @@ def _backward(name: str):
         grad_output: torch.Tensor,
         input: torch.Tensor,
         grid: torch.Tensor,
-        interpolation_mode: int,
-        padding_mode: int,
+        interpolation_mode: Mode,
+        padding_mode: Mode,
         align_corners: bool,
         output_mask: Sequence[bool],
     ) -> Gradients:
-        return op(grad_output, input, grid, interpolation_mode, padding_mode,
-                  align_corners, list(output_mask))
+        return op(grad_output, input, grid,
+                  *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
+                               output_mask))
 
     backward.__name__ = backward.__qualname__ = name
     backward.__doc__ = (
         f"Deterministic (grad_input, grad_grid) with the contract of "
-        f"torch.ops.aten.{name}; an output not asked for in output_mask is None.")
+        f"torch.ops.aten.{name}; an output not asked for in output_mask is None. "
+        f"Modes are aten's numbers or F.grid_sample's names (INTERPOLATION_MODES, "
+        f"PADDING_MODES).")
     return backward
 
 
@@ -50,8 +94,8 @@ def _backward_with_options(name: str):
         grad_output: torch.Tensor,
         input: torch.Tensor,
         grid: torch.Tensor,
-        interpolation_mode: int,
-        padding_mode: int,
+        interpolation_mode: Mode,
+        padding_mode: Mode,
         align_corners: bool,
         output_mask: Sequence[bool],
         *,
@@ -64,9 +108,11 @@ def _backward_with_options(name: str):
         keying: int = 0,
         gather: int = 0,
     ) -> Gradients:
-        return op(grad_output, input, grid, interpolation_mode, padding_mode,
-                  align_corners, list(output_mask), chunk_points, block_size,
-                  max_blocks, grain_size, key_bits, index_bits, keying, gather)
+        return op(grad_output, input, grid,
+                  *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
+                               output_mask),
+                  chunk_points, block_size, max_blocks, grain_size, key_bits, index_bits,
+                  keying, gather)
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -100,8 +146,8 @@ def work_counters(
     grad_output: torch.Tensor,
     input: torch.Tensor,
     grid: torch.Tensor,
-    interpolation_mode: int,
-    padding_mode: int,
+    interpolation_mode: Mode,
+    padding_mode: Mode,
     align_corners: bool,
     output_mask: Sequence[bool],
     *,
@@ -123,11 +169,14 @@ def work_counters(
     estimate of CUB's radix-sort scratch: its copy of the keys and payloads).
     Also `points` and `records` (points x taps), from the shapes.
     """
+    dims = input.dim() - 2
+    interpolation_mode, padding_mode, align_corners, output_mask = _aten_arguments(
+        f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
+        output_mask)
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-        list(output_mask), chunk_points, key_bits, index_bits, keying, gather)
+        output_mask, chunk_points, key_bits, index_bits, keying, gather)
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
-    dims = input.dim() - 2
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]
     counters["points"] = points

@@ -14,7 +14,8 @@ extension: `pip install --no-build-isolation .` in the kit's root, against the
            installed torch (minutes); `-e .` when detgrid is already installed
            editable from the tree (as tools/setup.sh does), so that it stays so.
            The plan's notes say which nvcc and architectures setup.py will use
-           (detgrid.kit.toolchain decides for both), or why its build will fail.
+           and why (detgrid.kit.toolchain decides for both: --cuda-arch, else
+           the visible GPUs', else torch's list), or why its build will fail.
 
 plan_build() returns the plan (environment and commands) as data; run_build()
 runs it through a runner that streams lines, writes the full log, parses
@@ -158,17 +159,18 @@ def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional
     if jobs is not None and jobs < 1:
         raise BuildError("--jobs must be at least 1")
     max_jobs = str(jobs if jobs is not None else default_max_jobs(cores, mem_bytes))
-    arch = cuda_arch or (detect_arch or local_cuda_arch)()
     pip = [python, "-m", "pip"]
     if mode == "extension":
         problem = sourcetree.needs_source_tree("build --mode extension", kit_root)
         if problem:
             raise BuildError(problem)
+        # Without --cuda-arch, setup.py picks the architectures itself
+        # (toolchain.cuda_plan: the visible GPUs', else torch's list), and the
+        # notes say which and why.
         env = {"MAX_JOBS": max_jobs}
-        if arch:
-            env["TORCH_CUDA_ARCH_LIST"] = arch
-        notes = (describe_cuda or extension_cuda_notes)(
-            arch, "--cuda-arch" if cuda_arch else "the local GPU")
+        if cuda_arch:
+            env["TORCH_CUDA_ARCH_LIST"] = cuda_arch
+        notes = (describe_cuda or extension_cuda_notes)(cuda_arch, "--cuda-arch")
         install = pip + ["install", "--no-build-isolation", "."]
         if installed_editable() if editable is None else editable:
             # replacing tools/setup.sh's editable install by a copy would leave
@@ -184,6 +186,7 @@ def plan_build(pytorch: Optional[str] = None, mode: str = "full", jobs: Optional
     checkout = os.path.abspath(pytorch)
     if not os.path.isfile(os.path.join(checkout, "setup.py")):
         raise BuildError(f"{checkout} is not a PyTorch checkout (no setup.py)")
+    arch = cuda_arch or (detect_arch or local_cuda_arch)()
     if not arch:
         raise BuildError("no GPU visible here: pass --cuda-arch (e.g. 9.0 for H100/H200, "
                          "8.0 for A100; several as '8.0;9.0')")
@@ -310,6 +313,6 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=None,
                    help="MAX_JOBS (default: min(cores, memory GiB / 2.5))")
     p.add_argument("--cuda-arch", metavar="LIST", default=None,
-                   help="TORCH_CUDA_ARCH_LIST, e.g. 9.0 (default: the local GPU's; without a GPU, "
+                   help="TORCH_CUDA_ARCH_LIST, e.g. 9.0 (default: the local GPUs'; without a GPU, "
                    "--mode extension builds for the architectures torch was built for)")
     p.set_defaults(handler=_handler)

@@ -51,11 +51,15 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class ArgumentParser(argparse.ArgumentParser):
     """The kit's parser: defaults in --help, for the subcommands' parsers too
-    (add_subparsers builds them with the parser's own class)."""
+    (add_subparsers builds them with the parser's own class), and a bad
+    argument answered in one line, not after a screenful of usage."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _VersionAction(argparse.Action):
@@ -72,6 +76,9 @@ class _VersionAction(argparse.Action):
 
         print(f"detgrid {detgrid.__version__}: {buildinfo.summary()}")
         parser.exit()
+
+
+VERIFY_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def _cuda_unusable() -> Optional[str]:
@@ -96,8 +103,8 @@ def _verify(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and (reason := _cuda_unusable()):
         return _fail("verify", f"--device cuda, but {reason}")
-    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    results = verify.verify(device=args.device, runs=args.runs, dtype=dtype)
+    results = verify.verify(device=args.device, runs=args.runs,
+                            dtype=getattr(torch, args.dtype))
     if args.json:
         print(json.dumps([result.to_dict() for result in results], indent=2))
     else:
@@ -111,8 +118,13 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.render:
         return _render(args.render)
+    names = [n for n in (args.workloads or "").split(",") if n] or None
+    try:
+        names = bench.resolve_names(names)
+    except ValueError as e:
+        return _fail("bench", str(e))
     if args.list:
-        for r in bench.listing():
+        for r in (row for row in bench.listing() if row["name"] in names):
             settings = f"{r['mode']}/{r['padding']}/ac={r['align_corners']}"
             print(f"#{r['row']:<3}{r['name']:<24}{str(tuple(r['input_shape'])):<24}"
                   f"{str(tuple(r['grid_shape'])):<23}{settings:<29}{r['taps']:>2} taps/point "
@@ -132,11 +144,7 @@ def _bench(args: argparse.Namespace) -> int:
         except ValueError as e:
             return _fail("bench", f"--out {args.out}: {e}")
     config = bench.default_config(device, quick=args.quick)
-    names = [n for n in (args.workloads or "").split(",") if n] or None
-    try:
-        config.names = bench.resolve_names(names)
-    except ValueError as e:
-        return _fail("bench", str(e))
+    config.names = names
     for key in ("warmup", "reps", "scale", "seed", "budget_s"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
@@ -200,10 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when torch sees a GPU and this build has CUDA kernels")
-    verify.add_argument("--runs", type=_count(1), default=10,
-                        help="repeated runs per case, hashed")
-    verify.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="dtype of the cases")
+    verify.add_argument("--runs", type=_count(2), default=10,
+                        help="repeated runs per case, hashed (two at least: one hash has "
+                        "nothing to agree with)")
+    verify.add_argument("--dtype", choices=VERIFY_DTYPES, default="float32",
+                        help="dtype of the cases; float16 and bfloat16 are checked against "
+                        "stock in float64, as detgrid sums in float32 and rounds once")
     verify.add_argument("--json", action="store_true", help="machine-readable output")
     verify.set_defaults(handler=_verify)
 

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from detgrid.kit import apt, upstream_tree
+
 EXIT_OK, EXIT_COMPILE, EXIT_SETUP = 0, 1, 2
 
 KIT_TOOLS = Path(__file__).resolve().parents[2]
@@ -246,9 +248,7 @@ def toolchain_for(version_txt: str) -> Toolchain:
 
 
 def cache_dir() -> Path:
-    from detgrid.kit.upstream_tree import cache_dir as _cache_dir
-
-    return _cache_dir()
+    return upstream_tree.cache_dir()
 
 
 def _run(cmd: Sequence[str], what: str, **kw) -> subprocess.CompletedProcess:
@@ -307,27 +307,6 @@ DEBIAN_FILES = {
     "usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc": "nvvm/libdevice/libdevice.10.bc",
 }
 
-DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
-
-
-def _apt_options(state: Path) -> List[str]:
-    user = "root" if os.geteuid() == 0 else (os.environ.get("USER") or "nobody")
-    return [
-        "-o", f"Dir::Etc::SourceList={state / 'sources.list'}",
-        "-o", "Dir::Etc::SourceParts=-",
-        "-o", f"Dir::Etc::PreferencesParts={state / 'preferences.d'}",
-        "-o", "Dir::Etc::Preferences=/dev/null",
-        "-o", f"Dir::State::Lists={state / 'lists'}",
-        "-o", "Dir::State::status=/dev/null",
-        "-o", f"Dir::Cache={state / 'cache'}",
-        "-o", "APT::Architecture=amd64",
-        "-o", "APT::Architectures=amd64",
-        "-o", "Acquire::Languages=none",
-        "-o", f"APT::Sandbox::User={user}",
-        "-o", "Debug::NoLocking=1",
-    ]
-
-
 def fetch_debian_compiler(tc: Toolchain, work: Path, log) -> Path:
     """apt-get download tc.debian_package into ``work`` (private apt state, nothing installed)
     and unpack it; return the unpacked root."""
@@ -336,15 +315,15 @@ def fetch_debian_compiler(tc: Toolchain, work: Path, log) -> Path:
             raise SetupError(f"{tool} not found: nvcc {tc.cuda} comes from Debian's "
                              f"{tc.debian_package} (PyPI's nvidia-cuda-nvcc-cu12 wheels have no "
                              "nvcc driver, cicc or cudafe++)")
-    if not DEBIAN_KEYRING.is_file():
-        raise SetupError(f"{DEBIAN_KEYRING} missing: cannot verify Debian's {tc.debian_suite} index")
+    if not apt.DEBIAN_KEYRING.is_file():
+        raise SetupError(f"{apt.DEBIAN_KEYRING} missing: cannot verify Debian's {tc.debian_suite} index")
     state = work / "apt"
     for d in ("lists/partial", "cache/archives/partial", "preferences.d"):
         (state / d).mkdir(parents=True, exist_ok=True)
     (state / "sources.list").write_text(
-        f"deb [signed-by={DEBIAN_KEYRING}] http://deb.debian.org/debian {tc.debian_suite} "
+        f"deb [signed-by={apt.DEBIAN_KEYRING}] http://deb.debian.org/debian {tc.debian_suite} "
         f"{tc.debian_component}\n")
-    opts = _apt_options(state)
+    opts = apt.private_options(state)
     log(f"apt-get update (private state, {tc.debian_suite} {tc.debian_component})")
     _run(["apt-get", *opts, "-q", "update"], f"apt-get update for Debian {tc.debian_suite}")
     shown = _run(["apt-cache", *opts, "show", tc.debian_package], f"apt-cache show {tc.debian_package}")
@@ -437,8 +416,6 @@ EXTRA_DIRS = ("c10", "caffe2", "torchgen", "torch/csrc", "torch/headeronly")
 def copy_and_patch(tree: Path, dest: Path, log=print) -> List[str]:
     """A committed git copy of ``tree`` (what the patch and the compile read), patched by this
     kit's ``detgrid patch``; return the paths the patch created or changed."""
-    from detgrid.kit import upstream_tree
-
     version = (Path(tree) / "version.txt").read_text().strip()
     tag = "v" + re.sub(r"a0$", "", version)
     try:

@@ -17,11 +17,15 @@ The pip toolkit comes before /usr/local/cuda because installing it is an
 explicit choice, while /usr/local/cuda is only a guess (and may hold a
 toolkit of another major than torch's).
 
-The architectures are $TORCH_CUDA_ARCH_LIST when set, else the ones the
-installed torch was built for (torch.cuda.get_arch_list(), no GPU needed),
-with PTX for the newest so that later GPUs can JIT it; else DEFAULT_ARCHS.
-torch's own fallback asks the visible GPUs, and with none it fails with an
-IndexError.
+The architectures are the first of:
+  1. $TORCH_CUDA_ARCH_LIST;
+  2. those of the GPUs visible here, with PTX for the newest, as
+     torch.utils.cpp_extension does when the variable is unset: one or two
+     architectures build in minutes where torch's whole list takes many;
+  3. with no GPU visible (a login node, a Docker build), the ones the
+     installed torch was built for (torch.cuda.get_arch_list(), no GPU
+     needed), with PTX for the newest so that later GPUs can JIT it; else
+     DEFAULT_ARCHS. (torch's own fallback fails there with an IndexError.)
 """
 
 import dataclasses
@@ -181,17 +185,45 @@ def _arch_key(arch: str) -> Tuple[int, int, str]:
     return int(major), int(minor.rstrip("a")), minor[-1:] if minor.endswith("a") else ""
 
 
-def arch_list(env: Mapping[str, str], torch_arch_list: List[str],
-              torch_cuda: str) -> Tuple[str, str]:
-    """(TORCH_CUDA_ARCH_LIST to build with, where it came from)."""
+def _with_ptx_for_the_newest(archs: Iterable[str]) -> str:
+    ordered = sorted(set(archs), key=_arch_key)
+    return ";".join(ordered[:-1] + [ordered[-1] + "+PTX"])
+
+
+def arch_list(env: Mapping[str, str], torch_arch_list: List[str], torch_cuda: str,
+              gpu_archs: Iterable[str] = ()) -> Tuple[str, str]:
+    """(TORCH_CUDA_ARCH_LIST to build with, where it came from and why).
+    `gpu_archs` are the visible GPUs' 'major.minor' (visible_gpu_archs)."""
     if env.get("TORCH_CUDA_ARCH_LIST"):
         return env["TORCH_CUDA_ARCH_LIST"], "TORCH_CUDA_ARCH_LIST"
-    archs = sorted({a for a in map(arch_of, torch_arch_list) if a}, key=_arch_key)
-    if archs:
-        archs[-1] += "+PTX"
-        return ";".join(archs), "the architectures torch was built for, PTX for the newest"
+    torch_archs = [a for a in map(arch_of, torch_arch_list) if a]
+    gpu_archs = [_within(arch, torch_archs) for arch in gpu_archs]
+    if gpu_archs:
+        return (_with_ptx_for_the_newest(gpu_archs),
+                f"the GPUs visible here ({', '.join(sorted(set(gpu_archs), key=_arch_key))}), "
+                "PTX for the newest; TORCH_CUDA_ARCH_LIST unset")
+    if torch_archs:
+        return (_with_ptx_for_the_newest(torch_archs),
+                "the architectures torch was built for, PTX for the newest: no GPU visible "
+                "here and TORCH_CUDA_ARCH_LIST unset")
     major = cuda_major(torch_cuda)
     return DEFAULT_ARCHS.get(major, DEFAULT_ARCHS["13"]), f"detgrid's default for CUDA {major}"
+
+
+def _within(gpu_arch: str, torch_archs: List[str]) -> str:
+    """A GPU newer than torch's newest architecture gets that one (its PTX
+    runs there), as torch.utils.cpp_extension caps it: torch's own kernels
+    cannot run there natively either."""
+    newest = max(torch_archs, key=_arch_key, default=None)
+    return newest if newest and _arch_key(gpu_arch) > _arch_key(newest) else gpu_arch
+
+
+def visible_gpu_archs(torch) -> List[str]:
+    """'major.minor' of every CUDA GPU visible here; [] without one (or without a CUDA torch)."""
+    if not torch.cuda.is_available():
+        return []
+    return ["%d.%d" % torch.cuda.get_device_capability(index)
+            for index in range(torch.cuda.device_count())]
 
 
 def torch_arch_list(torch) -> List[str]:
@@ -257,5 +289,6 @@ def cuda_plan(torch, env: Mapping[str, str] = os.environ,
     problem = unusable(toolkit, torch.__version__, torch.version.cuda)
     if problem:
         raise Unusable(problem)
-    archs, origin = arch_list(env, torch_arch_list(torch), torch.version.cuda)
+    archs, origin = arch_list(env, torch_arch_list(torch), torch.version.cuda,
+                              visible_gpu_archs(torch))
     return CudaPlan(toolkit, archs, origin)

@@ -15,11 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from detgrid.kit import apt
+
 DEBIAN_PACKAGE = "pytorch"
 DEBIAN_VERSION = "2.6.0+dfsg-7"
 DEBIAN_SUITE = "trixie"
 UPSTREAM_VERSION = "2.6.0"
-DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
 
 class Unavailable(RuntimeError):
@@ -50,20 +51,18 @@ def _run(cmd, cwd=None, timeout=900):
 def _private_apt(state: Path) -> list:
     """apt options for a private state directory holding only a deb-src line for trixie: the
     system's apt configuration is neither read nor written."""
-    from detgrid.kit.intree_compile import _apt_options
-
     for d in ("lists/partial", "cache/archives/partial", "preferences.d"):
         (state / d).mkdir(parents=True, exist_ok=True)
     (state / "sources.list").write_text(
-        f"deb-src [signed-by={DEBIAN_KEYRING}] http://deb.debian.org/debian {DEBIAN_SUITE} main\n")
-    return _apt_options(state)
+        f"deb-src [signed-by={apt.DEBIAN_KEYRING}] http://deb.debian.org/debian {DEBIAN_SUITE} main\n")
+    return apt.private_options(state)
 
 
 def _download_source(dl: Path) -> None:
     if shutil.which("apt-get") is None:
         raise Unavailable("apt-get not found: cannot fetch Debian's pytorch source package")
-    if not DEBIAN_KEYRING.is_file():
-        raise Unavailable(f"{DEBIAN_KEYRING} missing: cannot verify Debian's {DEBIAN_SUITE} index")
+    if not apt.DEBIAN_KEYRING.is_file():
+        raise Unavailable(f"{apt.DEBIAN_KEYRING} missing: cannot verify Debian's {DEBIAN_SUITE} index")
     opts = _private_apt(cache_dir() / "apt-src")
     upd = _run(["apt-get", *opts, "-q", "update"])
     if upd.returncode != 0:

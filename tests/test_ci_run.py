@@ -1,0 +1,65 @@
+# Owner(s): ["module: nn"]
+"""CI's script (.ci/run) runs README's test command as README gives it and
+times every step; cuda_build_check.sh reruns only the tests of the compiled
+extension against each CUDA build of torch, leaving out only the kit's
+tooling tests, each of which exists."""
+
+import os
+import re
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(*path):
+    with open(os.path.join(ROOT, *path)) as f:
+        return f.read()
+
+
+def commands(script):
+    """The script's logical lines that are neither blank nor comments."""
+    text = re.sub(r"\\\n", " ", script)
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+class TestCiRun(TestCase):
+    def test_runs_readmes_test_command_verbatim(self):
+        first_block = read("README.md").split("```")[1]
+        test_line = next(line for line in first_block.splitlines() if "pytest" in line)
+        command = test_line.split("   #")[0].strip()
+        self.assertIn(f"time {{ {command}; }}", commands(read(".ci", "run")))
+
+    def test_every_step_prints_its_wall_time(self):
+        lines = commands(read(".ci", "run"))
+        trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
+        steps = lines[trap + 1:]
+        self.assertGreaterEqual(len(steps), 16)
+        for label, timed in zip(steps[::2], steps[1::2]):
+            self.assertTrue(label.startswith("step "), label)
+            self.assertRegex(timed, r"^time \{ .*; \}$")
+        self.assertEqual(len(steps) % 2, 0, steps[-1])
+
+
+class TestCudaBuildCheck(TestCase):
+    def ignored(self):
+        script = read(".ci", "cuda_build_check.sh")
+        names = re.search(r"kit_tests=\(([^)]*)\)", script).group(1).split()
+        self.assertIn('"${kit_tests[@]/#/--ignore=tests/}"', script)
+        return names
+
+    def test_leaves_out_only_test_files_that_exist(self):
+        for name in self.ignored():
+            self.assertTrue(os.path.isfile(os.path.join(ROOT, "tests", name)), name)
+
+    def test_keeps_every_test_of_the_kernels_and_the_switch(self):
+        # Tests built on the kernel helpers (detgrid_testing), or on the
+        # package's public API (the switch, the recipe), run against every build.
+        subjects = re.compile(r"^(from detgrid_testing import|import detgrid$)", re.M)
+        for name in self.ignored():
+            self.assertIsNone(subjects.search(read("tests", name)), name)
+
+
+if __name__ == "__main__":
+    run_tests()
