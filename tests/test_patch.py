@@ -18,12 +18,8 @@ import unittest
 from itertools import product
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+from torch.testing._internal.common_utils import TestCase, run_tests
 
-from torch.testing._internal.common_utils import DeterministicGuard, TestCase, run_tests
-
-import detgrid
 from detgrid.kit import patch as P
 from detgrid.kit import upstream_tree
 
@@ -379,125 +375,6 @@ class TestPatchRealTree(TestCase):
         codes = " ".join(P.lint_new_files(tree, bad))
         for code in ("CUBINCLUDE", "RAWCUDA", "TABS"):
             self.assertIn(code, codes)
-
-
-def _recording_dtypes(*dtypes):
-    """@dtypes for the generated tests run here: the test keeps its dtypes for the CUDA run."""
-    def record(f):
-        f.dtypes = dtypes
-        return f
-    return record
-
-
-class TestGeneratedNNTests(TestCase):
-    """The tests the patch adds to test/test_nn.py, run here on CPU (@onlyCUDA stubbed out) with
-    detgrid routing the CPU backward in deterministic mode: their shapes, modes and helpers must
-    work, and their claims hold for the host executor, which runs the kernel's pipeline code.
-    (The upstream tests stay @onlyCUDA: the patch carries no CPU-run test.)"""
-
-    def generated(self, name):
-        ns = dict(torch=torch, F=F, product=product, DeterministicGuard=DeterministicGuard,
-                  unittest=unittest, TEST_CUDNN=False, TEST_WITH_ROCM=False, TestCase=TestCase,
-                  onlyCUDA=lambda f: f, dtypes=_recording_dtypes,
-                  largeTensorTest=lambda *_, **__: (lambda f: f))
-        source = P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS)
-        exec("class Generated(TestCase):\n" + source, ns)
-        return getattr(ns["Generated"](name), name)
-
-    # CUDA-only: cuDNN, streams and graphs, the CUDA profiler; and 8.6 GB tensors
-    CUDA_ONLY = ("test_grid_sample_2d_backward_deterministic_cudnn",
-                 "test_grid_sample_backward_deterministic_side_stream_and_graph",
-                 "test_grid_sample_backward_deterministic_kernel_runs",
-                 "test_grid_sample_backward_deterministic_large_index")
-
-    def test_generated_tests_run_on_cpu(self):
-        names = [n for n in P.NN_TEST_NAMES if n not in self.CUDA_ONLY]
-        self.assertEqual(len(names), 11)
-        for name in names:
-            test = self.generated(name)
-            dtypes = (torch.float, torch.double) if "dtype" in test.__code__.co_varnames else (None,)
-            # the tests' claims are about the deterministic pipeline: on CPU its host
-            # executor (detgrid.enable("cpu")), against stock's CPU backward where a test
-            # compares with the default one
-            for dtype in dtypes:
-                with self.subTest(name=name, dtype=dtype), detgrid.enabled("cpu"):
-                    test("cpu", *([dtype] if dtype else []))
-
-    @unittest.skipUnless(torch.cuda.is_available() and detgrid.ops.has_cuda_kernels(),
-                         "needs a GPU and detgrid's CUDA kernels")
-    def test_generated_tests_run_on_cuda(self):
-        # All of them, with their own dtypes, through the extension's build of the same ATen
-        # sources (detgrid.enable("cuda") in place of the patched dispatch): what the GPU check
-        # (tools/gpu_check.sh, pytest -k cuda) runs of the upstream tests.
-        for name in P.NN_TEST_NAMES:
-            test = self.generated(name)
-            for dtype in getattr(test.__func__, "dtypes", (None,)):
-                with self.subTest(name=name, dtype=dtype), detgrid.enabled("cuda"):
-                    test("cuda", *([dtype] if dtype else []))
-
-    def test_generated_tests_can_fail(self):
-        # a backward that differs from run to run must fail the reproducibility check
-        calls = []
-
-        def noisy(self, input, grid, grad_output, **kwargs):
-            calls.append(1)
-            return torch.full_like(input, len(calls)), torch.zeros_like(grid)
-
-        test = self.generated("test_grid_sample_3d_backward_deterministic")
-        test.__self__._grid_sample_grads = noisy.__get__(test.__self__)
-        with self.assertRaises(AssertionError):
-            test("cpu", torch.float)
-
-    def test_added_tests_reach_every_path_of_the_kernel(self):
-        # what each path needs, found in the generated source (the GPU check runs them)
-        source = {t.name: t.source for t in P.NN_TESTS}
-        sparse = source["test_grid_sample_backward_deterministic_sparse_reduction"]
-        self.assertIn("torch.randn(1, 3, 300, 200", sparse)  # 60,000 pixels, 30 points
-        chunks = source["test_grid_sample_backward_deterministic_several_chunks"]
-        self.assertIn("@dtypes(torch.half, torch.bfloat16", chunks)
-        self.assertIn("('bilinear', 1300), ('bicubic', 450)", chunks)  # > 1.5M and > 143K points
-        channels = source["test_grid_sample_backward_deterministic_many_channels"]
-        self.assertIn("for channels in (15, 16, 40)", channels)
-        self.assertIn("memory_format=torch.channels_last", channels)
-        large = source["test_grid_sample_backward_deterministic_large_index"]
-        self.assertIn("32769, 65536", large)  # 2^31 + 2^16 elements: 64-bit keys and indices
-        self.assertIn(".expand(", source["test_grid_sample_backward_deterministic_expanded_and_strided"])
-        graph = source["test_grid_sample_backward_deterministic_side_stream_and_graph"]
-        for needed in ("torch.cuda.Stream()", "torch.cuda.graph(graph)", "graph.replay()"):
-            self.assertIn(needed, graph)
-        for name, check in (("gradcheck", "torch.autograd.gradcheck("),
-                            ("gradgradcheck", "torch.autograd.gradgradcheck(")):
-            grads = source[f"test_grid_sample_backward_deterministic_{name}"]
-            self.assertIn(check, grads)
-            self.assertIn("dtype=torch.double", grads)
-        self.assertIn("torch.profiler.profile(", source["test_grid_sample_backward_deterministic_kernel_runs"])
-        self.assertIn("@unittest.skipIf(TEST_WITH_ROCM", source["test_grid_sample_2d_backward_deterministic_cudnn"])
-        for t in P.NN_TESTS:
-            self.assertTrue(t.source.startswith("    @onlyCUDA\n"), t.name)
-
-    def test_added_tests_pass_flake8(self):
-        cmd = linter("flake8")
-        if cmd is None:
-            raise unittest.SkipTest("flake8 is not installed")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "generated.py"
-            path.write_text("import unittest\nfrom itertools import product\n\nimport torch\n"
-                            "import torch.nn.functional as F\n"
-                            "from torch.testing._internal.common_cuda import TEST_CUDNN\n"
-                            "from torch.testing._internal.common_device_type import dtypes, "
-                            "largeTensorTest, onlyCUDA\n"
-                            "from torch.testing._internal.common_utils import DeterministicGuard, "
-                            "TEST_WITH_ROCM, TestCase\n\n\nclass Generated(TestCase):\n"
-                            + P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS))
-            r = subprocess.run([*cmd, "--max-line-length=120", str(path)], capture_output=True, text=True)
-        self.assertEqual(r.stdout, "", r.stdout)
-
-    def test_every_test_says_what_upstream_test_would_cover_it(self):
-        # each added test is skipped where an upstream test checks the same; on a tree without
-        # deterministic tests none is
-        for t in P.NN_TESTS:
-            self.assertFalse(t.covered(""), t.name)
-            self.assertTrue(t.checks)
 
 
 class FixtureTree(TestCase):

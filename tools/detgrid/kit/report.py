@@ -743,7 +743,7 @@ OUTSIDE_KERNEL = (
               "measured: `.ci/intree_compile.sh` compiles the patched v2.6.0 units with nvcc 12.4"),
     Component("upstream tests", (),
               "test_nn.py, a test per path above; the alert tests expect none",
-              "measured on CPU: the new ones run through the host executor (tests/test_patch.py); "
+              "measured on CPU: the new ones run through the host executor (tests/test_upstream_tests.py); "
               "not yet on a GPU"),
 )
 
