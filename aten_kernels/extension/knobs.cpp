@@ -1,6 +1,8 @@
 #include "knobs.h"
 
 #include <optional>
+#include <string>
+#include <utility>
 
 namespace detgrid {
 namespace {
@@ -65,7 +67,7 @@ bool use_32_bits(int64_t bits, bool fits, const char* name, const std::string& o
 // The plan for records keyed by `keying` under the knobs; nullopt where
 // per-cell keys cannot run as asked (64-bit keys while key_bits forces 32,
 // or chunks too small for a dense table), so that per-tap keys run instead.
-std::optional<BackwardPlan> plan_keyed(
+std::optional<BackwardPlan> plan_keyed_with_knobs(
     const BackwardProblem& problem,
     Keying keying,
     const BackwardOptions& knobs,
@@ -121,11 +123,12 @@ BackwardPlan plan_with_knobs(
   // As plan_backward: per-cell keys wherever they reduce densely.
   if (knobs.keying == 0 && problem.taps_per_axis == 2) {
     if (auto plan =
-            plan_keyed(problem, Keying::PerCell, knobs, index_32bit, op)) {
+            plan_keyed_with_knobs(problem, Keying::PerCell, knobs, index_32bit, op)) {
       return *plan;
     }
   }
-  return *plan_keyed(problem, Keying::PerTap, knobs, index_32bit, op);
+  return *plan_keyed_with_knobs(
+      problem, Keying::PerTap, knobs, index_32bit, op);
 }
 
 } // namespace detgrid
