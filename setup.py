@@ -131,7 +131,7 @@ def extension(toolkit):
     sources = [
         os.path.join(EXTENSION, name)
         for name in ("register.cpp", "autograd.cpp", "checks.cpp",
-                     "GridSamplerDeterministicCPU.cpp")
+                     "GridSamplerDeterministicCPU.cpp", "knobs.cpp")
     ]
     include_dirs = [os.path.abspath(ATEN_SRC)]
     if toolkit is None:

@@ -292,20 +292,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> point_taps(
 
 void grid_sampler_backward_executor(
     const at::native::GridSamplerBackwardCall& call,
-    const ExecutorOptions& options) {
-  check_grain_size(options.grain_size);
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    int64_t grain_size) {
+  check_grain_size(grain_size);
   check_rank(call.input);
-  const HostExecutor executor{
-      options.grain_size > 0 ? options.grain_size : kDefaultGrainSize};
-  run_deterministic_backward(executor, call, options.pipeline);
+  const HostExecutor executor{grain_size > 0 ? grain_size : kDefaultGrainSize};
+  run_deterministic_backward(executor, call, plan);
 }
 
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
-    const at::native::grid_sampler_deterministic::PipelineOptions& options) {
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
   check_rank(call.input);
   WorkCounters counters;
-  run_deterministic_backward(CountingExecutor{&counters}, call, options);
+  run_deterministic_backward(CountingExecutor{&counters}, call, plan);
   return counters;
 }
 

@@ -8,21 +8,15 @@
 
 namespace detgrid {
 
-// Knobs that must not change the executor's result (tests turn them).
-struct ExecutorOptions {
-  // chunk_points, key_bits and index_bits, as on CUDA (block_size and
-  // max_blocks mean nothing here).
-  at::native::grid_sampler_deterministic::PipelineOptions pipeline;
-  int64_t grain_size = 0; // at::parallel_for grain; 0 = default
-};
-
 // Contract of at::native::launch_grid_sampler_{2d,3d}_backward_deterministic_
 // kernel, for the call's CPU tensors (2-D for a 4-D input, 3-D for a 5-D one): writes every
 // element of a contiguous grad_input when output_mask[0], and grad_grid when
-// output_mask[1]. The caller checks the arguments as for those.
+// output_mask[1]. The caller checks the arguments as for those, and makes
+// the plan; grain_size is at::parallel_for's (0 for the default).
 void grid_sampler_backward_executor(
     const at::native::GridSamplerBackwardCall& call,
-    const ExecutorOptions& options = {});
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    int64_t grain_size = 0);
 
 // What one call of the CUDA pipeline does, counted exactly by running the
 // pipeline with an executor that runs nothing: the tensors need only their
@@ -44,7 +38,7 @@ struct WorkCounters {
 
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
-    const at::native::grid_sampler_deterministic::PipelineOptions& options);
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan);
 
 // Tests read the shared math's taps through this: for each point of `grid`
 // ((points, dims) coordinates in grid order, x first) over an input of

@@ -3,6 +3,7 @@
 
 #include "ops.h"
 
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 #include <ATen/ops/cudnn_grid_sampler_backward_native.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
@@ -10,6 +11,39 @@
 #include <c10/cuda/CUDAGuard.h>
 
 namespace detgrid {
+namespace {
+
+namespace gsd = at::native::grid_sampler_deterministic;
+
+// The launch shape the block_size and max_blocks knobs ask for.
+gsd::LaunchShape launch_with_knobs(
+    const BackwardOptions& knobs,
+    const char* op_name) {
+  TORCH_CHECK(
+      knobs.block_size >= 0 && knobs.max_blocks >= 0,
+      op_name,
+      " (deterministic): block_size and max_blocks must be positive, or 0 "
+      "for the default");
+  gsd::LaunchShape shape;
+  if (knobs.block_size > 0) {
+    shape.block_size = knobs.block_size;
+  }
+  if (knobs.max_blocks > 0) {
+    shape.max_blocks = std::min(knobs.max_blocks, gsd::kDefaultMaxBlocks);
+  }
+  TORCH_CHECK(
+      shape.block_size % at::cuda::warp_size() == 0 &&
+          shape.block_size <= gsd::kMaxBlockSize,
+      op_name,
+      " (deterministic): block_size must be a multiple of the warp size and "
+      "at most ",
+      gsd::kMaxBlockSize,
+      ", got ",
+      shape.block_size);
+  return shape;
+}
+
+} // namespace
 
 template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
@@ -25,19 +59,24 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
   const c10::cuda::CUDAGuard device_guard(input.device());
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
-  // The launchers of GridSamplerDeterministic.h take no options; the tests'
-  // knobs reach the same CUDA pipeline through its internal entry point.
-  at::native::grid_sampler_deterministic::launch_cuda_backward<kDims>(
-      {grad_input,
-       grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       output_mask},
-      options.pipeline());
+  const at::native::GridSamplerBackwardCall call{
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask};
+  // The launchers of GridSamplerDeterministic.h run the default plan; the
+  // knobs' plan reaches the same CUDA pipeline through its internal entry
+  // point.
+  gsd::BackwardPlan plan = plan_with_knobs(call, options);
+  plan.launch = launch_with_knobs(
+      options,
+      kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward");
+  gsd::launch_cuda_backward_with_plan<kDims>(call, plan);
   return {grad_input, grad_grid};
 }
 

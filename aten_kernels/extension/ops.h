@@ -3,39 +3,17 @@
 // the routing behind detgrid.enable().
 
 #include <ATen/Context.h>
-#include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <torch/library.h>
+
+#include "knobs.h"
 
 #include <array>
 #include <cstdint>
 #include <tuple>
 
 namespace detgrid {
-
-// Knobs the tests turn; see grid_sampler_deterministic::PipelineOptions and ExecutorOptions.
-struct BackwardOptions {
-  int64_t chunk_points = 0;
-  int64_t block_size = 0;
-  int64_t max_blocks = 0;
-  int64_t grain_size = 0;
-  int64_t key_bits = 0;
-  int64_t index_bits = 0;
-  int64_t keying = 0;
-  int64_t gather = 0;
-
-  at::native::grid_sampler_deterministic::PipelineOptions pipeline() const {
-    return {
-        chunk_points,
-        block_size,
-        max_blocks,
-        key_bits,
-        index_bits,
-        keying,
-        gather};
-  }
-};
 
 // Same checks as stock grid_sampler_{2d,3d}_backward (spatial_dims 2 or 3),
 // plus dtype and mode checks that stock leaves to the kernel.

@@ -33,17 +33,18 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
   check_backward_inputs(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
+  const at::native::GridSamplerBackwardCall call{
+      grad_input,
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask};
   grid_sampler_backward_executor(
-      {grad_input,
-       grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       output_mask},
-      ExecutorOptions{options.pipeline(), options.grain_size});
+      call, plan_with_knobs(call, options), options.grain_size);
   return {grad_input, grad_grid};
 }
 
@@ -137,17 +138,24 @@ std::vector<int64_t> backward_work_counters(
   const at::Tensor grad_output_shell = shell_like(grad_output);
   const at::Tensor input_shell = shell_like(input);
   const at::Tensor grid_shell = shell_like(grid);
-  const WorkCounters counters = count_backward_work(
-      {grad_input_shell,
-       grad_grid_shell,
-       grad_output_shell,
-       input_shell,
-       grid_shell,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       output_mask},
-      {chunk_points, 0, 0, key_bits, index_bits, keying, gather});
+  const at::native::GridSamplerBackwardCall call{
+      grad_input_shell,
+      grad_grid_shell,
+      grad_output_shell,
+      input_shell,
+      grid_shell,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask};
+  BackwardOptions knobs;
+  knobs.chunk_points = chunk_points;
+  knobs.key_bits = key_bits;
+  knobs.index_bits = index_bits;
+  knobs.keying = keying;
+  knobs.gather = gather;
+  const WorkCounters counters =
+      count_backward_work(call, plan_with_knobs(call, knobs));
   return {
       counters.launches,
       counters.chunks,

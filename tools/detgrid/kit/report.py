@@ -672,7 +672,7 @@ COMPONENTS = (
               "modelled: 4x (8x) fewer sort items counted by `work_counters`; no GPU time"),
     Component("channels-fastest gather",
               (("GridSamplerDeterministicPipeline.cuh", "kChannelsFastestFrom"),
-               ("GridSamplerDeterministicPipeline.cuh", "use_channels_fastest"),
+               ("GridSamplerDeterministicPipeline.cuh", "prefers_channels_fastest"),
                ("GridSamplerDeterministicPipeline.cuh", "ReduceDenseChannelsFastest"),
                ("GridSamplerDeterministicPipeline.cuh", "GatherChannelsLast")),
               "from 16 channels a warp reads one point's grad_output contiguously and shares "

@@ -108,9 +108,6 @@ namespace {
 
 using namespace grid_sampler_deterministic;
 
-constexpr int64_t kDefaultBlockSize = 256;
-constexpr int64_t kMaxBlockSize = 512;
-constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
 // gridDim.y's limit; rows beyond it are taken by the grid-stride loop.
 constexpr int64_t kMaxGridRows = 65535;
 
@@ -186,28 +183,14 @@ struct LaunchConfig {
   }
 };
 
-LaunchConfig make_launch_config(
-    const PipelineOptions& options,
-    const char* op_name) {
-  TORCH_CHECK(
-      options.block_size >= 0 && options.max_blocks >= 0,
-      op_name,
-      " (deterministic): block_size and max_blocks must be positive, or 0 "
-      "for the default");
-  LaunchConfig config{
-      options.block_size > 0 ? options.block_size : kDefaultBlockSize,
-      options.max_blocks > 0 ? std::min(options.max_blocks, kDefaultMaxBlocks)
-                             : kDefaultMaxBlocks};
-  TORCH_CHECK(
-      config.block_size % at::cuda::warp_size() == 0 &&
-          config.block_size <= kMaxBlockSize,
-      op_name,
-      " (deterministic): block_size must be a multiple of the warp size and "
-      "at most ",
-      kMaxBlockSize,
-      ", got ",
-      config.block_size);
-  return config;
+// The loops' unsigned counters rely on a grid stride of at most
+// kDefaultMaxBlocks * kMaxBlockSize, and the kernels' launch bounds on at
+// most kMaxBlockSize threads per block.
+LaunchConfig make_launch_config(const LaunchShape& shape) {
+  TORCH_INTERNAL_ASSERT(
+      shape.block_size > 0 && shape.block_size <= kMaxBlockSize &&
+      shape.max_blocks > 0 && shape.max_blocks <= kDefaultMaxBlocks);
+  return {shape.block_size, shape.max_blocks};
 }
 
 // The executor of GridSamplerDeterministicPipeline.cuh on one CUDA stream.
@@ -305,35 +288,50 @@ void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
       grid.sizes());
 }
 
-} // namespace
-
-namespace grid_sampler_deterministic {
-
+// See NOTE [ grid_sampler Native Functions ].
+// Add checks here in case this is called instead of grid_sampler.
 template <int kDims>
-void launch_cuda_backward(
-    const GridSamplerBackwardCall& call,
-    const PipelineOptions& options) {
-  // See NOTE [ grid_sampler Native Functions ].
-  // Add checks here in case this is called instead of grid_sampler.
+void check_input_and_grid(const GridSamplerBackwardCall& call) {
   check_grid_sampler_common(call.input, call.grid);
   if constexpr (kDims == 2) {
     check_grid_sampler_2d(call.input, call.grid);
   } else {
     check_5d_input_and_grid(call.input, call.grid);
   }
-  const char* op_name = kDims == 2 ? "grid_sampler_2d_backward"
-                                   : "grid_sampler_3d_backward";
-  const CudaExecutor executor{
-      make_launch_config(options, op_name), at::cuda::getCurrentCUDAStream()};
-  run_deterministic_backward(executor, call, options);
 }
 
-template void launch_cuda_backward<2>(
+void run_on_current_stream(
+    const GridSamplerBackwardCall& call,
+    const BackwardPlan& plan) {
+  const CudaExecutor executor{
+      make_launch_config(plan.launch), at::cuda::getCurrentCUDAStream()};
+  run_deterministic_backward(executor, call, plan);
+}
+
+template <int kDims>
+void launch_cuda_backward(const GridSamplerBackwardCall& call) {
+  check_input_and_grid<kDims>(call);
+  run_on_current_stream(call, plan_backward(describe_backward(call)));
+}
+
+} // namespace
+
+namespace grid_sampler_deterministic {
+
+template <int kDims>
+void launch_cuda_backward_with_plan(
+    const GridSamplerBackwardCall& call,
+    const BackwardPlan& plan) {
+  check_input_and_grid<kDims>(call);
+  run_on_current_stream(call, plan);
+}
+
+template void launch_cuda_backward_with_plan<2>(
     const GridSamplerBackwardCall&,
-    const PipelineOptions&);
-template void launch_cuda_backward<3>(
+    const BackwardPlan&);
+template void launch_cuda_backward_with_plan<3>(
     const GridSamplerBackwardCall&,
-    const PipelineOptions&);
+    const BackwardPlan&);
 
 } // namespace grid_sampler_deterministic
 
@@ -347,7 +345,7 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask) {
-  grid_sampler_deterministic::launch_cuda_backward<2>(
+  launch_cuda_backward<2>(
       {grad_input,
        grad_grid,
        grad_output,
@@ -356,8 +354,7 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
        interpolation_mode,
        padding_mode,
        align_corners,
-       output_mask},
-      /*options=*/{});
+       output_mask});
 }
 
 void launch_grid_sampler_3d_backward_deterministic_kernel(
@@ -370,7 +367,7 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask) {
-  grid_sampler_deterministic::launch_cuda_backward<3>(
+  launch_cuda_backward<3>(
       {grad_input,
        grad_grid,
        grad_output,
@@ -379,8 +376,7 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
        interpolation_mode,
        padding_mode,
        align_corners,
-       output_mask},
-      /*options=*/{});
+       output_mask});
 }
 
 } // namespace at::native

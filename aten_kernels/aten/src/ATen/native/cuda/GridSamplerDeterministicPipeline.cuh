@@ -28,6 +28,7 @@
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
 
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/native/CanUse32BitIndexMath.h>
 #include <c10/core/Allocator.h>
 
@@ -37,29 +38,6 @@
 #include <type_traits>
 
 namespace at::native::grid_sampler_deterministic {
-
-// Overrides of the choices the pipeline makes from the shapes. None of them
-// changes a bit of the result; the kit's tests turn them to prove that, and
-// the launchers of GridSamplerDeterministic.h pass none (zero means "choose
-// from the shapes"). Internal: GridSampler.cu never sees them.
-struct PipelineOptions {
-  // Points per chunk of records; a multiple of the tile size (4096).
-  int64_t chunk_points = 0;
-  // Threads per block and a cap on blocks per launch (grid-stride loops).
-  int64_t block_size = 0;
-  int64_t max_blocks = 0;
-  // Width of the sort keys and of the index math: 32 or 64, or 0 for 32
-  // wherever the problem fits (32 is an error where it does not).
-  int64_t key_bits = 0;
-  int64_t index_bits = 0;
-  // How the sort is keyed: 0 for one key per point wherever bilinear or
-  // trilinear sampling reduces densely, 1 for one key per tap everywhere.
-  int64_t keying = 0;
-  // How the dense reduce's threads take (destination, channel) pairs: 0 for
-  // channels fastest from 16 channels on, 1 for destinations fastest, 2 for
-  // channels fastest.
-  int64_t gather = 0;
-};
 
 // Point pass: the grid gradient of points [first_point, first_point + count)
 // and, with kEmitRecords, their records.
@@ -416,29 +394,6 @@ inline int bits_for(int64_t max_key) {
   return bits;
 }
 
-// Whether to use the 32-bit type for a quantity: `knob` is 0 (when it
-// fits), 32 or 64 (tests force each pipeline; 32 must fit).
-inline bool use_32_bits(
-    int64_t knob,
-    bool fits,
-    const char* knob_name,
-    const char* op_name) {
-  TORCH_CHECK(
-      knob == 0 || knob == 32 || knob == 64,
-      op_name,
-      " (deterministic): ",
-      knob_name,
-      " must be 0 (automatic), 32 or 64, got ",
-      knob);
-  TORCH_CHECK(
-      knob != 32 || fits,
-      op_name,
-      " (deterministic): ",
-      knob_name,
-      "=32, but this problem needs 64 bits");
-  return knob == 32 || (knob == 0 && fits);
-}
-
 inline bool fits_32bit_indexing(const TensorBase& t) {
   return !t.defined() || canUse32BitIndexMath(t);
 }
@@ -491,17 +446,8 @@ struct ChunkPlan {
 // strided by the image size, cost a sector per lane either way.
 constexpr int64_t kChannelsFastestFrom = 16;
 
-inline bool use_channels_fastest(
-    int64_t knob,
-    int64_t channels,
-    const char* op_name) {
-  TORCH_CHECK(
-      knob >= 0 && knob <= 2,
-      op_name,
-      " (deterministic): gather must be 0 (automatic), 1 (destinations "
-      "fastest) or 2 (channels fastest), got ",
-      knob);
-  return knob == 2 || (knob == 0 && channels >= kChannelsFastestFrom);
+inline bool prefers_channels_fastest(int64_t channels) {
+  return channels >= kChannelsFastestFrom;
 }
 
 // Bytes of workspace per point of a chunk: sort keys and payloads, in and
@@ -522,34 +468,33 @@ inline int64_t chunk_bytes_per_point(
 // with the number of items far more slowly than its copy of them.
 constexpr int64_t kSortScratchSlack = int64_t{1} << 20;
 
-// Points per chunk and the reduction. `requested` (a test knob, 0 for the
-// default) fixes the points per chunk; the default is as many whole tiles as
-// fit kWorkspaceBytes with the dense table, if dense, beside them, and
+// Whether a dense reduction may run on chunks of chunk_points points: its
+// table of keys has no more entries than a chunk has records, which keeps a
+// pass over every element as cheap as folding the chunk, and every cell
+// number within a chunk's int32 record numbering.
+inline bool dense_table_fits(
+    int64_t table_entries,
+    int64_t num_points,
+    int64_t chunk_points,
+    int64_t taps_per_point) {
+  return table_entries <= std::min(num_points, chunk_points) * taps_per_point;
+}
+
+// Points per chunk and the reduction: as many whole tiles as fit
+// kWorkspaceBytes with the dense table, if dense, beside them, and
 // dense_bytes_per_point more per point in a dense reduction. Chunks
 // must be whole tiles, or the chunk size would change the partials and so
 // the result; a chunk's sort items are counted in int32.
 inline ChunkPlan plan_chunks(
-    int64_t requested,
     int64_t num_points,
     int64_t taps_per_point,
     int64_t table_entries,
     int64_t bytes_per_point,
-    int64_t dense_bytes_per_point,
-    const char* op_name) {
+    int64_t dense_bytes_per_point) {
   auto dense_with = [&](int64_t chunk_points) {
-    return table_entries <= std::min(num_points, chunk_points) * taps_per_point;
+    return dense_table_fits(
+        table_entries, num_points, chunk_points, taps_per_point);
   };
-  if (requested != 0) {
-    TORCH_CHECK(
-        requested > 0 && requested % kTilePoints == 0 &&
-            requested <= kMaxChunkRecords / taps_per_point,
-        op_name,
-        " (deterministic): chunk_points must be a positive multiple of ",
-        kTilePoints,
-        " with chunk_points * taps < 2^31, got ",
-        requested);
-    return {requested, dense_with(requested)};
-  }
   auto tiles_within = [&](int64_t bytes, int64_t per_point) {
     return std::max<int64_t>(bytes, 0) / (per_point * kTilePoints);
   };
@@ -782,62 +727,179 @@ void reduce_grad_input(
   }
 }
 
-// Plans and runs the grad_input reduction with records keyed by kKeying;
-// false, having run nothing, when PerCell keys would need a sparse
-// reduction (or 64-bit keys while key_bits forces 32).
+// What the planner reads of a backward call: shapes, strides and element
+// sizes, never data.
+struct BackwardProblem {
+  int64_t taps_per_axis;
+  int64_t taps_per_point;
+  int64_t num_points;
+  int64_t channels;
+  int64_t num_destinations;
+  int64_t num_cells;
+  int64_t grad_output_stride_c;
+  int64_t scalar_bytes;
+  int64_t opmath_bytes;
+  bool index_fits_32bit;
+
+  // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
+  int64_t table_entries(Keying keying) const {
+    return keying == Keying::PerTap ? num_destinations : num_cells;
+  }
+};
+
+inline bool fits_32bit_indexing(const GridSamplerBackwardCall& call) {
+  return fits_32bit_indexing(call.input) && fits_32bit_indexing(call.grid) &&
+      fits_32bit_indexing(call.grad_output) &&
+      (!call.output_mask[0] || fits_32bit_indexing(call.grad_input)) &&
+      fits_32bit_indexing(call.grad_grid);
+}
+
+// For a call of checked arguments.
+inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
+  const int64_t dims = call.input.dim() - 2;
+  const int64_t taps = taps_per_axis(
+      static_cast<GridSamplerInterpolation>(call.interpolation_mode));
+  const int64_t batch = call.input.size(0);
+  BackwardProblem problem{
+      taps,
+      ipow(static_cast<int>(taps), static_cast<int>(dims)),
+      batch,
+      call.input.size(1),
+      batch,
+      batch,
+      call.grad_output.stride(1),
+      static_cast<int64_t>(call.input.element_size()),
+      static_cast<int64_t>(
+          c10::elementSize(at::toOpMathType(call.input.scalar_type()))),
+      fits_32bit_indexing(call)};
+  for (int64_t a = 0; a < dims; ++a) {
+    problem.num_points *= call.grid.size(1 + a);
+    problem.num_destinations *= call.input.size(2 + a);
+    problem.num_cells *= call.input.size(2 + a) + 1;
+  }
+  return problem;
+}
+
+// Threads per block and a cap on blocks per launch of the CUDA executor's
+// grid-stride loops; the host executor has no use for them.
+constexpr int64_t kDefaultBlockSize = 256;
+constexpr int64_t kMaxBlockSize = 512;
+constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
+
+struct LaunchShape {
+  int64_t block_size = kDefaultBlockSize;
+  int64_t max_blocks = kDefaultMaxBlocks;
+};
+
+// Every choice a backward call runs with, decided before it runs.
+// plan_backward() makes them from the shapes; any plan that keeps the
+// pipeline's limits (which it asserts) gives the same bits, because the
+// canonical order depends on none of them.
+struct BackwardPlan {
+  bool index_32bit = true;
+  Keying keying = Keying::PerTap;
+  bool key_32bit = true;
+  ChunkPlan chunks{kTilePoints, false};
+  LaunchShape launch;
+};
+
+// table_entries itself is a key: it marks records that land nowhere.
+inline bool keys_fit_32bit(int64_t table_entries) {
+  return table_entries < std::numeric_limits<int32_t>::max();
+}
+
+// The thread order of a dense reduce, and the channels-last copy it reads
+// when its threads take channels fastest over a grad_output whose channel
+// stride is not 1. A sparse reduce has one order.
+inline ChunkPlan with_thread_order(
+    ChunkPlan chunks,
+    bool channels_fastest,
+    const BackwardProblem& problem) {
+  chunks.channels_fastest = chunks.dense && channels_fastest;
+  chunks.copy_grad_output =
+      chunks.channels_fastest && problem.grad_output_stride_c > 1;
+  return chunks;
+}
+
+// Chunks sized to the workspace for records keyed by `keying`, with keys and
+// index math of the given widths.
+inline ChunkPlan plan_reduction(
+    const BackwardProblem& problem,
+    Keying keying,
+    bool key_32bit,
+    bool index_32bit,
+    bool channels_fastest) {
+  const int64_t index_bytes = index_32bit ? 4 : 8;
+  const bool copy = channels_fastest && problem.grad_output_stride_c > 1;
+  const ChunkPlan chunks = plan_chunks(
+      problem.num_points,
+      problem.taps_per_point,
+      problem.table_entries(keying),
+      chunk_bytes_per_point(
+          keying == Keying::PerTap ? problem.taps_per_point : 1,
+          problem.taps_per_point,
+          key_32bit ? 4 : 8,
+          problem.opmath_bytes,
+          index_bytes),
+      copy ? problem.channels * problem.scalar_bytes + index_bytes : 0);
+  return with_thread_order(chunks, channels_fastest, problem);
+}
+
+inline BackwardPlan plan_keyed(
+    const BackwardProblem& problem,
+    Keying keying,
+    bool index_32bit) {
+  BackwardPlan plan;
+  plan.index_32bit = index_32bit;
+  plan.keying = keying;
+  plan.key_32bit = keys_fit_32bit(problem.table_entries(keying));
+  plan.chunks = plan_reduction(
+      problem,
+      keying,
+      plan.key_32bit,
+      index_32bit,
+      prefers_channels_fastest(problem.channels));
+  return plan;
+}
+
+// The default plan: 32-bit keys and index math wherever they fit, one sort
+// item per point wherever bilinear or trilinear sampling reduces densely
+// (one per tap otherwise), chunks as large as the workspace allows.
+inline BackwardPlan plan_backward(const BackwardProblem& problem) {
+  if (problem.taps_per_axis == 2) {
+    BackwardPlan plan =
+        plan_keyed(problem, Keying::PerCell, problem.index_fits_32bit);
+    if (plan.chunks.dense) {
+      return plan;
+    }
+  }
+  return plan_keyed(problem, Keying::PerTap, problem.index_fits_32bit);
+}
+
+// Runs the grad_input reduction of `plan`, with records keyed by kKeying.
 template <int kTaps, Keying kKeying, typename Executor, typename Args>
-bool reduce_grad_input_keyed(
+void reduce_grad_input_keyed(
     const Executor& ex,
     const Args& args,
     typename Args::scalar_type* grad_input,
-    const PipelineOptions& options) {
-  constexpr bool kPerTap = kKeying == Keying::PerTap;
-  constexpr int kTapsPerPoint = ipow(kTaps, Args::dims);
-  const int64_t table_entries =
-      kPerTap ? args.num_destinations() : args.num_cells();
-  // table_entries itself is a key: it marks records that land nowhere.
-  const bool keys_fit = table_entries < std::numeric_limits<int32_t>::max();
-  if (!kPerTap && options.key_bits == 32 && !keys_fit) {
-    return false;
+    const BackwardPlan& plan) {
+  const int64_t table_entries = kKeying == Keying::PerTap
+      ? static_cast<int64_t>(args.num_destinations())
+      : args.num_cells();
+  // 32-bit keys that cannot hold the key space would collide.
+  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
+  if (plan.key_32bit) {
+    reduce_grad_input<kTaps, kKeying, int32_t>(ex, args, grad_input, plan.chunks);
+  } else {
+    reduce_grad_input<kTaps, kKeying, int64_t>(ex, args, grad_input, plan.chunks);
   }
-  using scalar_t = typename Args::scalar_type;
-  using index_t = typename Args::index_type;
-  const bool channels_fastest =
-      use_channels_fastest(options.gather, args.channels, Args::op_name());
-  const bool copy = channels_fastest && args.grad_output.stride_c > 1;
-  auto run = [&](auto key) {
-    using key_t = decltype(key);
-    ChunkPlan plan = plan_chunks(
-        options.chunk_points,
-        args.num_points(),
-        kTapsPerPoint,
-        table_entries,
-        chunk_bytes_per_point(
-            kPerTap ? kTapsPerPoint : 1,
-            kTapsPerPoint,
-            sizeof(key_t),
-            sizeof(typename Args::opmath_t),
-            sizeof(index_t)),
-        copy ? args.channels * sizeof(scalar_t) + sizeof(index_t) : 0,
-        Args::op_name());
-    if (!kPerTap && !plan.dense) {
-      return false;
-    }
-    plan.channels_fastest = plan.dense && channels_fastest;
-    plan.copy_grad_output = plan.dense && copy;
-    reduce_grad_input<kTaps, kKeying, key_t>(ex, args, grad_input, plan);
-    return true;
-  };
-  return use_32_bits(options.key_bits, keys_fit, "key_bits", Args::op_name())
-      ? run(int32_t{})
-      : run(int64_t{});
 }
 
 template <typename Executor, typename scalar_t, typename index_t, int kDims>
 void run_backward_with_index(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
-    const PipelineOptions& options) {
+    const BackwardPlan& plan) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   const auto args = make_backward_args<scalar_t, index_t, kDims>(
       call.grad_grid,
@@ -878,41 +940,36 @@ void run_backward_with_index(
         Args::op_name(),
         " (deterministic): expected a contiguous grad_input");
     scalar_t* const grad_input_data = grad_input.data_ptr<scalar_t>();
-    TORCH_CHECK(
-        options.keying == 0 || options.keying == 1,
-        Args::op_name(),
-        " (deterministic): keying must be 0 (automatic) or 1 (per tap), got ",
-        options.keying);
-    if constexpr (kTaps == 2) {
-      // One sort item per point where the dense reduction applies.
-      if (options.keying == 0 &&
-          reduce_grad_input_keyed<kTaps, Keying::PerCell>(
-              ex, args, grad_input_data, options)) {
-        return;
+    if (plan.keying == Keying::PerCell) {
+      // Per-cell keys hold one of a point's taps only where they are a
+      // cell's distinct corners (bilinear, trilinear).
+      TORCH_INTERNAL_ASSERT(kTaps == 2);
+      if constexpr (kTaps == 2) {
+        reduce_grad_input_keyed<kTaps, Keying::PerCell>(
+            ex, args, grad_input_data, plan);
       }
+      return;
     }
     reduce_grad_input_keyed<kTaps, Keying::PerTap>(
-        ex, args, grad_input_data, options);
+        ex, args, grad_input_data, plan);
   });
 }
 
 // The deterministic backward of grid_sampler_2d (4-D input) or
-// grid_sampler_3d (5-D input) on `ex`, for checked arguments: writes every
-// element of a contiguous grad_input when output_mask[0], grad_grid when
-// output_mask[1], and zeroes a defined grad_grid otherwise. Keys and index
-// math are 32-bit where they fit (the options can force either width).
+// grid_sampler_3d (5-D input) on `ex`, for checked arguments, as `plan`
+// says: writes every element of a contiguous grad_input when
+// output_mask[0], grad_grid when output_mask[1], and zeroes a defined
+// grad_grid otherwise.
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
-    const PipelineOptions& options) {
+    const BackwardPlan& plan) {
   if (!call.output_mask[0] && !call.output_mask[1]) {
     return;
   }
-  const bool index_fits = fits_32bit_indexing(call.input) &&
-      fits_32bit_indexing(call.grid) && fits_32bit_indexing(call.grad_output) &&
-      (!call.output_mask[0] || fits_32bit_indexing(call.grad_input)) &&
-      fits_32bit_indexing(call.grad_grid);
+  // 32-bit index math over larger tensors would address out of bounds.
+  TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
   AT_DISPATCH_FLOATING_TYPES_AND2(
       ScalarType::Half,
       ScalarType::BFloat16,
@@ -921,17 +978,12 @@ void run_deterministic_backward(
       [&] {
         auto with_index = [&](auto dims) {
           constexpr int kDims = decltype(dims)::value;
-          const bool narrow = use_32_bits(
-              options.index_bits,
-              index_fits,
-              "index_bits",
-              BackwardArgs<scalar_t, int, kDims>::op_name());
-          if (narrow) {
+          if (plan.index_32bit) {
             run_backward_with_index<Executor, scalar_t, int32_t, kDims>(
-                ex, call, options);
+                ex, call, plan);
           } else {
             run_backward_with_index<Executor, scalar_t, int64_t, kDims>(
-                ex, call, options);
+                ex, call, plan);
           }
         };
         if (call.input.dim() == 4) {
@@ -943,11 +995,12 @@ void run_deterministic_backward(
 }
 
 // The CUDA launch of run_deterministic_backward for a 4-D (kDims 2) or 5-D
-// (kDims 3) input, after the checks of GridSampler.cpp's native functions
-// (GridSamplerDeterministic.cu).
+// (kDims 3) input with a given plan, after the checks of GridSampler.cpp's
+// native functions (GridSamplerDeterministic.cu). The launchers of
+// GridSamplerDeterministic.h run plan_backward()'s plan.
 template <int kDims>
-void launch_cuda_backward(
+void launch_cuda_backward_with_plan(
     const GridSamplerBackwardCall& call,
-    const PipelineOptions& options);
+    const BackwardPlan& plan);
 
 } // namespace at::native::grid_sampler_deterministic

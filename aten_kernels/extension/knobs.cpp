@@ -1,0 +1,134 @@
+#include "knobs.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace detgrid {
+namespace {
+
+namespace gsd = at::native::grid_sampler_deterministic;
+using gsd::BackwardPlan;
+using gsd::BackwardProblem;
+using gsd::Keying;
+
+// The prefix of every knob error, as the pipeline's own errors name the op.
+std::string op_prefix(const at::native::GridSamplerBackwardCall& call) {
+  return call.input.dim() == 4 ? "grid_sampler_2d_backward (deterministic): "
+                               : "grid_sampler_3d_backward (deterministic): ";
+}
+
+void check_knob_ranges(
+    const BackwardOptions& knobs,
+    const BackwardProblem& problem,
+    const std::string& op) {
+  TORCH_CHECK(
+      knobs.keying == 0 || knobs.keying == 1,
+      op,
+      "keying must be 0 (automatic) or 1 (per tap), got ",
+      knobs.keying);
+  TORCH_CHECK(
+      knobs.gather >= 0 && knobs.gather <= 2,
+      op,
+      "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
+      "fastest), got ",
+      knobs.gather);
+  for (const auto& [name, bits] :
+       {std::pair{"key_bits", knobs.key_bits},
+        std::pair{"index_bits", knobs.index_bits}}) {
+    TORCH_CHECK(
+        bits == 0 || bits == 32 || bits == 64,
+        op,
+        name,
+        " must be 0 (automatic), 32 or 64, got ",
+        bits);
+  }
+  // Dividing, not multiplying: 4 * 2^62 wraps to 0.
+  TORCH_CHECK(
+      knobs.chunk_points == 0 ||
+          (knobs.chunk_points > 0 && knobs.chunk_points % gsd::kTilePoints == 0 &&
+           knobs.chunk_points <=
+               gsd::kMaxChunkRecords / problem.taps_per_point),
+      op,
+      "chunk_points must be a positive multiple of ",
+      gsd::kTilePoints,
+      " with chunk_points * taps < 2^31, got ",
+      knobs.chunk_points);
+}
+
+// The width a `bits` knob asks for, where `fits` says whether 32 bits hold
+// the quantity.
+bool use_32_bits(int64_t bits, bool fits, const char* name, const std::string& op) {
+  TORCH_CHECK(
+      bits != 32 || fits, op, name, "=32, but this problem needs 64 bits");
+  return bits == 32 || (bits == 0 && fits);
+}
+
+// The plan for records keyed by `keying` under the knobs; nullopt where
+// per-cell keys cannot run as asked (64-bit keys while key_bits forces 32,
+// or chunks too small for a dense table), so that per-tap keys run instead.
+std::optional<BackwardPlan> plan_keyed_with_knobs(
+    const BackwardProblem& problem,
+    Keying keying,
+    const BackwardOptions& knobs,
+    bool index_32bit,
+    const std::string& op) {
+  const bool keys_fit = gsd::keys_fit_32bit(problem.table_entries(keying));
+  if (keying == Keying::PerCell && knobs.key_bits == 32 && !keys_fit) {
+    return std::nullopt;
+  }
+  BackwardPlan plan;
+  plan.index_32bit = index_32bit;
+  plan.keying = keying;
+  plan.key_32bit = use_32_bits(knobs.key_bits, keys_fit, "key_bits", op);
+  const bool channels_fastest = knobs.gather == 0
+      ? gsd::prefers_channels_fastest(problem.channels)
+      : knobs.gather == 2;
+  if (knobs.chunk_points == 0) {
+    plan.chunks = gsd::plan_reduction(
+        problem, keying, plan.key_32bit, index_32bit, channels_fastest);
+  } else {
+    // A chunk size of the caller's is not held to the workspace budget.
+    const bool dense = gsd::dense_table_fits(
+        problem.table_entries(keying),
+        problem.num_points,
+        knobs.chunk_points,
+        problem.taps_per_point);
+    plan.chunks = gsd::with_thread_order(
+        {knobs.chunk_points, dense}, channels_fastest, problem);
+  }
+  if (keying == Keying::PerCell && !plan.chunks.dense) {
+    return std::nullopt;
+  }
+  return plan;
+}
+
+} // namespace
+
+BackwardPlan plan_with_knobs(
+    const at::native::GridSamplerBackwardCall& call,
+    const BackwardOptions& knobs) {
+  const BackwardProblem problem = gsd::describe_backward(call);
+  const std::string op = op_prefix(call);
+  check_knob_ranges(knobs, problem, op);
+  const bool index_32bit = use_32_bits(
+      knobs.index_bits, problem.index_fits_32bit, "index_bits", op);
+  const bool reduce = call.output_mask[0] && call.grad_input.numel() > 0;
+  if (!reduce) {
+    // Only the point pass runs: keys and chunks play no part.
+    BackwardPlan plan;
+    plan.index_32bit = index_32bit;
+    return plan;
+  }
+  // As plan_backward: per-cell keys wherever they reduce densely.
+  if (knobs.keying == 0 && problem.taps_per_axis == 2) {
+    if (auto plan =
+            plan_keyed_with_knobs(problem, Keying::PerCell, knobs, index_32bit, op)) {
+      return *plan;
+    }
+  }
+  return *plan_keyed_with_knobs(
+      problem, Keying::PerTap, knobs, index_32bit, op);
+}
+
+} // namespace detgrid

@@ -1,0 +1,41 @@
+#pragma once
+// The knobs the tests turn. Upstream's files run the plan they make from the
+// shapes (plan_backward in GridSamplerDeterministicPipeline.cuh); the
+// extension alone lets a caller override its choices, to prove that none of
+// them changes a bit of the result.
+
+#include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
+
+#include <cstdint>
+
+namespace detgrid {
+
+// 0 everywhere means "as planned".
+struct BackwardOptions {
+  // Points per chunk of records; a multiple of the tile size (4096).
+  int64_t chunk_points = 0;
+  // CUDA: threads per block and a cap on blocks per launch.
+  int64_t block_size = 0;
+  int64_t max_blocks = 0;
+  // Host executor: at::parallel_for's grain.
+  int64_t grain_size = 0;
+  // Width of the sort keys and of the index math: 32 or 64 (32 is an error
+  // where the problem does not fit it).
+  int64_t key_bits = 0;
+  int64_t index_bits = 0;
+  // 1: one sort key per tap everywhere.
+  int64_t keying = 0;
+  // Thread order of the dense reduce: 1 destinations fastest, 2 channels
+  // fastest.
+  int64_t gather = 0;
+};
+
+// The default plan of a call of checked arguments, with the knobs'
+// overrides applied and every choice that depends on an overridden one made
+// again; a knob out of range is a one-line error. The launch shape stays the
+// default (see launch_with_knobs).
+at::native::grid_sampler_deterministic::BackwardPlan plan_with_knobs(
+    const at::native::GridSamplerBackwardCall& call,
+    const BackwardOptions& knobs);
+
+} // namespace detgrid
