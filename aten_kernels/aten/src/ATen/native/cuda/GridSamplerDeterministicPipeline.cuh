@@ -28,6 +28,7 @@
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
 
 #include <ATen/Dispatch.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/native/CanUse32BitIndexMath.h>
 #include <c10/core/Allocator.h>
 
@@ -80,7 +81,7 @@ struct PointPass {
   }
 };
 
-// Dense reduction, step 1: [seg_begin[k], seg_end[k]) are the sorted
+// Dense reduction, step 1: segments[k] bounds the sorted
 // records of key k, a destination (PerTap) or a cell (PerCell); both were
 // zero-filled before, so an untouched key has an empty range. One thread per
 // sorted record, O(records): only the first and the last record of each key
@@ -90,8 +91,7 @@ struct MarkDestinationSegments {
   const key_t* keys;
   int32_t count;
   key_t nowhere;
-  int32_t* seg_begin;
-  int32_t* seg_end;
+  SegmentBounds* segments;
 
   C10_HOST_DEVICE void operator()(int32_t i) const {
     const key_t d = keys[i];
@@ -99,10 +99,10 @@ struct MarkDestinationSegments {
       return;
     }
     if (i == 0 || keys[i - 1] != d) {
-      seg_begin[d] = i;
+      segments[d].begin = i;
     }
     if (i == count - 1 || keys[i + 1] != d) {
-      seg_end[d] = i + 1;
+      segments[d].end = i + 1;
     }
   }
 };
@@ -160,15 +160,26 @@ struct SortedRecords {
 template <typename index_t>
 struct DestinationSegments {
   const int32_t* ids;
-  const int32_t* seg_begin;
-  const int32_t* seg_end;
+  const SegmentBounds* segments;
   index_t destinations_per_image;
 
   C10_HOST_DEVICE SortedRecordIds of(index_t n, index_t s) const {
-    const index_t d = n * destinations_per_image + s;
-    return SortedRecordIds{ids, seg_begin[d], seg_end[d]};
+    const SegmentBounds bounds = segments[n * destinations_per_image + s];
+    return SortedRecordIds{ids, bounds.begin, bounds.end};
   }
 };
+
+// Division by a divisor fixed at launch, by a multiply and a shift for
+// 32-bit indices (IntDivider; dividends are below 2^31 there), a plain
+// division for 64-bit ones. Per-element index math divides only with these.
+template <typename index_t>
+using Divider = at::cuda::detail::IntDivider<std::make_unsigned_t<index_t>>;
+
+template <typename index_t>
+C10_HOST_DEVICE inline index_t divide(index_t n, const Divider<index_t>& by) {
+  return static_cast<index_t>(
+      by.div(static_cast<std::make_unsigned_t<index_t>>(n)));
+}
 
 // PerCell: the segments of the destination's 2^kDims neighbouring cells,
 // merged. Dense tables hold at most 2^31 cells, so cell numbers are int32.
@@ -176,40 +187,55 @@ template <typename index_t, int kDims>
 struct CellSegments {
   static constexpr int kWays = 1 << kDims;
   const int32_t* point_ids;
-  const int32_t* seg_begin;
-  const int32_t* seg_end;
-  Spatial<index_t, kDims> inp_size;
-  Spatial<int32_t, kDims> cell_size;
+  const SegmentBounds* segments;
   int32_t cells_per_image;
+  // Row-major strides of the cells of an image, whose every axis is one
+  // longer than the input's.
+  int32_t cell_stride[kDims];
+  // by_axis[a] divides by the input's size along axis a (a > 0).
+  Divider<index_t> by_axis[kDims];
   // Cell-number offset of way k's corner (MergedCellRecords).
   int32_t way_offsets[kWays];
 
+  // The cell at destination s of an image: s, plus one cell for every row
+  // before s (cell rows are one longer), plus in 3-D one row of cells for
+  // every plane before s. With the input's sizes (D, H, W):
+  // s + s / W + (s / (H * W)) * (W + 1), which needs no remainder.
+  C10_HOST_DEVICE int32_t cell_of(index_t s) const {
+    index_t outer = divide(s, by_axis[kDims - 1]);
+    int32_t cell = static_cast<int32_t>(s + outer);
+    for (int a = kDims - 2; a > 0; --a) {
+      outer = divide(outer, by_axis[a]);
+      cell += static_cast<int32_t>(outer) * cell_stride[a];
+    }
+    return cell;
+  }
+
   C10_HOST_DEVICE MergedCellRecords<kWays> of(index_t n, index_t s) const {
-    const int32_t base_cell = static_cast<int32_t>(n) * cells_per_image +
-        ravel<int32_t>(unravel(s, inp_size), cell_size);
     return MergedCellRecords<kWays>(
-        point_ids, seg_begin, seg_end, base_cell, way_offsets);
+        point_ids,
+        segments,
+        static_cast<int32_t>(n) * cells_per_image + cell_of(s),
+        way_offsets);
   }
 };
 
 template <typename index_t, int kDims>
 CellSegments<index_t, kDims> make_cell_segments(
     const int32_t* point_ids,
-    const int32_t* seg_begin,
-    const int32_t* seg_end,
+    const SegmentBounds* bounds,
     const Spatial<index_t, kDims>& inp_size) {
-  CellSegments<index_t, kDims> segments{
-      point_ids, seg_begin, seg_end, inp_size, {}, 1, {}};
-  int32_t stride[kDims];
+  CellSegments<index_t, kDims> segments{point_ids, bounds, 1, {}, {}, {}};
   for (int a = kDims - 1; a >= 0; --a) {
-    segments.cell_size.v[a] = static_cast<int32_t>(inp_size.v[a]) + 1;
-    stride[a] = segments.cells_per_image;
-    segments.cells_per_image *= segments.cell_size.v[a];
+    segments.cell_stride[a] = segments.cells_per_image;
+    segments.cells_per_image *= static_cast<int32_t>(inp_size.v[a]) + 1;
+    segments.by_axis[a] = Divider<index_t>(
+        static_cast<std::make_unsigned_t<index_t>>(inp_size.v[a]));
   }
   for (int k = 0; k < segments.kWays; ++k) {
     int32_t offset = 0;
     for (int a = 0; a < kDims; ++a) {
-      offset += ((k >> (kDims - 1 - a)) & 1) * stride[a];
+      offset += ((k >> (kDims - 1 - a)) & 1) * segments.cell_stride[a];
     }
     segments.way_offsets[k] = offset;
   }
@@ -290,16 +316,25 @@ struct ReduceDense {
 // loads of ids, weights and offsets are the same for all of them) and read
 // grad_output at consecutive channels of one point: contiguous when its
 // channel stride is 1, which GatherChannelsLast provides when grad_output's
-// own is not.
+// own is not. (One launch over all elements: as a row per image the fold's
+// loop keeps fewer values in registers and recomputes them per record.)
 template <typename Fold>
 struct ReduceDenseChannelsFastest {
   using index_t = typename Fold::index_type;
   Fold fold;
+  Divider<index_t> by_channels;
+  Divider<index_t> by_image_size;
+
+  explicit ReduceDenseChannelsFastest(const Fold& fold)
+      : fold(fold),
+        by_channels(static_cast<std::make_unsigned_t<index_t>>(fold.channels)),
+        by_image_size(static_cast<std::make_unsigned_t<index_t>>(
+            fold.destinations_per_image)) {}
 
   C10_HOST_DEVICE void operator()(index_t i) const {
-    const index_t destination = i / fold.channels;
+    const index_t destination = divide(i, by_channels);
     const index_t c = i - destination * fold.channels;
-    const index_t n = destination / fold.destinations_per_image;
+    const index_t n = divide(destination, by_image_size);
     const index_t s = destination - n * fold.destinations_per_image;
     fold.fold_into(
         n,
@@ -357,6 +392,7 @@ struct ReduceSparse {
   out_t* out;
   index_t channels;
   index_t destinations_per_image;
+  Divider<index_t> by_image_size;
   bool has_carry;
 
   struct Row {
@@ -378,7 +414,7 @@ struct ReduceSparse {
       return;
     }
     const index_t d = static_cast<index_t>(destination);
-    const index_t n = d / destinations_per_image;
+    const index_t n = divide(d, by_image_size);
     // (n, c, s) of the output, s = d - n * destinations_per_image.
     out_t& element = out
         [(n * channels + row.channel) * destinations_per_image +
@@ -619,9 +655,9 @@ void reduce_grad_input(
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
-  // Dense: [seg_begin | seg_end], one allocation and one fill per chunk.
+  // Dense: the segment table, one fill per chunk.
   const auto segments =
-      ex.allocate(dense ? 2 * table_entries * sizeof(int32_t) : 0);
+      ex.allocate(dense ? table_entries * sizeof(SegmentBounds) : 0);
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
   const bool copy = plan.copy_grad_output;
   const auto gathered =
@@ -649,8 +685,7 @@ void reduce_grad_input(
             as<index_t>(gout_offsets),
             args.grad_output.data,
             args.grad_output.stride_c};
-  int32_t* const seg_begin = as<int32_t>(segments);
-  int32_t* const seg_end = seg_begin + (dense ? table_entries : 0);
+  SegmentBounds* const segment_table = as<SegmentBounds>(segments);
   int32_t* const bookkeeping_a = as<int32_t>(ids);
   int32_t* const bookkeeping_b = reinterpret_cast<int32_t*>(as<key_t>(keys));
 
@@ -703,7 +738,7 @@ void reduce_grad_input(
             /*has_carry=*/!first,
             /*write_untouched=*/first || static_cast<const void*>(out) != in};
         if (plan.channels_fastest) {
-          ex.for_each(numel, ReduceDenseChannelsFastest<Fold>{fold});
+          ex.for_each(numel, ReduceDenseChannelsFastest<Fold>(fold));
         } else {
           ex.for_each_row(
               args.batch * channels, image_size, ReduceDense<Fold>{fold});
@@ -712,7 +747,7 @@ void reduce_grad_input(
       if constexpr (kPerTap) {
         if (dense) {
           reduce_dense(DestinationSegments<index_t>{
-              sorted.ids, seg_begin, seg_end, image_size});
+              sorted.ids, segment_table, image_size});
         } else {
           ex.for_each_row(
               channels,
@@ -726,11 +761,13 @@ void reduce_grad_input(
                   out,
                   channels,
                   image_size,
+                  Divider<index_t>(
+                      static_cast<std::make_unsigned_t<index_t>>(image_size)),
                   static_cast<const void*>(out) == in});
         }
       } else {
         reduce_dense(make_cell_segments(
-            sorted.ids, seg_begin, seg_end, args.inp_size));
+            sorted.ids, segment_table, args.inp_size));
       }
     };
     if (copy) {
@@ -746,11 +783,11 @@ void reduce_grad_input(
               as<index_t>(gathered_offsets)});
     }
     if (dense) {
-      ex.zero(seg_begin, 2 * table_entries * sizeof(int32_t));
+      ex.zero(segment_table, table_entries * sizeof(SegmentBounds));
       ex.for_each(
           num_items,
           MarkDestinationSegments<key_t>{
-              as<key_t>(sorted_keys), num_items, nowhere, seg_begin, seg_end});
+              as<key_t>(sorted_keys), num_items, nowhere, segment_table});
     } else if (num_items > 0) {
       ex.for_each(
           num_items,
