@@ -1177,9 +1177,11 @@ struct MergedCellRecords {
   // destination through `tap`, or kExhausted at its end.
   C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
       const {
-    return position < limit
-        ? static_cast<uint32_t>(point_ids[position]) * kWays + tap
-        : kExhausted;
+    // Reads an id either way (index 0 past the end: a chunk has at least
+    // one sorted point), so that the load needs no branch.
+    const bool valid = position < limit;
+    const uint32_t id = static_cast<uint32_t>(point_ids[valid ? position : 0]);
+    return valid ? id * kWays + tap : kExhausted;
   }
   C10_HOST_DEVICE void load_head(int k) {
     head[k] = head_at(next[k], end[k], kWays - 1 - k);

@@ -150,8 +150,10 @@ struct SortedRecords {
   const scalar_t* grad_output;
   index_t gout_stride_c;
 
+  // One wide multiply-add: the product is formed in 64 bits rather than
+  // sign-extended after.
   C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
-    return grad_output + c * gout_stride_c;
+    return grad_output + static_cast<int64_t>(c) * gout_stride_c;
   }
 };
 
@@ -194,8 +196,6 @@ struct CellSegments {
   int32_t cell_stride[kDims];
   // by_axis[a] divides by the input's size along axis a (a > 0).
   Divider<index_t> by_axis[kDims];
-  // Cell-number offset of way k's corner (MergedCellRecords).
-  int32_t way_offsets[kWays];
 
   // The cell at destination s of an image: s, plus one cell for every row
   // before s (cell rows are one longer), plus in 3-D one row of cells for
@@ -212,6 +212,15 @@ struct CellSegments {
   }
 
   C10_HOST_DEVICE MergedCellRecords<kWays> of(index_t n, index_t s) const {
+    // Cell-number offset of way k's corner (MergedCellRecords). The x step
+    // is the literal 1, so ways k and k + 1 load side by side.
+    int32_t way_offsets[kWays];
+    for (int k = 0; k < kWays; ++k) {
+      way_offsets[k] = k & 1;
+      for (int a = 0; a < kDims - 1; ++a) {
+        way_offsets[k] += ((k >> (kDims - 1 - a)) & 1) * cell_stride[a];
+      }
+    }
     return MergedCellRecords<kWays>(
         point_ids,
         segments,
@@ -225,19 +234,12 @@ CellSegments<index_t, kDims> make_cell_segments(
     const int32_t* point_ids,
     const SegmentBounds* bounds,
     const Spatial<index_t, kDims>& inp_size) {
-  CellSegments<index_t, kDims> segments{point_ids, bounds, 1, {}, {}, {}};
+  CellSegments<index_t, kDims> segments{point_ids, bounds, 1, {}, {}};
   for (int a = kDims - 1; a >= 0; --a) {
     segments.cell_stride[a] = segments.cells_per_image;
     segments.cells_per_image *= static_cast<int32_t>(inp_size.v[a]) + 1;
     segments.by_axis[a] = Divider<index_t>(
         static_cast<std::make_unsigned_t<index_t>>(inp_size.v[a]));
-  }
-  for (int k = 0; k < segments.kWays; ++k) {
-    int32_t offset = 0;
-    for (int a = 0; a < kDims; ++a) {
-      offset += ((k >> (kDims - 1 - a)) & 1) * segments.cell_stride[a];
-    }
-    segments.way_offsets[k] = offset;
   }
   return segments;
 }
@@ -245,9 +247,10 @@ CellSegments<index_t, kDims> make_cell_segments(
 // Dense reduction, step 2: what both thread orders below share. The single
 // writer of element (n, c, s) of a contiguous (N, C, spatial...) output folds
 // the records of destination (n, s) for channel c. `carry` (same layout)
-// holds the sums of earlier chunks when has_carry. Only the first chunk, and
-// a last one that rounds a float carry into grad_input, write untouched
-// elements.
+// holds the sums of earlier chunks for images before first_fresh_image;
+// images from it on start from zero. Untouched elements are written (their
+// zeros, or a float carry rounded into grad_input) from image
+// first_written_image on, and left as they are before it.
 template <
     int kTapsPerPoint,
     typename Segments,
@@ -264,8 +267,8 @@ struct DenseFold {
   const T* carry;
   index_t channels;
   index_t destinations_per_image;
-  bool has_carry;
-  bool write_untouched;
+  index_t first_fresh_image;
+  index_t first_written_image;
 
   // element = (n * channels + c) * destinations_per_image + s.
   C10_HOST_DEVICE void fold_into(
@@ -274,23 +277,25 @@ struct DenseFold {
       const scalar_t* gout_channel,
       index_t element) const {
     const auto ids = segments.of(n, s);
-    if (ids.done() && !write_untouched) {
+    if (ids.done() && n < first_written_image) {
       return;
     }
-    const T initial = has_carry ? carry[element] : static_cast<T>(0);
+    const T initial =
+        n < first_fresh_image ? carry[element] : static_cast<T>(0);
     out[element] = static_cast<out_t>(fold_records<kTapsPerPoint>(
         ids, records.weights, records.gout_offsets, gout_channel, initial));
   }
 };
 
-// Destinations fastest: thread (row n * C + c, column = spatial index s), so
-// a warp's lanes take consecutive destinations of one channel: their segment
-// bounds load coalesced, their writes are contiguous, and neighbouring
-// destinations' sorted records lie side by side.
+// Destinations fastest: thread (row (n - first_image) * C + c, column =
+// spatial index s), so a warp's lanes take consecutive destinations of one
+// channel: their segment bounds load coalesced, their writes are contiguous,
+// and neighbouring destinations' sorted records lie side by side.
 template <typename Fold>
 struct ReduceDense {
   using index_t = typename Fold::index_type;
   Fold fold;
+  index_t first_image;
 
   struct Row {
     index_t n;
@@ -299,11 +304,13 @@ struct ReduceDense {
   };
 
   C10_HOST_DEVICE Row row(index_t r) const {
-    const index_t n = r / fold.channels;
+    const index_t image = r / fold.channels;
+    const index_t c = r - image * fold.channels;
+    const index_t n = first_image + image;
     return Row{
         n,
-        fold.records.gout_channel(r - n * fold.channels),
-        r * fold.destinations_per_image};
+        fold.records.gout_channel(c),
+        (n * fold.channels + c) * fold.destinations_per_image};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
@@ -311,8 +318,8 @@ struct ReduceDense {
   }
 };
 
-// Channels fastest: thread i takes destination i / channels and channel
-// i % channels, so a warp's lanes fold the same records (the merge and the
+// Channels fastest: thread i takes pair p = first_pair + i, destination
+// p / channels and channel p % channels, so a warp's lanes fold the same records (the merge and the
 // loads of ids, weights and offsets are the same for all of them) and read
 // grad_output at consecutive channels of one point: contiguous when its
 // channel stride is 1, which GatherChannelsLast provides when grad_output's
@@ -322,18 +329,21 @@ template <typename Fold>
 struct ReduceDenseChannelsFastest {
   using index_t = typename Fold::index_type;
   Fold fold;
+  // The pairs of the images before the first one swept.
+  index_t first_pair;
   Divider<index_t> by_channels;
   Divider<index_t> by_image_size;
 
-  explicit ReduceDenseChannelsFastest(const Fold& fold)
+  ReduceDenseChannelsFastest(const Fold& fold, index_t first_image)
       : fold(fold),
+        first_pair(first_image * fold.channels * fold.destinations_per_image),
         by_channels(static_cast<std::make_unsigned_t<index_t>>(fold.channels)),
         by_image_size(static_cast<std::make_unsigned_t<index_t>>(
             fold.destinations_per_image)) {}
 
   C10_HOST_DEVICE void operator()(index_t i) const {
-    const index_t destination = divide(i, by_channels);
-    const index_t c = i - destination * fold.channels;
+    const index_t destination = divide(first_pair + i, by_channels);
+    const index_t c = first_pair + i - destination * fold.channels;
     const index_t n = divide(destination, by_image_size);
     const index_t s = destination - n * fold.destinations_per_image;
     fold.fold_into(
@@ -504,7 +514,8 @@ static_assert(
 
 // Two ways to reach every grad_input element, with the same sums. Dense:
 // a table of segment bounds over every key (destination or cell), then one
-// thread per element, the first chunk writing the zeros too (no memset).
+// thread per element of the images the chunk's points lie in, the first
+// chunk to reach an image writing its zeros too (no memset).
 // Sparse (PerTap only): a zero fill, then one thread per (run of one
 // destination's records, channel). Dense is chosen when its table has no
 // more entries than a chunk has taps, so that a pass over every element
@@ -630,13 +641,18 @@ void reduce_grad_input(
   const int64_t chunk_points = plan.chunk_points;
   const bool dense = plan.dense;
   const int64_t num_points = args.num_points();
+  const index_t channels = args.channels;
+  const index_t image_size = args.destinations_per_image();
+  const index_t numel = args.batch * channels * image_size;
+  if (num_points == 0) {
+    // Nothing lands anywhere; below, every chunk has points.
+    ex.zero(grad_input, numel * sizeof(scalar_t));
+    return;
+  }
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t points_per_chunk = std::min(num_points, chunk_points);
   const int64_t capacity = points_per_chunk * kItemsPerPoint;
-  const index_t channels = args.channels;
-  const index_t image_size = args.destinations_per_image();
-  const index_t numel = args.batch * channels * image_size;
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
   const int64_t table_entries = kPerTap ? args.num_destinations() : args.num_cells();
   const key_t nowhere = static_cast<key_t>(table_entries);
@@ -699,12 +715,21 @@ void reduce_grad_input(
     }
   }
   const int end_bit = bits_for(table_entries);
+  const int64_t points_per_image = args.points_per_image();
+  // Images before it had points in an earlier chunk.
+  int64_t first_fresh_image = 0;
   for (int64_t k = 0; k < num_chunks; ++k) {
     const int64_t first_point = k * chunk_points;
     const int64_t count = std::min(chunk_points, num_points - first_point);
     const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
-    const bool first = k == 0;
     const bool last = k == num_chunks - 1;
+    // Points are numbered image by image, so this chunk's records land in
+    // images [first_image, end_image) only. A dense reduce sweeps just those,
+    // but for the last chunk of a float carry, which rounds the images
+    // finished before it into grad_input too.
+    const int64_t first_image = first_point / points_per_image;
+    const int64_t end_image = (first_point + count - 1) / points_per_image + 1;
+    const int64_t sweep_from = float_carry && last ? 0 : first_image;
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
@@ -735,13 +760,20 @@ void reduce_grad_input(
             in,
             channels,
             image_size,
-            /*has_carry=*/!first,
-            /*write_untouched=*/first || static_cast<const void*>(out) != in};
+            static_cast<index_t>(first_fresh_image),
+            /*first_written_image=*/static_cast<const void*>(out) != in
+                ? 0
+                : static_cast<index_t>(first_fresh_image)};
+        const index_t first_swept = static_cast<index_t>(sweep_from);
+        const index_t rows_swept =
+            static_cast<index_t>(end_image - sweep_from) * channels;
         if (plan.channels_fastest) {
-          ex.for_each(numel, ReduceDenseChannelsFastest<Fold>(fold));
+          ex.for_each(
+              rows_swept * image_size,
+              ReduceDenseChannelsFastest<Fold>(fold, first_swept));
         } else {
           ex.for_each_row(
-              args.batch * channels, image_size, ReduceDense<Fold>{fold});
+              rows_swept, image_size, ReduceDense<Fold>{fold, first_swept});
         }
       };
       if constexpr (kPerTap) {
@@ -813,6 +845,7 @@ void reduce_grad_input(
     } else {
       reduce_into(carry, carry);
     }
+    first_fresh_image = end_image;
   }
   if (!dense && float_carry) {
     ex.for_each(numel, RoundCarry<scalar_t, index_t>{carry, grad_input});
