@@ -874,22 +874,36 @@ bool reduce_grad_input_keyed(
   using index_t = typename Args::index_type;
   const bool channels_fastest =
       use_channels_fastest(options.gather, args.channels, Args::op_name());
-  const bool copy = channels_fastest && args.grad_output.stride_c > 1;
+  const bool wants_copy = channels_fastest && args.grad_output.stride_c > 1;
   auto run = [&](auto key) {
     using key_t = decltype(key);
-    ChunkPlan plan = plan_chunks(
-        options.chunk_points,
-        args.num_points(),
-        kTapsPerPoint,
-        table_entries,
-        chunk_bytes_per_point(
-            kPerTap ? kTapsPerPoint : 1,
-            kTapsPerPoint,
-            sizeof(key_t),
-            sizeof(typename Args::opmath_t),
-            sizeof(index_t)),
-        copy ? args.channels * sizeof(scalar_t) + sizeof(index_t) : 0,
-        Args::op_name());
+    auto plan_with = [&](bool copy) {
+      return plan_chunks(
+          options.chunk_points,
+          args.num_points(),
+          kTapsPerPoint,
+          table_entries,
+          chunk_bytes_per_point(
+              kPerTap ? kTapsPerPoint : 1,
+              kTapsPerPoint,
+              sizeof(key_t),
+              sizeof(typename Args::opmath_t),
+              sizeof(index_t)),
+          copy ? args.channels * sizeof(scalar_t) + sizeof(index_t) : 0,
+          Args::op_name());
+    };
+    ChunkPlan plan = plan_with(wants_copy);
+    bool copy = wants_copy;
+    if (copy && plan.chunk_points < args.num_points()) {
+      // The copy's bytes never split a problem that fits one chunk without
+      // them (every extra chunk is a sort and a sweep more): it then reads
+      // grad_output where it lies.
+      const ChunkPlan uncopied = plan_with(false);
+      if (uncopied.dense && uncopied.chunk_points >= args.num_points()) {
+        plan = uncopied;
+        copy = false;
+      }
+    }
     if (!kPerTap && !plan.dense) {
       return false;
     }
