@@ -81,9 +81,8 @@ struct PointPass {
   }
 };
 
-// Dense reduction, step 1: segments[k] bounds the sorted
-// records of key k, a destination (PerTap) or a cell (PerCell); both were
-// zero-filled before, so an untouched key has an empty range. One thread per
+// Dense reduction, step 1: segments[k] bounds the sorted records of key k,
+// a destination (PerTap) or a cell (PerCell); both were zero-filled before, so an untouched key has an empty range. One thread per
 // sorted record, O(records): only the first and the last record of each key
 // write.
 template <typename key_t>
@@ -319,12 +318,14 @@ struct ReduceDense {
 };
 
 // Channels fastest: thread i takes pair p = first_pair + i, destination
-// p / channels and channel p % channels, so a warp's lanes fold the same records (the merge and the
-// loads of ids, weights and offsets are the same for all of them) and read
-// grad_output at consecutive channels of one point: contiguous when its
-// channel stride is 1, which GatherChannelsLast provides when grad_output's
-// own is not. (One launch over all elements: as a row per image the fold's
-// loop keeps fewer values in registers and recomputes them per record.)
+// p / channels and channel p % channels, so a warp's lanes fold the same
+// records (the merge and the loads of ids, weights and offsets are the same
+// for all of them) and read grad_output at consecutive channels of one
+// point: contiguous when its channel stride is 1, which GatherChannelsLast
+// provides when grad_output's own is not. A 1-D launch: as a row per image
+// (n without a division), sm_90 code recomputed values in the fold's record
+// loop that it could no longer keep in registers (57 instructions per
+// record instead of 46).
 template <typename Fold>
 struct ReduceDenseChannelsFastest {
   using index_t = typename Fold::index_type;
@@ -716,7 +717,8 @@ void reduce_grad_input(
   }
   const int end_bit = bits_for(table_entries);
   const int64_t points_per_image = args.points_per_image();
-  // Images before it had points in an earlier chunk.
+  // Images before first_fresh_image had points in an earlier chunk: they
+  // hold running sums.
   int64_t first_fresh_image = 0;
   for (int64_t k = 0; k < num_chunks; ++k) {
     const int64_t first_point = k * chunk_points;
