@@ -2,8 +2,9 @@
 # Reads the machine code of the CUDA kernels (no GPU needed) and fails on:
 # a stack frame or spill in any detgrid kernel, a fused multiply-add in
 # detgrid's own arithmetic (the CUDA == host bit equality rests on every
-# operation being rounded on its own), or flush-to-zero arithmetic. Prints
-# each reduce kernel's inner-loop instruction count. Then proves the audit
+# operation being rounded on its own), flush-to-zero arithmetic, or a 2-D
+# fp32 dense reduce whose setup per element exceeds 80 instructions. Prints
+# each reduce kernel's setup and inner-loop instruction counts. Then proves the audit
 # has teeth: a --use_fast_math build of a point pass and a reduce of the same
 # pipeline (.ci/audit/fast_math_probe.cu) must fail it.
 #   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers
@@ -48,7 +49,10 @@ audit() {
 
 echo "sass audit: building GridSamplerDeterministic.cu for sm_90"
 build release "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"
-audit release --loops | grep -E "^FAIL|^sass audit|inner loop|ReduceSparse<4, float, int, int, float>|ReduceDense(ChannelsFastest)?<[a-z_:]*DenseFold<(4|8), [a-z_:]*(DestinationSegments<int>|CellSegments<int, (2|3)>), float, int, float> ?>"
+# One line per reduce kernel: setup=N (instructions per element, or sparse
+# run, before its fold) per-record=M (the fold's inner loop); the audit
+# fails when a 2-D fp32 dense reduce's setup exceeds 80.
+audit release --loops | grep -E "^FAIL|^sass audit|^reduce kernels|^setup="
 
 echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
 build fast_math "$root/.ci/audit/fast_math_probe.cu" --use_fast_math

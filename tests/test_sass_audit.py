@@ -108,6 +108,35 @@ class TestSassAudit(TestCase):
         self.assertEqual((cost.body, cost.calls, cost.callee), (5, 1, 2))
         self.assertEqual(cost.total, 7)
 
+    def test_setup_counts_from_the_element_loop_head_to_the_fold(self):
+        # Element loop .L_x_1 (0x10-0x90) holds the loop over partials
+        # .L_x_2 (0x40-0x80), which holds the record loop .L_x_3 (0x50-0x70):
+        # three instructions per element come before the fold.
+        ins = ["IMAD R1, R2, R3, RZ", "LDG.E.64 R4, desc[UR4][R6.64]", "ISETP.GE.AND P0, PT, R4, R5, PT",
+               "MOV R7, RZ", "LDG.E R8, desc[UR4][R6.64]", "FMUL R9, R8, R10", "FADD R7, R7, R9",
+               "@P1 BRA `(.L_x_3)", "@P2 BRA `(.L_x_2)", "@P3 BRA `(.L_x_1)", "EXIT"]
+        labels = {0x10: ".L_x_1", 0x40: ".L_x_2", 0x50: ".L_x_3"}
+        body = ""
+        for k, text in enumerate(ins):
+            offset = 0x10 * (k + 1)
+            if offset in labels:
+                body += labels[offset] + ":\n"
+            body += f"        /*{offset:04x}*/                   {text} ;\n"
+        function = next(iter(sass_audit.parse_sass(_sass(_loc(CUH, 880) + body)).values()))
+        cost = sass_audit.inner_loop_cost(function)
+        self.assertEqual(cost.body, 4)
+        self.assertEqual(sass_audit.setup_cost(function, cost.loop), 3)
+
+    def test_setup_limit_applies_to_2d_fp32_dense_reduces(self):
+        dense = ("for_each_kernel<ReduceDenseChannelsFastest<DenseFold<4, "
+                 "CellSegments<int, 2>, float, int, float> >, int>")
+        sparse = "for_each_row_kernel<ReduceSparse<4, float, int, int, float>, int, int>"
+        loop = sass_audit.LoopCost(46, 0, 0)
+        rows = [sass_audit.ReduceCost(dense, loop, 81), sass_audit.ReduceCost(sparse, loop, 200)]
+        self.assertEqual(len(sass_audit.setup_violations(rows)), 1)
+        rows[0].setup = 80
+        self.assertEqual(sass_audit.setup_violations(rows), [])
+
     def test_unreadable_input_is_a_one_line_error(self):
         import contextlib
         import io

@@ -102,6 +102,47 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["workspace_bytes"],
                          2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
 
+    def test_dense_reduce_sweeps_only_the_images_of_each_chunk(self):
+        # 4 images of 64 x 64 points, chunks of 4096 points: each chunk's
+        # points are one image, so it sweeps that image's 3 x 16 x 16
+        # elements, not all four images'.
+        per_image = 3 * 16 * 16
+        c = _counters((4, 3, 16, 16), (64, 64), chunk_points=4096)
+        self.assertEqual(c["chunks"], 4)
+        self.assertEqual(c["elements_swept"], 4 * per_image)
+        # Chunks of 12288 points straddle images: [0, 3) and [3, 4).
+        c = _counters((4, 3, 16, 16), (64, 64), chunk_points=12288)
+        self.assertEqual(c["chunks"], 2)
+        self.assertEqual(c["elements_swept"], (3 + 1) * per_image)
+        # One chunk sweeps all of grad_input once, in either thread order.
+        for gather in (1, 2):
+            c = _counters((4, 3, 16, 16), (64, 64), gather=gather)
+            self.assertEqual(c["elements_swept"], 4 * per_image)
+
+    def test_last_chunk_of_a_float_carry_sweeps_every_image_before_it(self):
+        # BFloat16 over two chunks: the last one rounds the float carry of
+        # the images finished before it into grad_input too.
+        per_image = 3 * 16 * 16
+        c = _counters((4, 3, 16, 16), (64, 64), dtype=torch.bfloat16, chunk_points=12288)
+        self.assertEqual(c["elements_swept"], 3 * per_image + 4 * per_image)
+
+    def test_sparse_reduce_sweeps_no_elements(self):
+        self.assertEqual(_counters((1, 1, 200, 200), (8, 8))["elements_swept"], 0)
+
+    def test_no_points_is_one_zero_fill(self):
+        c = _counters((2, 3, 8, 8), (0, 4))
+        self.assertEqual((c["launches"], c["chunks"], c["elements_swept"]), (1, 0, 0))
+
+    def test_channels_last_copy_never_splits_a_problem_that_fits_one_chunk(self):
+        # 32 x 1024 points of 1024 channels: their channels-last copy alone
+        # (128 MiB) would need three chunks; without it the problem fits one,
+        # and its grad_output is read where it lies.
+        c = _counters((1, 1024, 64, 64), (32, 1024))
+        self.assertEqual(c["chunks"], 1)
+        self.assertEqual(c["launches_per_chunk"], 5)
+        # Where it is needed anyway, the copy stays.
+        self.assertEqual(_counters((1, 16, 8, 8), (16, 16))["launches_per_chunk"], 6)
+
     def test_unknown_gather_is_a_one_line_error(self):
         with self.assertRaisesRegex(RuntimeError, "gather must be 0 \\(automatic\\), 1"):
             _counters((1, 1, 8, 8), (4, 4), gather=3)

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 namespace detgrid {
@@ -109,6 +110,17 @@ struct HostExecutor {
   void begin_chunk() const {}
 };
 
+// The dense reduces: a thread of theirs per grad_input element swept.
+template <typename Stage>
+struct SweepsElements : std::false_type {};
+template <typename Fold>
+struct SweepsElements<at::native::grid_sampler_deterministic::ReduceDense<Fold>>
+    : std::true_type {};
+template <typename Fold>
+struct SweepsElements<
+    at::native::grid_sampler_deterministic::ReduceDenseChannelsFastest<Fold>>
+    : std::true_type {};
+
 // Runs nothing; counts what the CUDA executor would launch, sort and
 // allocate for the same call (every count is a pure function of the shapes).
 struct CountingExecutor {
@@ -125,6 +137,9 @@ struct CountingExecutor {
   void for_each(count_t count, const Stage& /*stage*/) const {
     if (count != 0) {
       launch();
+      if constexpr (SweepsElements<Stage>::value) {
+        counters->elements_swept += count;
+      }
     }
   }
 
@@ -132,6 +147,9 @@ struct CountingExecutor {
   void for_each_row(row_t rows, col_t cols, const Stage& /*stage*/) const {
     if (rows != 0 && cols != 0) {
       launch();
+      if constexpr (SweepsElements<Stage>::value) {
+        counters->elements_swept += int64_t{rows} * int64_t{cols};
+      }
     }
   }
 

@@ -34,6 +34,9 @@ struct WorkCounters {
   int64_t key_bytes = 0; // sizeof the sort key
   int64_t workspace_bytes = 0;
   int64_t sort_scratch_bytes = 0;
+  // grad_input elements the dense reduces' threads visit, over all chunks
+  // (the sparse reduction visits only its runs, after a zero fill).
+  int64_t elements_swept = 0;
 };
 
 WorkCounters count_backward_work(

@@ -164,7 +164,8 @@ std::vector<int64_t> backward_work_counters(
       counters.key_bits,
       counters.key_bytes,
       counters.workspace_bytes,
-      counters.sort_scratch_bytes};
+      counters.sort_scratch_bytes,
+      counters.elements_swept};
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's

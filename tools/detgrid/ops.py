@@ -139,7 +139,8 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 
 
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
-                       "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes")
+                       "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes",
+                       "elements_swept")
 
 
 def work_counters(
@@ -166,7 +167,9 @@ def work_counters(
     items_sorted (radix-sort items: one per point or one per record, as the
     pipeline keys the call), key_bits (bits it sorts),
     key_bytes, workspace_bytes (detgrid's buffers), sort_scratch_bytes (an
-    estimate of CUB's radix-sort scratch: its copy of the keys and payloads).
+    estimate of CUB's radix-sort scratch: its copy of the keys and payloads),
+    elements_swept (grad_input elements the dense reduces visit, summed over
+    chunks; 0 for the sparse reduction, which zero-fills and visits runs).
     Also `points` and `records` (points x taps), from the shapes.
     """
     dims = input.dim() - 2

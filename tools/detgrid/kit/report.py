@@ -660,8 +660,9 @@ COMPONENTS = (
                ("GridSamplerDeterministicPipeline.cuh", "RecordRunStarts"),
                ("GridSamplerDeterministicPipeline.cuh", "ReduceSparse"),
                ("GridSamplerDeterministicPipeline.cuh", "RoundCarry")),
-              "grids that touch few of many pixels: the dense reduce passes over all of "
-              "grad_input once per chunk, this one only over the chunk's records",
+              "grids that touch few of many pixels: the dense reduce passes over every "
+              "element of the images a chunk's points lie in, this one only over the "
+              "chunk's records",
               "modelled: exact launch and item counts (`detgrid.ops.work_counters`); no GPU time"),
     Component("per-cell keying",
               (("GridSamplerDeterministicPipeline.cuh", "CellSegments"),

@@ -16,9 +16,11 @@ function of compiler output so that CI can run it without a GPU:
   arithmetic, which a --use_fast_math or -ftz=true build would produce and
   which would break bit equality with the host for subnormals.
 
-It also measures the instruction count of each reduce kernel's inner loop
-(the smallest loop that holds the fold's FMUL and FADD), plus the static
-size of any subroutine it calls, for benchmarks/NOTES.md.
+It also measures each reduce kernel's inner loop (the smallest loop that
+holds the fold's FMUL and FADD, plus the static size of any subroutine it
+calls) and its setup (what one grad_input element, or one sparse run, costs
+before the fold's loops start), for benchmarks/NOTES.md, and fails when the
+setup of a 2-D fp32 dense reduce exceeds SETUP_LIMIT.
 """
 
 import argparse
@@ -39,6 +41,13 @@ DIVISION_INTRINSICS = ("__fdiv_rn", "__ddiv_rn")
 FUSED = re.compile(r"^(FFMA|DFMA|HFMA2)(\.|$)")
 FTZ_ARITHMETIC = re.compile(r"^(FADD|FMUL|FFMA|FMNMX|FADD32I|FMUL32I|FFMA32I)\b.*\.FTZ")
 CONSTANT_IDIOM = re.compile(r"-RZ,\s*RZ")
+
+# The 2-D bilinear fp32 dense reduces (32-bit index, either thread order,
+# keyed per tap or per cell), whose per-element setup issue 23 bounds.
+DENSE_2D_FP32 = re.compile(
+    r"ReduceDense(ChannelsFastest)?<[\w:]*DenseFold<4, [\w:]*"
+    r"(DestinationSegments<int>|CellSegments<int, 2>), float, int, float>")
+SETUP_LIMIT = 80
 
 
 @dataclasses.dataclass
@@ -235,6 +244,18 @@ def loops(function: Function) -> List[Tuple[int, int]]:
     return found
 
 
+def enclosing_loop(function: Function, inner: Tuple[int, int]) -> Optional[Tuple[int, int]]:
+    """The smallest loop that strictly contains `inner` (a loop with several
+    backward branches counts from its head to its last one)."""
+    last_branch: Dict[int, int] = {}
+    for start, end in loops(function):
+        last_branch[start] = max(end, last_branch.get(start, end))
+    around = [(start, end) for start, end in last_branch.items()
+              if start <= inner[0] and inner[1] <= end and (start, end) != inner
+              and start != inner[0]]
+    return min(around, key=lambda loop: loop[1] - loop[0], default=None)
+
+
 def subroutine_size(function: Function, label: str) -> int:
     """Static instruction count of a called subroutine, to its first RET."""
     start = function.labels.get(label)
@@ -255,6 +276,7 @@ class LoopCost:
     body: int  # instructions of the loop body, branch included
     calls: int  # CALLs in it (64-bit division and the like)
     callee: int  # static instructions of the subroutines they call
+    loop: Tuple[int, int] = (0, 0)  # its first and last instruction index
 
     @property
     def total(self) -> int:
@@ -275,10 +297,23 @@ def inner_loop_cost(function: Function, multiply: str = "FMUL",
             continue
         calls = [ins for ins in body if ins.opcode.startswith("CALL") and ins.target]
         cost = LoopCost(len(body), len(calls),
-                        sum(subroutine_size(function, ins.target) for ins in calls))
+                        sum(subroutine_size(function, ins.target) for ins in calls),
+                        (start, end))
         if best is None or cost.total < best.total:
             best = cost
     return best
+
+
+def setup_cost(function: Function, record_loop: Tuple[int, int]) -> Optional[int]:
+    """Instructions from the head of the loop over elements (or runs) to the
+    head of the fold's loop over partials, which holds the record loop: the
+    index math, segment loads and merge set-up one element pays before its
+    first record. Static, in layout order."""
+    partials = enclosing_loop(function, record_loop)
+    elements = partials and enclosing_loop(function, partials)
+    if elements is None:
+        return None
+    return partials[0] - elements[0]
 
 
 def demangle(names: Sequence[str] | str):
@@ -292,8 +327,15 @@ def demangle(names: Sequence[str] | str):
     return out[0] if single else out
 
 
-def reduce_loop_table(functions: Dict[str, Function]) -> List[Tuple[str, LoopCost]]:
-    """(readable kernel, inner-loop cost) of every reduce kernel of ours."""
+@dataclasses.dataclass
+class ReduceCost:
+    kernel: str  # demangled
+    per_record: LoopCost
+    setup: Optional[int]
+
+
+def reduce_loop_table(functions: Dict[str, Function]) -> List[ReduceCost]:
+    """Inner-loop and setup cost of every reduce kernel of ours."""
     rows = []
     names = [n for n in functions if OUR_KERNEL.search(n) and re.search(r"[Rr]educe", n)]
     for name, readable in zip(names, demangle(names)):
@@ -301,8 +343,14 @@ def reduce_loop_table(functions: Dict[str, Function]) -> List[Tuple[str, LoopCos
         cost = (inner_loop_cost(functions[name], "FMUL", "FADD")
                 or inner_loop_cost(functions[name], "DMUL", "DADD"))
         if cost is not None:
-            rows.append((readable, cost))
-    return sorted(rows)
+            rows.append(ReduceCost(readable, cost, setup_cost(functions[name], cost.loop)))
+    return sorted(rows, key=lambda row: row.kernel)
+
+
+def setup_violations(rows: Iterable[ReduceCost], limit: int = SETUP_LIMIT) -> List[str]:
+    """2-D fp32 dense reduces whose setup exceeds `limit` (or is not found)."""
+    return [f"setup={row.setup} > {limit}: {row.kernel}" for row in rows
+            if DENSE_2D_FP32.search(row.kernel) and (row.setup is None or row.setup > limit)]
 
 
 def main(argv=None) -> int:
@@ -328,18 +376,23 @@ def main(argv=None) -> int:
         print("sass audit: no detgrid kernel in the SASS (was it built with -lineinfo?)",
               file=sys.stderr)
         return 2
+    reduces = reduce_loop_table(functions)
     problems = {
         "stack frames or spills": resource_violations(resources, args.allow_spills),
         "fused multiply-add in detgrid's arithmetic": fused_violations(functions, SourceLines()),
         "flush-to-zero arithmetic": ftz_violations(functions),
+        "2-D fp32 dense reduce setup": setup_violations(reduces),
     }
     for kind, found in problems.items():
         for problem in found:
             print(f"FAIL ({kind}): {problem}")
     if args.loops:
-        print("inner loop per record: body + callees (body instructions, calls)")
-        for readable, cost in reduce_loop_table(functions):
-            print(f"{cost.total:4d} ({cost.body:3d}, {cost.calls} calls)  {readable}")
+        print("reduce kernels: setup=instructions per element (run) before its fold, "
+              "per-record=inner loop body + callees (calls)")
+        for row in reduces:
+            setup = "?" if row.setup is None else row.setup
+            cost = row.per_record
+            print(f"setup={setup} per-record={cost.total} ({cost.calls} calls)  {row.kernel}")
     failed = sum(map(len, problems.values()))
     print(f"sass audit: {len(ours)} detgrid kernels, "
           f"{sum(len(functions[n].instructions) for n in ours)} instructions; "

@@ -20,10 +20,11 @@
 //      records in the canonical order; no atomics, no integer division per
 //      record. Dense when the table of keys has no more entries than a chunk
 //      has records: segment bounds marked from the sorted keys in O(items),
-//      then one thread per (destination, channel) over all of grad_input,
-//      the first chunk writing the zeros (no memset). Keyed per cell, a
-//      destination merges its 2^dims neighbouring cells in ascending point
-//      id, which gives its records in the order of a per-tap sort exactly:
+//      then one thread per (destination, channel) over the images the
+//      chunk's points lie in, the first chunk to reach an image writing its
+//      zeros (no memset). Keyed per cell, a destination merges its 2^dims
+//      neighbouring cells in ascending point id, which gives its records in
+//      the order of a per-tap sort exactly:
 //      a point's taps are distinct pixels, so it reaches a destination
 //      through one tap at most. From 16 channels the threads take channels
 //      fastest, reading a channels-last copy of the chunk's grad_output

@@ -1133,6 +1133,13 @@ struct SortedRecordIds {
   }
 };
 
+// The sorted records [begin, end) of one key of a dense reduction, side by
+// side so that a destination's reduce loads both in one access.
+struct alignas(8) SegmentBounds {
+  int32_t begin;
+  int32_t end;
+};
+
 // PerCell: the records of destination d, merged from its kWays = 2^kDims
 // neighbouring cells. Way k is the cell at d's position plus the k-th
 // corner of the unit cube (row-major, x fastest); that cell's points reach d
@@ -1153,15 +1160,15 @@ struct MergedCellRecords {
 
   C10_HOST_DEVICE MergedCellRecords(
       const int32_t* sorted_point_ids,
-      const int32_t* seg_begin,
-      const int32_t* seg_end,
+      const SegmentBounds* segments,
       int32_t base_cell,
       const int32_t (&way_offsets)[kWays])
       : point_ids(sorted_point_ids) {
     GRID_SAMPLER_DET_UNROLL
     for (int k = 0; k < kWays; ++k) {
-      next[k] = seg_begin[base_cell + way_offsets[k]];
-      end[k] = seg_end[base_cell + way_offsets[k]];
+      const SegmentBounds bounds = segments[base_cell + way_offsets[k]];
+      next[k] = bounds.begin;
+      end[k] = bounds.end;
       load_head(k);
     }
     find_current();
@@ -1170,9 +1177,11 @@ struct MergedCellRecords {
   // destination through `tap`, or kExhausted at its end.
   C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
       const {
-    return position < limit
-        ? static_cast<uint32_t>(point_ids[position]) * kWays + tap
-        : kExhausted;
+    // Reads an id either way (index 0 past the end: a chunk has at least
+    // one sorted point), so that the load needs no branch.
+    const bool valid = position < limit;
+    const uint32_t id = static_cast<uint32_t>(point_ids[valid ? position : 0]);
+    return valid ? id * kWays + tap : kExhausted;
   }
   C10_HOST_DEVICE void load_head(int k) {
     head[k] = head_at(next[k], end[k], kWays - 1 - k);

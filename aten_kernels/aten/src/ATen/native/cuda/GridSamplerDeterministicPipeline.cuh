@@ -29,6 +29,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/native/CanUse32BitIndexMath.h>
 #include <c10/core/Allocator.h>
 
@@ -58,9 +59,8 @@ struct PointPass {
   }
 };
 
-// Dense reduction, step 1: [seg_begin[k], seg_end[k]) are the sorted
-// records of key k, a destination (PerTap) or a cell (PerCell); both were
-// zero-filled before, so an untouched key has an empty range. One thread per
+// Dense reduction, step 1: segments[k] bounds the sorted records of key k,
+// a destination (PerTap) or a cell (PerCell); both were zero-filled before, so an untouched key has an empty range. One thread per
 // sorted record, O(records): only the first and the last record of each key
 // write.
 template <typename key_t>
@@ -68,8 +68,7 @@ struct MarkDestinationSegments {
   const key_t* keys;
   int32_t count;
   key_t nowhere;
-  int32_t* seg_begin;
-  int32_t* seg_end;
+  SegmentBounds* segments;
 
   C10_HOST_DEVICE void operator()(int32_t i) const {
     const key_t d = keys[i];
@@ -77,10 +76,10 @@ struct MarkDestinationSegments {
       return;
     }
     if (i == 0 || keys[i - 1] != d) {
-      seg_begin[d] = i;
+      segments[d].begin = i;
     }
     if (i == count - 1 || keys[i + 1] != d) {
-      seg_end[d] = i + 1;
+      segments[d].end = i + 1;
     }
   }
 };
@@ -128,8 +127,10 @@ struct SortedRecords {
   const scalar_t* grad_output;
   index_t gout_stride_c;
 
+  // One wide multiply-add: the product is formed in 64 bits rather than
+  // sign-extended after.
   C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
-    return grad_output + c * gout_stride_c;
+    return grad_output + static_cast<int64_t>(c) * gout_stride_c;
   }
 };
 
@@ -138,15 +139,26 @@ struct SortedRecords {
 template <typename index_t>
 struct DestinationSegments {
   const int32_t* ids;
-  const int32_t* seg_begin;
-  const int32_t* seg_end;
+  const SegmentBounds* segments;
   index_t destinations_per_image;
 
   C10_HOST_DEVICE SortedRecordIds of(index_t n, index_t s) const {
-    const index_t d = n * destinations_per_image + s;
-    return SortedRecordIds{ids, seg_begin[d], seg_end[d]};
+    const SegmentBounds bounds = segments[n * destinations_per_image + s];
+    return SortedRecordIds{ids, bounds.begin, bounds.end};
   }
 };
+
+// Division by a divisor fixed at launch, by a multiply and a shift for
+// 32-bit indices (IntDivider; dividends are below 2^31 there), a plain
+// division for 64-bit ones. Per-element index math divides only with these.
+template <typename index_t>
+using Divider = at::cuda::detail::IntDivider<std::make_unsigned_t<index_t>>;
+
+template <typename index_t>
+C10_HOST_DEVICE inline index_t divide(index_t n, const Divider<index_t>& by) {
+  return static_cast<index_t>(
+      by.div(static_cast<std::make_unsigned_t<index_t>>(n)));
+}
 
 // PerCell: the segments of the destination's 2^kDims neighbouring cells,
 // merged. Dense tables hold at most 2^31 cells, so cell numbers are int32.
@@ -154,42 +166,57 @@ template <typename index_t, int kDims>
 struct CellSegments {
   static constexpr int kWays = 1 << kDims;
   const int32_t* point_ids;
-  const int32_t* seg_begin;
-  const int32_t* seg_end;
-  Spatial<index_t, kDims> inp_size;
-  Spatial<int32_t, kDims> cell_size;
+  const SegmentBounds* segments;
   int32_t cells_per_image;
-  // Cell-number offset of way k's corner (MergedCellRecords).
-  int32_t way_offsets[kWays];
+  // Row-major strides of the cells of an image, whose every axis is one
+  // longer than the input's.
+  int32_t cell_stride[kDims];
+  // by_axis[a] divides by the input's size along axis a (a > 0).
+  Divider<index_t> by_axis[kDims];
+
+  // The cell at destination s of an image: s, plus one cell for every row
+  // before s (cell rows are one longer), plus in 3-D one row of cells for
+  // every plane before s. With the input's sizes (D, H, W):
+  // s + s / W + (s / (H * W)) * (W + 1), which needs no remainder.
+  C10_HOST_DEVICE int32_t cell_of(index_t s) const {
+    index_t outer = divide(s, by_axis[kDims - 1]);
+    int32_t cell = static_cast<int32_t>(s + outer);
+    for (int a = kDims - 2; a > 0; --a) {
+      outer = divide(outer, by_axis[a]);
+      cell += static_cast<int32_t>(outer) * cell_stride[a];
+    }
+    return cell;
+  }
 
   C10_HOST_DEVICE MergedCellRecords<kWays> of(index_t n, index_t s) const {
-    const int32_t base_cell = static_cast<int32_t>(n) * cells_per_image +
-        ravel<int32_t>(unravel(s, inp_size), cell_size);
+    // Cell-number offset of way k's corner (MergedCellRecords). The x step
+    // is the literal 1, so ways k and k + 1 load side by side.
+    int32_t way_offsets[kWays];
+    for (int k = 0; k < kWays; ++k) {
+      way_offsets[k] = k & 1;
+      for (int a = 0; a < kDims - 1; ++a) {
+        way_offsets[k] += ((k >> (kDims - 1 - a)) & 1) * cell_stride[a];
+      }
+    }
     return MergedCellRecords<kWays>(
-        point_ids, seg_begin, seg_end, base_cell, way_offsets);
+        point_ids,
+        segments,
+        static_cast<int32_t>(n) * cells_per_image + cell_of(s),
+        way_offsets);
   }
 };
 
 template <typename index_t, int kDims>
 CellSegments<index_t, kDims> make_cell_segments(
     const int32_t* point_ids,
-    const int32_t* seg_begin,
-    const int32_t* seg_end,
+    const SegmentBounds* bounds,
     const Spatial<index_t, kDims>& inp_size) {
-  CellSegments<index_t, kDims> segments{
-      point_ids, seg_begin, seg_end, inp_size, {}, 1, {}};
-  int32_t stride[kDims];
+  CellSegments<index_t, kDims> segments{point_ids, bounds, 1, {}, {}};
   for (int a = kDims - 1; a >= 0; --a) {
-    segments.cell_size.v[a] = static_cast<int32_t>(inp_size.v[a]) + 1;
-    stride[a] = segments.cells_per_image;
-    segments.cells_per_image *= segments.cell_size.v[a];
-  }
-  for (int k = 0; k < segments.kWays; ++k) {
-    int32_t offset = 0;
-    for (int a = 0; a < kDims; ++a) {
-      offset += ((k >> (kDims - 1 - a)) & 1) * stride[a];
-    }
-    segments.way_offsets[k] = offset;
+    segments.cell_stride[a] = segments.cells_per_image;
+    segments.cells_per_image *= static_cast<int32_t>(inp_size.v[a]) + 1;
+    segments.by_axis[a] = Divider<index_t>(
+        static_cast<std::make_unsigned_t<index_t>>(inp_size.v[a]));
   }
   return segments;
 }
@@ -197,9 +224,10 @@ CellSegments<index_t, kDims> make_cell_segments(
 // Dense reduction, step 2: what both thread orders below share. The single
 // writer of element (n, c, s) of a contiguous (N, C, spatial...) output folds
 // the records of destination (n, s) for channel c. `carry` (same layout)
-// holds the sums of earlier chunks when has_carry. Only the first chunk, and
-// a last one that rounds a float carry into grad_input, write untouched
-// elements.
+// holds the sums of earlier chunks for images before first_fresh_image;
+// images from it on start from zero. Untouched elements are written (their
+// zeros, or a float carry rounded into grad_input) from image
+// first_written_image on, and left as they are before it.
 template <
     int kTapsPerPoint,
     typename Segments,
@@ -216,8 +244,8 @@ struct DenseFold {
   const T* carry;
   index_t channels;
   index_t destinations_per_image;
-  bool has_carry;
-  bool write_untouched;
+  index_t first_fresh_image;
+  index_t first_written_image;
 
   // element = (n * channels + c) * destinations_per_image + s.
   C10_HOST_DEVICE void fold_into(
@@ -226,23 +254,25 @@ struct DenseFold {
       const scalar_t* gout_channel,
       index_t element) const {
     const auto ids = segments.of(n, s);
-    if (ids.done() && !write_untouched) {
+    if (ids.done() && n < first_written_image) {
       return;
     }
-    const T initial = has_carry ? carry[element] : static_cast<T>(0);
+    const T initial =
+        n < first_fresh_image ? carry[element] : static_cast<T>(0);
     out[element] = static_cast<out_t>(fold_records<kTapsPerPoint>(
         ids, records.weights, records.gout_offsets, gout_channel, initial));
   }
 };
 
-// Destinations fastest: thread (row n * C + c, column = spatial index s), so
-// a warp's lanes take consecutive destinations of one channel: their segment
-// bounds load coalesced, their writes are contiguous, and neighbouring
-// destinations' sorted records lie side by side.
+// Destinations fastest: thread (row (n - first_image) * C + c, column =
+// spatial index s), so a warp's lanes take consecutive destinations of one
+// channel: their segment bounds load coalesced, their writes are contiguous,
+// and neighbouring destinations' sorted records lie side by side.
 template <typename Fold>
 struct ReduceDense {
   using index_t = typename Fold::index_type;
   Fold fold;
+  index_t first_image;
 
   struct Row {
     index_t n;
@@ -251,11 +281,13 @@ struct ReduceDense {
   };
 
   C10_HOST_DEVICE Row row(index_t r) const {
-    const index_t n = r / fold.channels;
+    const index_t image = r / fold.channels;
+    const index_t c = r - image * fold.channels;
+    const index_t n = first_image + image;
     return Row{
         n,
-        fold.records.gout_channel(r - n * fold.channels),
-        r * fold.destinations_per_image};
+        fold.records.gout_channel(c),
+        (n * fold.channels + c) * fold.destinations_per_image};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
@@ -263,21 +295,35 @@ struct ReduceDense {
   }
 };
 
-// Channels fastest: thread i takes destination i / channels and channel
-// i % channels, so a warp's lanes fold the same records (the merge and the
-// loads of ids, weights and offsets are the same for all of them) and read
-// grad_output at consecutive channels of one point: contiguous when its
-// channel stride is 1, which GatherChannelsLast provides when grad_output's
-// own is not.
+// Channels fastest: thread i takes pair p = first_pair + i, destination
+// p / channels and channel p % channels, so a warp's lanes fold the same
+// records (the merge and the loads of ids, weights and offsets are the same
+// for all of them) and read grad_output at consecutive channels of one
+// point: contiguous when its channel stride is 1, which GatherChannelsLast
+// provides when grad_output's own is not. A 1-D launch: as a row per image
+// (n without a division), sm_90 code recomputed values in the fold's record
+// loop that it could no longer keep in registers (57 instructions per
+// record instead of 46).
 template <typename Fold>
 struct ReduceDenseChannelsFastest {
   using index_t = typename Fold::index_type;
   Fold fold;
+  // The pairs of the images before the first one swept.
+  index_t first_pair;
+  Divider<index_t> by_channels;
+  Divider<index_t> by_image_size;
+
+  ReduceDenseChannelsFastest(const Fold& fold, index_t first_image)
+      : fold(fold),
+        first_pair(first_image * fold.channels * fold.destinations_per_image),
+        by_channels(static_cast<std::make_unsigned_t<index_t>>(fold.channels)),
+        by_image_size(static_cast<std::make_unsigned_t<index_t>>(
+            fold.destinations_per_image)) {}
 
   C10_HOST_DEVICE void operator()(index_t i) const {
-    const index_t destination = i / fold.channels;
-    const index_t c = i - destination * fold.channels;
-    const index_t n = destination / fold.destinations_per_image;
+    const index_t destination = divide(first_pair + i, by_channels);
+    const index_t c = first_pair + i - destination * fold.channels;
+    const index_t n = divide(destination, by_image_size);
     const index_t s = destination - n * fold.destinations_per_image;
     fold.fold_into(
         n,
@@ -335,6 +381,7 @@ struct ReduceSparse {
   out_t* out;
   index_t channels;
   index_t destinations_per_image;
+  Divider<index_t> by_image_size;
   bool has_carry;
 
   struct Row {
@@ -356,7 +403,7 @@ struct ReduceSparse {
       return;
     }
     const index_t d = static_cast<index_t>(destination);
-    const index_t n = d / destinations_per_image;
+    const index_t n = divide(d, by_image_size);
     // (n, c, s) of the output, s = d - n * destinations_per_image.
     out_t& element = out
         [(n * channels + row.channel) * destinations_per_image +
@@ -423,7 +470,8 @@ static_assert(
 
 // Two ways to reach every grad_input element, with the same sums. Dense:
 // a table of segment bounds over every key (destination or cell), then one
-// thread per element, the first chunk writing the zeros too (no memset).
+// thread per element of the images the chunk's points lie in, the first
+// chunk to reach an image writing its zeros too (no memset).
 // Sparse (PerTap only): a zero fill, then one thread per (run of one
 // destination's records, channel). Dense is chosen when its table has no
 // more entries than a chunk has taps, so that a pass over every element
@@ -539,13 +587,18 @@ void reduce_grad_input(
   const int64_t chunk_points = plan.chunk_points;
   const bool dense = plan.dense;
   const int64_t num_points = args.num_points();
+  const index_t channels = args.channels;
+  const index_t image_size = args.destinations_per_image();
+  const index_t numel = args.batch * channels * image_size;
+  if (num_points == 0) {
+    // Nothing lands anywhere; below, every chunk has points.
+    ex.zero(grad_input, numel * sizeof(scalar_t));
+    return;
+  }
   const int64_t num_chunks =
       std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
   const int64_t points_per_chunk = std::min(num_points, chunk_points);
   const int64_t capacity = points_per_chunk * kItemsPerPoint;
-  const index_t channels = args.channels;
-  const index_t image_size = args.destinations_per_image();
-  const index_t numel = args.batch * channels * image_size;
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
   const int64_t table_entries = kPerTap ? args.num_destinations() : args.num_cells();
   const key_t nowhere = static_cast<key_t>(table_entries);
@@ -564,9 +617,9 @@ void reduce_grad_input(
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
-  // Dense: [seg_begin | seg_end], one allocation and one fill per chunk.
+  // Dense: the segment table, one fill per chunk.
   const auto segments =
-      ex.allocate(dense ? 2 * table_entries * sizeof(int32_t) : 0);
+      ex.allocate(dense ? table_entries * sizeof(SegmentBounds) : 0);
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
   const bool copy = plan.copy_grad_output;
   const auto gathered =
@@ -594,8 +647,7 @@ void reduce_grad_input(
             as<index_t>(gout_offsets),
             args.grad_output.data,
             args.grad_output.stride_c};
-  int32_t* const seg_begin = as<int32_t>(segments);
-  int32_t* const seg_end = seg_begin + (dense ? table_entries : 0);
+  SegmentBounds* const segment_table = as<SegmentBounds>(segments);
   int32_t* const bookkeeping_a = as<int32_t>(ids);
   int32_t* const bookkeeping_b = reinterpret_cast<int32_t*>(as<key_t>(keys));
 
@@ -609,12 +661,22 @@ void reduce_grad_input(
     }
   }
   const int end_bit = bits_for(table_entries);
+  const int64_t points_per_image = args.points_per_image();
+  // Images before first_fresh_image had points in an earlier chunk: they
+  // hold running sums.
+  int64_t first_fresh_image = 0;
   for (int64_t k = 0; k < num_chunks; ++k) {
     const int64_t first_point = k * chunk_points;
     const int64_t count = std::min(chunk_points, num_points - first_point);
     const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
-    const bool first = k == 0;
     const bool last = k == num_chunks - 1;
+    // Points are numbered image by image, so this chunk's records land in
+    // images [first_image, end_image) only. A dense reduce sweeps just those,
+    // but for the last chunk of a float carry, which rounds the images
+    // finished before it into grad_input too.
+    const int64_t first_image = first_point / points_per_image;
+    const int64_t end_image = (first_point + count - 1) / points_per_image + 1;
+    const int64_t sweep_from = float_carry && last ? 0 : first_image;
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
@@ -645,19 +707,26 @@ void reduce_grad_input(
             in,
             channels,
             image_size,
-            /*has_carry=*/!first,
-            /*write_untouched=*/first || static_cast<const void*>(out) != in};
+            static_cast<index_t>(first_fresh_image),
+            /*first_written_image=*/static_cast<const void*>(out) != in
+                ? 0
+                : static_cast<index_t>(first_fresh_image)};
+        const index_t first_swept = static_cast<index_t>(sweep_from);
+        const index_t rows_swept =
+            static_cast<index_t>(end_image - sweep_from) * channels;
         if (plan.channels_fastest) {
-          ex.for_each(numel, ReduceDenseChannelsFastest<Fold>{fold});
+          ex.for_each(
+              rows_swept * image_size,
+              ReduceDenseChannelsFastest<Fold>(fold, first_swept));
         } else {
           ex.for_each_row(
-              args.batch * channels, image_size, ReduceDense<Fold>{fold});
+              rows_swept, image_size, ReduceDense<Fold>{fold, first_swept});
         }
       };
       if constexpr (kPerTap) {
         if (dense) {
           reduce_dense(DestinationSegments<index_t>{
-              sorted.ids, seg_begin, seg_end, image_size});
+              sorted.ids, segment_table, image_size});
         } else {
           ex.for_each_row(
               channels,
@@ -671,11 +740,13 @@ void reduce_grad_input(
                   out,
                   channels,
                   image_size,
+                  Divider<index_t>(
+                      static_cast<std::make_unsigned_t<index_t>>(image_size)),
                   static_cast<const void*>(out) == in});
         }
       } else {
         reduce_dense(make_cell_segments(
-            sorted.ids, seg_begin, seg_end, args.inp_size));
+            sorted.ids, segment_table, args.inp_size));
       }
     };
     if (copy) {
@@ -691,11 +762,11 @@ void reduce_grad_input(
               as<index_t>(gathered_offsets)});
     }
     if (dense) {
-      ex.zero(seg_begin, 2 * table_entries * sizeof(int32_t));
+      ex.zero(segment_table, table_entries * sizeof(SegmentBounds));
       ex.for_each(
           num_items,
           MarkDestinationSegments<key_t>{
-              as<key_t>(sorted_keys), num_items, nowhere, seg_begin, seg_end});
+              as<key_t>(sorted_keys), num_items, nowhere, segment_table});
     } else if (num_items > 0) {
       ex.for_each(
           num_items,
@@ -721,6 +792,7 @@ void reduce_grad_input(
     } else {
       reduce_into(carry, carry);
     }
+    first_fresh_image = end_image;
   }
   if (!dense && float_carry) {
     ex.for_each(numel, RoundCarry<scalar_t, index_t>{carry, grad_input});
@@ -830,19 +902,33 @@ inline ChunkPlan plan_reduction(
     bool index_32bit,
     bool channels_fastest) {
   const int64_t index_bytes = index_32bit ? 4 : 8;
+  auto chunks_with = [&](bool copy) {
+    return plan_chunks(
+        problem.num_points,
+        problem.taps_per_point,
+        problem.table_entries(keying),
+        chunk_bytes_per_point(
+            keying == Keying::PerTap ? problem.taps_per_point : 1,
+            problem.taps_per_point,
+            key_32bit ? 4 : 8,
+            problem.opmath_bytes,
+            index_bytes),
+        copy ? problem.channels * problem.scalar_bytes + index_bytes : 0);
+  };
   const bool copy = channels_fastest && problem.grad_output_stride_c > 1;
-  const ChunkPlan chunks = plan_chunks(
-      problem.num_points,
-      problem.taps_per_point,
-      problem.table_entries(keying),
-      chunk_bytes_per_point(
-          keying == Keying::PerTap ? problem.taps_per_point : 1,
-          problem.taps_per_point,
-          key_32bit ? 4 : 8,
-          problem.opmath_bytes,
-          index_bytes),
-      copy ? problem.channels * problem.scalar_bytes + index_bytes : 0);
-  return with_thread_order(chunks, channels_fastest, problem);
+  const ChunkPlan chunks =
+      with_thread_order(chunks_with(copy), channels_fastest, problem);
+  if (copy && chunks.chunk_points < problem.num_points) {
+    // The copy's bytes never split a problem that fits one chunk without
+    // them (every extra chunk is a sort and a sweep more): the reduce then
+    // reads grad_output where it lies.
+    ChunkPlan uncopied = chunks_with(false);
+    if (uncopied.dense && uncopied.chunk_points >= problem.num_points) {
+      uncopied.channels_fastest = true;
+      return uncopied;
+    }
+  }
+  return chunks;
 }
 
 inline BackwardPlan plan_keyed(
