@@ -33,13 +33,26 @@ class TestCiRun(TestCase):
 
     def test_every_step_prints_its_wall_time(self):
         lines = commands(read(".ci", "run"))
-        trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
-        steps = lines[trap + 1:]
-        self.assertGreaterEqual(len(steps), 16)
-        for label, timed in zip(steps[::2], steps[1::2]):
-            self.assertTrue(label.startswith("step "), label)
-            self.assertRegex(timed, r"^time \{ .*; \}$")
-        self.assertEqual(len(steps) % 2, 0, steps[-1])
+        timed = [i for i, line in enumerate(lines) if line.startswith("time {")]
+        self.assertGreaterEqual(len(timed), 9)
+        for i in timed:
+            self.assertTrue(lines[i - 1].startswith("step "), lines[i - 1])
+            self.assertRegex(lines[i], r"^time \{ .*; \}$")
+        # every check runs inside a timed step
+        for line in lines:
+            if re.search(r"\.ci/\w+\.sh|detgrid bench|pytest", line):
+                self.assertTrue(line.startswith("time {"), line)
+
+    def test_side_lane_needs_nothing_of_the_main_lane(self):
+        # The side lane starts before README's command has made .venv: what
+        # it runs must make its own environments, and its failure must fail CI.
+        script = read(".ci", "run")
+        side = script[script.index("\n{\n"):script.index("side_lane=$!")]
+        for name in re.findall(r"bash (\.ci/\w+\.sh)", side):
+            self.assertNotIn(".venv/bin", read(*name.split("/")), name)
+            self.assertNotIn("$root/.venv", read(*name.split("/")), name)
+        self.assertIn('wait "$side_lane" || side_status=$?', script)
+        self.assertIn('((${side_status:-0} == 0)) || {', script)
 
 
 class TestCudaBuildCheck(TestCase):
