@@ -27,7 +27,10 @@ from torch.utils import cpp_extension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ATEN_SRC = os.path.join("aten_kernels", "aten", "src")
 EXTENSION = os.path.join("aten_kernels", "extension")
-CUDA_SOURCE = os.path.join(ATEN_SRC, "ATen", "native", "cuda", "GridSamplerDeterministic.cu")
+# The extension's CUDA translation unit: it includes ATen's
+# GridSamplerDeterministic.cu whole (whose CUDA executor the exact
+# accumulation shares) and is compiled in its place.
+CUDA_SOURCE = os.path.join(EXTENSION, "exact", "ExactCuda.cu")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
 VERSION = "0.1.0"
 
@@ -131,7 +134,8 @@ def extension(toolkit):
     sources = [
         os.path.join(EXTENSION, name)
         for name in ("register.cpp", "autograd.cpp", "checks.cpp",
-                     "GridSamplerDeterministicCPU.cpp", "knobs.cpp")
+                     "GridSamplerDeterministicCPU.cpp", "knobs.cpp",
+                     os.path.join("exact", "ExactCPU.cpp"))
     ]
     include_dirs = [os.path.abspath(ATEN_SRC)]
     if toolkit is None:

@@ -37,11 +37,29 @@ struct WorkCounters {
   // grad_input elements the dense reduces' threads visit, over all chunks
   // (the sparse reduction visits only its runs, after a zero fill).
   int64_t elements_swept = 0;
+  // Integer atomics issued at most (accumulate="exact" only; the ordered
+  // pipeline has none): per term of the atomic variant, the words a term
+  // can span; one per thread of the exact pre-pass.
+  int64_t atomics = 0;
 };
 
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan);
+
+// accumulate="exact" (aten_kernels/extension/exact/): the same contracts,
+// with order-free sums; atomic selects the variant without a sort, which
+// needs a plan keyed per tap.
+void grid_sampler_backward_exact_executor(
+    const at::native::GridSamplerBackwardCall& call,
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    bool atomic,
+    int64_t grain_size = 0);
+
+WorkCounters count_exact_backward_work(
+    const at::native::GridSamplerBackwardCall& call,
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    bool atomic);
 
 // Tests read the shared math's taps through this: for each point of `grid`
 // ((points, dims) coordinates in grid order, x first) over an input of

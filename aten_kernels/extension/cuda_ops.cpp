@@ -1,6 +1,7 @@
 // CUDA side of the extension: allocates, guards the device and calls the
 // ATen-style launcher; routes stock aten kernels while detgrid is enabled.
 
+#include "exact/ExactCuda.h"
 #include "ops.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -76,7 +77,12 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
   plan.launch = launch_with_knobs(
       options,
       kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward");
-  gsd::launch_cuda_backward_with_plan<kDims>(call, plan);
+  if (options.accumulate == kAccumulateOrdered) {
+    gsd::launch_cuda_backward_with_plan<kDims>(call, plan);
+  } else {
+    exact::launch_cuda_exact_backward<kDims>(
+        call, plan, options.accumulate == kAccumulateExactAtomic);
+  }
   return {grad_input, grad_grid};
 }
 

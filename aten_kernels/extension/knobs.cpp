@@ -28,6 +28,12 @@ void check_knob_ranges(
       "keying must be 0 (automatic) or 1 (per tap), got ",
       knobs.keying);
   TORCH_CHECK(
+      knobs.accumulate >= kAccumulateOrdered &&
+          knobs.accumulate <= kAccumulateExactAtomic,
+      op,
+      "accumulate must be 0 (ordered), 1 (exact) or 2 (exact, atomic), got ",
+      knobs.accumulate);
+  TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
       "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
@@ -120,8 +126,10 @@ BackwardPlan plan_with_knobs(
     plan.index_32bit = index_32bit;
     return plan;
   }
-  // As plan_backward: per-cell keys wherever they reduce densely.
-  if (knobs.keying == 0 && problem.taps_per_axis == 2) {
+  // As plan_backward: per-cell keys wherever they reduce densely, but for
+  // the atomic exact sums, which scatter from per-tap keys.
+  if (knobs.keying == 0 && problem.taps_per_axis == 2 &&
+      knobs.accumulate != kAccumulateExactAtomic) {
     if (auto plan =
             plan_keyed_with_knobs(problem, Keying::PerCell, knobs, index_32bit, op)) {
       return *plan;

@@ -28,7 +28,15 @@ struct BackwardOptions {
   // Thread order of the dense reduce: 1 destinations fastest, 2 channels
   // fastest.
   int64_t gather = 0;
+  // How grad_input's terms are summed: 0 in the canonical order (the
+  // default, and upstream's only way); 1 exactly (exact/ExactSum.cuh) after
+  // the sort; 2 exactly with integer atomics and no sort (keyed per tap).
+  int64_t accumulate = 0;
 };
+
+constexpr int64_t kAccumulateOrdered = 0;
+constexpr int64_t kAccumulateExact = 1;
+constexpr int64_t kAccumulateExactAtomic = 2;
 
 // The default plan of a call of checked arguments, with the knobs'
 // overrides applied and every choice that depends on an overridden one made

@@ -43,8 +43,16 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
       padding_mode,
       align_corners,
       output_mask};
-  grid_sampler_backward_executor(
-      call, plan_with_knobs(call, options), options.grain_size);
+  const auto plan = plan_with_knobs(call, options);
+  if (options.accumulate == kAccumulateOrdered) {
+    grid_sampler_backward_executor(call, plan, options.grain_size);
+  } else {
+    grid_sampler_backward_exact_executor(
+        call,
+        plan,
+        options.accumulate == kAccumulateExactAtomic,
+        options.grain_size);
+  }
   return {grad_input, grad_grid};
 }
 
@@ -66,7 +74,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t key_bits,
     int64_t index_bits,
     int64_t keying,
-    int64_t gather) {
+    int64_t gather,
+    int64_t accumulate) {
   return backward(
       grad_output,
       input,
@@ -83,7 +92,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           key_bits,
           index_bits,
           keying,
-          gather});
+          gather,
+          accumulate});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -129,7 +139,8 @@ std::vector<int64_t> backward_work_counters(
     int64_t key_bits,
     int64_t index_bits,
     int64_t keying,
-    int64_t gather) {
+    int64_t gather,
+    int64_t accumulate) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
@@ -154,8 +165,12 @@ std::vector<int64_t> backward_work_counters(
   knobs.index_bits = index_bits;
   knobs.keying = keying;
   knobs.gather = gather;
-  const WorkCounters counters =
-      count_backward_work(call, plan_with_knobs(call, knobs));
+  knobs.accumulate = accumulate;
+  const auto plan = plan_with_knobs(call, knobs);
+  const WorkCounters counters = accumulate == kAccumulateOrdered
+      ? count_backward_work(call, plan)
+      : count_exact_backward_work(
+            call, plan, accumulate == kAccumulateExactAtomic);
   return {
       counters.launches,
       counters.chunks,
@@ -165,7 +180,8 @@ std::vector<int64_t> backward_work_counters(
       counters.key_bytes,
       counters.workspace_bytes,
       counters.sort_scratch_bytes,
-      counters.elements_swept};
+      counters.elements_swept,
+      counters.atomics};
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's
@@ -266,18 +282,19 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather) -> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather, int accumulate) -> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather) -> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather, int accumulate) -> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int key_bits, int index_bits, int keying, int gather) -> int[]",
+      "int key_bits, int index_bits, int keying, int gather, int accumulate) "
+      "-> int[]",
       &backward_work_counters);
   m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);

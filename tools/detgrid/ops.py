@@ -23,8 +23,14 @@ INTERPOLATION_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 PADDING_MODES = {"zeros": 0, "border": 1, "reflection": 2}
 
 
+# How grad_input's terms are summed (the extension's accumulate knob): in the
+# canonical order (the default), exactly after the sort, or exactly with
+# integer atomics and no sort (aten_kernels/extension/exact/ExactSum.cuh).
+ACCUMULATE_MODES = {"ordered": 0, "exact": 1, "exact_atomic": 2}
+
 _MODE_TABLES = {"interpolation_mode": ("INTERPOLATION_MODES", INTERPOLATION_MODES),
-                "padding_mode": ("PADDING_MODES", PADDING_MODES)}
+                "padding_mode": ("PADDING_MODES", PADDING_MODES),
+                "accumulate": ("ACCUMULATE_MODES", ACCUMULATE_MODES)}
 
 
 def _mode_number(op: str, argument: str, value: Mode) -> Mode:
@@ -107,12 +113,13 @@ def _backward_with_options(name: str):
         index_bits: int = 0,
         keying: int = 0,
         gather: int = 0,
+        accumulate: Mode = "ordered",
     ) -> Gradients:
         return op(grad_output, input, grid,
                   *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask),
                   chunk_points, block_size, max_blocks, grain_size, key_bits, index_bits,
-                  keying, gather)
+                  keying, gather, _mode_number(name, "accumulate", accumulate))
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -128,6 +135,11 @@ def _backward_with_options(name: str):
     gather=1 (2) makes the dense reduce's threads take destinations
     (channels) fastest, where the default takes channels fastest from 16
     channels on.
+
+    accumulate (ACCUMULATE_MODES) is the one knob that changes results:
+    "exact" and "exact_atomic" sum grad_input's terms exactly, in integers,
+    and round once (a prototype; see aten_kernels/extension/exact/), with
+    the same bits as each other under every other knob.
     """
     return backward_with_options
 
@@ -140,7 +152,7 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
                        "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes",
-                       "elements_swept")
+                       "elements_swept", "atomics")
 
 
 def work_counters(
@@ -157,6 +169,7 @@ def work_counters(
     index_bits: int = 0,
     keying: int = 0,
     gather: int = 0,
+    accumulate: Mode = "ordered",
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
 
@@ -169,7 +182,10 @@ def work_counters(
     key_bytes, workspace_bytes (detgrid's buffers), sort_scratch_bytes (an
     estimate of CUB's radix-sort scratch: its copy of the keys and payloads),
     elements_swept (grad_input elements the dense reduces visit, summed over
-    chunks; 0 for the sparse reduction, which zero-fills and visits runs).
+    chunks; 0 for the sparse reduction, which zero-fills and visits runs),
+    atomics (integer atomics at most, with accumulate="exact" or
+    "exact_atomic": the words each term can span, and one per thread of the
+    scale's pre-pass; the ordered pipeline issues none).
     Also `points` and `records` (points x taps), from the shapes.
     """
     dims = input.dim() - 2
@@ -178,7 +194,8 @@ def work_counters(
         output_mask)
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-        output_mask, chunk_points, key_bits, index_bits, keying, gather)
+        output_mask, chunk_points, key_bits, index_bits, keying, gather,
+        _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate))
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]

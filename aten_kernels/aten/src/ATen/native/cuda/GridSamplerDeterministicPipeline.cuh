@@ -188,21 +188,28 @@ struct CellSegments {
     return cell;
   }
 
+  // Cell-number offset of way k's corner (MergedCellRecords). The x step
+  // is the literal 1, so ways k and k + 1 load side by side.
+  C10_HOST_DEVICE int32_t way_offset(int k) const {
+    int32_t offset = k & 1;
+    for (int a = 0; a < kDims - 1; ++a) {
+      offset += ((k >> (kDims - 1 - a)) & 1) * cell_stride[a];
+    }
+    return offset;
+  }
+
+  // Cell number of the lowest corner of destination s of image n.
+  C10_HOST_DEVICE int32_t base_cell(index_t n, index_t s) const {
+    return static_cast<int32_t>(n) * cells_per_image + cell_of(s);
+  }
+
   C10_HOST_DEVICE MergedCellRecords<kWays> of(index_t n, index_t s) const {
-    // Cell-number offset of way k's corner (MergedCellRecords). The x step
-    // is the literal 1, so ways k and k + 1 load side by side.
     int32_t way_offsets[kWays];
     for (int k = 0; k < kWays; ++k) {
-      way_offsets[k] = k & 1;
-      for (int a = 0; a < kDims - 1; ++a) {
-        way_offsets[k] += ((k >> (kDims - 1 - a)) & 1) * cell_stride[a];
-      }
+      way_offsets[k] = way_offset(k);
     }
     return MergedCellRecords<kWays>(
-        point_ids,
-        segments,
-        static_cast<int32_t>(n) * cells_per_image + cell_of(s),
-        way_offsets);
+        point_ids, segments, base_cell(n, s), way_offsets);
   }
 };
 
@@ -1041,6 +1048,35 @@ void run_backward_with_index(
   });
 }
 
+// Calls fn(scalar_t(), index_t(), std::integral_constant<int, kDims>()) with
+// the call's dtype, the index type (int32_t where index_32bit) and its
+// spatial dimensionality (2 for a 4-D input, 3 for a 5-D one).
+template <typename Fn>
+void dispatch_backward_types(
+    const GridSamplerBackwardCall& call,
+    bool index_32bit,
+    const Fn& fn) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      ScalarType::Half,
+      ScalarType::BFloat16,
+      call.input.scalar_type(),
+      "grid_sampler_backward_deterministic",
+      [&] {
+        auto with_index = [&](auto dims) {
+          if (index_32bit) {
+            fn(scalar_t(), int32_t(), dims);
+          } else {
+            fn(scalar_t(), int64_t(), dims);
+          }
+        };
+        if (call.input.dim() == 4) {
+          with_index(std::integral_constant<int, 2>{});
+        } else {
+          with_index(std::integral_constant<int, 3>{});
+        }
+      });
+}
+
 // The deterministic backward of grid_sampler_2d (4-D input) or
 // grid_sampler_3d (5-D input) on `ex`, for checked arguments, as `plan`
 // says: writes every element of a contiguous grad_input when
@@ -1056,27 +1092,13 @@ void run_deterministic_backward(
   }
   // 32-bit index math over larger tensors would address out of bounds.
   TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      ScalarType::Half,
-      ScalarType::BFloat16,
-      call.input.scalar_type(),
-      "grid_sampler_backward_deterministic",
-      [&] {
-        auto with_index = [&](auto dims) {
-          constexpr int kDims = decltype(dims)::value;
-          if (plan.index_32bit) {
-            run_backward_with_index<Executor, scalar_t, int32_t, kDims>(
-                ex, call, plan);
-          } else {
-            run_backward_with_index<Executor, scalar_t, int64_t, kDims>(
-                ex, call, plan);
-          }
-        };
-        if (call.input.dim() == 4) {
-          with_index(std::integral_constant<int, 2>{});
-        } else {
-          with_index(std::integral_constant<int, 3>{});
-        }
+  dispatch_backward_types(
+      call, plan.index_32bit, [&](auto scalar, auto index, auto dims) {
+        run_backward_with_index<
+            Executor,
+            decltype(scalar),
+            decltype(index),
+            decltype(dims)::value>(ex, call, plan);
       });
 }
 
