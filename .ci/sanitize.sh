@@ -26,7 +26,8 @@ ROOT=$PWD
 PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
 
 default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
-tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py"
+tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py \
+tests/test_exact.py"
 [[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
 read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
 
