@@ -24,8 +24,9 @@ max |det - stock| / max |stock| per gradient, flagged past a dtype
 tolerance so that a fast wrong kernel cannot win. Functions return data;
 detgrid.kit.cli prints. counter_rows (`detgrid bench --counters`) gives
 every workload's exact work counters at full size under each accumulation,
-from the shapes alone, on any machine. The CPU run (host executor vs stock CPU on small
-shapes) is a smoke test of this harness, not a performance claim.
+from the shapes alone, on any machine. The CPU run (host executor vs stock
+CPU on small shapes) is a smoke test of this harness, not a performance
+claim.
 """
 
 from __future__ import annotations
