@@ -14,7 +14,7 @@ import json
 import math
 import os
 import tempfile
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from unittest import mock
 
 import torch
@@ -622,6 +622,142 @@ class TestBenchHostRuns(TestCase):
             self.assertIn(part, bev)
         self.assertIn("stock aten::cudnn_grid_sampler_backward", lines["tensorf_line"])
         self.assertNotIn("skipped", out.getvalue())
+
+
+class TestBenchAccumulate(TestCase):
+    """--accumulate (the extension's accumulate knob) and --counters."""
+
+    def test_accumulation_names_are_the_operators(self):
+        from detgrid import ops
+
+        self.assertEqual(cli.BENCH_ACCUMULATIONS, tuple(ops.ACCUMULATE_MODES))
+
+    def test_counter_rows_count_each_accumulation_of_every_workload(self):
+        rows = bench.counter_rows()
+        self.assertEqual([r["name"] for r in rows], list(workloads.BENCH_WORKLOADS))
+        for r in rows:
+            w = workloads.BENCH_WORKLOADS[r["name"]]
+            ordered, exact, atomic = (r["counters"][m]
+                                      for m in ("ordered", "exact", "exact_atomic"))
+            self.assertEqual(r["channels"], w.input_shape[1])
+            for mode, counters in r["counters"].items():
+                self.assertEqual(counters, workloads.full_size_work_counters(w, mode), r["name"])
+                self.assertEqual(counters["records"], r["records"], r["name"])
+            if not w.output_mask[0]:  # the grid gradient alone sums nothing
+                self.assertEqual(exact, ordered, r["name"])
+                self.assertEqual(atomic, ordered, r["name"])
+                self.assertEqual(r["slices_bytes"], 0, r["name"])
+                continue
+            self.assertEqual(ordered["atomics"], 0, r["name"])
+            # The sorted variant sorts what the ordered path sorts; its only
+            # atomics are the scale pre-pass's.
+            self.assertEqual(exact["items_sorted"], ordered["items_sorted"], r["name"])
+            self.assertGreater(exact["atomics"], 0, r["name"])
+            # The atomic variant sorts nothing and adds the words of each
+            # term (at most two: no bench row is float64) per record and
+            # channel to the pre-pass's.
+            self.assertEqual((atomic["items_sorted"], atomic["sort_scratch_bytes"]), (0, 0))
+            self.assertEqual(atomic["atomics"],
+                             exact["atomics"] + 2 * r["records"] * r["channels"], r["name"])
+            for counters in (exact, atomic):
+                self.assertGreater(counters["workspace_bytes"], r["slices_bytes"], r["name"])
+
+    def test_exact_slices_are_per_element_bytes_in_blocks_of_whole_images(self):
+        w = workloads.BENCH_WORKLOADS
+        # 28 B per element (3 words + flags) for float terms, 44 B for double.
+        self.assertEqual(workloads.exact_bytes_per_element(torch.float32), 28)
+        self.assertEqual(workloads.exact_bytes_per_element(torch.bfloat16), 28)
+        self.assertEqual(workloads.exact_bytes_per_element(torch.float64), 44)
+        # All 128 images fit in 64 MiB; the counted workspace grows by
+        # exactly the slices when only the channels change.
+        for dtype in (torch.float32, torch.float64):
+            narrow, wide = (dataclasses.replace(w["rtdetr_l20"], input_shape=(128, c, 20, 20),
+                                                dtype=dtype) for c in (8, 16))
+            per_element = workloads.exact_bytes_per_element(dtype)
+            self.assertEqual(workloads.exact_slices_bytes(wide), 128 * 16 * 400 * per_element)
+            for mode in ("exact", "exact_atomic"):
+                grown = (workloads.full_size_work_counters(wide, mode)["workspace_bytes"]
+                         - workloads.full_size_work_counters(narrow, mode)["workspace_bytes"])
+                self.assertEqual(grown, workloads.exact_slices_bytes(wide)
+                                 - workloads.exact_slices_bytes(narrow), (dtype, mode))
+        # 11 images of 80x80x32 fit in 64 MiB: more images make more
+        # blocks, not more slices.
+        image = 32 * 80 * 80 * 28
+        for n in (11, 12, 128):
+            x = dataclasses.replace(w["rtdetr_l80"], input_shape=(n, 32, 80, 80),
+                                    grid_shape=(n, 500, 4, 2))
+            self.assertEqual(workloads.exact_slices_bytes(x), 11 * image, n)
+        # One image beyond the budget still gets its slices.
+        self.assertEqual(workloads.exact_slices_bytes(w["dvgo_dense_grid_3d"]),
+                         12 * 160 ** 3 * 28)
+        self.assertEqual(workloads.exact_slices_bytes(w["monodepth2_grid_only"]), 0)
+
+    def test_counters_flag_prints_every_workload_under_each_accumulation(self):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(cli.main(["bench", "--counters"]), 0)
+        text = out.getvalue()
+        table = [line for line in text.splitlines() if line.startswith("| ")]
+        self.assertEqual([line.split(" | ")[1] for line in table[1:]],
+                         list(workloads.BENCH_WORKLOADS))
+        rows = {r["name"]: r for r in bench.counter_rows()}
+        for line in table[1:]:
+            cells = line.strip("| ").split(" | ")
+            counters = rows[cells[1]]["counters"]
+            self.assertEqual(cells[5], " / ".join(f"{counters[m]['launches']:,}"
+                                                  for m in cli.BENCH_ACCUMULATIONS))
+            self.assertEqual(cells[7], " / ".join(f"{counters[m]['atomics']:,}"
+                                                  for m in cli.BENCH_ACCUMULATIONS))
+        self.assertIn("Each cell: ordered / exact / exact_atomic", text)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(cli.main(["bench", "--counters", "--workloads", "tensorf_line"]), 0)
+        self.assertEqual([line.split(" | ")[1] for line in out.getvalue().splitlines()
+                          if line.startswith("| ")][1:], ["tensorf_line"])
+
+    def test_accumulate_times_and_counts_that_accumulation(self):
+        for name, dim in (("rtdetr_l20", 2), ("voxelmorph_warp_3d", 3)):
+            w = workloads.BENCH_WORKLOADS[name]
+            scale = bench.size_scale(w, "tiny")
+            row, ops_run = backward_ops_run(lambda: bench.bench_workload(
+                w, "cpu", scale, warmup=0, reps=2, accumulate="exact_atomic"))
+            # Every detgrid call (checked, timed) took the knob.
+            self.assertEqual(ops_run, {f"aten::grid_sampler_{dim}d_backward",
+                                       f"detgrid::_grid_sampler_{dim}d_backward_with_options"})
+            self.assertTrue(row["correct"], row)
+            self.assertEqual(row["counters"]["items_sorted"], 0)
+            self.assertGreater(row["counters"]["atomics"], 0)
+            self.assertEqual(row["counters_full_size"],
+                             workloads.full_size_work_counters(w, "exact_atomic"))
+
+    def test_accumulate_is_recorded_only_where_it_is_not_ordered(self):
+        config = bench.BenchConfig(device="cpu", names=["rtdetr_l20"], size="tiny", warmup=0,
+                                   reps=2)
+        ordered = bench.run_bench(config)
+        self.assertNotIn("accumulate", ordered)
+        self.assertNotIn("accumulate=", bench.markdown(ordered))
+        self.assertFalse(bench.default_out(ordered).endswith("-exact.json"))
+        self.assertEqual(ordered["workloads"][0]["counters"]["atomics"], 0)
+        with tempfile.TemporaryDirectory() as work:
+            out = os.path.join(work, "exact.json")
+            with mock.patch("builtins.print"):
+                rc = cli.main(["bench", "--device", "cpu", "--quick", "--accumulate", "exact",
+                               "--workloads", "rtdetr_l20", "--out", out])
+            self.assertEqual(rc, 0)
+            data = strict_json(out)
+            with open(os.path.join(work, "exact.md")) as f:
+                md = f.read()
+        self.assertEqual(data["accumulate"], "exact")
+        self.assertIn('det sums grad_input with accumulate="exact"', md)
+        self.assertTrue(bench.default_out(data).endswith("-quick-exact.json"))
+        row = data["workloads"][0]
+        self.assertTrue(row["correct"], row)
+        self.assertEqual(row["counters_full_size"],
+                         workloads.full_size_work_counters(
+                             workloads.BENCH_WORKLOADS["rtdetr_l20"], "exact"))
+        with redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as refused:
+            cli.main(["bench", "--accumulate", "kahan", "--counters"])
+        self.assertEqual(refused.exception.code, 2)
 
 
 if __name__ == "__main__":

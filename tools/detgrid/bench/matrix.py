@@ -10,7 +10,9 @@ in one process, interleaved rep by rep on rotating copies of the inputs:
   C <= 1024, not bf16), when CUDA and cuDNN are there (cuDNN has no 3-D
   grid sampler);
 - detgrid: detgrid.ops.grid_sampler_2d_backward / grid_sampler_3d_backward
-  (the CUDA kernel, or on the CPU the host executor);
+  (the CUDA kernel, or on the CPU the host executor); with an accumulate
+  other than "ordered" (--accumulate), the _with_options operator with that
+  accumulation, which the row's work counters then count;
 - in-tree: on a torch carrying the ATen change for that rank (detected per
   rank: under torch.use_deterministic_algorithms(True) the stock CUDA
   backward does not raise), aten's own backward in deterministic mode.
@@ -20,8 +22,11 @@ is the route stock really takes (cuDNN where it applies, else native), the
 extra peak memory over that stock run (CUDA only), the records count, and
 max |det - stock| / max |stock| per gradient, flagged past a dtype
 tolerance so that a fast wrong kernel cannot win. Functions return data;
-detgrid.kit.cli prints. The CPU run (host executor vs stock CPU on small
-shapes) is a smoke test of this harness, not a performance claim.
+detgrid.kit.cli prints. counter_rows (`detgrid bench --counters`) gives
+every workload's exact work counters at full size under each accumulation,
+from the shapes alone, on any machine. The CPU run (host executor vs stock
+CPU on small shapes) is a smoke test of this harness, not a performance
+claim.
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ import torch
 from detgrid.bench import stock_limits
 from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload,
                                      backward_name, bitwise_equal, case_bytes, contiguous_case,
-                                     dtype_name, full_size_work_counters, peak_bytes, records,
-                                     rel_err, rotation_copies, run_cudnn, run_in_tree, run_stock,
-                                     samples_per_cell, synchronize, takes_cudnn, time_rotating,
-                                     work_counters)
+                                     dtype_name, exact_slices_bytes, full_size_work_counters,
+                                     peak_bytes, records, rel_err, rotation_copies, run_cudnn,
+                                     run_in_tree, run_stock, samples_per_cell, synchronize,
+                                     takes_cudnn, time_rotating, work_counters)
 
 # max |det - stock| / max |stock| per gradient beyond which a row is flagged.
 # Stock accumulates float16/bfloat16 grad_input in that type (atomics on
@@ -87,6 +92,7 @@ class BenchConfig:
     seed: int = 0
     budget_s: Optional[float] = None         # start no workload after this
     quick: bool = False
+    accumulate: str = "ordered"              # detgrid's, a key of detgrid.ops.ACCUMULATE_MODES
 
 
 def default_config(device: str, quick: bool = False) -> BenchConfig:
@@ -191,6 +197,21 @@ def _raw_detgrid(case: Case) -> Any:  # what detgrid.ops.grid_sampler_{2d,3d}_ba
     return getattr(torch.ops.detgrid, case.op)(*case.args())
 
 
+def _raw_detgrid_accumulating(accumulate: str) -> Callable[[Case], Any]:
+    """The timed call for another accumulation: what
+    detgrid.ops.grid_sampler_{2d,3d}_backward_with_options(accumulate=...)
+    calls, every other knob 0 (the planner's choice)."""
+    from detgrid import ops
+
+    number = ops.ACCUMULATE_MODES[accumulate]
+
+    def call(case: Case) -> Any:
+        return getattr(torch.ops.detgrid, f"_{case.op}_with_options")(
+            *case.args(), 0, 0, 0, 0, 0, 0, 0, 0, number)
+
+    return call
+
+
 def _raw_aten(case: Case) -> Any:  # in deterministic mode: the in-tree kernel
     return getattr(torch.ops.aten, case.op)(*case.args())
 
@@ -239,6 +260,62 @@ def listing() -> List[Dict[str, Any]]:
         row["records"] = workload.records()
         rows.append(row)
     return rows
+
+
+def counter_rows(names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
+    """Per workload at full size (every one by default): its exact work
+    counters under each accumulation (detgrid.ops.ACCUMULATE_MODES), its
+    channels, and the exact accumulations' slice bytes. From the shapes
+    alone: nothing is allocated or run, so any machine gives them."""
+    from detgrid import ops
+
+    rows = []
+    for name in resolve_names(names):
+        workload = BENCH_WORKLOADS[name]
+        rows.append({
+            "name": name,
+            "row": workload.row,
+            "channels": workload.input_shape[1],
+            "records": workload.records(),
+            "counters": {mode: full_size_work_counters(workload, mode)
+                         for mode in ops.ACCUMULATE_MODES},
+            "slices_bytes": exact_slices_bytes(workload),
+        })
+    return rows
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.1f}"
+
+
+def counters_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    """counter_rows as a Markdown table, each cell the accumulations' values
+    in ACCUMULATE_MODES order, then its legend."""
+    modes = list(rows[0]["counters"]) if rows else []
+
+    def each(row: Dict[str, Any], field: str, fmt: Callable[[int], str] = "{:,}".format) -> str:
+        return " / ".join(fmt(row["counters"][mode][field]) for mode in modes)
+
+    head = ["#", "workload", "C", "records", "chunks", "launches", "items sorted", "atomics",
+            "workspace MiB", "CUB scratch MiB", "slices MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["row"]), r["name"], str(r["channels"]), f"{r['records']:,}",
+                 each(r, "chunks"), each(r, "launches"), each(r, "items_sorted"),
+                 each(r, "atomics"), each(r, "workspace_bytes", _mib),
+                 each(r, "sort_scratch_bytes", _mib), _mib(r["slices_bytes"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + [
+        "",
+        f"Each cell: {' / '.join(modes)} (`detgrid.ops.work_counters(..., accumulate=...)` at "
+        "full size: what the CUDA pipeline launches, counted from the shapes). atomics: "
+        "integer atomics at most (the words a term can span per record and channel, plus one "
+        "per thread of the scale's pre-pass). workspace: detgrid's buffers, the exact "
+        "accumulations' slices included; CUB scratch: an estimate of the radix sort's, on "
+        "top. slices: the exact accumulations' share of their workspace (8 × words + 4 bytes "
+        "per grad_input element of a block of whole images within 64 MiB, one image at "
+        "least).",
+    ]) + "\n"
 
 
 def _stats(ms: Sequence[float]) -> Dict[str, Any]:
@@ -290,11 +367,18 @@ def judge(vs_stock: Optional[float], vs_float64: Dict[str, Optional[float]],
 
 def bench_workload(workload: Workload, device: str, scale: float, warmup: int, reps: int,
                    seed: int = 0, in_tree: bool = False,
-                   cache_bytes: Optional[int] = None) -> Dict[str, Any]:
-    """Times and checks one workload; returns its row (see module doc)."""
+                   cache_bytes: Optional[int] = None,
+                   accumulate: str = "ordered") -> Dict[str, Any]:
+    """Times and checks one workload, detgrid summing grad_input as
+    accumulate says (its counters count that); returns its row (see module
+    doc)."""
     t0 = time.monotonic()
     cuda = torch.device(device).type == "cuda"
     case = workload.build(device, seed, scale)
+    raw_detgrid = _raw_detgrid
+    if accumulate != "ordered":
+        case.options = {"accumulate": accumulate}
+        raw_detgrid = _raw_detgrid_accumulating(accumulate)
     row = describe(workload, case, scale)
     row["status"] = "measured"
     use_cudnn = row["cudnn_route"] and cudnn_usable(device)
@@ -303,7 +387,7 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     # Exact work counts (the same on any machine): of the case as run, and of
     # the workload at full size, which is what a GPU run does.
     row["counters"] = work_counters(case)
-    row["counters_full_size"] = full_size_work_counters(workload)
+    row["counters_full_size"] = full_size_work_counters(workload, accumulate)
     density = samples_per_cell(case)
     row["samples_per_cell"] = density["mean"]
     row["samples_per_cell_max"] = density["max"]
@@ -344,8 +428,9 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     if in_tree:
         tree_out = run_in_tree(case)
         row["in_tree_rel_diff"] = _rel_diffs(tree_out, stock_out)
-        row["in_tree_equals_detgrid"] = all(bitwise_equal(a, b)
-                                            for a, b in zip(tree_out, det_out))
+        if accumulate == "ordered":  # the in-tree kernel sums in the canonical order
+            row["in_tree_equals_detgrid"] = all(bitwise_equal(a, b)
+                                                for a, b in zip(tree_out, det_out))
         del tree_out
     del stock_out, det_out
 
@@ -361,7 +446,7 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     if use_cudnn:
         cudnn_copies = [contiguous_case(c) for c in copies]
         variants.append(("cudnn", _raw_cudnn, cudnn_copies, False))
-    variants.append(("detgrid", _raw_detgrid, copies, False))
+    variants.append(("detgrid", raw_detgrid, copies, False))
     if in_tree:
         variants.append(("in_tree", _raw_aten, copies, True))
     previous = torch.are_deterministic_algorithms_enabled()
@@ -547,7 +632,8 @@ def _bench_row(workload, config: BenchConfig, cuda: bool, tree: Dict[str, Any],
         return row
     try:
         return bench_workload(workload, config.device, scale, config.warmup, config.reps,
-                              config.seed, in_tree=workload.dim in tree["dims"])
+                              config.seed, in_tree=workload.dim in tree["dims"],
+                              accumulate=config.accumulate)
     except Exception as e:  # a row, not a crash: the rest still runs
         row = describe(workload, None, scale)
         row.update(status="error", error=f"{type(e).__name__}: {str(e)[:500]}")
@@ -579,8 +665,12 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic,
         if row["status"] == "measured":
             row["targets"] = row_targets(row, cuda)
     summary = summarize(rows, cuda)
+    # Recorded where it is not the default, so an ordered run's JSON is what
+    # it was before the option: absent means "ordered".
+    accumulation = {} if config.accumulate == "ordered" else {"accumulate": config.accumulate}
     return {
         **env,
+        **accumulation,
         "quick": config.quick,
         "size": config.size if config.scale is None else f"scale {config.scale:g}",
         "warmup": config.warmup,
@@ -607,12 +697,15 @@ def slug(text: str) -> str:
 
 def default_out(result: Dict[str, Any], directory: str = os.path.join("benchmarks", "results")
                 ) -> str:
-    """benchmarks/results/<device-name-slug>-<date>[-quick].json"""
+    """benchmarks/results/<device-name-slug>-<date>[-quick][-<accumulate>].json
+    (the accumulation named where it is not "ordered")."""
     name = result["device_name"]
     if result["device"] == "cpu" or str(result["device"]).startswith("cpu"):
         name = f"cpu {platform.machine()}"
     date = result["time_utc"][:10]
     suffix = "-quick" if result.get("quick") else ""
+    if "accumulate" in result:
+        suffix += f"-{slug(result['accumulate'])}"
     return os.path.join(directory, f"{slug(name)}-{date}{suffix}.json")
 
 
@@ -711,6 +804,9 @@ def markdown(result: Dict[str, Any]) -> str:
         f"({result['in_tree']['reason']}); {result['elapsed_s']:.1f} s.",
         "",
     ]
+    if "accumulate" in result:
+        lines += [f"det sums grad_input with accumulate=\"{result['accumulate']}\" "
+                  "(`detgrid.ops.ACCUMULATE_MODES`); the rows' counters count that.", ""]
     if not cuda:
         lines += ["**CPU smoke run**: host executor vs stock CPU on small shapes. It tests the "
                   "harness; its times are not a performance claim.", ""]
@@ -818,6 +914,8 @@ def plot(result: Dict[str, Any], path: str) -> str:
     ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("detgrid / stock time (log; < 1 is faster)")
     title = f"detgrid bench: {result['device_name']}, torch {result['torch']}"
+    if "accumulate" in result:
+        title += f", accumulate={result['accumulate']}"
     if smoke:
         title = f"CPU smoke run, not a performance claim: {title}"
     g = result["summary"]["geomean"]

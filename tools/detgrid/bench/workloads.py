@@ -71,7 +71,8 @@ class Case:
     padding_mode: int
     align_corners: bool
     output_mask: Tuple[bool, bool]
-    options: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # detgrid.ops' knobs (*_with_options): ints, and accumulate by its name.
+    options: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def dim(self) -> int:
@@ -109,7 +110,7 @@ def _move_input(t: torch.Tensor, device: str) -> torch.Tensor:
     return t.to(device)
 
 
-def run_detgrid(case: Case, **options: int) -> Gradients:
+def run_detgrid(case: Case, **options: Any) -> Gradients:
     from detgrid import ops  # here, not at the top: it loads the extension
 
     opts = {**case.options, **options}
@@ -471,9 +472,11 @@ def work_counters(case: Case) -> Dict[str, int]:
         list(case.output_mask), **case.options)
 
 
-def full_size_work_counters(workload: "Workload") -> Dict[str, int]:
+def full_size_work_counters(workload: "Workload",
+                            accumulate: str = "ordered") -> Dict[str, int]:
     """work_counters of the workload at full size (scale 1), with the layout
-    build() gives it, without allocating it."""
+    build() gives it, without allocating it, for the accumulation named
+    (a key of detgrid.ops.ACCUMULATE_MODES)."""
     in_shape, grid_shape = workload.shapes()
     n, c = in_shape[:2]
     inp = torch.empty((1 if workload.expanded_batch else n,) + in_shape[1:],
@@ -491,8 +494,34 @@ def full_size_work_counters(workload: "Workload") -> Dict[str, int]:
         padding_mode=PADDINGS[workload.padding],
         align_corners=workload.align_corners,
         output_mask=workload.output_mask,
+        options={"accumulate": accumulate},
     )
     return work_counters(case)
+
+
+# accumulate="exact" and "exact_atomic" keep, per grad_input element of a
+# block of whole images, kWords int64 slices and one uint32 of flags: 3 words
+# where the terms are float (float, Half and BFloat16 inputs), 5 where they
+# are double. A block holds as many images as fit in 64 MiB of slices, and
+# one image at least (aten_kernels/extension/exact/ExactBackward.cuh).
+EXACT_SLICES_BUDGET = 64 << 20
+
+
+def exact_bytes_per_element(dtype: torch.dtype) -> int:
+    """Slice bytes per grad_input element: 8 * words + 4 (28 B, or 44 B
+    for float64)."""
+    return 8 * (5 if dtype == torch.float64 else 3) + 4
+
+
+def exact_slices_bytes(workload: "Workload") -> int:
+    """Bytes of the exact accumulations' slices for the workload at full
+    size: one block's, the rule above; 0 without grad_input."""
+    if not workload.output_mask[0]:
+        return 0
+    in_shape = workload.shapes()[0]
+    image_bytes = math.prod(in_shape[1:]) * exact_bytes_per_element(workload.dtype)
+    images = min(max(EXACT_SLICES_BUDGET // max(image_bytes, 1), 1), in_shape[0])
+    return images * image_bytes
 
 
 def samples_per_cell(case: Case) -> Dict[str, float]:
