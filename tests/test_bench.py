@@ -649,9 +649,12 @@ class TestBenchAccumulate(TestCase):
                 self.assertEqual(r["slices_bytes"], 0, r["name"])
                 continue
             self.assertEqual(ordered["atomics"], 0, r["name"])
-            # The sorted variant sorts what the ordered path sorts; its only
-            # atomics are the scale pre-pass's.
-            self.assertEqual(exact["items_sorted"], ordered["items_sorted"], r["name"])
+            # The sorted variant sorts what the ordered path sorts, once per
+            # block of an image's channels; its only atomics are the scale
+            # pre-pass's.
+            self.assertEqual(exact["items_sorted"],
+                             ordered["items_sorted"] * workloads.exact_channel_blocks(w),
+                             r["name"])
             self.assertGreater(exact["atomics"], 0, r["name"])
             # The atomic variant sorts nothing and adds the words of each
             # term (at most two: no bench row is float64) per record and
@@ -662,7 +665,7 @@ class TestBenchAccumulate(TestCase):
             for counters in (exact, atomic):
                 self.assertGreater(counters["workspace_bytes"], r["slices_bytes"], r["name"])
 
-    def test_exact_slices_are_per_element_bytes_in_blocks_of_whole_images(self):
+    def test_exact_slices_are_per_element_bytes_in_blocks_of_images_or_channel_planes(self):
         w = workloads.BENCH_WORKLOADS
         # 28 B per element (3 words + flags) for float terms, 44 B for double.
         self.assertEqual(workloads.exact_bytes_per_element(torch.float32), 28)
@@ -687,9 +690,12 @@ class TestBenchAccumulate(TestCase):
             x = dataclasses.replace(w["rtdetr_l80"], input_shape=(n, 32, 80, 80),
                                     grid_shape=(n, 500, 4, 2))
             self.assertEqual(workloads.exact_slices_bytes(x), 11 * image, n)
-        # One image beyond the budget still gets its slices.
+        # An image beyond the budget takes blocks of whole channel planes,
+        # at least one: dvgo's 160^3 planes take 115 MB each, one a block.
         self.assertEqual(workloads.exact_slices_bytes(w["dvgo_dense_grid_3d"]),
-                         12 * 160 ** 3 * 28)
+                         160 ** 3 * 28)
+        self.assertEqual(workloads.exact_channel_blocks(w["dvgo_dense_grid_3d"]), 12)
+        self.assertEqual(workloads.exact_channel_blocks(w["rtdetr_l80"]), 1)
         self.assertEqual(workloads.exact_slices_bytes(w["monodepth2_grid_only"]), 0)
 
     def test_counters_flag_prints_every_workload_under_each_accumulation(self):

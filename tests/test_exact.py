@@ -314,6 +314,22 @@ class TestExactAccumulation(DetgridTestCase):
                                BILINEAR, accumulate=accumulate)
                 assert_bitwise_equal(self, both[0][n:n + 1], one[0], f"{accumulate} image {n}")
 
+    @parametrize("accumulate", EXACT_VARIANTS)
+    def test_blocks_of_channels_give_the_bits_of_one_channel_at_a_time(self, device,
+                                                                     accumulate):
+        # One image whose channel planes take 72 MB of slices each: blocks
+        # of one channel plane; the grid gradient is computed in the first.
+        grad_output, inp, grid = make_zoom_problem(1, 3, 1600, 1600, 24, 24,
+                                                   device=device, seed=10)
+        self.assertGreater(inp[0, 0].numel() * 28, 64 << 20)
+        both = backward((grad_output, inp, grid), BILINEAR, accumulate=accumulate)
+        for c in range(3):
+            one = backward((grad_output[:, c:c + 1], inp[:, c:c + 1], grid), BILINEAR,
+                           accumulate=accumulate)
+            assert_bitwise_equal(self, both[0][:, c:c + 1], one[0], f"channel {c}")
+        ordered = backward((grad_output, inp, grid), BILINEAR)
+        assert_bitwise_equal(self, both[1], ordered[1], "grad_grid")
+
     def test_unknown_accumulation_is_refused_in_one_line(self, device):
         problem = zoom_problem(2, torch.float32, device)
         with self.assertRaisesRegex(RuntimeError, r"^[^\n]*ACCUMULATE_MODES[^\n]*$"):

@@ -13,13 +13,15 @@
 //
 // Stage order, per call:
 //   1. bound pre-pass over grad_output (ExactSum.cuh's scale);
-//   2. per block of whole images, whose slices fit kSlicesBytes (at least
-//      one image): a zero fill of the slices, then per chunk of the plan
-//      the point pass and the sorted or atomic reduce into the slices, then
-//      one rounding pass into grad_input.
+//   2. per block of grad_input elements, whose slices fit kSlicesBytes
+//      (whole images where one image fits, else whole channel planes of one
+//      image, at least one plane): a zero fill of the slices, then per
+//      chunk of the block's points the point pass and the sorted or atomic
+//      reduce into the slices, then one rounding pass into grad_input.
 // Memory: the ordered path's chunk buffers (less the sort's for the atomic
 // variant), plus 8 * kWords + 4 bytes per grad_input element of a block:
-// at most kSlicesBytes, or one image's when that is more.
+// at most kSlicesBytes, or one channel plane's when that is more. Blocks of
+// channels repeat the point pass (and the sort) of their image once each.
 
 #include "ExactSum.cuh"
 
@@ -93,21 +95,24 @@ C10_HOST_DEVICE inline at::opmath_type<scalar_t> record_term(
   return gsd::mul_rn(records.weights[id], gout);
 }
 
-// Where a block's elements lie: element ((n - first_image) * channels + c) *
-// destinations_per_image + s holds (n, c, s) for images n of the block.
+// Where a block's elements lie: the block is channels [first_channel,
+// first_channel + channels) of images from first_image on, and element
+// ((n - first_image) * channels + k) * destinations_per_image + s holds
+// (n, first_channel + k, s). Stages number a block's channels k from 0.
 template <typename index_t>
 struct BlockLayout {
   index_t first_image;
+  index_t first_channel;
   index_t channels;
   index_t destinations_per_image;
 
-  C10_HOST_DEVICE index_t element(index_t n, index_t c, index_t s) const {
-    return ((n - first_image) * channels + c) * destinations_per_image + s;
+  C10_HOST_DEVICE index_t element(index_t n, index_t k, index_t s) const {
+    return ((n - first_image) * channels + k) * destinations_per_image + s;
   }
 };
 
 // Atomic variant, after the point pass of a chunk keyed per tap: thread
-// (channel row c, record r) adds record r's term to its destination's
+// (row k of the block's channels, record r) adds record r's term to its destination's
 // slices. Records that land nowhere add nothing.
 template <int kTapsPerPoint, int kDims, typename scalar_t, typename index_t, typename key_t>
 struct ScatterTerms {
@@ -122,12 +127,12 @@ struct ScatterTerms {
   const int32_t* stored_bound;
 
   struct Row {
-    index_t c;
+    index_t k; // the block's channel
     const scalar_t* gout_channel;
   };
 
-  C10_HOST_DEVICE Row row(index_t c) const {
-    return Row{c, records.gout_channel(c)};
+  C10_HOST_DEVICE Row row(index_t k) const {
+    return Row{k, records.gout_channel(layout.first_channel + k)};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, int32_t r) const {
@@ -139,7 +144,7 @@ struct ScatterTerms {
     const index_t n = gsd::divide(d, by_image_size);
     const index_t s = d - n * layout.destinations_per_image;
     slices.add_atomic(
-        layout.element(n, row.c, s),
+        layout.element(n, row.k, s),
         record_term<kTapsPerPoint>(
             records, row.gout_channel, static_cast<uint32_t>(r)),
         scale_from<T>(*stored_bound, kDims));
@@ -184,8 +189,9 @@ C10_HOST_DEVICE inline bool visit_records(
   return any;
 }
 
-// Sorted variant, dense: thread (row (n - first_swept) * C + c, column s)
-// sums destination (n, s)'s records of this chunk for channel c and adds
+// Sorted variant, dense: thread (row (n - first_swept) * channels + k,
+// column s) sums destination (n, s)'s records of this chunk for the block's
+// channel k and adds
 // the sum to the element's slices; destinations without records write
 // nothing.
 template <int kTapsPerPoint, int kDims, typename Segments, typename scalar_t, typename index_t>
@@ -207,9 +213,12 @@ struct ReduceExactDense {
 
   C10_HOST_DEVICE Row row(index_t r) const {
     const index_t image = r / layout.channels;
-    const index_t c = r - image * layout.channels;
+    const index_t k = r - image * layout.channels;
     const index_t n = first_swept + image;
-    return Row{n, records.gout_channel(c), layout.element(n, c, 0)};
+    return Row{
+        n,
+        records.gout_channel(layout.first_channel + k),
+        layout.element(n, k, 0)};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
@@ -224,7 +233,8 @@ struct ReduceExactDense {
   }
 };
 
-// Sorted variant, sparse (per tap): thread (channel row c, run j) sums run
+// Sorted variant, sparse (per tap): thread (row k of the block's channels,
+// run j) sums run
 // j's records, all of one destination, and adds the sum to its slices.
 template <int kTapsPerPoint, int kDims, typename scalar_t, typename index_t, typename key_t>
 struct ReduceExactSparse {
@@ -240,12 +250,12 @@ struct ReduceExactSparse {
   const int32_t* stored_bound;
 
   struct Row {
-    index_t c;
+    index_t k; // the block's channel
     const scalar_t* gout_channel;
   };
 
-  C10_HOST_DEVICE Row row(index_t c) const {
-    return Row{c, records.gout_channel(c)};
+  C10_HOST_DEVICE Row row(index_t k) const {
+    return Row{k, records.gout_channel(layout.first_channel + k)};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, int32_t j) const {
@@ -268,7 +278,7 @@ struct ReduceExactSparse {
     const index_t d = static_cast<index_t>(destination);
     const index_t n = gsd::divide(d, by_image_size);
     slices.add(
-        layout.element(n, row.c, d - n * layout.destinations_per_image), sum);
+        layout.element(n, row.k, d - n * layout.destinations_per_image), sum);
   }
 };
 
@@ -292,13 +302,25 @@ struct RoundSums {
   }
 };
 
-// Whole images per block: as many as kSlicesBytes holds, at least one.
-inline int64_t images_per_block(
+// The blocks' shape: as many whole images as kSlicesBytes holds; where one
+// image's slices pass it, one image at a time in as many whole channel
+// planes as it holds, at least one.
+struct BlockShape {
+  int64_t images;
+  int64_t channels;
+};
+
+inline BlockShape plan_blocks(
     int64_t batch,
-    int64_t image_elements,
+    int64_t channels,
+    int64_t plane_elements,
     int64_t bytes_per_element) {
-  const int64_t fit = kSlicesBytes / std::max<int64_t>(1, image_elements * bytes_per_element);
-  return std::clamp<int64_t>(fit, 1, std::max<int64_t>(batch, 1));
+  const int64_t plane_bytes = std::max<int64_t>(1, plane_elements * bytes_per_element);
+  const int64_t image_bytes = channels * plane_bytes;
+  if (image_bytes <= kSlicesBytes) {
+    return {std::clamp<int64_t>(kSlicesBytes / image_bytes, 1, batch), channels};
+  }
+  return {1, std::clamp<int64_t>(kSlicesBytes / plane_bytes, 1, channels)};
 }
 
 template <
@@ -341,9 +363,12 @@ void reduce_grad_input_exact(
       points_per_image * kTapsPerPoint,
       " on one");
 
-  const int64_t block_images = images_per_block(
-      args.batch, image_elements, kWords * sizeof(int64_t) + sizeof(uint32_t));
-  const int64_t block_elements = block_images * image_elements;
+  const BlockShape blocks = plan_blocks(
+      args.batch,
+      channels,
+      image_size,
+      kWords * sizeof(int64_t) + sizeof(uint32_t));
+  const int64_t block_elements = blocks.images * blocks.channels * image_size;
   const auto words = ex.allocate(kWords * block_elements * sizeof(int64_t));
   const auto flags = ex.allocate(block_elements * sizeof(uint32_t));
   const auto bound = ex.allocate(sizeof(int32_t));
@@ -398,103 +423,129 @@ void reduce_grad_input_exact(
       FindGradOutputBound<scalar_t, index_t, kDims>{
           args.grad_output, args.out_size, channels, stored_bound});
 
-  for (int64_t first_image = 0; first_image < args.batch;
-       first_image += block_images) {
-    const int64_t end_image = std::min<int64_t>(args.batch, first_image + block_images);
-    const BlockLayout<index_t> layout{
-        static_cast<index_t>(first_image), channels, image_size};
-    ex.zero(slices.words, kWords * block_elements * sizeof(int64_t));
-    ex.zero(slices.flags, block_elements * sizeof(uint32_t));
-    const int64_t end_point = end_image * points_per_image;
-    for (int64_t first_point = first_image * points_per_image;
-         first_point < end_point;
-         first_point += chunk_points) {
-      const int64_t count = std::min(chunk_points, end_point - first_point);
-      const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
-      ex.begin_chunk();
-      ex.for_each(
-          static_cast<index_t>(count),
-          gsd::PointPass<kTaps, true, kKeying, Args, key_t>{
-              args, chunk, static_cast<index_t>(first_point)});
-      if (atomic) {
-        ex.for_each_row(
-            channels,
-            num_items,
-            ScatterTerms<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
-                records,
-                gsd::as<key_t>(keys),
-                nowhere,
-                by_image_size,
-                layout,
-                slices,
-                stored_bound});
-        continue;
-      }
-      ex.stable_sort_pairs(
-          gsd::as<key_t>(keys),
-          gsd::as<key_t>(sorted_keys),
-          gsd::as<int32_t>(ids),
-          gsd::as<int32_t>(sorted_ids),
-          num_items,
-          gsd::bits_for(table_entries));
-      if (dense) {
-        ex.zero(segment_table, table_entries * sizeof(gsd::SegmentBounds));
-        ex.for_each(
-            num_items,
-            gsd::MarkDestinationSegments<key_t>{
-                gsd::as<key_t>(sorted_keys), num_items, nowhere, segment_table});
-        auto reduce = [&](const auto& segments_of) {
-          using Segments = std::decay_t<decltype(segments_of)>;
-          const int64_t swept_from = first_point / points_per_image;
-          const int64_t swept_end = (first_point + count - 1) / points_per_image + 1;
-          ex.for_each_row(
-              static_cast<index_t>((swept_end - swept_from) * channels),
-              image_size,
-              ReduceExactDense<kTapsPerPoint, kDims, Segments, scalar_t, index_t>{
-                  records,
-                  segments_of,
-                  layout,
-                  static_cast<index_t>(swept_from),
-                  slices,
-                  stored_bound});
-        };
-        if constexpr (kPerTap) {
-          reduce(gsd::DestinationSegments<index_t>{
-              records.ids, segment_table, image_size});
-        } else {
-          reduce(gsd::make_cell_segments(records.ids, segment_table, args.inp_size));
-        }
-        continue;
-      }
-      ex.for_each(
-          num_items, gsd::MarkRunHeads<key_t>{gsd::as<key_t>(sorted_keys), heads});
-      ex.inclusive_sum(heads, run_number, num_items);
-      ex.for_each(
-          num_items,
-          gsd::RecordRunStarts<key_t>{
-              gsd::as<key_t>(sorted_keys),
-              run_number,
-              num_items,
-              heads,
-              gsd::as<int32_t>(num_runs)});
+  // One chunk of points [first_point, first_point + count) into a block's
+  // slices: the point pass, then the scatter, or the sort and a reduce.
+  auto reduce_chunk = [&](const Args& point_args,
+                          const BlockLayout<index_t>& layout,
+                          int64_t first_point,
+                          int64_t count) {
+    const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
+    ex.begin_chunk();
+    ex.for_each(
+        static_cast<index_t>(count),
+        gsd::PointPass<kTaps, true, kKeying, Args, key_t>{
+            point_args, chunk, static_cast<index_t>(first_point)});
+    if (atomic) {
       ex.for_each_row(
-          channels,
+          layout.channels,
           num_items,
-          ReduceExactSparse<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
+          ScatterTerms<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
               records,
-              gsd::as<key_t>(sorted_keys),
-              heads,
-              gsd::as<int32_t>(num_runs),
+              gsd::as<key_t>(keys),
               nowhere,
               by_image_size,
               layout,
               slices,
               stored_bound});
+      return;
+    }
+    ex.stable_sort_pairs(
+        gsd::as<key_t>(keys),
+        gsd::as<key_t>(sorted_keys),
+        gsd::as<int32_t>(ids),
+        gsd::as<int32_t>(sorted_ids),
+        num_items,
+        gsd::bits_for(table_entries));
+    if (dense) {
+      ex.zero(segment_table, table_entries * sizeof(gsd::SegmentBounds));
+      ex.for_each(
+          num_items,
+          gsd::MarkDestinationSegments<key_t>{
+              gsd::as<key_t>(sorted_keys), num_items, nowhere, segment_table});
+      // The images this chunk's points lie in (points are numbered image
+      // by image).
+      const int64_t swept_from = first_point / points_per_image;
+      const int64_t swept_end = (first_point + count - 1) / points_per_image + 1;
+      auto reduce = [&](const auto& segments_of) {
+        using Segments = std::decay_t<decltype(segments_of)>;
+        ex.for_each_row(
+            static_cast<index_t>((swept_end - swept_from) * layout.channels),
+            image_size,
+            ReduceExactDense<kTapsPerPoint, kDims, Segments, scalar_t, index_t>{
+                records,
+                segments_of,
+                layout,
+                static_cast<index_t>(swept_from),
+                slices,
+                stored_bound});
+      };
+      if constexpr (kPerTap) {
+        reduce(gsd::DestinationSegments<index_t>{
+            records.ids, segment_table, image_size});
+      } else {
+        reduce(gsd::make_cell_segments(records.ids, segment_table, args.inp_size));
+      }
+      return;
     }
     ex.for_each(
-        static_cast<index_t>((end_image - first_image) * image_elements),
-        RoundSums<kDims, scalar_t, index_t>{
-            slices, grad_input + first_image * image_elements, stored_bound});
+        num_items, gsd::MarkRunHeads<key_t>{gsd::as<key_t>(sorted_keys), heads});
+    ex.inclusive_sum(heads, run_number, num_items);
+    ex.for_each(
+        num_items,
+        gsd::RecordRunStarts<key_t>{
+            gsd::as<key_t>(sorted_keys),
+            run_number,
+            num_items,
+            heads,
+            gsd::as<int32_t>(num_runs)});
+    ex.for_each_row(
+        layout.channels,
+        num_items,
+        ReduceExactSparse<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
+            records,
+            gsd::as<key_t>(sorted_keys),
+            heads,
+            gsd::as<int32_t>(num_runs),
+            nowhere,
+            by_image_size,
+            layout,
+            slices,
+            stored_bound});
+  };
+
+  // Only the first block of an image's channels computes its points' grid
+  // gradient; the others re-run the point pass for the records alone.
+  Args records_only = args;
+  records_only.grad_grid.data = nullptr;
+  for (int64_t first_image = 0; first_image < args.batch;
+       first_image += blocks.images) {
+    const int64_t end_image =
+        std::min<int64_t>(args.batch, first_image + blocks.images);
+    for (int64_t first_channel = 0; first_channel < channels;
+         first_channel += blocks.channels) {
+      const BlockLayout<index_t> layout{
+          static_cast<index_t>(first_image),
+          static_cast<index_t>(first_channel),
+          static_cast<index_t>(
+              std::min<int64_t>(blocks.channels, channels - first_channel)),
+          image_size};
+      ex.zero(slices.words, kWords * block_elements * sizeof(int64_t));
+      ex.zero(slices.flags, block_elements * sizeof(uint32_t));
+      for (int64_t first_point = first_image * points_per_image;
+           first_point < end_image * points_per_image;
+           first_point += chunk_points) {
+        const int64_t count =
+            std::min(chunk_points, end_image * points_per_image - first_point);
+        reduce_chunk(
+            first_channel == 0 ? args : records_only, layout, first_point, count);
+      }
+      ex.for_each(
+          static_cast<index_t>((end_image - first_image) * layout.channels * image_size),
+          RoundSums<kDims, scalar_t, index_t>{
+              slices,
+              grad_input + (first_image * channels + first_channel) * image_size,
+              stored_bound});
+    }
   }
 }
 

@@ -313,8 +313,8 @@ def counters_markdown(rows: Sequence[Dict[str, Any]]) -> str:
         "per thread of the scale's pre-pass). workspace: detgrid's buffers, the exact "
         "accumulations' slices included; CUB scratch: an estimate of the radix sort's, on "
         "top. slices: the exact accumulations' share of their workspace (8 × words + 4 bytes "
-        "per grad_input element of a block of whole images within 64 MiB, one image at "
-        "least).",
+        "per grad_input element of a block within 64 MiB: whole images, or one image's "
+        "channel planes, one plane at least).",
     ]) + "\n"
 
 

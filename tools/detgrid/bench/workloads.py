@@ -500,10 +500,11 @@ def full_size_work_counters(workload: "Workload",
 
 
 # accumulate="exact" and "exact_atomic" keep, per grad_input element of a
-# block of whole images, kWords int64 slices and one uint32 of flags: 3 words
-# where the terms are float (float, Half and BFloat16 inputs), 5 where they
-# are double. A block holds as many images as fit in 64 MiB of slices, and
-# one image at least (aten_kernels/extension/exact/ExactBackward.cuh).
+# block, kWords int64 slices and one uint32 of flags: 3 words where the terms
+# are float (float, Half and BFloat16 inputs), 5 where they are double. A
+# block holds as many whole images as fit in 64 MiB of slices, or where one
+# image does not fit, as many of one image's channel planes, one at least
+# (aten_kernels/extension/exact/ExactBackward.cuh, plan_blocks).
 EXACT_SLICES_BUDGET = 64 << 20
 
 
@@ -513,15 +514,34 @@ def exact_bytes_per_element(dtype: torch.dtype) -> int:
     return 8 * (5 if dtype == torch.float64 else 3) + 4
 
 
+def _exact_blocks(workload: "Workload") -> Tuple[int, int, int]:
+    """(images, channels, bytes of a channel plane) of one block of the
+    exact accumulations' slices at full size, by ExactBackward.cuh's
+    plan_blocks: whole images where one fits the budget, else whole channel
+    planes of one image, at least one."""
+    in_shape = workload.shapes()[0]
+    plane_bytes = max(math.prod(in_shape[2:]) * exact_bytes_per_element(workload.dtype), 1)
+    image_bytes = in_shape[1] * plane_bytes
+    if image_bytes <= EXACT_SLICES_BUDGET:
+        images = min(max(EXACT_SLICES_BUDGET // image_bytes, 1), in_shape[0])
+        return images, in_shape[1], plane_bytes
+    return 1, min(max(EXACT_SLICES_BUDGET // plane_bytes, 1), in_shape[1]), plane_bytes
+
+
 def exact_slices_bytes(workload: "Workload") -> int:
-    """Bytes of the exact accumulations' slices for the workload at full
-    size: one block's, the rule above; 0 without grad_input."""
+    """Bytes of one block of the exact accumulations' slices for the
+    workload at full size; 0 without grad_input."""
     if not workload.output_mask[0]:
         return 0
-    in_shape = workload.shapes()[0]
-    image_bytes = math.prod(in_shape[1:]) * exact_bytes_per_element(workload.dtype)
-    images = min(max(EXACT_SLICES_BUDGET // max(image_bytes, 1), 1), in_shape[0])
-    return images * image_bytes
+    images, channels, plane_bytes = _exact_blocks(workload)
+    return images * channels * plane_bytes
+
+
+def exact_channel_blocks(workload: "Workload") -> int:
+    """Blocks an image's channels take (1 where whole images fit the
+    budget); each repeats the image's point pass and sort."""
+    _, channels, _ = _exact_blocks(workload)
+    return math.ceil(workload.shapes()[0][1] / channels)
 
 
 def samples_per_cell(case: Case) -> Dict[str, float]:
