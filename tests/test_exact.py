@@ -358,6 +358,26 @@ class TestExactAccumulationOnHost(DetgridTestCase):
                                           f"{count} threads, grain {grain_size}")
 
 
+    @parametrize("dtype", ALL_DTYPES)
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_weights_stay_within_the_scales_bound(self, dims, mode, dtype):
+        # The scale assumes |weight| <= 2^dims (ExactSum.cuh, 1.). Widths
+        # past 2048 (Half) and 256 (BFloat16) are where their tap positions
+        # round, and a bilinear axis weight reaches 2.
+        sizes = (3001, 2049, 4099)[-dims:]
+        gen = torch.Generator().manual_seed(1)
+        grid = (torch.rand(200_000, dims, generator=gen, dtype=torch.float64) * 2.2 - 1.1)
+        largest = 0.0
+        for padding in PADDINGS:
+            for align_corners in (False, True):
+                _, _, weight = torch.ops.detgrid._point_taps(
+                    grid.to(dtype), list(sizes), mode, padding, align_corners)
+                largest = max(largest, weight.abs().max().item())
+        self.assertLessEqual(largest, 2.0 ** dims)
+        if dtype == torch.float16 and mode == BILINEAR:
+            self.assertEqual(largest, 2.0 ** dims, "Half no longer reaches the bound")
+
+
 class TestExactWorkCounters(DetgridTestCase):
 
     def _counters(self, shape_in, shape_grid, mode=BILINEAR, **options):
