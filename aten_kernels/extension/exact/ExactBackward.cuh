@@ -111,14 +111,13 @@ struct BlockLayout {
   }
 };
 
-// Atomic variant, after the point pass of a chunk keyed per tap: thread
-// (row k of the block's channels, record r) adds record r's term to its destination's
-// slices. Records that land nowhere add nothing.
-template <int kTapsPerPoint, int kDims, typename scalar_t, typename index_t, typename key_t>
-struct ScatterTerms {
+// What the stages over per-tap keys share: a row per channel of the block,
+// and keys that are destinations n * destinations_per_image + s (or
+// nowhere).
+template <typename scalar_t, typename index_t, typename key_t>
+struct ChannelRowsOverKeys {
   using T = at::opmath_type<scalar_t>;
-  static constexpr int64_t kAtomicsPerItem = Format<T>::kWordsPerTerm;
-  gsd::SortedRecords<scalar_t, index_t> records; // ids unused: r is its id
+  gsd::SortedRecords<scalar_t, index_t> records;
   const key_t* keys;
   key_t nowhere;
   gsd::Divider<index_t> by_image_size;
@@ -135,19 +134,34 @@ struct ScatterTerms {
     return Row{k, records.gout_channel(layout.first_channel + k)};
   }
 
-  C10_HOST_DEVICE void operator()(const Row& row, int32_t r) const {
-    const key_t key = keys[r];
-    if (key == nowhere) {
-      return;
-    }
+  // The block's element of destination `key` for the block's channel k.
+  C10_HOST_DEVICE index_t element_of(key_t key, index_t k) const {
     const index_t d = static_cast<index_t>(key);
     const index_t n = gsd::divide(d, by_image_size);
-    const index_t s = d - n * layout.destinations_per_image;
-    slices.add_atomic(
-        layout.element(n, row.k, s),
+    return layout.element(n, k, d - n * layout.destinations_per_image);
+  }
+};
+
+// Atomic variant, after the point pass of a chunk keyed per tap: thread
+// (row k of the block's channels, record r) adds record r's term to its
+// destination's slices (records' ids are unused: r is its own id). Records
+// that land nowhere add nothing.
+template <int kTapsPerPoint, int kDims, typename scalar_t, typename index_t, typename key_t>
+struct ScatterTerms : ChannelRowsOverKeys<scalar_t, index_t, key_t> {
+  using Base = ChannelRowsOverKeys<scalar_t, index_t, key_t>;
+  using T = typename Base::T;
+  static constexpr int64_t kAtomicsPerItem = Format<T>::kWordsPerTerm;
+
+  C10_HOST_DEVICE void operator()(const typename Base::Row& row, int32_t r) const {
+    const key_t key = this->keys[r];
+    if (key == this->nowhere) {
+      return;
+    }
+    this->slices.add_atomic(
+        this->element_of(key, row.k),
         record_term<kTapsPerPoint>(
-            records, row.gout_channel, static_cast<uint32_t>(r)),
-        scale_from<T>(*stored_bound, kDims));
+            this->records, row.gout_channel, static_cast<uint32_t>(r)),
+        scale_from<T>(*this->stored_bound, kDims));
   }
 };
 
@@ -234,51 +248,35 @@ struct ReduceExactDense {
 };
 
 // Sorted variant, sparse (per tap): thread (row k of the block's channels,
-// run j) sums run
-// j's records, all of one destination, and adds the sum to its slices.
+// run j) sums run j's records, all of one destination, and adds the sum to
+// its slices.
 template <int kTapsPerPoint, int kDims, typename scalar_t, typename index_t, typename key_t>
-struct ReduceExactSparse {
-  using T = at::opmath_type<scalar_t>;
-  gsd::SortedRecords<scalar_t, index_t> records;
-  const key_t* keys;
+struct ReduceExactSparse : ChannelRowsOverKeys<scalar_t, index_t, key_t> {
+  using Base = ChannelRowsOverKeys<scalar_t, index_t, key_t>;
+  using T = typename Base::T;
   const int32_t* run_begin;
   const int32_t* num_runs;
-  key_t nowhere;
-  gsd::Divider<index_t> by_image_size;
-  BlockLayout<index_t> layout;
-  Slices<T, index_t> slices;
-  const int32_t* stored_bound;
 
-  struct Row {
-    index_t k; // the block's channel
-    const scalar_t* gout_channel;
-  };
-
-  C10_HOST_DEVICE Row row(index_t k) const {
-    return Row{k, records.gout_channel(layout.first_channel + k)};
-  }
-
-  C10_HOST_DEVICE void operator()(const Row& row, int32_t j) const {
+  C10_HOST_DEVICE void operator()(const typename Base::Row& row, int32_t j) const {
     if (j >= *num_runs) {
       return;
     }
     const int32_t begin = run_begin[j];
-    const key_t destination = keys[begin];
-    if (destination == nowhere) {
+    const key_t destination = this->keys[begin];
+    if (destination == this->nowhere) {
       return;
     }
-    const Scale scale = scale_from<T>(*stored_bound, kDims);
+    const Scale scale = scale_from<T>(*this->stored_bound, kDims);
     Accumulator<T> sum;
     for (int32_t i = begin; i < run_begin[j + 1]; ++i) {
       sum.add(
           record_term<kTapsPerPoint>(
-              records, row.gout_channel, static_cast<uint32_t>(records.ids[i])),
+              this->records,
+              row.gout_channel,
+              static_cast<uint32_t>(this->records.ids[i])),
           scale);
     }
-    const index_t d = static_cast<index_t>(destination);
-    const index_t n = gsd::divide(d, by_image_size);
-    slices.add(
-        layout.element(n, row.k, d - n * layout.destinations_per_image), sum);
+    this->slices.add(this->element_of(destination, row.k), sum);
   }
 };
 
@@ -423,6 +421,10 @@ void reduce_grad_input_exact(
       FindGradOutputBound<scalar_t, index_t, kDims>{
           args.grad_output, args.out_size, channels, stored_bound});
 
+  auto over_keys = [&](const key_t* chunk_keys, const BlockLayout<index_t>& layout) {
+    return ChannelRowsOverKeys<scalar_t, index_t, key_t>{
+        records, chunk_keys, nowhere, by_image_size, layout, slices, stored_bound};
+  };
   // One chunk of points [first_point, first_point + count) into a block's
   // slices: the point pass, then the scatter, or the sort and a reduce.
   auto reduce_chunk = [&](const Args& point_args,
@@ -440,13 +442,7 @@ void reduce_grad_input_exact(
           layout.channels,
           num_items,
           ScatterTerms<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
-              records,
-              gsd::as<key_t>(keys),
-              nowhere,
-              by_image_size,
-              layout,
-              slices,
-              stored_bound});
+              over_keys(gsd::as<key_t>(keys), layout)});
       return;
     }
     ex.stable_sort_pairs(
@@ -502,15 +498,9 @@ void reduce_grad_input_exact(
         layout.channels,
         num_items,
         ReduceExactSparse<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
-            records,
-            gsd::as<key_t>(sorted_keys),
+            over_keys(gsd::as<key_t>(sorted_keys), layout),
             heads,
-            gsd::as<int32_t>(num_runs),
-            nowhere,
-            by_image_size,
-            layout,
-            slices,
-            stored_bound});
+            gsd::as<int32_t>(num_runs)});
   };
 
   // Only the first block of an image's channels computes its points' grid
