@@ -396,10 +396,10 @@ def exact_executor_row(device: str, dtype: str, dim: int,
 
 
 def exact_repeat_row(case: Case, reps: int, device: str) -> Dict[str, Any]:
-    """A high-collision case over several chunks and slice blocks: each
-    variant reps times (the atomics' order changes from run to run), then
-    once per knob setting; every run must hash the same, and grad_input
-    equal the host executor's "exact"."""
+    """A high-collision case (3-D: over three chunks): each variant reps
+    times (the atomics' order changes from run to run), then once per knob
+    setting; every run must hash the same, and grad_input equal the host
+    executor's "exact"."""
     digests: Dict[str, set] = {}
     for variant in EXACT_VARIANTS:
         digests[variant] = set()
