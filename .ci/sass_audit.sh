@@ -4,7 +4,12 @@
 # detgrid's own arithmetic (the CUDA == host bit equality rests on every
 # operation being rounded on its own), flush-to-zero arithmetic, or a 2-D
 # fp32 dense reduce whose setup per element exceeds 80 instructions. Prints
-# each reduce kernel's setup and inner-loop instruction counts. Then proves the audit
+# each reduce kernel's setup and inner-loop instruction counts. Then audits the
+# kernels of accumulate="exact" (aten_kernels/extension/exact/) from a build of
+# ExactCuda.cu, the extension's CUDA unit: no stack frame or spill in any of
+# them, no fused multiply-add and no flush to zero; prints the registers and
+# the instructions per record of each exact reduce, and per term, with the
+# integer atomics in that loop, of each ScatterTerms. Then proves the audit
 # has teeth: a --use_fast_math build of a point pass and a reduce of the same
 # pipeline (.ci/audit/fast_math_probe.cu) must fail it.
 #   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers
@@ -53,6 +58,13 @@ build release "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDetermini
 # run, before its fold) per-record=M (the fold's inner loop); the audit
 # fails when a 2-D fp32 dense reduce's setup exceeds 80.
 audit release --loops | grep -E "^FAIL|^sass audit|^reduce kernels|^setup="
+
+# ExactCuda.cu includes GridSamplerDeterministic.cu whole; --exact audits only
+# the exact stages' kernels, the others were audited above. One line per
+# reduce: per-record=N regs=R; per ScatterTerms: per-term=N atomics=A regs=R.
+echo "sass audit: building ExactCuda.cu (accumulate=\"exact\") for sm_90"
+build exact "$root/aten_kernels/extension/exact/ExactCuda.cu"
+audit exact --exact --loops | grep -E "^FAIL|^sass audit|^exact kernels|^per-(record|term)="
 
 echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
 build fast_math "$root/.ci/audit/fast_math_probe.cu" --use_fast_math

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -28,8 +29,8 @@ from detgrid.kit import gpucheck, gpucheck_report
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
 
-STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "memcheck", "tests", "timing",
-              "racecheck", "initcheck")
+STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "exact", "memcheck", "tests",
+              "timing", "racecheck", "initcheck")
 
 
 def strict_json(path):
@@ -115,19 +116,40 @@ def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16,
     }
 
 
+def fake_exact(distinct_3d=1, float16_host_equal=27):
+    def repeat(case, dim, distinct):
+        return {"case": case, "dim": dim, "reps": 10, "runs": 34, "distinct": distinct,
+                "distinct_by_group": {"exact": 1, "exact_atomic": distinct, "knobs": 1},
+                "host_equal": True}
+
+    def executor(dtype, dim):
+        host_equal = float16_host_equal if (dtype, dim) == ("float16", 2) else 27
+        return {"dtype": dtype, "dim": dim, "cases": 27, "runs_per_case": 14,
+                "variants_agree": 27, "host_equal": host_equal, "disagreeing": [],
+                "mismatches": [] if host_equal == 27 else ["zoom"], "errors": []}
+
+    return {"device": "cuda", "variants": ["exact", "exact_atomic"],
+            "settings": [{}, {"chunk_points": 4096}],
+            "repeat": [repeat("tensorf_line", 2, 1), repeat("simplebev_lift_3d", 3, distinct_3d)],
+            "executor": [executor(dtype, dim) for dtype in workloads.DTYPES for dim in (2, 3)]}
+
+
 def fake_timing():
     return {"device": "cuda", "scale": 1.0, "rows": [
         {"name": "rtdetr_l80", "load": "sparse", "input_shape": [128, 32, 80, 80],
          "grid_shape": [128, 500, 4, 2], "dtype": "float32", "mode": "bilinear",
          "padding": "zeros", "align_corners": False, "output_mask": [True, True],
          "stock_ms": 1.5, "detgrid_ms": 1.2, "ratio": 0.8, "extra_peak_mib": 12.0,
-         "rel_err_grad_input": 1e-7, "rel_err_grad_grid": None},
+         "rel_err_grad_input": 1e-7, "rel_err_grad_grid": None,
+         "exact": {"ordered_ms": 1.25, "exact_ms": 2.5, "exact_atomic_ms": 1.875,
+                   "exact_peak_mib": 80.0, "exact_atomic_peak_mib": 70.5, "reps": 5, "warmup": 2}},
         {"name": "liif_nearest", "error": "RuntimeError: boom"},
     ]}
 
 
 class TestGpuCheckReport(TestCase):
-    def write_work(self, work, *, steps=None, bitwise=None, memcheck="clean", junit=JUNIT):
+    def write_work(self, work, *, steps=None, bitwise=None, exact=None, memcheck="clean",
+                   junit=JUNIT):
         steps = steps or [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
         with open(os.path.join(work, "steps.tsv"), "w") as f:
             for name, status, rc, secs, limit in steps:
@@ -137,6 +159,7 @@ class TestGpuCheckReport(TestCase):
             "build.json": {"require_cuda": True, "has_cuda_kernels": True,
                            "sass_archs": ["sm_90"], "ok": True},
             "bitwise.json": gpucheck_report.jsonable(bitwise or fake_bitwise()),
+            "exact.json": exact or fake_exact(),
             "timing.json": fake_timing(),
             "sanitizer_memcheck.json": gpucheck.parse_sanitizer(
                 "memcheck", SANITIZER_CLEAN if memcheck == "clean" else SANITIZER_GVISOR, 0),
@@ -186,6 +209,13 @@ class TestGpuCheckReport(TestCase):
         self.assertIn("| 1.5 | 1.2 | 0.80 | 12.0 |", md)
         self.assertIn("RuntimeError: boom", md)
         self.assertIn("CUDA events", md)
+        for dims in ("2-D", "3-D"):
+            self.assertEqual(checks[f"exact == exact_atomic over runs and knobs ({dims})"], "pass")
+            for dtype in workloads.DTYPES:
+                self.assertEqual(checks[f"exact variants == host exact ({dtype}, {dims})"], "pass")
+        self.assertEqual(checks["exact timing table"], "pass")
+        self.assertIn("| bfloat16 | 3-D | 27 | 14 | 27 | 27 |", md)
+        self.assertIn("| rtdetr_l80 | 1.5 | 1.25 | 2.5 | 1.88 | 2.00 | 1.50 | 80.0 | 70.5 |", md)
 
     def test_failures_make_the_verdict_fail(self):
         data, _, md = self.report()  # the junit has a failure and an error
@@ -220,6 +250,29 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(self.checks(data)["device == host executor (float32, 3-D)"], "fail")
         self.assertEqual(data["verdict"], "FAIL")
 
+    def test_exact_variants_failing_make_the_verdict_fail(self):
+        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
+        data, _, md = self.report(junit=passing, exact=fake_exact(distinct_3d=2))
+        checks = self.checks(data)
+        self.assertEqual(checks["exact == exact_atomic over runs and knobs (2-D)"], "pass")
+        self.assertEqual(checks["exact == exact_atomic over runs and knobs (3-D)"], "fail")
+        self.assertEqual(data["verdict"], "FAIL")
+        self.assertIn("'exact_atomic': 2", md)
+        # Half is required too: the exact sum is rounded once, on both sides alike.
+        data, _, md = self.report(junit=passing, exact=fake_exact(float16_host_equal=26))
+        checks = self.checks(data)
+        self.assertEqual(checks["exact variants == host exact (float16, 2-D)"], "fail")
+        self.assertEqual(checks["exact variants == host exact (float16, 3-D)"], "pass")
+        self.assertEqual(data["verdict"], "FAIL")
+        self.assertIn("mismatches: ['zoom']", md)
+
+    def test_exact_not_run_is_not_applicable(self):
+        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
+        data, _, md = self.report(junit=passing, exact={"device": "cuda"})
+        self.assertEqual(self.checks(data)["exact variants"], "n/a")
+        self.assertEqual(data["verdict"], "INCOMPLETE")
+        self.assertNotIn('## accumulate="exact"', md)
+
     def test_bitwise_not_run_is_not_applicable(self):
         passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
         data, _, _ = self.report(junit=passing, bitwise={"device": "cuda"})
@@ -235,11 +288,12 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(self.checks(data)["compute-sanitizer memcheck"], "n/a")
         self.assertEqual(data["verdict"], "INCOMPLETE")
         steps = [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
-        steps[7] = ("timing", "timeout", 124, 60, 60)
+        steps[STEP_NAMES.index("timing")] = ("timing", "timeout", 124, 60, 60)
         data, _, md = self.report(junit=passing, steps=steps)
         self.assertEqual(data["verdict"], "INCOMPLETE")
         self.assertIn("| timing | timeout | 124 | 60 | 60 |", md)
-        steps[4] = ("bitwise", "fail", 1, 5, 90)  # crashed before writing its results
+        # bitwise crashed before writing its results
+        steps[STEP_NAMES.index("bitwise")] = ("bitwise", "fail", 1, 5, 90)
         data, _, _ = self.report(junit=passing, steps=steps)
         self.assertEqual(data["verdict"], "FAIL")
 
@@ -575,6 +629,43 @@ class TestGpuCheckHostRuns(TestCase):
             self.assertEqual(row["bitwise_equal"], row["cases"], row)
             self.assertEqual(row["errors"], [])
 
+    def test_exact_variants_on_host(self):
+        result = gpucheck.run_exact("cpu", reps=2, scale=0.005)
+        self.assertEqual(result["variants"], ["exact", "exact_atomic"])
+        settings = result["settings"]
+        for knob in ("chunk_points", "keying", "key_bits", "index_bits", "grain_size"):
+            self.assertTrue(any(knob in opts for opts in settings), knob)
+        self.assertEqual([(r["case"], r["dim"]) for r in result["repeat"]],
+                         [("tensorf_line", 2), ("simplebev_lift_3d", 3)])
+        for row in result["repeat"]:
+            self.assertNotIn("error", row)
+            self.assertEqual(row["runs"], 2 * (2 + len(settings)))
+            self.assertEqual(row["distinct"], 1, row)
+            self.assertTrue(row["host_equal"], row)
+        self.assertEqual([(r["dtype"], r["dim"]) for r in result["executor"]],
+                         [(dtype, dim) for dtype in workloads.DTYPES for dim in (2, 3)])
+        for row in result["executor"]:
+            self.assertEqual(row["errors"], [], row)
+            self.assertEqual(row["runs_per_case"], 2 * len(settings))
+            self.assertEqual(row["variants_agree"], row["cases"], row)
+            self.assertEqual(row["host_equal"], row["cases"], row)
+
+    def test_exact_case_tells_agreement_from_equality_with_the_host(self):
+        case = gpucheck.executor_row_cases("float32", 2)[0]
+        self.assertEqual(gpucheck.exact_case(case, "cpu"), (True, True))
+        # A stand-in whose fourth call (the third of the runs under knobs)
+        # comes back with one bit of grad_input flipped.
+        calls = iter(range(100))
+
+        def one_bit_off(c, **opts):
+            grad_input, grad_grid = workloads.run_detgrid(c, **opts)
+            if next(calls) == 3:
+                grad_input.view(torch.int32).view(-1)[0] ^= 1
+            return grad_input, grad_grid
+
+        with mock.patch.object(gpucheck, "run_detgrid", side_effect=one_bit_off):
+            self.assertEqual(gpucheck.exact_case(case, "cpu"), (False, False))
+
     def test_repeat_hashes_count_distinct_results(self):
         values = iter(range(10))
         result = gpucheck.repeat_hashes(
@@ -623,6 +714,18 @@ class TestGpuCheckHostRuns(TestCase):
         self.assertLess(fp32["rel_err_grad_input"], 1e-5)
         self.assertLess(fp32["rel_err_grad_grid"], 1e-5)
         self.assertIsNone(result["rows"][2]["rel_err_grad_input"])  # grid-only workload
+        for row in result["rows"][:2]:
+            exact = row["exact"]
+            for variant in ("ordered", "exact", "exact_atomic"):
+                self.assertGreater(exact[f"{variant}_ms"], 0, row["name"])
+            self.assertIsNone(exact["exact_peak_mib"])  # measured on CUDA only
+            self.assertEqual((exact["reps"], exact["warmup"]), (5, 1))
+        self.assertEqual(result["rows"][2]["exact"], {"skipped": "no grad_input"})
+
+    def test_exact_timing_stops_at_the_deadline_too(self):
+        row = gpucheck.exact_timing(workloads.WORKLOADS["liif_nearest"], "cpu", 1, 2, 0.05, 0,
+                                    deadline=0.0)
+        self.assertEqual(row, {"skipped": "time budget"})
 
     def test_timing_stops_at_its_deadline(self):
         result = gpucheck.run_timing("cpu", ["liif_nearest"], scale=0.05, deadline=0.0)
@@ -641,6 +744,22 @@ class TestGpuCheckHostRuns(TestCase):
                     sys.stdout = stdout
             self.assertEqual(rc, 0)
             self.assertEqual(strict_json(path)["rows"][0]["name"], "liif_nearest")
+
+    def test_exact_command_line(self):
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "e.json")
+            with open(os.devnull, "w") as devnull:
+                stdout, sys.stdout = sys.stdout, devnull
+                try:
+                    rc = gpucheck.main(["exact", "--device", "cpu", "--reps", "1", "--scale",
+                                        "0.005", "--dtypes", "float64", "--json", path])
+                finally:
+                    sys.stdout = stdout
+            self.assertEqual(rc, 0)
+            result = strict_json(path)
+        self.assertEqual([(r["dtype"], r["dim"]) for r in result["executor"]],
+                         [("float64", 2), ("float64", 3)])
+        self.assertEqual(len(result["repeat"]), 2)
 
 
 class TestGpuCheckScript(TestCase):
@@ -699,15 +818,18 @@ class TestGpuCheckScript(TestCase):
                 "DETGRID_GPU_CHECK_DEVICE": "cpu",
                 "DETGRID_GPU_CHECK_SCALE": "0.005",
                 "DETGRID_GPU_CHECK_REPS": "2",
-                "DETGRID_GPU_CHECK_STEPS": "env,kernels,bitwise,memcheck",
+                "DETGRID_GPU_CHECK_EXACT_REPS": "2",
+                "DETGRID_GPU_CHECK_STEPS": "env,kernels,bitwise,exact,memcheck",
             })
             data = strict_json(os.path.join(out, "gpu_check.json"))
             status = {s["name"]: s["status"] for s in data["steps"]}
-            self.assertEqual({k: status[k] for k in ("env", "kernels", "bitwise", "memcheck")},
-                             dict.fromkeys(("env", "kernels", "bitwise", "memcheck"), "ok"),
-                             proc.stdout)
+            ran = ("env", "kernels", "bitwise", "exact", "memcheck")
+            self.assertEqual({k: status[k] for k in ran}, dict.fromkeys(ran, "ok"), proc.stdout)
             self.assertEqual(status["build"], "skipped")
             self.assertEqual([k["distinct"] for k in data["bitwise"]["knobs"]], [1, 1])
+            self.assertEqual([r["distinct"] for r in data["exact"]["repeat"]], [1, 1])
+            checks = {c["check"]: c["result"] for c in data["checks"]}
+            self.assertEqual(checks["exact variants == host exact (bfloat16, 3-D)"], "pass")
             self.assertIn(data["sanitizer"]["memcheck"]["status"], ("unavailable", "failed"))
             self.assertEqual(data["verdict"], "INCOMPLETE")
             self.assertNotEqual(proc.returncode, 0)

@@ -11,6 +11,18 @@ from detgrid.kit import sass_audit
 
 OURS = "_ZN2at6native60_GLOBAL__N__GridSamplerDeterministic_cu_1215for_each_kernelIiNS_4StageEEEvT0_T_"
 CUH = "/src/ATen/native/cuda/GridSamplerDeterministic.cuh"
+# Kernels of an ExactCuda.cu build: two exact stages, and one of the
+# pipeline's that the unit's inclusion of GridSamplerDeterministic.cu brings.
+EXACT_NAMESPACE = "_ZN2at6native45_GLOBAL__N__0aa0d8f9_12_ExactCuda_cu_7dd603db"
+SCATTER = (EXACT_NAMESPACE
+           + "19for_each_row_kernelIN7detgrid5exact12ScatterTermsILi4ELi2EfiiEEiiEEvT_T0_T1_")
+SPARSE = (EXACT_NAMESPACE
+          + "19for_each_row_kernelIN7detgrid5exact17ReduceExactSparseILi4ELi2EfiiEEiiEEvT_T0_T1_")
+POINT_PASS_IN_EXACT_UNIT = (
+    EXACT_NAMESPACE + "15for_each_kernelINS0_26grid_sampler_deterministic9PointPassILi2ELb1E"
+    "LNS3_6KeyingE0ENS3_12BackwardArgsIN3c108BFloat16ElLi3EEElEElEEvT_T0_")
+EXACT_SUM = "/src/extension/exact/ExactSum.cuh"
+ATOMICS_HEADER = "/usr/local/cuda/include/device_atomic_functions.hpp"
 
 
 def _sass(body, name=OURS):
@@ -22,6 +34,20 @@ def _loc(path, line, inlined_at=None):
     if inlined_at:
         text += f' inlined at "{inlined_at[0]}", line {inlined_at[1]}'
     return text + "\n"
+
+
+def _listing(instructions, labels, locations=None):
+    """SASS of one function body: instructions[k] at offset 0x10 * (k + 1),
+    labels by offset, each instruction at locations.get(k, (CUH, 880))."""
+    locations = locations or {}
+    body = ""
+    for k, text in enumerate(instructions):
+        offset = 0x10 * (k + 1)
+        if offset in labels:
+            body += labels[offset] + ":\n"
+        body += _loc(*locations.get(k, (CUH, 880)))
+        body += f"        /*{offset:04x}*/                   {text} ;\n"
+    return body
 
 
 class _Lines(sass_audit.SourceLines):
@@ -136,6 +162,106 @@ class TestSassAudit(TestCase):
         self.assertEqual(len(sass_audit.setup_violations(rows)), 1)
         rows[0].setup = 80
         self.assertEqual(sass_audit.setup_violations(rows), [])
+
+    def test_exact_scope_holds_the_exact_stages_alone(self):
+        for name in (SCATTER, SPARSE):
+            self.assertRegex(name, sass_audit.EXACT.kernel)
+            self.assertNotRegex(name, sass_audit.PIPELINE.kernel)
+        # Audited in the release build, not again in the exact one.
+        self.assertNotRegex(POINT_PASS_IN_EXACT_UNIT, sass_audit.EXACT.kernel)
+        self.assertNotRegex(POINT_PASS_IN_EXACT_UNIT, sass_audit.PIPELINE.kernel)
+        self.assertNotRegex(OURS, sass_audit.EXACT.kernel)
+
+    def test_fused_multiply_add_in_exact_arithmetic_is_refused_in_exact_scope(self):
+        sass = _sass(_listing(["FFMA R1, R2, R3, R4", "FMUL.FTZ R1, R2, R3"], {},
+                              {0: (EXACT_SUM, 240), 1: (EXACT_SUM, 240)}), name=SCATTER)
+        functions = sass_audit.parse_sass(sass)
+        found = sass_audit.fused_violations(functions, _Lines({}), sass_audit.EXACT)
+        self.assertEqual(len(found), 1)
+        self.assertIn("ExactSum.cuh:240", found[0])
+        self.assertEqual(len(sass_audit.ftz_violations(functions, sass_audit.EXACT)), 1)
+        # The pipeline's scope knows neither the kernel nor the file.
+        self.assertEqual(sass_audit.fused_violations(functions, _Lines({})), [])
+
+    def test_exact_kernels_may_not_spill(self):
+        log = textwrap.dedent(f"""\
+            ptxas info    : Function properties for {SPARSE}
+                16 bytes stack frame, 16 bytes spill stores, 16 bytes spill loads
+            ptxas info    : Used 32 registers, used 0 barriers, 16 bytes cumulative stack size
+            ptxas info    : Function properties for {POINT_PASS_IN_EXACT_UNIT}
+                8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+            """)
+        found = sass_audit.resource_violations(sass_audit.parse_ptxas(log), [], sass_audit.EXACT)
+        self.assertEqual(len(found), 1)
+        self.assertIn("16 B stack frame", found[0])
+
+    def test_exact_reduce_costs_its_record_loop(self):
+        # Column loop .L_x_1 (0x10-0x70) around the record loop .L_x_2
+        # (0x20-0x50): the term's FMUL, its words' 64-bit adds.
+        ins = ["LDG.E R1, desc[UR4][R2.64]", "LDG.E R5, desc[UR4][R6.64]", "FMUL R7, R5, R8",
+               "IADD3 R10, P0, R10, R7, RZ", "@P1 BRA `(.L_x_2)", "STG.E.64 desc[UR4][R2.64], R10",
+               "@P2 BRA `(.L_x_1)", "EXIT"]
+        sass = _sass(_listing(ins, {0x10: ".L_x_1", 0x20: ".L_x_2"}), name=SPARSE)
+        cost, atomics = sass_audit.exact_loop_cost(sass_audit.parse_sass(sass)[SPARSE])
+        self.assertEqual((cost.body, cost.calls, atomics), (4, 0, 0))
+
+    def test_scatter_counts_global_atomics_per_term(self):
+        # The loop over terms .L_x_1: three word adds and the flag's OR, the
+        # atomics attributed to CUDA's header; a warp reduction and a
+        # shared-memory atomic are not global atomics.
+        ins = ["LDG.E R1, desc[UR4][R2.64]", "FMUL R3, R1, R4",
+               "REDG.E.ADD.64.STRONG.GPU desc[UR8][R8.64], R10",
+               "REDG.E.ADD.64.STRONG.GPU desc[UR8][R8.64], R12",
+               "REDG.E.ADD.64.STRONG.GPU desc[UR8][R8.64], R14",
+               "REDG.E.OR.STRONG.GPU desc[UR8][R8.64], R22", "REDUX.MAX.S32 UR5, R3",
+               "ATOMS.ADD RZ, [R5], R6", "@P0 BRA `(.L_x_1)", "EXIT"]
+        at_header = {k: (ATOMICS_HEADER, 226) for k in (2, 3, 4, 5)}
+        sass = _sass(_listing(ins, {0x10: ".L_x_1"}, at_header), name=SCATTER)
+        cost, atomics = sass_audit.exact_loop_cost(sass_audit.parse_sass(sass)[SCATTER])
+        self.assertEqual((cost.body, atomics), (9, 4))
+
+    def test_exact_audit_prints_each_loop_and_fails_on_a_spill(self):
+        import contextlib
+        import io
+        import tempfile
+
+        ins = ["LDG.E R1, desc[UR4][R2.64]", "FMUL R3, R1, R4",
+               "REDG.E.ADD.64.STRONG.GPU desc[UR8][R8.64], R10", "@P0 BRA `(.L_x_1)", "EXIT"]
+        log = textwrap.dedent(f"""\
+            ptxas info    : Function properties for {SCATTER}
+                8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+            ptxas info    : Used 30 registers, used 0 barriers, 8 bytes cumulative stack size
+            """)
+        with tempfile.TemporaryDirectory() as work:
+            paths = {"ptxas": f"{work}/ptxas.txt", "sass": f"{work}/sass.txt"}
+            with open(paths["ptxas"], "w") as f:
+                f.write(log)
+            with open(paths["sass"], "w") as f:
+                f.write(_sass(_listing(ins, {0x10: ".L_x_1"}), name=SCATTER))
+            stdout = io.StringIO()
+            with contextlib.redirect_stdout(stdout):
+                rc = sass_audit.main(["--ptxas-log", paths["ptxas"], "--sass", paths["sass"],
+                                      "--exact", "--loops"])
+        lines = stdout.getvalue().splitlines()
+        self.assertEqual(rc, 1)
+        self.assertTrue(lines[0].startswith("FAIL (stack frames or spills): "), lines)
+        self.assertIn("per-term=4 (0 calls) atomics=1 regs=30", stdout.getvalue())
+        self.assertEqual(lines[-1], "sass audit: 1 detgrid exact kernels, 5 instructions; "
+                                    "1 problem(s)")
+
+    def test_an_exact_loop_not_found_is_printed_not_dropped(self):
+        import contextlib
+        import io
+
+        sass = _sass(_listing(["IADD3 R1, R1, 1, RZ", "@P0 BRA `(.L_x_1)", "EXIT"],
+                              {0x10: ".L_x_1"}), name=SPARSE)
+        rows = sass_audit.exact_loop_table(sass_audit.parse_sass(sass), {})
+        self.assertEqual([(row.stage, row.loop, row.atomics) for row in rows],
+                         [("ReduceExactSparse", None, None)])
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            sass_audit.print_exact_loops(rows)
+        self.assertIn("per-record=? (no loop found) regs=None", stdout.getvalue())
 
     def test_unreadable_input_is_a_one_line_error(self):
         import contextlib

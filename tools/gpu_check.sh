@@ -11,11 +11,15 @@
 #   kernels    detgrid imports and has_cuda_kernels() is True   -> build.json
 #   bitwise    100 repeats hashed and knob invariance (one 2-D, one 3-D
 #              case), CUDA == host executor per dtype, 2-D and 3-D
+#   exact      accumulate="exact" and "exact_atomic": the same bits as each
+#              other over repeats and knobs (the two high-collision cases) and
+#              as the host executor's exact, per dtype, 2-D and 3-D -> exact.json
 #   memcheck   compute-sanitizer memcheck over every mode x padding, 2-D and
 #              3-D, NaN/Inf grids, multi-chunk (3-D: dense and sparse
 #              reductions) ("unavailable" where the runtime refuses)
 #   tests      pytest tests -k cuda                              -> junit.xml
-#   timing     stock vs detgrid backward on the benchmark workloads
+#   timing     stock vs detgrid backward on the benchmark workloads, then the
+#              exact variants beside ordered on those timed, if time is left
 #   racecheck, initcheck   one tiny case per rank each, if time is left
 #   report     $OUT/gpu_check.json and $OUT/gpu_check.md (printed last)
 #
@@ -32,7 +36,7 @@
 #   DETGRID_GPU_CHECK_PYTEST_K    pytest -k expression (cuda: the *_cuda* variants)
 #   DETGRID_GPU_CHECK_DEVICE      cuda; cpu runs the same logic on the host
 #                                 executor (for testing this script)
-#   DETGRID_GPU_CHECK_SCALE, _REPS, _TIMING_REPS   sizes (1, 100, 25)
+#   DETGRID_GPU_CHECK_SCALE, _REPS, _EXACT_REPS, _TIMING_REPS   sizes (1, 100, 10, 25)
 #   DETGRID_PYTHON                interpreter (python3)
 #   TORCH_CUDA_ARCH_LIST, MAX_JOBS     passed to the build (9.0, 16)
 
@@ -83,6 +87,10 @@ if [[ "${1:-}" == "__step" ]]; then
     bitwise)
       "$PY" "$GC" bitwise --device "$DEVICE" --scale "$SCALE" \
         --reps "${DETGRID_GPU_CHECK_REPS:-100}" --json "$WORK/bitwise.json"
+      ;;
+    exact)
+      "$PY" "$GC" exact --device "$DEVICE" --scale "$SCALE" \
+        --reps "${DETGRID_GPU_CHECK_EXACT_REPS:-10}" --json "$WORK/exact.json"
       ;;
     memcheck | racecheck | initcheck)
       set_name=tiny
@@ -194,6 +202,7 @@ step deps        45       5   0              # ~3 s
 step build      300      60   0              # ~1-2 min (nvcc of one .cu ~30 s)
 step kernels     60      10   0              # ~5 s
 step bitwise     90      20   1              # ~30 s (2-D ~20 s, 3-D ~10 s)
+step exact       60      20   1              # ~15-25 s? (8 x 27 small cases x 14, 2 x 34 large)
 step memcheck   150      40   1              # ~40-90 s (31 2-D + 30 3-D cases)
 step tests      150      40   1              # depends on tests/
 step timing      90      30   1              # ~20-40 s

@@ -3,6 +3,7 @@
     python3 -m detgrid.kit.gpucheck env            --json env.json
     python3 -m detgrid.kit.gpucheck build-info     --json build.json [--require-cuda]
     python3 -m detgrid.kit.gpucheck bitwise        --device cuda --json bitwise.json
+    python3 -m detgrid.kit.gpucheck exact          --device cuda --json exact.json
     python3 -m detgrid.kit.gpucheck timing         --device cuda --json timing.json
     python3 -m detgrid.kit.gpucheck sanitize       --tool memcheck --set all --json s.json
     python3 -m detgrid.kit.gpucheck sanitizer-case --device cuda --set all
@@ -10,7 +11,10 @@
 
 The bitwise and sanitizer checks cover both backwards,
 grid_sampler_2d_backward and grid_sampler_3d_backward (timing: the 2-D
-set; `detgrid bench` times the 3-D rows). Every subcommand also runs with
+set; `detgrid bench` times the 3-D rows). `exact` checks the extension's
+accumulate="exact" and "exact_atomic" (their bits against each other, over
+runs and knobs, and against the host executor's); timing times them too.
+Every subcommand also runs with
 `--device cpu` (or needs no device at all), so its logic is tested on
 machines without a GPU: there "detgrid" is the host executor and "stock"
 is aten's CPU kernel.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -40,10 +45,11 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 if __name__ == "__main__" and __package__ in (None, ""):
     # Run as a script: import detgrid from the tools/ folder above this file,
@@ -66,9 +72,9 @@ from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
 from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
 from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, MODES, PADDINGS, WORKLOADS,
                                      Case, Gradients,
-                                     dtype_name, executor_cases, max_abs_diff, run_detgrid,
-                                     run_stock, sanitizer_cases, sha256, synchronize,
-                                     time_workload)
+                                     Workload, dtype_name, executor_cases, max_abs_diff,
+                                     peak_bytes, run_detgrid, run_stock, sanitizer_cases, sha256,
+                                     synchronize, time_rotating, time_workload)
 
 # dtypes whose device result must equal the host executor's bit for bit.
 EXACT_DTYPES = ("float32", "float64")
@@ -311,15 +317,138 @@ def fidelity_row(device: str, dtype: str, dim: int, seed: int = 0) -> Dict[str, 
 
 
 # --------------------------------------------------------------------------
+# accumulate="exact": the two variants against each other and the host
+# --------------------------------------------------------------------------
+
+# detgrid.ops.ACCUMULATE_MODES' exact variants: the sorted reduce and the
+# integer atomics with no sort. Integer sums are order-free, so both must
+# give the same bits under every knob and on every run, and the host
+# executor's "exact" the same grad_input bits, in all four dtypes (the sum is
+# rounded once, straight to the dtype, by the same code on both sides).
+EXACT_VARIANTS = ("exact", "exact_atomic")
+
+
+def exact_knob_settings(device: str) -> List[Dict[str, int]]:
+    """Settings each exact variant runs under: chunks (the slices carry sums
+    across them), the keying (per tap; bilinear is keyed per point or cell
+    by default), the key and index widths, and the launch or thread shapes."""
+    common = [{}, {"chunk_points": 4096}, {"keying": 1}, {"key_bits": 64}, {"index_bits": 64}]
+    if torch.device(device).type == "cuda":
+        return common + [{"block_size": 128}, {"block_size": 64, "max_blocks": 7}]
+    return common + [{"grain_size": 1}]
+
+
+def _digest(grads: Gradients) -> Optional[str]:
+    """One hash over the gradients that were asked for."""
+    return sha256(*(t for t in grads if t is not None))
+
+
+def exact_runs(case: Case, device: str) -> Iterator[Gradients]:
+    """The case on device under every exact variant x knob setting (on
+    --device cpu: the host executor under the host's knobs), one at a time."""
+    moved = case.to(device)
+    for variant, opts in itertools.product(EXACT_VARIANTS, exact_knob_settings(device)):
+        grads = run_detgrid(moved, accumulate=variant, **opts)
+        synchronize(device)
+        yield grads
+
+
+def exact_case(case: Case, device: str) -> Tuple[bool, bool]:
+    """(do all of exact_runs hash the same, both gradients; is each one's
+    grad_input the host executor's "exact" one, bit for bit)."""
+    reference = run_detgrid(case, accumulate="exact")[0]
+    digests, host_equal = set(), True
+    for grads in exact_runs(case, device):
+        digests.add(_digest(grads))
+        host_equal = host_equal and same_bits_or_both_nan(grads[0], reference)
+    return len(digests) == 1, host_equal
+
+
+def exact_executor_row(device: str, dtype: str, dim: int,
+                       cases: Sequence[Case]) -> Dict[str, Any]:
+    """exact_case over one dtype's and rank's executor cases. grad_grid is
+    the ordered path's point pass, which the executor rows compare with the
+    host; here it only has to agree between runs."""
+    agree, host_equal, disagreeing, mismatches, errors = 0, 0, [], [], []
+    for case in cases:
+        try:
+            same, as_host = exact_case(case, device)
+        except Exception as e:  # recorded, the other cases still run
+            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        agree += same
+        host_equal += as_host
+        if not same:
+            disagreeing.append(case.name)
+        if not as_host:
+            mismatches.append(case.name)
+    return {
+        "dtype": dtype,
+        "dim": dim,
+        "cases": len(cases),
+        "runs_per_case": len(EXACT_VARIANTS) * len(exact_knob_settings(device)),
+        "variants_agree": agree,
+        "host_equal": host_equal,
+        "disagreeing": disagreeing[:10],
+        "mismatches": mismatches[:10],
+        "errors": errors[:10],
+    }
+
+
+def exact_repeat_row(case: Case, reps: int, device: str) -> Dict[str, Any]:
+    """A high-collision case (3-D: over three chunks): each variant reps
+    times (the atomics' order changes from run to run), then once per knob
+    setting; every run must hash the same, and grad_input equal the host
+    executor's "exact"."""
+    digests: Dict[str, set] = {}
+    for variant in EXACT_VARIANTS:
+        digests[variant] = set()
+        for _ in range(reps):
+            grads = run_detgrid(case, accumulate=variant)
+            synchronize(device)
+            digests[variant].add(_digest(grads))
+    knob_runs = exact_runs(case, device)
+    first = next(knob_runs)  # "exact" with the default knobs
+    digests["knobs"] = {_digest(first)} | {_digest(grads) for grads in knob_runs}
+    host = run_detgrid(case.to("cpu"), accumulate="exact")[0]
+    return {
+        "reps": reps,
+        "runs": len(EXACT_VARIANTS) * (reps + len(exact_knob_settings(device))),
+        "distinct": len(set().union(*digests.values())),
+        "distinct_by_group": {name: len(found) for name, found in digests.items()},
+        "host_equal": same_bits_or_both_nan(first[0], host),
+    }
+
+
+def run_exact(device: str = "cuda", reps: int = 10, scale: float = 1.0, seed: int = 0,
+              dtypes: Sequence[str] = tuple(DTYPES)) -> Dict[str, Any]:
+    """accumulate="exact" and "exact_atomic": on the high-collision cases
+    (2-D, 3-D), repeat runs and knobs; then per dtype and spatial dims, the
+    executor cases under every variant and knob against the host."""
+    return {
+        "device": device,
+        "variants": list(EXACT_VARIANTS),
+        "settings": exact_knob_settings(device),
+        "repeat": [{"case": case.name, "dim": case.dim,
+                    **_guarded(lambda: exact_repeat_row(case, reps, device))}
+                   for case in repeat_cases(device, scale, seed)],
+        "executor": [exact_executor_row(device, name, dim, executor_row_cases(name, dim, seed))
+                     for name in dtypes for dim in DIMS],
+    }
+
+
+# --------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------
 
 
 def run_timing(device: str = "cuda", names: Optional[Iterable[str]] = None, warmup: int = 5,
                reps: int = 25, scale: float = 1.0, seed: int = 0,
-               deadline: Optional[float] = None) -> Dict[str, Any]:
+               deadline: Optional[float] = None, exact_reps: int = 5) -> Dict[str, Any]:
     """time_workload over workloads; stops starting new ones after deadline
-    (time.monotonic()), so a slow device still leaves a partial table."""
+    (time.monotonic()), so a slow device still leaves a partial table. Then,
+    in what is left before the deadline, the exact variants of each timed
+    row (exact_timing), so they cannot crowd out the stock/ordered table."""
     rows = []
     for name in names or WORKLOADS:
         if deadline is not None and time.monotonic() > deadline:
@@ -335,7 +464,43 @@ def run_timing(device: str = "cuda", names: Optional[Iterable[str]] = None, warm
             rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
+    for row in rows:
+        if "detgrid_ms" in row:
+            row["exact"] = exact_timing(WORKLOADS[row["name"]], device, min(warmup, 2),
+                                        exact_reps, scale, seed, deadline)
     return {"device": device, "scale": scale, "rows": rows}
+
+
+def time_exact(workload: Workload, device: str = "cuda", warmup: int = 2, reps: int = 5,
+               scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
+    """Median ms of the ordered backward and of each exact variant on one
+    workload, interleaved rep by rep (the ordered one is the exact ones'
+    baseline in the same rotation), and each exact variant's peak memory
+    beyond what was allocated before it (CUDA only)."""
+    case = workload.build(device, seed, scale)
+    variants = ("ordered",) + EXACT_VARIANTS
+    times = time_rotating([functools.partial(run_detgrid, accumulate=v) for v in variants],
+                          [case], device, warmup, reps)
+    result: Dict[str, Any] = {f"{v}_ms": statistics.median(t) for v, t in zip(variants, times)}
+    for variant in EXACT_VARIANTS:
+        peak = peak_bytes(functools.partial(run_detgrid, case, accumulate=variant), device)
+        result[f"{variant}_peak_mib"] = None if peak is None else peak / 2**20
+    result["reps"], result["warmup"] = reps, warmup
+    return result
+
+
+def exact_timing(workload: Workload, device: str, warmup: int, reps: int, scale: float,
+                 seed: int, deadline: Optional[float]) -> Dict[str, Any]:
+    """time_exact, or why not: a grid-only backward sums nothing (every
+    variant is the ordered point pass), and none starts past the deadline."""
+    if not workload.output_mask[0]:
+        return {"skipped": "no grad_input"}
+    if deadline is not None and time.monotonic() > deadline:
+        return {"skipped": "time budget"}
+    result = _guarded(lambda: time_exact(workload, device, warmup, reps, scale, seed))
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return result
 
 
 # --------------------------------------------------------------------------
@@ -577,6 +742,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sp.add_argument("--reps", type=int, default=100)
     sp.add_argument("--scale", type=float, default=1.0)
     sp.add_argument("--dtypes", default=",".join(DTYPES))
+    sp = sub.add_parser("exact"); common(sp)
+    sp.add_argument("--reps", type=int, default=10)
+    sp.add_argument("--scale", type=float, default=1.0)
+    sp.add_argument("--dtypes", default=",".join(DTYPES))
     sp = sub.add_parser("timing"); common(sp)
     sp.add_argument("--warmup", type=int, default=5)
     sp.add_argument("--reps", type=int, default=25)
@@ -584,6 +753,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sp.add_argument("--workloads", default=",".join(WORKLOADS))
     sp.add_argument("--budget-s", type=float, default=None,
                     help="start no workload after this many seconds")
+    sp.add_argument("--exact-reps", type=int, default=5,
+                    help="reps of the exact variants' timing (after the table's)")
     sp = sub.add_parser("sanitizer-case"); common(sp)
     sp.add_argument("--set", default="all", choices=("all", "tiny"))
     sp = sub.add_parser("sanitize"); common(sp, device=False)
@@ -612,10 +783,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              [d for d in args.dtypes.split(",") if d])
         _write_json(args.json, result)
         return 0
+    if args.cmd == "exact":
+        result = run_exact(args.device, args.reps, args.scale, args.seed,
+                           [d for d in args.dtypes.split(",") if d])
+        _write_json(args.json, result)
+        return 0
     if args.cmd == "timing":
         deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
         result = run_timing(args.device, [w for w in args.workloads.split(",") if w],
-                            args.warmup, args.reps, args.scale, args.seed, deadline)
+                            args.warmup, args.reps, args.scale, args.seed, deadline,
+                            args.exact_reps)
         _write_json(args.json, result)
         return 0
     if args.cmd == "sanitizer-case":

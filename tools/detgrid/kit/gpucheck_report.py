@@ -118,6 +118,7 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     if not bw.get("executor"):
         checks.append(_check("device == host executor", None, "not run"))
     checks += fidelity_checks(bw.get("fidelity") or [])
+    checks += exact_checks(data.get("exact") or {})
     for key, required in (("memcheck", True), ("racecheck", True), ("initcheck", False)):
         s = (data.get("sanitizer") or {}).get(key)
         if not s:
@@ -136,6 +137,37 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     timed = [r for r in rows if "detgrid_ms" in r]
     checks.append(_check("timing table", bool(timed) if rows else None,
                          f"{len(timed)}/{len(rows)} workloads timed", required=False))
+    exact_timed = [r for r in timed if "exact_ms" in (r.get("exact") or {})]
+    checks.append(_check("exact timing table", bool(exact_timed) if timed else None,
+                         f"{len(exact_timed)}/{len(timed)} timed workloads", required=False))
+    return checks
+
+
+def exact_checks(exact: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """accumulate="exact" and "exact_atomic": per high-collision case, one
+    set of bits over every run and knob setting of both, and grad_input as
+    the host executor's; per dtype and rank, the same on the executor
+    cases. Required in every dtype: the sum is rounded once, by the same
+    code on both sides."""
+    if not exact.get("repeat") and not exact.get("executor"):
+        return [_check("exact variants", None, "not run")]
+    checks = []
+    for row in exact.get("repeat") or []:
+        detail = (f"{row.get('runs')} runs of {row.get('case')}: distinct={row.get('distinct')} "
+                  f"{row.get('distinct_by_group')}, grad_input == host exact: "
+                  f"{row.get('host_equal')}" + (f"; {row['error']}" if row.get("error") else ""))
+        checks.append(_check(f"exact == exact_atomic over runs and knobs ({row['dim']}-D)",
+                             row.get("distinct") == 1 and row.get("host_equal") is True, detail))
+    for row in exact.get("executor") or []:
+        ok = (row["variants_agree"] == row["host_equal"] == row["cases"]
+              and not row.get("errors"))
+        detail = (f"{row['cases']} cases x {row['runs_per_case']} runs: variants agree in "
+                  f"{row['variants_agree']}, grad_input == host exact in {row['host_equal']}")
+        for key in ("disagreeing", "mismatches", "errors"):
+            if row.get(key):
+                detail += f", {key}: {row[key][:2]}"
+        checks.append(_check(f"exact variants == host exact ({row['dtype']}, {row['dim']}-D)",
+                             ok, detail))
     return checks
 
 
@@ -218,6 +250,7 @@ def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
         if s is not None:
             data["sanitizer"][tool] = s
     data["bitwise"] = _load_json(os.path.join(work, "bitwise.json"))
+    data["exact"] = _load_json(os.path.join(work, "exact.json"))
     data["timing"] = _load_json(os.path.join(work, "timing.json"))
     data["checks"] = verdict_checks(data)
     data["verdict"] = overall(data["checks"], data["steps"])
@@ -269,6 +302,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
         for r in bw["executor"]:
             lines.append(f"| {r['dtype']} | {r['dim']}-D | {r['cases']} | {r['bitwise_equal']} | "
                          f"{_fmt(r['max_abs_diff'])} | {'yes' if r['must_be_equal'] else 'no'} |")
+    lines += exact_markdown(data.get("exact") or {})
     rows = (data.get("timing") or {}).get("rows") or []
     if rows:
         clock = "CUDA events" if data["timing"].get("device") == "cuda" else "host clock"
@@ -287,7 +321,55 @@ def markdown_report(data: Dict[str, Any]) -> str:
                 f"{_fmt(r['stock_ms'])} | {_fmt(r['detgrid_ms'])} | {_fmt(r['ratio'], '.2f')} | "
                 f"{_fmt(r['extra_peak_mib'], '.1f')} | {_fmt(r['rel_err_grad_input'], '.1e')} | "
                 f"{_fmt(r['rel_err_grad_grid'], '.1e')} |")
+        lines += exact_timing_markdown(rows, clock)
     return "\n".join(lines) + "\n"
+
+
+def exact_markdown(exact: Dict[str, Any]) -> List[str]:
+    """The executor cases' table of the exact variants."""
+    rows = exact.get("executor") or []
+    if not rows:
+        return []
+    lines = ["", '## accumulate="exact" and "exact_atomic"', "",
+             f"Each case under both variants x {len(exact.get('settings') or [])} knob settings "
+             f"({exact.get('settings')}): variants agree = one set of bits (both gradients); "
+             "== host = grad_input as the host executor's exact, bit for bit (NaN aside).", "",
+             "| dtype | dims | cases | runs per case | variants agree | == host |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['dim']}-D | {r['cases']} | {r['runs_per_case']} | "
+                     f"{r['variants_agree']} | {r['host_equal']} |")
+    return lines
+
+
+def exact_timing_markdown(rows: List[Dict[str, Any]], clock: str) -> List[str]:
+    """The exact variants beside the ordered backward, timed in their own
+    rotation after the main table (stock ms is the main table's)."""
+    timed = [r for r in rows if "detgrid_ms" in r]
+    if not any("exact" in r for r in timed):
+        return []
+    lines = ["", f"## Exact accumulation timing (median ms, {clock})", "",
+             "Ordered, exact and exact_atomic interleaved rep by rep after the table above; "
+             "stock ms from the table above.", "",
+             "| workload | stock ms | ordered ms | exact ms | exact_atomic ms | exact/ordered | "
+             "atomic/ordered | exact peak MiB | atomic peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in timed:
+        e = r.get("exact") or {}
+        if "exact_ms" not in e:
+            lines.append(f"| {r['name']} | {e.get('error') or e.get('skipped')} |" + " |" * 7)
+            continue
+        ordered = e["ordered_ms"]
+        lines.append(
+            f"| {r['name']} | {_fmt(r['stock_ms'])} | {_fmt(ordered)} | {_fmt(e['exact_ms'])} | "
+            f"{_fmt(e['exact_atomic_ms'])} | {_ratio(e['exact_ms'], ordered)} | "
+            f"{_ratio(e['exact_atomic_ms'], ordered)} | {_fmt(e['exact_peak_mib'], '.1f')} | "
+            f"{_fmt(e['exact_atomic_peak_mib'], '.1f')} |")
+    return lines
+
+
+def _ratio(a: float, b: float) -> str:
+    return _fmt(a / b, ".2f") if b > 0 else "–"
 
 
 def write_report(work: str, out: str, junit: Optional[str] = None) -> Dict[str, Any]:

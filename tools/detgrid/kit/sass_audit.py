@@ -1,7 +1,9 @@
 """Audits of detgrid's compiled CUDA kernels, read from the machine code.
 
 Three checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
-function of compiler output so that CI can run it without a GPU:
+function of compiler output so that CI can run it without a GPU (with
+--exact, on a build of aten_kernels/extension/exact/ExactCuda.cu, of the
+exact accumulation's kernels only: see EXACT):
 
 * resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
   except the point passes allowed to (the fp64 and int64-key tricubic ones);
@@ -20,7 +22,9 @@ It also measures each reduce kernel's inner loop (the smallest loop that
 holds the fold's FMUL and FADD, plus the static size of any subroutine it
 calls) and its setup (what one grad_input element, or one sparse run, costs
 before the fold's loops start), for benchmarks/NOTES.md, and fails when the
-setup of a 2-D fp32 dense reduce exceeds SETUP_LIMIT.
+setup of a 2-D fp32 dense reduce exceeds SETUP_LIMIT. With --exact it
+measures the exact reduces' record loop and ScatterTerms' loop over terms,
+with the integer atomics in it; the exact kernels get no spill allowance.
 """
 
 import argparse
@@ -29,18 +33,46 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """The kernels an audit calls ours (a regex on mangled names) and the
+    source files whose instructions it calls ours."""
+    kernel: re.Pattern
+    sources: Tuple[str, ...]
+
 
 # Kernels of ours: everything in GridSamplerDeterministic.cu's anonymous
 # namespace (CUB's kernels live in at_cuda_detail and are not audited).
 OUR_KERNEL = re.compile(r"GridSamplerDeterministic_cu")
 OUR_SOURCES = ("GridSamplerDeterministic.cuh", "GridSamplerDeterministicPipeline.cuh",
                "GridSamplerDeterministic.cu")
+PIPELINE = Scope(OUR_KERNEL, OUR_SOURCES)
+
+# The exact accumulation's kernels: those whose stage (the kernel's first
+# template argument) is one of detgrid::exact's. ExactCuda.cu includes
+# GridSamplerDeterministic.cu whole, so its build also holds the pipeline's
+# kernels (in ExactCuda.cu's anonymous namespace): they are the release
+# build's and audited there, not twice. The exact stages inline the
+# pipeline's arithmetic (mul_rn, divide), so its sources count as ours too.
+EXACT_STAGES = ("FindGradOutputBound", "ScatterTerms", "ReduceExactDense", "ReduceExactSparse",
+                "RoundSums")
+EXACT = Scope(re.compile(r"IN7detgrid5exact\d+(" + "|".join(EXACT_STAGES) + r")I"),
+              OUR_SOURCES + ("ExactSum.cuh", "ExactBackward.cuh", "ExactCuda.cu"))
+# The exact stages that loop over terms (ScatterTerms, one per thread
+# invocation) or over an element's records (the reduces).
+EXACT_LOOP_STAGES = ("ScatterTerms", "ReduceExactDense", "ReduceExactSparse")
 DIVISION_INTRINSICS = ("__fdiv_rn", "__ddiv_rn")
 
 FUSED = re.compile(r"^(FFMA|DFMA|HFMA2)(\.|$)")
 FTZ_ARITHMETIC = re.compile(r"^(FADD|FMUL|FFMA|FMNMX|FADD32I|FMUL32I|FFMA32I)\b.*\.FTZ")
 CONSTANT_IDIOM = re.compile(r"-RZ,\s*RZ")
+# Global integer atomics: ATOM(G) returns the old value, RED(G) does not.
+# (REDUX is a warp reduction, ATOMS a shared-memory atomic.)
+GLOBAL_ATOMIC = re.compile(r"^(ATOMG?|REDG?)(\.|$)")
 
 # The 2-D bilinear fp32 dense reduces (32-bit index, either thread order,
 # keyed per tap or per cell), whose per-element setup issue 23 bounds.
@@ -160,11 +192,11 @@ def parse_sass(text: str) -> Dict[str, Function]:
     return functions
 
 
-def is_ours(ins: Instruction) -> bool:
+def is_ours(ins: Instruction, sources: Tuple[str, ...] = OUR_SOURCES) -> bool:
     """Whether the instruction is detgrid's own code: innermost source line
     in our files, outside compiler-emitted subroutines."""
     return (not ins.in_subroutine and ins.source is not None
-            and ins.source[0].endswith(OUR_SOURCES))
+            and ins.source[0].endswith(sources))
 
 
 class SourceLines:
@@ -186,15 +218,16 @@ class SourceLines:
         return lines[number - 1] if 0 < number <= len(lines) else ""
 
 
-def fused_violations(functions: Dict[str, Function], lines: SourceLines) -> List[str]:
+def fused_violations(functions: Dict[str, Function], lines: SourceLines,
+                     scope: Scope = PIPELINE) -> List[str]:
     found = []
     for function in functions.values():
-        if not OUR_KERNEL.search(function.name):
+        if not scope.kernel.search(function.name):
             continue
         for ins in function.instructions:
             if not FUSED.match(ins.opcode) or CONSTANT_IDIOM.search(ins.operands):
                 continue
-            if not is_ours(ins):
+            if not is_ours(ins, scope.sources):
                 continue  # CUDA's math headers, or a library subroutine
             if any(name in lines.line(ins.source) for name in DIVISION_INTRINSICS):
                 continue
@@ -203,26 +236,26 @@ def fused_violations(functions: Dict[str, Function], lines: SourceLines) -> List
     return found
 
 
-def ftz_violations(functions: Dict[str, Function]) -> List[str]:
+def ftz_violations(functions: Dict[str, Function], scope: Scope = PIPELINE) -> List[str]:
     found = []
     for function in functions.values():
-        if not OUR_KERNEL.search(function.name):
+        if not scope.kernel.search(function.name):
             continue
         for ins in function.instructions:
-            if FTZ_ARITHMETIC.match(ins.opcode) and is_ours(ins):
+            if FTZ_ARITHMETIC.match(ins.opcode) and is_ours(ins, scope.sources):
                 found.append(f"{ins.opcode} {ins.operands} at {ins.source[0]}:{ins.source[1]} "
                              f"in {function.name}")
     return found
 
 
-def resource_violations(resources: Dict[str, Resources],
-                        allowed: Iterable[str]) -> List[str]:
+def resource_violations(resources: Dict[str, Resources], allowed: Iterable[str],
+                        scope: Scope = PIPELINE) -> List[str]:
     """Our kernels with a stack frame or spills, other than those whose
     demangled name matches one of the `allowed` patterns."""
     allowed = [re.compile(pattern) for pattern in allowed]
     found = []
     for name, r in sorted(resources.items()):
-        if not OUR_KERNEL.search(name) or not r.spills:
+        if not scope.kernel.search(name) or not r.spills:
             continue
         readable = demangle(name)
         if any(pattern.search(readable) for pattern in allowed):
@@ -283,17 +316,15 @@ class LoopCost:
         return self.body + self.callee
 
 
-def inner_loop_cost(function: Function, multiply: str = "FMUL",
-                    add: str = "FADD") -> Optional[LoopCost]:
-    """The smallest loop holding the fold's multiply and add (attributed to
-    our sources): the instructions one record costs when the loop runs once
-    per record, with the static size of each subroutine it calls (an upper
-    bound on what a call executes)."""
+def smallest_loop_cost(function: Function,
+                       holds: Callable[[List[Instruction]], bool]) -> Optional[LoopCost]:
+    """The cheapest loop whose body `holds`: its instructions, with the
+    static size of each subroutine it calls (an upper bound on what a call
+    executes)."""
     best = None
     for start, end in loops(function):
         body = function.instructions[start:end + 1]
-        ops = {ins.opcode.split(".")[0] for ins in body if is_ours(ins)}
-        if multiply not in ops or add not in ops:
+        if not holds(body):
             continue
         calls = [ins for ins in body if ins.opcode.startswith("CALL") and ins.target]
         cost = LoopCost(len(body), len(calls),
@@ -302,6 +333,19 @@ def inner_loop_cost(function: Function, multiply: str = "FMUL",
         if best is None or cost.total < best.total:
             best = cost
     return best
+
+
+def _our_opcodes(body: Iterable[Instruction], sources: Tuple[str, ...]) -> set:
+    return {ins.opcode.split(".")[0] for ins in body if is_ours(ins, sources)}
+
+
+def inner_loop_cost(function: Function, multiply: str = "FMUL",
+                    add: str = "FADD") -> Optional[LoopCost]:
+    """The smallest loop holding the fold's multiply and add (attributed to
+    our sources): the instructions one record costs when the loop runs once
+    per record."""
+    return smallest_loop_cost(
+        function, lambda body: {multiply, add} <= _our_opcodes(body, OUR_SOURCES))
 
 
 def setup_cost(function: Function, record_loop: Tuple[int, int]) -> Optional[int]:
@@ -353,6 +397,67 @@ def setup_violations(rows: Iterable[ReduceCost], limit: int = SETUP_LIMIT) -> Li
             if DENSE_2D_FP32.search(row.kernel) and (row.setup is None or row.setup > limit)]
 
 
+@dataclasses.dataclass
+class ExactLoopCost:
+    kernel: str  # demangled
+    stage: str  # one of EXACT_LOOP_STAGES
+    registers: Optional[int]
+    loop: Optional[LoopCost]  # per term (ScatterTerms) or per record; None: not found
+    atomics: Optional[int]  # global integer atomic instructions in the loop
+
+
+def exact_loop_cost(function: Function) -> Optional[Tuple[LoopCost, int]]:
+    """The smallest loop holding a term's multiply (record_term's mul_rn,
+    FMUL or DMUL): in a reduce the loop over one element's records, in
+    ScatterTerms the grid-stride loop that calls the stage once per term.
+    With the number of global atomics in it (static: the words a term may
+    add, and the flag)."""
+    for multiply in ("FMUL", "DMUL"):
+        cost = smallest_loop_cost(
+            function, lambda body: multiply in _our_opcodes(body, EXACT.sources))
+        if cost is not None:
+            first, last = cost.loop
+            body = function.instructions[first:last + 1]
+            return cost, sum(1 for ins in body if GLOBAL_ATOMIC.match(ins.opcode))
+    return None
+
+
+def exact_loop_table(functions: Dict[str, Function],
+                     resources: Dict[str, Resources]) -> List[ExactLoopCost]:
+    """Per-record cost of every exact reduce, per-term cost and atomics of
+    every ScatterTerms."""
+    stages = {name: m.group(1) for name in functions if (m := EXACT.kernel.search(name))}
+    names = [name for name, stage in stages.items() if stage in EXACT_LOOP_STAGES]
+    rows = []
+    for name, readable in zip(names, demangle(names)):
+        loop, atomics = exact_loop_cost(functions[name]) or (None, None)
+        r = resources.get(name)
+        rows.append(ExactLoopCost(readable, stages[name], r.registers if r else None, loop,
+                                  atomics))
+    return sorted(rows, key=lambda row: row.kernel)
+
+
+def print_reduce_loops(reduces: Iterable[ReduceCost]) -> None:
+    print("reduce kernels: setup=instructions per element (run) before its fold, "
+          "per-record=inner loop body + callees (calls)")
+    for row in reduces:
+        setup = "?" if row.setup is None else row.setup
+        cost = row.per_record
+        print(f"setup={setup} per-record={cost.total} ({cost.calls} calls)  {row.kernel}")
+
+
+def print_exact_loops(rows: Iterable[ExactLoopCost]) -> None:
+    print("exact kernels: per-record=the reduce's loop over an element's records, "
+          "per-term=ScatterTerms' loop over terms (body + callees, calls), "
+          "atomics=global integer atomics in it, regs=registers")
+    for row in rows:
+        unit = "per-term" if row.stage == "ScatterTerms" else "per-record"
+        cost = "? (no loop found)" if row.loop is None else (
+            f"{row.loop.total} ({row.loop.calls} calls)")
+        atomics = f" atomics={row.atomics}" if row.stage == "ScatterTerms" else ""
+        print(f"{unit}={cost}{atomics} regs={row.registers}  {row.kernel}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
@@ -360,7 +465,10 @@ def main(argv=None) -> int:
     parser.add_argument("--allow-spills", action="append", default=[], metavar="REGEX",
                         help="demangled kernel names allowed a stack frame or spills")
     parser.add_argument("--loops", action="store_true",
-                        help="print the reduce kernels' inner-loop instruction counts")
+                        help="print the reduce kernels' inner-loop instruction counts "
+                        "(with --exact: the exact reduces' per record, ScatterTerms' per term)")
+    parser.add_argument("--exact", action="store_true",
+                        help="audit the exact accumulation's kernels (an ExactCuda.cu build)")
     args = parser.parse_args(argv)
     try:
         with open(args.ptxas_log, encoding="utf-8") as f:
@@ -371,30 +479,31 @@ def main(argv=None) -> int:
         print(f"sass audit: cannot read {e.filename or 'an input'}: {e.strerror or e}",
               file=sys.stderr)
         return 2
-    ours = [n for n in functions if OUR_KERNEL.search(n)]
+    scope = EXACT if args.exact else PIPELINE
+    ours = [n for n in functions if scope.kernel.search(n)]
     if not ours:
-        print("sass audit: no detgrid kernel in the SASS (was it built with -lineinfo?)",
-              file=sys.stderr)
+        print(f"sass audit: no detgrid {'exact ' if args.exact else ''}kernel in the SASS "
+              "(was it built with -lineinfo?)", file=sys.stderr)
         return 2
-    reduces = reduce_loop_table(functions)
     problems = {
-        "stack frames or spills": resource_violations(resources, args.allow_spills),
-        "fused multiply-add in detgrid's arithmetic": fused_violations(functions, SourceLines()),
-        "flush-to-zero arithmetic": ftz_violations(functions),
-        "2-D fp32 dense reduce setup": setup_violations(reduces),
+        "stack frames or spills": resource_violations(resources, args.allow_spills, scope),
+        "fused multiply-add in detgrid's arithmetic": fused_violations(
+            functions, SourceLines(), scope),
+        "flush-to-zero arithmetic": ftz_violations(functions, scope),
     }
+    if not args.exact:
+        reduces = reduce_loop_table(functions)
+        problems["2-D fp32 dense reduce setup"] = setup_violations(reduces)
     for kind, found in problems.items():
         for problem in found:
             print(f"FAIL ({kind}): {problem}")
     if args.loops:
-        print("reduce kernels: setup=instructions per element (run) before its fold, "
-              "per-record=inner loop body + callees (calls)")
-        for row in reduces:
-            setup = "?" if row.setup is None else row.setup
-            cost = row.per_record
-            print(f"setup={setup} per-record={cost.total} ({cost.calls} calls)  {row.kernel}")
+        if args.exact:
+            print_exact_loops(exact_loop_table(functions, resources))
+        else:
+            print_reduce_loops(reduces)
     failed = sum(map(len, problems.values()))
-    print(f"sass audit: {len(ours)} detgrid kernels, "
+    print(f"sass audit: {len(ours)} detgrid {'exact ' if args.exact else ''}kernels, "
           f"{sum(len(functions[n].instructions) for n in ours)} instructions; "
           f"{failed} problem(s)")
     return 1 if failed else 0
