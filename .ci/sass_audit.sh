@@ -19,7 +19,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache_root=${DETGRID_CACHE:-$HOME/.cache/detgrid}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
-python=${PYTHON:-$root/.venv/bin/python}
+# Any Python 3 with pip: the audit is plain Python, pip fetches the headers
+# and nvdisasm (CI's side lane runs this before .venv exists).
+python=${PYTHON:-python3}
 headers=$(PIP="$(dirname "$python")/pip" bash "$root/.ci/fetch_cuda_headers.sh" 2.14.1)
 tools=$cache_root/nvdisasm
 work=$(mktemp -d)

@@ -393,18 +393,22 @@ struct Wide {
     return length;
   }
 
-  // Bits [from, from + 64) (from >= 0).
+  // Bits [from, from + 64) (from >= 0). Each limb is shifted into place by
+  // a step of constant index, as term_words cuts words: selecting limb
+  // [from / 64] would be an indexed load, which puts the limbs in local
+  // memory.
   C10_HOST_DEVICE uint64_t bits_from(int from) const {
-    const int j = from / 64;
-    const int shift = from % 64;
-    uint64_t low = 0;
-    uint64_t high = 0;
+    uint64_t bits = 0;
 #pragma unroll
     for (int k = 0; k < kLimbs; ++k) {
-      low = k == j ? limb[k] : low;
-      high = k == j + 1 ? limb[k] : high;
+      const int left = 64 * k - from; // where limb k's bit 0 lands
+      if (left >= 0 && left < 64) {
+        bits |= limb[k] << left;
+      } else if (left < 0 && left > -64) {
+        bits |= limb[k] >> -left;
+      }
     }
-    return shift == 0 ? low : (low >> shift) | (high << (64 - shift));
+    return bits;
   }
 
   // Whether any bit below `below` is set.

@@ -157,7 +157,7 @@ __global__ void for_each_kernel(const Stage stage, count_t count) {
 }
 
 template <typename Stage, typename row_t, typename col_t>
-C10_LAUNCH_BOUNDS_1(kMaxBlockSize)
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void for_each_row_kernel(const Stage stage, row_t rows, col_t cols) {
   using urow_t = std::make_unsigned_t<row_t>;
   using ucol_t = std::make_unsigned_t<col_t>;
