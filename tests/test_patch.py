@@ -155,7 +155,8 @@ def real_tree():
 # the patch copies make a plan from the shapes and run it; aten_kernels/extension/knobs.cpp
 # overrides and validates (issue 22: no test knobs in the upstream files).
 KNOB_MESSAGES = ("must be 0 (automatic)", "chunk_points must be", "block_size must be",
-                 "block_size and max_blocks must be", "=32, but this problem needs 64 bits")
+                 "block_size and max_blocks must be", "=32, but this problem needs 64 bits",
+                 "accumulate must be 0 (ordered)")
 KNOB_STRUCTS = ("PipelineOptions", "BackwardOptions")
 EXTENSION = KIT / "aten_kernels" / "extension"
 
