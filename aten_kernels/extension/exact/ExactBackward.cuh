@@ -321,6 +321,12 @@ inline BlockShape plan_blocks(
   return {1, std::clamp<int64_t>(kSlicesBytes / plane_bytes, 1, channels)};
 }
 
+// The grad_input half of the backward with exact sums, for a contiguous
+// grad_input, in the stage order of the file's comment: records keyed by
+// kKeying in chunks of `plan` (sorted variant: densely or sparsely reduced
+// as the plan says; atomic: PerTap keys, never sorted). The plan's thread
+// order and channels-last copy play no part: an exact reduce's threads take
+// destinations fastest.
 template <
     int kTaps,
     gsd::Keying kKeying,
