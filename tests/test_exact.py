@@ -66,7 +66,7 @@ WORDS = {torch.float16: 3, torch.bfloat16: 3, torch.float32: 3, torch.float64: 5
 KNOB_SETTINGS = (
     dict(chunk_points=TILE_POINTS),
     dict(keying=1),
-    dict(key_bits=64, index_bits=64),
+    dict(index_bits=64),
     dict(gather=1),
     dict(gather=2),
 )
@@ -338,6 +338,10 @@ class TestExactAccumulation(DetgridTestCase):
                                     r"^[^\n]*accumulate must be 0 \(ordered\), 1 \(exact\) "
                                     r"or 2 \(exact, atomic\), got 3[^\n]*$"):
             backward(problem, BILINEAR, accumulate=3)
+        with self.assertRaisesRegex(RuntimeError,
+                                    r"^[^\n]*sorts 32-bit keys: key_bits must be 0 or 32, "
+                                    r"got 64[^\n]*$"):
+            backward(problem, BILINEAR, accumulate="exact", key_bits=64)
 
 
 class TestExactAccumulationOnHost(DetgridTestCase):
@@ -380,13 +384,13 @@ class TestExactAccumulationOnHost(DetgridTestCase):
 
 class TestExactWorkCounters(DetgridTestCase):
 
-    def _counters(self, shape_in, shape_grid, mode=BILINEAR, **options):
-        dims = len(shape_in) - 2
+    def _counters(self, shape_in, shape_grid, mode=BILINEAR, output_mask=(True, True),
+                  **options):
         inp = torch.empty(shape_in, device="meta")
         grid = torch.empty(shape_grid, device="meta")
         grad_output = torch.empty(shape_in[:2] + shape_grid[1:-1], device="meta")
         return ops.work_counters(grad_output, inp, grid, mode, ZEROS, False,
-                                 [True, dims > 0], **options)
+                                 list(output_mask), **options)
 
     def test_the_atomic_variant_sorts_nothing_and_counts_its_atomics(self):
         shape_in, shape_grid = (2, 3, 64, 64), (2, 100, 100, 2)
@@ -415,6 +419,17 @@ class TestExactWorkCounters(DetgridTestCase):
         image = 8 * 256 * 256 * 28
         self.assertLessEqual(big["workspace_bytes"], (64 << 20) + (1 << 20))
         self.assertGreaterEqual(big["workspace_bytes"], (64 << 20) // image * image)
+
+    def test_more_destinations_than_32_bit_keys_hold_is_refused_in_one_line(self):
+        # 2^31 destinations: "nowhere", the key after the last one, would
+        # be 2^31. The grid gradient alone sorts nothing and passes.
+        shape_in, shape_grid = (1, 1, 1 << 16, 1 << 15), (1, 1, 4, 2)
+        with self.assertRaisesRegex(RuntimeError, r"^[^\n]*sorts 32-bit keys, but this "
+                                                  r"problem has 2147483648[^\n]*$"):
+            self._counters(shape_in, shape_grid, accumulate="exact")
+        grid_only = self._counters(shape_in, shape_grid, accumulate="exact",
+                                   output_mask=(False, True))
+        self.assertEqual(grid_only["items_sorted"], 0)
 
     def test_more_terms_per_element_than_the_slices_hold_is_refused_in_one_line(self):
         # Bicubic: 16 terms a point; 2^27 points of one image could put 2^31

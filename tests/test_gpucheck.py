@@ -633,7 +633,7 @@ class TestGpuCheckHostRuns(TestCase):
         result = gpucheck.run_exact("cpu", reps=2, scale=0.005)
         self.assertEqual(result["variants"], ["exact", "exact_atomic"])
         settings = result["settings"]
-        for knob in ("chunk_points", "keying", "key_bits", "index_bits", "grain_size"):
+        for knob in ("chunk_points", "keying", "index_bits", "grain_size"):
             self.assertTrue(any(knob in opts for opts in settings), knob)
         self.assertEqual([(r["case"], r["dim"]) for r in result["repeat"]],
                          [("tensorf_line", 2), ("simplebev_lift_3d", 3)])

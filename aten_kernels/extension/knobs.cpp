@@ -113,10 +113,20 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
 
 BackwardPlan plan_with_knobs(
     const at::native::GridSamplerBackwardCall& call,
-    const BackwardOptions& knobs) {
+    const BackwardOptions& requested) {
   const BackwardProblem problem = gsd::describe_backward(call);
   const std::string op = op_prefix(call);
-  check_knob_ranges(knobs, problem, op);
+  check_knob_ranges(requested, problem, op);
+  BackwardOptions knobs = requested;
+  if (knobs.accumulate != kAccumulateOrdered) {
+    // The exact accumulation is built for 32-bit keys only, which halves
+    // what the prototype adds to every build.
+    TORCH_CHECK(
+        knobs.key_bits != 64,
+        op,
+        "accumulate=\"exact\" sorts 32-bit keys: key_bits must be 0 or 32, got 64");
+    knobs.key_bits = 32;
+  }
   const bool index_32bit = use_32_bits(
       knobs.index_bits, problem.index_fits_32bit, "index_bits", op);
   const bool reduce = call.output_mask[0] && call.grad_input.numel() > 0;
@@ -126,6 +136,13 @@ BackwardPlan plan_with_knobs(
     plan.index_32bit = index_32bit;
     return plan;
   }
+  TORCH_CHECK(
+      knobs.accumulate == kAccumulateOrdered ||
+          gsd::keys_fit_32bit(problem.table_entries(Keying::PerTap)),
+      op,
+      "accumulate=\"exact\" sorts 32-bit keys, but this problem has ",
+      problem.table_entries(Keying::PerTap),
+      " destinations (at most 2^31 - 2)");
   // As plan_backward: per-cell keys wherever they reduce densely, but for
   // the atomic exact sums, which scatter from per-tap keys.
   if (knobs.keying == 0 && problem.taps_per_axis == 2 &&

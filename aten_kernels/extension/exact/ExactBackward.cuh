@@ -547,8 +547,9 @@ void reduce_grad_input_exact(
 
 // The backward with accumulate="exact" on `ex`, for checked arguments whose
 // gradients the caller allocated as output_mask asks (grad_grid undefined
-// when not requested), following `plan`'s index width, keying, key width and
-// chunks; atomic: the atomic variant, which needs a plan keyed per tap.
+// when not requested), following `plan`'s index width, keying and chunks
+// (its keys must be 32-bit); atomic: the atomic variant, which needs a plan
+// keyed per tap.
 template <typename Executor>
 void run_exact_backward(
     const Executor& ex,
@@ -564,6 +565,8 @@ void run_exact_backward(
   TORCH_INTERNAL_ASSERT(call.output_mask[1] || !call.grad_grid.defined());
   TORCH_INTERNAL_ASSERT(!plan.index_32bit || gsd::fits_32bit_indexing(call));
   TORCH_INTERNAL_ASSERT(!atomic || plan.keying == gsd::Keying::PerTap);
+  // Built for 32-bit keys only (plan_with_knobs plans them).
+  TORCH_INTERNAL_ASSERT(plan.key_32bit);
   gsd::dispatch_backward_types(
       call, plan.index_32bit, [&](auto scalar, auto index, auto dims) {
         using scalar_t = decltype(scalar);
@@ -587,13 +590,8 @@ void run_exact_backward(
           constexpr int kTaps = decltype(taps)::value;
           auto with_keys = [&](auto keying) {
             constexpr gsd::Keying kKeying = decltype(keying)::value;
-            if (plan.key_32bit) {
-              reduce_grad_input_exact<kTaps, kKeying, int32_t>(
-                  ex, args, grad_input, plan.chunks, atomic);
-            } else {
-              reduce_grad_input_exact<kTaps, kKeying, int64_t>(
-                  ex, args, grad_input, plan.chunks, atomic);
-            }
+            reduce_grad_input_exact<kTaps, kKeying, int32_t>(
+                ex, args, grad_input, plan.chunks, atomic);
           };
           if constexpr (kTaps == 2) {
             if (plan.keying == gsd::Keying::PerCell) {

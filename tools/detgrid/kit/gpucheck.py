@@ -331,8 +331,9 @@ EXACT_VARIANTS = ("exact", "exact_atomic")
 def exact_knob_settings(device: str) -> List[Dict[str, int]]:
     """Settings each exact variant runs under: chunks (the slices carry sums
     across them), the keying (per tap; bilinear is keyed per point or cell
-    by default), the key and index widths, and the launch or thread shapes."""
-    common = [{}, {"chunk_points": 4096}, {"keying": 1}, {"key_bits": 64}, {"index_bits": 64}]
+    by default), the index width (the keys are 32-bit: the only width the
+    exact accumulation is built for), and the launch or thread shapes."""
+    common = [{}, {"chunk_points": 4096}, {"keying": 1}, {"index_bits": 64}]
     if torch.device(device).type == "cuda":
         return common + [{"block_size": 128}, {"block_size": 64, "max_blocks": 7}]
     return common + [{"grain_size": 1}]
