@@ -34,8 +34,8 @@ struct BackwardOptions {
   int64_t accumulate = 0;
 };
 
+// accumulate's ends; 1, between them, is the sorted exact variant.
 constexpr int64_t kAccumulateOrdered = 0;
-constexpr int64_t kAccumulateExact = 1;
 constexpr int64_t kAccumulateExactAtomic = 2;
 
 // The default plan of a call of checked arguments, with the knobs'
