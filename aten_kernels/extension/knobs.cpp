@@ -100,8 +100,10 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
         problem.num_points,
         knobs.chunk_points,
         problem.taps_per_point);
-    plan.chunks = gsd::with_thread_order(
-        {knobs.chunk_points, dense}, channels_fastest, problem);
+    plan.chunks = gsd::with_carry(
+        gsd::with_thread_order(
+            {knobs.chunk_points, dense}, channels_fastest, problem),
+        problem);
   }
   if (keying == Keying::PerCell && !plan.chunks.dense) {
     return std::nullopt;
@@ -129,13 +131,9 @@ BackwardPlan plan_with_knobs(
   }
   const bool index_32bit = use_32_bits(
       knobs.index_bits, problem.index_fits_32bit, "index_bits", op);
-  const bool reduce = call.output_mask[0] && call.grad_input.numel() > 0;
-  if (!reduce) {
-    // Only the point pass runs: keys and chunks play no part.
-    BackwardPlan plan;
-    plan.index_32bit = index_32bit;
-    return plan;
-  }
+  // Callers plan only calls that request grad_input (grad_grid alone runs
+  // stock's kernel).
+  TORCH_INTERNAL_ASSERT(call.output_mask[0]);
   TORCH_CHECK(
       knobs.accumulate == kAccumulateOrdered ||
           gsd::keys_fit_32bit(problem.table_entries(Keying::PerTap)),

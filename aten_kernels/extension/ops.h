@@ -94,7 +94,9 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
       std::vector<c10::IValue>({grad_output, input, grid}))
 
 // aten::grid_sampler_{2d,3d}_backward on a device where detgrid is enabled:
-// `deterministic` while deterministic algorithms are on, `stock` otherwise.
+// `deterministic` while deterministic algorithms are on and grad_input is
+// requested, `stock` otherwise: a call for grad_grid alone has one writer
+// per element, so deterministic mode leaves it, and its bits, to stock.
 template <AtenBackwardFn deterministic, AtenBackwardFn stock>
 std::tuple<at::Tensor, at::Tensor> routed_backward(
     const at::Tensor& grad_output,
@@ -104,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask) {
-  if (!at::globalContext().deterministicAlgorithms()) {
+  if (!at::globalContext().deterministicAlgorithms() || !output_mask[0]) {
     return stock(
         grad_output,
         input,

@@ -32,6 +32,20 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
     const BackwardOptions& options) {
   check_backward_inputs(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
+  if (!output_mask[0]) {
+    // grad_grid alone: stock's kernel (see routed_backward).
+    constexpr AtenBackwardFn stock = kDims == 2
+        ? at::native::grid_sampler_2d_backward_cpu
+        : at::native::grid_sampler_3d_backward_cpu;
+    return stock(
+        grad_output,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        output_mask);
+  }
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   const at::native::GridSamplerBackwardCall call{
       grad_input,
@@ -144,6 +158,10 @@ std::vector<int64_t> backward_work_counters(
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
+  if (!output_mask[0]) {
+    // grad_grid alone runs stock's kernel: nothing of detgrid's to count.
+    return std::vector<int64_t>(10, 0);
+  }
   const at::Tensor grad_input_shell = gradient_shell(input, output_mask[0]);
   const at::Tensor grad_grid_shell = gradient_shell(grid, output_mask[1]);
   const at::Tensor grad_output_shell = shell_like(grad_output);

@@ -402,8 +402,9 @@ void reduce_grad_input_exact(
       ex.allocate(dense ? table_entries * sizeof(gsd::SegmentBounds) : 0);
   const auto num_runs =
       ex.allocate(sorted && !dense ? sizeof(int32_t) : 0);
-  const gsd::ChunkRecords<key_t, T, index_t> chunk{
-      gsd::as<key_t>(keys),
+  const gsd::ChunkRecords<T, index_t> chunk{
+      gsd::ChunkKeys{keys.get(), /*wide=*/false},
+      kKeying,
       gsd::as<int32_t>(ids),
       gsd::as<T>(weights),
       gsd::as<index_t>(gout_offsets)};
@@ -412,7 +413,8 @@ void reduce_grad_input_exact(
       gsd::as<T>(weights),
       gsd::as<index_t>(gout_offsets),
       args.grad_output.data,
-      args.grad_output.stride_c};
+      args.grad_output.stride_c,
+      kDims * (kTaps == 4 ? 2 : kTaps - 1)};
   const gsd::Divider<index_t> by_image_size(
       static_cast<std::make_unsigned_t<index_t>>(image_size));
   gsd::SegmentBounds* const segment_table = gsd::as<gsd::SegmentBounds>(segments);
@@ -441,7 +443,7 @@ void reduce_grad_input_exact(
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
-        gsd::PointPass<kTaps, true, kKeying, Args, key_t>{
+        gsd::PointPass<kTaps, Args>{
             point_args, chunk, static_cast<index_t>(first_point)});
     if (atomic) {
       ex.for_each_row(
@@ -462,8 +464,11 @@ void reduce_grad_input_exact(
       ex.zero(segment_table, table_entries * sizeof(gsd::SegmentBounds));
       ex.for_each(
           num_items,
-          gsd::MarkDestinationSegments<key_t>{
-              gsd::as<key_t>(sorted_keys), num_items, nowhere, segment_table});
+          gsd::MarkDestinationSegments{
+              gsd::ChunkKeys{sorted_keys.get(), /*wide=*/false},
+              num_items,
+              nowhere,
+              segment_table});
       // The images this chunk's points lie in (points are numbered image
       // by image).
       const int64_t swept_from = first_point / points_per_image;
@@ -490,12 +495,13 @@ void reduce_grad_input_exact(
       return;
     }
     ex.for_each(
-        num_items, gsd::MarkRunHeads<key_t>{gsd::as<key_t>(sorted_keys), heads});
+        num_items,
+        gsd::MarkRunHeads{gsd::ChunkKeys{sorted_keys.get(), /*wide=*/false}, heads});
     ex.inclusive_sum(heads, run_number, num_items);
     ex.for_each(
         num_items,
-        gsd::RecordRunStarts<key_t>{
-            gsd::as<key_t>(sorted_keys),
+        gsd::RecordRunStarts{
+            gsd::ChunkKeys{sorted_keys.get(), /*wide=*/false},
             run_number,
             num_items,
             heads,
@@ -556,9 +562,9 @@ void run_exact_backward(
     const at::native::GridSamplerBackwardCall& call,
     const gsd::BackwardPlan& plan,
     bool atomic) {
-  const bool reduce = call.output_mask[0] && call.grad_input.numel() > 0;
-  if (!reduce) {
-    // The grid gradient alone is the ordered path's point pass: no sums.
+  TORCH_INTERNAL_ASSERT(call.output_mask[0]);
+  if (call.grad_input.numel() == 0) {
+    // No sums to make (no channels): the ordered path's grid gradient.
     gsd::run_deterministic_backward(ex, call, plan);
     return;
   }

@@ -112,41 +112,21 @@ using namespace grid_sampler_deterministic;
 // gridDim.y's limit; rows beyond it are taken by the grid-stride loop.
 constexpr int64_t kMaxGridRows = 65535;
 
-// Threads per block a stage's kernel is built for, with one resident block
-// per SM as the occupancy floor. Point passes keep every tap of a point in
-// registers (64 of them in tricubic sampling), so they are built for at most
-// kPointPassBlockSize threads: ptxas may then give them up to 255 registers,
-// and it spills nothing (with a higher occupancy target it parks a few
-// long-lived values in local memory). The other stages fit in 128.
+// Threads per block the kernels are built for, with one resident block per
+// SM as the occupancy floor. Point passes keep every tap of a point in
+// registers (16 in bicubic sampling), so they are built for at most
+// kPointPassBlockSize threads: ptxas may then give them up to 255
+// registers, and it spills nothing. The other stages fit in kMaxBlockSize.
 constexpr int kPointPassBlockSize = 256;
 
-template <typename Stage>
-struct MaxThreads {
-  static constexpr int value = kMaxBlockSize;
-};
-template <
-    int kTaps,
-    bool kEmitRecords,
-    Keying kKeying,
-    typename Args,
-    typename key_t>
-struct MaxThreads<PointPass<kTaps, kEmitRecords, kKeying, Args, key_t>> {
-  static constexpr int value = kPointPassBlockSize;
-};
-
-// Every stage runs through one of these two kernels, so a kernel's name is
-// the stage's: its first template argument, which profilers and the
-// compiler's resource reports print in full, e.g.
-//   for_each_kernel<at::native::grid_sampler_deterministic::PointPass<...>, int>
-// A __global__ function per stage, as EmbeddingBackwardKernel.cu has, would
-// repeat the grid-stride loop once per stage to say what the argument says.
-//
-// Loop counters are unsigned: count < 2^31 (or 2^63) and the grid stride is
-// at most kDefaultMaxBlocks * kMaxBlockSize = 2^29, so i + stride never
-// wraps, and the loop stays 32-bit for 32-bit counts.
+// Grid-stride loops, which every kernel below runs over its stage. Loop
+// counters are unsigned: count < 2^31 (or 2^63) and the grid stride is at
+// most kDefaultMaxBlocks * kMaxBlockSize = 2^29, so i + stride never wraps,
+// and the loop stays 32-bit for 32-bit counts.
 template <typename Stage, typename count_t>
-C10_LAUNCH_BOUNDS_2(MaxThreads<Stage>::value, 1)
-__global__ void for_each_kernel(const Stage stage, count_t count) {
+__device__ __forceinline__ void grid_stride_loop(
+    const Stage& stage,
+    count_t count) {
   using ucount_t = std::make_unsigned_t<count_t>;
   const ucount_t stride = static_cast<ucount_t>(blockDim.x) * gridDim.x;
   for (ucount_t i = static_cast<ucount_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -156,9 +136,12 @@ __global__ void for_each_kernel(const Stage stage, count_t count) {
   }
 }
 
+// Rows along gridDim.y, columns along the grid-stride loop of gridDim.x.
 template <typename Stage, typename row_t, typename col_t>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void for_each_row_kernel(const Stage stage, row_t rows, col_t cols) {
+__device__ __forceinline__ void grid_stride_rows(
+    const Stage& stage,
+    row_t rows,
+    col_t cols) {
   using urow_t = std::make_unsigned_t<row_t>;
   using ucol_t = std::make_unsigned_t<col_t>;
   const ucol_t stride = static_cast<ucol_t>(blockDim.x) * gridDim.x;
@@ -171,6 +154,154 @@ __global__ void for_each_row_kernel(const Stage stage, row_t rows, col_t cols) {
     }
   }
 }
+
+// One kernel per stage of the pipeline, named after what it computes.
+
+template <typename Pass, typename count_t>
+C10_LAUNCH_BOUNDS_2(kPointPassBlockSize, 1)
+__global__ void grid_sampler_point_records_kernel(
+    const Pass pass,
+    count_t count) {
+  grid_stride_loop(pass, count);
+}
+
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void mark_segment_bounds_kernel(
+    const MarkDestinationSegments stage,
+    int32_t count) {
+  grid_stride_loop(stage, count);
+}
+
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void mark_run_heads_kernel(const MarkRunHeads stage, int32_t count) {
+  grid_stride_loop(stage, count);
+}
+
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void record_run_starts_kernel(
+    const RecordRunStarts stage,
+    int32_t count) {
+  grid_stride_loop(stage, count);
+}
+
+template <typename Stage, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void gather_grad_output_channels_last_kernel(
+    const Stage stage,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
+template <typename Reduce, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void sum_segments_per_destination_kernel(
+    const Reduce reduce,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(reduce, rows, cols);
+}
+
+template <typename Reduce, typename count_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void sum_segments_channels_fastest_kernel(
+    const Reduce reduce,
+    count_t count) {
+  grid_stride_loop(reduce, count);
+}
+
+template <typename Reduce, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void sum_runs_kernel(const Reduce reduce, row_t rows, col_t cols) {
+  grid_stride_rows(reduce, rows, cols);
+}
+
+template <typename Stage, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void round_float_sums_kernel(
+    const Stage stage,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
+// The kernel of each stage, and the most threads per block it is built for:
+// StageKernel<Stage>::kernel<count types...>.
+template <typename Stage>
+struct StageKernel;
+
+template <int kTaps, typename Args>
+struct StageKernel<PointPass<kTaps, Args>> {
+  static constexpr int kMaxThreads = kPointPassBlockSize;
+  template <typename count_t>
+  static constexpr auto kernel =
+      &grid_sampler_point_records_kernel<PointPass<kTaps, Args>, count_t>;
+};
+
+template <>
+struct StageKernel<MarkDestinationSegments> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename count_t>
+  static constexpr auto kernel = &mark_segment_bounds_kernel;
+};
+
+template <>
+struct StageKernel<MarkRunHeads> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename count_t>
+  static constexpr auto kernel = &mark_run_heads_kernel;
+};
+
+template <>
+struct StageKernel<RecordRunStarts> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename count_t>
+  static constexpr auto kernel = &record_run_starts_kernel;
+};
+
+template <typename scalar_t, typename index_t>
+struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &gather_grad_output_channels_last_kernel<
+      GatherChannelsLast<scalar_t, index_t>,
+      row_t,
+      col_t>;
+};
+
+template <typename Fold>
+struct StageKernel<ReduceDense<Fold>> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel =
+      &sum_segments_per_destination_kernel<ReduceDense<Fold>, row_t, col_t>;
+};
+
+template <typename Fold>
+struct StageKernel<ReduceDenseChannelsFastest<Fold>> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename count_t>
+  static constexpr auto kernel =
+      &sum_segments_channels_fastest_kernel<
+          ReduceDenseChannelsFastest<Fold>,
+          count_t>;
+};
+
+template <typename scalar_t, typename index_t>
+struct StageKernel<ReduceSparse<scalar_t, index_t>> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel =
+      &sum_runs_kernel<ReduceSparse<scalar_t, index_t>, row_t, col_t>;
+};
+
+template <typename scalar_t, typename index_t>
+struct StageKernel<RoundCarry<scalar_t, index_t>> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel =
+      &round_float_sums_kernel<RoundCarry<scalar_t, index_t>, row_t, col_t>;
+};
 
 struct LaunchConfig {
   int64_t block_size;
@@ -204,8 +335,8 @@ struct CudaExecutor {
     if (count == 0) {
       return;
     }
-    const LaunchConfig launch = config.at_most(MaxThreads<Stage>::value);
-    for_each_kernel<<<
+    const LaunchConfig launch = config.at_most(StageKernel<Stage>::kMaxThreads);
+    StageKernel<Stage>::template kernel<count_t><<<
         launch.blocks_for(count),
         launch.block_size,
         0,
@@ -225,8 +356,8 @@ struct CudaExecutor {
          std::max<int64_t>(1, config.max_blocks / columns)});
     const dim3 grid(
         static_cast<unsigned>(columns), static_cast<unsigned>(grid_rows));
-    for_each_row_kernel<<<grid, config.block_size, 0, stream>>>(
-        stage, rows, cols);
+    StageKernel<Stage>::template kernel<row_t, col_t>
+        <<<grid, config.block_size, 0, stream>>>(stage, rows, cols);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 

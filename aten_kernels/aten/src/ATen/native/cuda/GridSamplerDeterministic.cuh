@@ -45,7 +45,8 @@ using detail::GridSamplerPadding;
 // A point is the unit of parallel work of the point pass; a tile is a fixed
 // run of consecutive points. Partial sums never straddle a tile, and chunks
 // are whole tiles, so the chunk size cannot change the reduction order.
-constexpr int64_t kTilePoints = 4096;
+constexpr int kTilePointsLog2 = 12;
+constexpr int64_t kTilePoints = int64_t{1} << kTilePointsLog2;
 // Longest run of one destination's records summed into a single partial.
 constexpr int64_t kRecordsPerPartial = 256;
 // What one chunk's buffers may take, CUB's sort scratch included; chunks are
@@ -973,8 +974,8 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 // How a chunk's records are keyed for the sort.
 //   PerTap: one record per tap, keyed by its destination, or "nowhere"
 //     (num_destinations) when the tap is out of bounds, so it sorts after
-//     every real destination. Record r of a chunk is tap r % kTapsPerPoint
-//     of the chunk's point r / kTapsPerPoint, and r is its sort payload.
+//     every real destination. Record r of a chunk is tap r % taps of the
+//     chunk's point r / taps, and r is its sort payload.
 //   PerCell (bilinear and trilinear only): one record per point, keyed by
 //     its cell, the position of its lowest tap plus one along every axis
 //     (lowest taps range over -1 .. size - 1), numbered n * cells_per_image
@@ -987,15 +988,33 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 //     ascending point number gives d's records in PerTap order exactly.
 //     Bicubic taps are padded one by one and may coincide, so bicubic
 //     sampling is always PerTap; nearest has one tap, its own cell.
-// Record ids are point * kTapsPerPoint + tap under both keyings. Beside the
-// keys lie what the reduce needs of a record without any integer division:
-// the weight of every tap by record id, and per point the offset of
+// Record ids are point * taps + tap under both keyings. Beside the keys lie
+// what the reduce needs of a record without any integer division: the
+// weight of every tap by record id, and per point the offset of
 // grad_output[n][0][position].
 enum class Keying { PerTap, PerCell };
 
-template <typename key_t, typename T, typename index_t>
+// Sort keys of a chunk, 32 or 64 bits wide as the key space needs. The
+// width is a run-time choice: a uniform branch per store or load costs
+// nothing beside a record's other work, where a template parameter would
+// double every kernel that touches keys.
+struct ChunkKeys {
+  void* data;
+  bool wide;
+
+  template <typename key_t>
+  C10_HOST_DEVICE key_t* as() const {
+    return static_cast<key_t*>(data);
+  }
+  C10_HOST_DEVICE int64_t operator[](int32_t i) const {
+    return wide ? as<int64_t>()[i] : as<int32_t>()[i];
+  }
+};
+
+template <typename T, typename index_t>
 struct ChunkRecords {
-  key_t* keys;
+  ChunkKeys keys;
+  Keying keying;
   int32_t* record_ids;
   T* weights;
   index_t* gout_offsets;
@@ -1021,23 +1040,93 @@ C10_HOST_DEVICE inline key_t cell_key(
       ravel<key_t>(cell, cell_size);
 }
 
-// Point pass for one point: its grid gradient (single writer, when
-// requested) and, with kEmitRecords, its records keyed by kKeying. kTaps (taps per
-// axis) must match args.interpolation_mode; dispatch_taps_per_axis picks it.
-// `chunk_point` is the point's number within its chunk.
+// The PerCell record of point `chunk_point`: its cell's key, its point
+// number as the payload, and the weights of its taps.
+template <typename key_t, typename scalar_t, typename index_t, int kDims, typename T>
+C10_HOST_DEVICE inline void emit_cell_record(
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
+    const PointTaps<T, 2, kDims>& taps,
+    index_t n,
+    index_t chunk_point,
+    const ChunkRecords<T, index_t>& chunk) {
+  const int32_t first_record = static_cast<int32_t>(chunk_point) * taps.count;
+  chunk.keys.template as<key_t>()[chunk_point] = cell_key(
+      taps, n, args.cell_size(), static_cast<key_t>(args.num_cells()));
+  chunk.record_ids[chunk_point] = static_cast<int32_t>(chunk_point);
+  GRID_SAMPLER_DET_UNROLL
+  for (int t = 0; t < taps.count; ++t) {
+    chunk.weights[first_record + t] = taps.template sample_weight<scalar_t>(t);
+  }
+}
+
+// The PerTap records of point `chunk_point`: per tap, its destination's key
+// (or nowhere), its record id and its weight, in one loop: split in two,
+// the 64 taps of tricubic sampling would outlive the registers.
 template <
-    int kTaps,
-    bool kEmitRecords,
-    Keying kKeying,
+    typename key_t,
     typename scalar_t,
     typename index_t,
     int kDims,
-    typename key_t>
+    typename T,
+    int kTaps>
+C10_HOST_DEVICE inline void emit_tap_records(
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
+    const PointTaps<T, kTaps, kDims>& taps,
+    index_t n,
+    index_t chunk_point,
+    const ChunkRecords<T, index_t>& chunk) {
+  const int32_t first_record = static_cast<int32_t>(chunk_point) * taps.count;
+  const key_t image_base =
+      static_cast<key_t>(n) * static_cast<key_t>(args.destinations_per_image());
+  const key_t nowhere = static_cast<key_t>(args.num_destinations());
+  key_t* const keys = chunk.keys.template as<key_t>();
+  GRID_SAMPLER_DET_UNROLL
+  for (int t = 0; t < taps.count; ++t) {
+    const int32_t r = first_record + t;
+    keys[r] = taps.in_bounds(t)
+        ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
+        : nowhere;
+    chunk.record_ids[r] = r;
+    chunk.weights[r] = taps.template sample_weight<scalar_t>(t);
+  }
+}
+
+// The records of one point keyed as the chunk says, with keys as wide as it
+// says (a uniform branch: every point of a launch takes the same way).
+template <typename scalar_t, typename index_t, int kDims, typename T, int kTaps>
+C10_HOST_DEVICE inline void emit_records(
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
+    const PointTaps<T, kTaps, kDims>& taps,
+    index_t n,
+    index_t chunk_point,
+    const ChunkRecords<T, index_t>& chunk) {
+  if constexpr (kTaps == 2) {
+    if (chunk.keying == Keying::PerCell) {
+      if (chunk.keys.wide) {
+        emit_cell_record<int64_t>(args, taps, n, chunk_point, chunk);
+      } else {
+        emit_cell_record<int32_t>(args, taps, n, chunk_point, chunk);
+      }
+      return;
+    }
+  }
+  if (chunk.keys.wide) {
+    emit_tap_records<int64_t>(args, taps, n, chunk_point, chunk);
+  } else {
+    emit_tap_records<int32_t>(args, taps, n, chunk_point, chunk);
+  }
+}
+
+// Point pass for one point: its records (see Keying), and its grid gradient
+// (single writer) when requested. kTaps (taps per axis) must match
+// args.interpolation_mode; dispatch_taps_per_axis picks it. `chunk_point` is
+// the point's number within its chunk.
+template <int kTaps, typename scalar_t, typename index_t, int kDims>
 C10_HOST_DEVICE inline void process_point(
     const BackwardArgs<scalar_t, index_t, kDims>& args,
     index_t point,
     index_t chunk_point,
-    const ChunkRecords<key_t, at::opmath_type<scalar_t>, index_t>& chunk) {
+    const ChunkRecords<at::opmath_type<scalar_t>, index_t>& chunk) {
   using T = at::opmath_type<scalar_t>;
   const index_t points_per_image = args.points_per_image();
   const index_t n = point / points_per_image;
@@ -1055,38 +1144,8 @@ C10_HOST_DEVICE inline void process_point(
       args.padding_mode,
       args.align_corners);
 
-  if constexpr (kEmitRecords) {
-    const int32_t first_record =
-        static_cast<int32_t>(chunk_point) * taps.count;
-    if constexpr (kKeying == Keying::PerCell) {
-      static_assert(kTaps == 2, "only bilinear and trilinear taps are distinct");
-      chunk.keys[chunk_point] = cell_key(
-          taps, n, args.cell_size(), static_cast<key_t>(args.num_cells()));
-      chunk.record_ids[chunk_point] = static_cast<int32_t>(chunk_point);
-      GRID_SAMPLER_DET_UNROLL
-      for (int t = 0; t < taps.count; ++t) {
-        chunk.weights[first_record + t] =
-            taps.template sample_weight<scalar_t>(t);
-      }
-    } else {
-      // One loop over the taps for keys, ids and weights: split in two, the
-      // 64 taps of tricubic sampling outlive the registers.
-      const key_t image_base = static_cast<key_t>(n) *
-          static_cast<key_t>(args.destinations_per_image());
-      const key_t nowhere = static_cast<key_t>(args.num_destinations());
-      GRID_SAMPLER_DET_UNROLL
-      for (int t = 0; t < taps.count; ++t) {
-        const int32_t r = first_record + t;
-        chunk.keys[r] = taps.in_bounds(t)
-            ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
-            : nowhere;
-        chunk.record_ids[r] = r;
-        chunk.weights[r] = taps.template sample_weight<scalar_t>(t);
-      }
-    }
-    chunk.gout_offsets[chunk_point] =
-        args.grad_output.offset(n, 0, out_position);
-  }
+  emit_records(args, taps, n, chunk_point, chunk);
+  chunk.gout_offsets[chunk_point] = args.grad_output.offset(n, 0, out_position);
 
   if (args.grad_grid.data != nullptr) {
     T grad[kDims];
@@ -1233,32 +1292,27 @@ struct MergedCellRecords {
 // The canonical order of one grad_input element, channel c. `records`
 // yields the chunk's record ids of one destination in ascending order; the
 // contribution of record r is
-// round(weights[r] * gout_channel[gout_offsets[r / kTapsPerPoint]]), where
-// gout_channel points at grad_output[0][c][0...]. Records are summed left to
-// right into partials, a partial ends after kRecordsPerPartial records or at
-// a tile boundary (record ids are chunk-relative and chunks are whole tiles,
-// so a tile is a run of kTapsPerPoint * kTilePoints ids), and the partials
-// are added left to right to `acc`, which carries over from earlier chunks.
-// kTapsPerPoint is a power of two, so the divisions are shifts.
-template <
-    int kTapsPerPoint,
-    typename RecordIds,
-    typename T,
-    typename scalar_t,
-    typename index_t>
+// round(weights[r] * gout_channel[gout_offsets[r >> tap_bits]]), where
+// 2^tap_bits is the number of taps per point (a power of two: 1, 4, 8, 16
+// or 64) and gout_channel points at grad_output[0][c][0...]. Records are
+// summed left to right into partials, a partial ends after
+// kRecordsPerPartial records or at a tile boundary (record ids are
+// chunk-relative and chunks are whole tiles, so a tile is a run of
+// taps * kTilePoints ids), and the partials are added left to right to
+// `acc`, which carries over from earlier chunks. The taps per point are a
+// run-time shift, not a template parameter: a shift by a register costs
+// what a shift by a constant does, and one reduce kernel serves every mode.
+template <typename RecordIds, typename T, typename scalar_t, typename index_t>
 C10_HOST_DEVICE inline T fold_records(
     RecordIds records,
     const T* weights,
     const index_t* gout_offsets,
     const scalar_t* gout_channel,
+    int tap_bits,
     T acc) {
-  constexpr uint32_t kRecordsPerTile = kTapsPerPoint * kTilePoints;
-  static_assert(
-      (kRecordsPerTile & (kRecordsPerTile - 1)) == 0,
-      "taps per point must be a power of two");
+  const int tile_bits = tap_bits + kTilePointsLog2;
   while (!records.done()) {
-    const uint32_t tile_end =
-        (records.front() / kRecordsPerTile + 1) * kRecordsPerTile;
+    const uint32_t tile_end = ((records.front() >> tile_bits) + 1) << tile_bits;
     T partial = static_cast<T>(0);
     records.start_partial(kRecordsPerPartial);
     while (records.in_partial()) {
@@ -1267,7 +1321,7 @@ C10_HOST_DEVICE inline T fold_records(
         break;
       }
       const T gout =
-          static_cast<T>(gout_channel[gout_offsets[id / kTapsPerPoint]]);
+          static_cast<T>(gout_channel[gout_offsets[id >> tap_bits]]);
       partial = add_rn(partial, mul_rn(weights[id], gout));
       records.pop();
     }

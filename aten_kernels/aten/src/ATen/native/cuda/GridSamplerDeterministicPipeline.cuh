@@ -40,38 +40,32 @@
 
 namespace at::native::grid_sampler_deterministic {
 
-// Point pass: the grid gradient of points [first_point, first_point + count)
-// and, with kEmitRecords, their records.
-template <
-    int kTaps,
-    bool kEmitRecords,
-    Keying kKeying,
-    typename Args,
-    typename key_t>
+// Point pass: the records of points [first_point, first_point + count), and
+// their grid gradient when requested.
+template <int kTaps, typename Args>
 struct PointPass {
   using index_t = typename Args::index_type;
   Args args;
-  ChunkRecords<key_t, typename Args::opmath_t, index_t> chunk;
+  ChunkRecords<typename Args::opmath_t, index_t> chunk;
   index_t first_point;
 
   C10_HOST_DEVICE void operator()(index_t i) const {
-    process_point<kTaps, kEmitRecords, kKeying>(args, first_point + i, i, chunk);
+    process_point<kTaps>(args, first_point + i, i, chunk);
   }
 };
 
 // Dense reduction, step 1: segments[k] bounds the sorted records of key k,
-// a destination (PerTap) or a cell (PerCell); both were zero-filled before, so an untouched key has an empty range. One thread per
-// sorted record, O(records): only the first and the last record of each key
-// write.
-template <typename key_t>
+// a destination (PerTap) or a cell (PerCell); both were zero-filled before,
+// so an untouched key has an empty range. One thread per sorted record,
+// O(records): only the first and the last record of each key write.
 struct MarkDestinationSegments {
-  const key_t* keys;
+  ChunkKeys keys;
   int32_t count;
-  key_t nowhere;
+  int64_t nowhere;
   SegmentBounds* segments;
 
   C10_HOST_DEVICE void operator()(int32_t i) const {
-    const key_t d = keys[i];
+    const int64_t d = keys[i];
     if (d == nowhere) {
       return;
     }
@@ -86,9 +80,8 @@ struct MarkDestinationSegments {
 
 // Sparse reduction, step 1: 1 where a run of one destination's sorted
 // records begins, else 0.
-template <typename key_t>
 struct MarkRunHeads {
-  const key_t* keys;
+  ChunkKeys keys;
   int32_t* heads;
 
   C10_HOST_DEVICE void operator()(int32_t i) const {
@@ -98,9 +91,8 @@ struct MarkRunHeads {
 
 // Sparse reduction, step 2, after run_number = inclusive_sum(heads): run j
 // is [run_begin[j], run_begin[j + 1]), for j < *num_runs.
-template <typename key_t>
 struct RecordRunStarts {
-  const key_t* keys;
+  ChunkKeys keys;
   const int32_t* run_number;
   int32_t count;
   int32_t* run_begin;
@@ -118,7 +110,8 @@ struct RecordRunStarts {
 };
 
 // What the reduce reads of a sorted chunk: the record ids in sorted order,
-// and by record id the weights and, by point, the grad_output offsets.
+// and by record id the weights and, by point, the grad_output offsets;
+// 2^tap_bits taps per point.
 template <typename scalar_t, typename index_t>
 struct SortedRecords {
   const int32_t* ids;
@@ -126,11 +119,18 @@ struct SortedRecords {
   const index_t* gout_offsets;
   const scalar_t* grad_output;
   index_t gout_stride_c;
+  int tap_bits;
 
   // One wide multiply-add: the product is formed in 64 bits rather than
   // sign-extended after.
   C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
     return grad_output + static_cast<int64_t>(c) * gout_stride_c;
+  }
+  template <typename RecordIds, typename T>
+  C10_HOST_DEVICE T fold(RecordIds records, const scalar_t* gout_channel, T acc)
+      const {
+    return fold_records(
+        records, weights, gout_offsets, gout_channel, tap_bits, acc);
   }
 };
 
@@ -158,6 +158,11 @@ template <typename index_t>
 C10_HOST_DEVICE inline index_t divide(index_t n, const Divider<index_t>& by) {
   return static_cast<index_t>(
       by.div(static_cast<std::make_unsigned_t<index_t>>(n)));
+}
+
+template <typename index_t>
+Divider<index_t> divider(int64_t divisor) {
+  return Divider<index_t>(static_cast<std::make_unsigned_t<index_t>>(divisor));
 }
 
 // PerCell: the segments of the destination's 2^kDims neighbouring cells,
@@ -222,83 +227,122 @@ CellSegments<index_t, kDims> make_cell_segments(
   for (int a = kDims - 1; a >= 0; --a) {
     segments.cell_stride[a] = segments.cells_per_image;
     segments.cells_per_image *= static_cast<int32_t>(inp_size.v[a]) + 1;
-    segments.by_axis[a] = Divider<index_t>(
-        static_cast<std::make_unsigned_t<index_t>>(inp_size.v[a]));
+    segments.by_axis[a] = divider<index_t>(inp_size.v[a]);
   }
   return segments;
 }
 
+// A block of grad_input's elements, viewed as rows (n, c), n * C + c, of
+// destinations_per_image columns s each: rows [row_begin, row_end) by
+// columns [col_begin, col_end). A reduce reads and writes only the elements
+// of its block.
+template <typename index_t>
+struct ElementBlock {
+  index_t row_begin;
+  index_t row_end;
+  index_t col_begin;
+  index_t col_end;
+
+  C10_HOST_DEVICE bool holds(index_t row, index_t s) const {
+    return row >= row_begin && row < row_end && s >= col_begin && s < col_end;
+  }
+  // The element's place in a buffer that holds the block alone.
+  C10_HOST_DEVICE index_t offset(index_t row, index_t s) const {
+    return (row - row_begin) * (col_end - col_begin) + (s - col_begin);
+  }
+  C10_HOST_DEVICE index_t numel() const {
+    return (row_end - row_begin) * (col_end - col_begin);
+  }
+};
+
+// Where a reduce finds the running sums of earlier chunks and puts its
+// results. Sums are opmath values laid out as the block (ElementBlock::
+// offset): grad_input itself for float and double (whose block is all of
+// it), a float carry for Half/BFloat16 while an element's records span
+// chunks. `sums_in` is read for the images that earlier chunks reached;
+// results go to `sums_out`, or, where that is null, rounded to grad_input.
+template <typename scalar_t, typename index_t>
+struct ReduceOutput {
+  using T = at::opmath_type<scalar_t>;
+  scalar_t* grad_input;
+  const T* sums_in;
+  T* sums_out;
+  ElementBlock<index_t> block;
+  index_t destinations_per_image;
+
+  C10_HOST_DEVICE T running_sum(index_t row, index_t s) const {
+    return sums_in[block.offset(row, s)];
+  }
+  C10_HOST_DEVICE void write(index_t row, index_t s, T sum) const {
+    if (sums_out != nullptr) {
+      sums_out[block.offset(row, s)] = sum;
+    } else {
+      grad_input[row * destinations_per_image + s] = static_cast<scalar_t>(sum);
+    }
+  }
+};
+
 // Dense reduction, step 2: what both thread orders below share. The single
-// writer of element (n, c, s) of a contiguous (N, C, spatial...) output folds
-// the records of destination (n, s) for channel c. `carry` (same layout)
-// holds the sums of earlier chunks for images before first_fresh_image;
-// images from it on start from zero. Untouched elements are written (their
-// zeros, or a float carry rounded into grad_input) from image
-// first_written_image on, and left as they are before it.
-template <
-    int kTapsPerPoint,
-    typename Segments,
-    typename scalar_t,
-    typename index_t,
-    typename out_t>
+// writer of element (n, c, s) folds the records of destination (n, s) for
+// channel c, its row being n * C + c. Images before first_fresh_image hold
+// running sums of earlier chunks; images from it on start from zero.
+// Untouched elements are written (their zeros, or running sums rounded into
+// grad_input) from image first_written_image on, and left as they are
+// before it.
+template <typename Segments, typename scalar_t, typename index_t>
 struct DenseFold {
   using T = at::opmath_type<scalar_t>;
   using scalar_type = scalar_t;
   using index_type = index_t;
   SortedRecords<scalar_t, index_t> records;
   Segments segments;
-  out_t* out;
-  const T* carry;
+  ReduceOutput<scalar_t, index_t> out;
   index_t channels;
   index_t destinations_per_image;
   index_t first_fresh_image;
   index_t first_written_image;
 
-  // element = (n * channels + c) * destinations_per_image + s.
   C10_HOST_DEVICE void fold_into(
       index_t n,
+      index_t row,
       index_t s,
-      const scalar_t* gout_channel,
-      index_t element) const {
+      const scalar_t* gout_channel) const {
     const auto ids = segments.of(n, s);
     if (ids.done() && n < first_written_image) {
       return;
     }
     const T initial =
-        n < first_fresh_image ? carry[element] : static_cast<T>(0);
-    out[element] = static_cast<out_t>(fold_records<kTapsPerPoint>(
-        ids, records.weights, records.gout_offsets, gout_channel, initial));
+        n < first_fresh_image ? out.running_sum(row, s) : static_cast<T>(0);
+    out.write(row, s, records.fold(ids, gout_channel, initial));
   }
 };
 
-// Destinations fastest: thread (row (n - first_image) * C + c, column =
-// spatial index s), so a warp's lanes take consecutive destinations of one
-// channel: their segment bounds load coalesced, their writes are contiguous,
-// and neighbouring destinations' sorted records lie side by side.
+// Destinations fastest: thread (row first_row + r, column first_col + s'),
+// so a warp's lanes take consecutive destinations of one channel: their
+// segment bounds load coalesced, their writes are contiguous, and
+// neighbouring destinations' sorted records lie side by side.
 template <typename Fold>
 struct ReduceDense {
   using index_t = typename Fold::index_type;
   Fold fold;
-  index_t first_image;
+  index_t first_row;
+  index_t first_col;
 
   struct Row {
     index_t n;
+    index_t row;
     const typename Fold::scalar_type* gout_channel;
-    index_t first_element;
   };
 
   C10_HOST_DEVICE Row row(index_t r) const {
-    const index_t image = r / fold.channels;
-    const index_t c = r - image * fold.channels;
-    const index_t n = first_image + image;
-    return Row{
-        n,
-        fold.records.gout_channel(c),
-        (n * fold.channels + c) * fold.destinations_per_image};
+    const index_t row = first_row + r;
+    const index_t n = row / fold.channels;
+    const index_t c = row - n * fold.channels;
+    return Row{n, row, fold.records.gout_channel(c)};
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
-    fold.fold_into(row.n, s, row.gout_channel, row.first_element + s);
+    fold.fold_into(row.n, row.row, first_col + s, row.gout_channel);
   }
 };
 
@@ -307,10 +351,11 @@ struct ReduceDense {
 // records (the merge and the loads of ids, weights and offsets are the same
 // for all of them) and read grad_output at consecutive channels of one
 // point: contiguous when its channel stride is 1, which GatherChannelsLast
-// provides when grad_output's own is not. A 1-D launch: as a row per image
-// (n without a division), sm_90 code recomputed values in the fold's record
-// loop that it could no longer keep in registers (57 instructions per
-// record instead of 46).
+// provides when grad_output's own is not. Sweeps whole images, so it runs
+// only where the block is all of grad_input. A 1-D launch: as a row per
+// image (n without a division), sm_90 code recomputed values in the fold's
+// record loop that it could no longer keep in registers (57 instructions
+// per record instead of 46).
 template <typename Fold>
 struct ReduceDenseChannelsFastest {
   using index_t = typename Fold::index_type;
@@ -323,9 +368,8 @@ struct ReduceDenseChannelsFastest {
   ReduceDenseChannelsFastest(const Fold& fold, index_t first_image)
       : fold(fold),
         first_pair(first_image * fold.channels * fold.destinations_per_image),
-        by_channels(static_cast<std::make_unsigned_t<index_t>>(fold.channels)),
-        by_image_size(static_cast<std::make_unsigned_t<index_t>>(
-            fold.destinations_per_image)) {}
+        by_channels(divider<index_t>(fold.channels)),
+        by_image_size(divider<index_t>(fold.destinations_per_image)) {}
 
   C10_HOST_DEVICE void operator()(index_t i) const {
     const index_t destination = divide(first_pair + i, by_channels);
@@ -333,10 +377,7 @@ struct ReduceDenseChannelsFastest {
     const index_t n = divide(destination, by_image_size);
     const index_t s = destination - n * fold.destinations_per_image;
     fold.fold_into(
-        n,
-        s,
-        fold.records.gout_channel(c),
-        (n * fold.channels + c) * fold.destinations_per_image + s);
+        n, n * fold.channels + c, s, fold.records.gout_channel(c));
   }
 };
 
@@ -371,25 +412,19 @@ struct GatherChannelsLast {
 
 // Sparse reduction, step 3: one thread per (channel row c, run j): lanes take
 // consecutive runs of one channel, whose sorted records are contiguous. The
-// output was zero-filled; runs of taps that land nowhere are skipped.
-template <
-    int kTapsPerPoint,
-    typename scalar_t,
-    typename index_t,
-    typename key_t,
-    typename out_t>
+// sums were zero-filled; runs of taps that land nowhere, or outside the
+// block, are skipped.
+template <typename scalar_t, typename index_t>
 struct ReduceSparse {
   using T = at::opmath_type<scalar_t>;
   SortedRecords<scalar_t, index_t> records;
-  const key_t* keys;
+  ChunkKeys keys;
   const int32_t* run_begin;
   const int32_t* num_runs;
-  key_t nowhere;
-  out_t* out;
+  int64_t nowhere;
+  ReduceOutput<scalar_t, index_t> out;
   index_t channels;
-  index_t destinations_per_image;
   Divider<index_t> by_image_size;
-  bool has_carry;
 
   struct Row {
     index_t channel;
@@ -405,36 +440,46 @@ struct ReduceSparse {
       return;
     }
     const int32_t begin = run_begin[j];
-    const key_t destination = keys[begin];
+    const int64_t destination = keys[begin];
     if (destination == nowhere) {
       return;
     }
     const index_t d = static_cast<index_t>(destination);
     const index_t n = divide(d, by_image_size);
-    // (n, c, s) of the output, s = d - n * destinations_per_image.
-    out_t& element = out
-        [(n * channels + row.channel) * destinations_per_image +
-         (d - n * destinations_per_image)];
-    const T initial =
-        has_carry ? static_cast<T>(element) : static_cast<T>(0);
-    element = static_cast<out_t>(fold_records<kTapsPerPoint>(
-        SortedRecordIds{records.ids, begin, run_begin[j + 1]},
-        records.weights,
-        records.gout_offsets,
-        row.gout_channel,
-        initial));
+    const index_t s = d - n * out.destinations_per_image;
+    const index_t element_row = n * channels + row.channel;
+    if (!out.block.holds(element_row, s)) {
+      return;
+    }
+    const T initial = out.sums_in != nullptr ? out.running_sum(element_row, s)
+                                             : static_cast<T>(0);
+    out.write(
+        element_row,
+        s,
+        records.fold(
+            SortedRecordIds{records.ids, begin, run_begin[j + 1]},
+            row.gout_channel,
+            initial));
   }
 };
 
-// Rounds a finished float carry into grad_input, element by element (both
-// contiguous).
+// Rounds a block's finished float sums into grad_input, one thread per
+// (row, column) of the block.
 template <typename scalar_t, typename index_t>
 struct RoundCarry {
   const at::opmath_type<scalar_t>* carry;
   scalar_t* grad_input;
+  ElementBlock<index_t> block;
+  index_t destinations_per_image;
 
-  C10_HOST_DEVICE void operator()(index_t i) const {
-    grad_input[i] = static_cast<scalar_t>(carry[i]);
+  C10_HOST_DEVICE index_t row(index_t r) const {
+    return block.row_begin + r;
+  }
+
+  C10_HOST_DEVICE void operator()(index_t row, index_t col) const {
+    const index_t s = block.col_begin + col;
+    grad_input[row * destinations_per_image + s] =
+        static_cast<scalar_t>(carry[block.offset(row, s)]);
   }
 };
 
@@ -492,6 +537,9 @@ struct ChunkPlan {
   // of each chunk's grad_output when copy_grad_output.
   bool channels_fastest = false;
   bool copy_grad_output = false;
+  // Half/BFloat16 over several chunks: the float carry's size in elements
+  // (see plan_carry); 0 where sums need no carry.
+  int64_t carry_elements = 0;
 };
 
 // Channels fastest pays from this many channels on: at fp32, 16 lanes on
@@ -545,7 +593,8 @@ inline ChunkPlan plan_chunks(
     int64_t taps_per_point,
     int64_t table_entries,
     int64_t bytes_per_point,
-    int64_t dense_bytes_per_point) {
+    int64_t dense_bytes_per_point,
+    int64_t workspace_bytes = kWorkspaceBytes) {
   auto dense_with = [&](int64_t chunk_points) {
     return dense_table_fits(
         table_entries, num_points, chunk_points, taps_per_point);
@@ -555,7 +604,7 @@ inline ChunkPlan plan_chunks(
   };
   // Less the fixed bytes of a chunk: the extra record id and the run count.
   const int64_t budget =
-      kWorkspaceBytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
+      workspace_bytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
   const int64_t table_bytes = table_entries * 2 * int64_t{sizeof(int32_t)};
   const int64_t dense_tiles = tiles_within(
       budget - table_bytes, bytes_per_point + dense_bytes_per_point);
@@ -567,13 +616,76 @@ inline ChunkPlan plan_chunks(
       false};
 }
 
-// The grad_input half of the backward for contiguous grad_input, chunk by
-// chunk: point pass, stable sort, reduce (see the .cu file's pipeline), with
-// records keyed by kKeying; PerCell needs plan.dense.
+// Threads per block and a cap on blocks per launch of the CUDA executor's
+// grid-stride loops; the host executor has no use for them.
+constexpr int64_t kDefaultBlockSize = 256;
+constexpr int64_t kMaxBlockSize = 512;
+constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
+
+struct LaunchShape {
+  int64_t block_size = kDefaultBlockSize;
+  int64_t max_blocks = kDefaultMaxBlocks;
+};
+
+// Every choice a backward call runs with, decided before it runs.
+// plan_backward() makes them from the shapes; any plan that keeps the
+// pipeline's limits (which it asserts) gives the same bits, because the
+// canonical order depends on none of them.
+struct BackwardPlan {
+  bool index_32bit = true;
+  Keying keying = Keying::PerTap;
+  bool key_32bit = true;
+  ChunkPlan chunks{kTilePoints, false};
+  LaunchShape launch;
+};
+
+// table_entries itself is a key: it marks records that land nowhere.
+inline bool keys_fit_32bit(int64_t table_entries) {
+  return table_entries < std::numeric_limits<int32_t>::max();
+}
+
+// The blocks of grad_input's elements that a float carry of
+// carry_elements holds one at a time: runs of whole rows (n, c) where a row
+// fits it, else runs of one row's columns. All of grad_input, one block,
+// where there is no carry.
+template <typename index_t>
+struct CarryBlocks {
+  index_t rows;
+  index_t cols;
+  int64_t rows_per_block;
+  int64_t cols_per_block;
+
+  CarryBlocks(index_t rows, index_t cols, int64_t carry_elements)
+      : rows(rows), cols(cols) {
+    const int64_t capacity =
+        carry_elements > 0 ? carry_elements : int64_t{rows} * cols;
+    rows_per_block = std::max<int64_t>(1, capacity / cols);
+    cols_per_block = std::min<int64_t>(cols, capacity);
+  }
+  int64_t count() const {
+    return ((rows + rows_per_block - 1) / rows_per_block) *
+        ((cols + cols_per_block - 1) / cols_per_block);
+  }
+  ElementBlock<index_t> block(int64_t b) const {
+    const int64_t blocks_per_row = (cols + cols_per_block - 1) / cols_per_block;
+    const int64_t row = (b / blocks_per_row) * rows_per_block;
+    const int64_t col = (b % blocks_per_row) * cols_per_block;
+    return ElementBlock<index_t>{
+        static_cast<index_t>(row),
+        static_cast<index_t>(std::min<int64_t>(rows, row + rows_per_block)),
+        static_cast<index_t>(col),
+        static_cast<index_t>(std::min<int64_t>(cols, col + cols_per_block))};
+  }
+};
+
+// The grad_input half of the backward for contiguous grad_input (see the .cu
+// file's pipeline): per block of grad_input (one, but for a float carry
+// smaller than grad_input), per chunk of the points whose images the block
+// holds: point pass, stable sort, reduce into the block. Records are keyed
+// as plan.keying says (PerCell needs bilinear or trilinear sampling and a
+// dense reduction), with keys as wide as plan.key_32bit says.
 template <
     int kTaps,
-    Keying kKeying,
-    typename key_t,
     typename Executor,
     typename scalar_t,
     typename index_t,
@@ -582,17 +694,17 @@ void reduce_grad_input(
     const Executor& ex,
     const BackwardArgs<scalar_t, index_t, kDims>& args,
     scalar_t* grad_input,
-    const ChunkPlan& plan) {
+    const BackwardPlan& plan) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   using T = at::opmath_type<scalar_t>;
   constexpr int kTapsPerPoint = ipow(kTaps, kDims);
-  constexpr int kItemsPerPoint = kKeying == Keying::PerCell ? 1 : kTapsPerPoint;
   constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
-  constexpr bool kPerTap = kKeying == Keying::PerTap;
-  TORCH_INTERNAL_ASSERT(kPerTap || plan.dense);
+  const ChunkPlan& chunking = plan.chunks;
+  const bool per_cell = plan.keying == Keying::PerCell;
+  TORCH_INTERNAL_ASSERT(!per_cell || (kTaps == 2 && chunking.dense));
 
-  const int64_t chunk_points = plan.chunk_points;
-  const bool dense = plan.dense;
+  const int64_t chunk_points = chunking.chunk_points;
+  const bool dense = chunking.dense;
   const int64_t num_points = args.num_points();
   const index_t channels = args.channels;
   const index_t image_size = args.destinations_per_image();
@@ -602,24 +714,34 @@ void reduce_grad_input(
     ex.zero(grad_input, numel * sizeof(scalar_t));
     return;
   }
-  const int64_t num_chunks =
-      std::max<int64_t>(1, (num_points + chunk_points - 1) / chunk_points);
+  const int64_t items_per_point = per_cell ? 1 : kTapsPerPoint;
+  const int64_t key_bytes = plan.key_32bit ? 4 : 8;
   const int64_t points_per_chunk = std::min(num_points, chunk_points);
-  const int64_t capacity = points_per_chunk * kItemsPerPoint;
+  const int64_t capacity = points_per_chunk * items_per_point;
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
-  const int64_t table_entries = kPerTap ? args.num_destinations() : args.num_cells();
-  const key_t nowhere = static_cast<key_t>(table_entries);
+  const int64_t table_entries =
+      per_cell ? args.num_cells() : static_cast<int64_t>(args.num_destinations());
   // The numbering limits of kMaxChunkRecords, which plan_chunks keeps.
   TORCH_INTERNAL_ASSERT(
       chunk_points % kTilePoints == 0 &&
       chunk_points * kTapsPerPoint <= kMaxChunkRecords &&
       (!dense || table_entries <= chunk_points * kTapsPerPoint));
+  // 32-bit keys that cannot hold the key space would collide.
+  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
+  // A float carry holds the sums of Half/BFloat16 elements whose records
+  // span chunks; with one chunk every sum is rounded as it is made.
+  const bool float_carry = kReducedPrecision && chunk_points < num_points;
+  TORCH_INTERNAL_ASSERT(float_carry == (chunking.carry_elements > 0));
+  const CarryBlocks<index_t> blocks(
+      args.batch * channels, image_size, chunking.carry_elements);
+  // Threads that take channels fastest sweep whole images.
+  TORCH_INTERNAL_ASSERT(!chunking.channels_fastest || blocks.count() == 1);
 
   // After the sort the unsorted keys and ids are dead until the next chunk's
   // point pass, so the sparse reduce keeps its int32 bookkeeping there
   // (heads, run numbers, run starts).
-  const auto keys = ex.allocate(capacity * sizeof(key_t));
-  const auto sorted_keys = ex.allocate(capacity * sizeof(key_t));
+  const auto keys = ex.allocate(capacity * key_bytes);
+  const auto sorted_keys = ex.allocate(capacity * key_bytes);
   const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
@@ -628,134 +750,67 @@ void reduce_grad_input(
   const auto segments =
       ex.allocate(dense ? table_entries * sizeof(SegmentBounds) : 0);
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
-  const bool copy = plan.copy_grad_output;
+  const bool copy = chunking.copy_grad_output;
   const auto gathered =
       ex.allocate(copy ? points_per_chunk * channels * sizeof(scalar_t) : 0);
   const auto gathered_offsets =
       ex.allocate(copy ? points_per_chunk * sizeof(index_t) : 0);
-  // Running sums between chunks live in grad_input itself when it holds
-  // opmath values, else in a float buffer of its size.
-  const bool float_carry = kReducedPrecision && num_chunks > 1;
-  const auto carry_storage = ex.allocate(float_carry ? numel * sizeof(T) : 0);
-  T* const carry = as<T>(carry_storage);
+  const auto carry_storage =
+      ex.allocate(float_carry ? chunking.carry_elements * sizeof(T) : 0);
+  // Where sums live between chunks: grad_input itself when it holds opmath
+  // values, else the carry (none with a single chunk).
+  T* const sums = kReducedPrecision ? static_cast<T*>(carry_storage.get())
+                                    : reinterpret_cast<T*>(grad_input);
 
-  const ChunkRecords<key_t, T, index_t> chunk{
-      as<key_t>(keys), as<int32_t>(ids), as<T>(weights), as<index_t>(gout_offsets)};
+  const ChunkRecords<T, index_t> chunk{
+      ChunkKeys{keys.get(), !plan.key_32bit},
+      plan.keying,
+      as<int32_t>(ids),
+      as<T>(weights),
+      as<index_t>(gout_offsets)};
+  const ChunkKeys sorted_chunk_keys{sorted_keys.get(), !plan.key_32bit};
+  const int tap_bits = kDims * (kTaps == 4 ? 2 : kTaps - 1);
   const SortedRecords<scalar_t, index_t> sorted = copy
       ? SortedRecords<scalar_t, index_t>{
             as<int32_t>(sorted_ids),
             as<T>(weights),
             as<index_t>(gathered_offsets),
             as<scalar_t>(gathered),
-            1}
+            1,
+            tap_bits}
       : SortedRecords<scalar_t, index_t>{
             as<int32_t>(sorted_ids),
             as<T>(weights),
             as<index_t>(gout_offsets),
             args.grad_output.data,
-            args.grad_output.stride_c};
+            args.grad_output.stride_c,
+            tap_bits};
   SegmentBounds* const segment_table = as<SegmentBounds>(segments);
   int32_t* const bookkeeping_a = as<int32_t>(ids);
-  int32_t* const bookkeeping_b = reinterpret_cast<int32_t*>(as<key_t>(keys));
-
-  if (!dense) {
-    // Sparse: every element starts at zero; chunks then touch only the
-    // destinations they have records for.
-    if (float_carry) {
-      ex.zero(carry, numel * sizeof(T));
-    } else {
-      ex.zero(grad_input, numel * sizeof(scalar_t));
-    }
-  }
+  int32_t* const bookkeeping_b = static_cast<int32_t*>(keys.get());
   const int end_bit = bits_for(table_entries);
   const int64_t points_per_image = args.points_per_image();
-  // Images before first_fresh_image had points in an earlier chunk: they
-  // hold running sums.
-  int64_t first_fresh_image = 0;
-  for (int64_t k = 0; k < num_chunks; ++k) {
-    const int64_t first_point = k * chunk_points;
-    const int64_t count = std::min(chunk_points, num_points - first_point);
-    const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
-    const bool last = k == num_chunks - 1;
-    // Points are numbered image by image, so this chunk's records land in
-    // images [first_image, end_image) only. A dense reduce sweeps just those,
-    // but for the last chunk of a float carry, which rounds the images
-    // finished before it into grad_input too.
-    const int64_t first_image = first_point / points_per_image;
-    const int64_t end_image = (first_point + count - 1) / points_per_image + 1;
-    const int64_t sweep_from = float_carry && last ? 0 : first_image;
+  const int64_t num_chunks = (num_points + chunk_points - 1) / chunk_points;
+
+  // One chunk's records, sorted, with the bookkeeping its reduce reads:
+  // segment bounds (dense) or runs of one destination (sparse).
+  auto point_pass_and_sort = [&](const Args& point_args, int64_t first_point,
+                                 int64_t count) {
+    const int32_t num_items = static_cast<int32_t>(count * items_per_point);
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
-        PointPass<kTaps, true, kKeying, Args, key_t>{
-            args, chunk, static_cast<index_t>(first_point)});
-    ex.stable_sort_pairs(
-        as<key_t>(keys),
-        as<key_t>(sorted_keys),
-        as<int32_t>(ids),
-        as<int32_t>(sorted_ids),
-        num_items,
-        end_bit);
-
-    // Where this chunk's reduce writes (out) and reads the sums of earlier
-    // chunks (in): grad_input itself when it holds opmath values; for
-    // Half/BFloat16 the float carry while there is one, except that the last
-    // chunk of a dense reduction rounds straight into grad_input.
-    auto reduce_into = [&](auto* out, const T* in) {
-      using out_t = std::remove_pointer_t<decltype(out)>;
-      auto reduce_dense = [&](const auto& segments_of) {
-        using Segments = std::decay_t<decltype(segments_of)>;
-        using Fold =
-            DenseFold<kTapsPerPoint, Segments, scalar_t, index_t, out_t>;
-        const Fold fold{
-            sorted,
-            segments_of,
-            out,
-            in,
-            channels,
-            image_size,
-            static_cast<index_t>(first_fresh_image),
-            /*first_written_image=*/static_cast<const void*>(out) != in
-                ? 0
-                : static_cast<index_t>(first_fresh_image)};
-        const index_t first_swept = static_cast<index_t>(sweep_from);
-        const index_t rows_swept =
-            static_cast<index_t>(end_image - sweep_from) * channels;
-        if (plan.channels_fastest) {
-          ex.for_each(
-              rows_swept * image_size,
-              ReduceDenseChannelsFastest<Fold>(fold, first_swept));
-        } else {
-          ex.for_each_row(
-              rows_swept, image_size, ReduceDense<Fold>{fold, first_swept});
-        }
-      };
-      if constexpr (kPerTap) {
-        if (dense) {
-          reduce_dense(DestinationSegments<index_t>{
-              sorted.ids, segment_table, image_size});
-        } else {
-          ex.for_each_row(
-              channels,
-              num_items,
-              ReduceSparse<kTapsPerPoint, scalar_t, index_t, key_t, out_t>{
-                  sorted,
-                  as<key_t>(sorted_keys),
-                  bookkeeping_a,
-                  as<int32_t>(num_runs),
-                  nowhere,
-                  out,
-                  channels,
-                  image_size,
-                  Divider<index_t>(
-                      static_cast<std::make_unsigned_t<index_t>>(image_size)),
-                  static_cast<const void*>(out) == in});
-        }
-      } else {
-        reduce_dense(make_cell_segments(
-            sorted.ids, segment_table, args.inp_size));
-      }
-    };
+        PointPass<kTaps, Args>{
+            point_args, chunk, static_cast<index_t>(first_point)});
+    if (plan.key_32bit) {
+      ex.stable_sort_pairs(
+          as<int32_t>(keys), as<int32_t>(sorted_keys), as<int32_t>(ids),
+          as<int32_t>(sorted_ids), num_items, end_bit);
+    } else {
+      ex.stable_sort_pairs(
+          as<int64_t>(keys), as<int64_t>(sorted_keys), as<int32_t>(ids),
+          as<int32_t>(sorted_ids), num_items, end_bit);
+    }
     if (copy) {
       ex.for_each_row(
           static_cast<index_t>(count),
@@ -772,38 +827,138 @@ void reduce_grad_input(
       ex.zero(segment_table, table_entries * sizeof(SegmentBounds));
       ex.for_each(
           num_items,
-          MarkDestinationSegments<key_t>{
-              as<key_t>(sorted_keys), num_items, nowhere, segment_table});
-    } else if (num_items > 0) {
-      ex.for_each(
-          num_items,
-          MarkRunHeads<key_t>{as<key_t>(sorted_keys), bookkeeping_a});
-      ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_items);
-      ex.for_each(
-          num_items,
-          RecordRunStarts<key_t>{
-              as<key_t>(sorted_keys),
-              bookkeeping_b,
-              num_items,
-              bookkeeping_a,
-              as<int32_t>(num_runs)});
-    } else {
-      continue;
+          MarkDestinationSegments{
+              sorted_chunk_keys, num_items, table_entries, segment_table});
+      return;
     }
-    if constexpr (!kReducedPrecision) {
-      reduce_into(grad_input, grad_input);
-    } else if (!float_carry) {
-      reduce_into(grad_input, nullptr);
-    } else if (dense && last) {
-      reduce_into(grad_input, carry);
-    } else {
-      reduce_into(carry, carry);
+    ex.for_each(num_items, MarkRunHeads{sorted_chunk_keys, bookkeeping_a});
+    ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_items);
+    ex.for_each(
+        num_items,
+        RecordRunStarts{
+            sorted_chunk_keys,
+            bookkeeping_b,
+            num_items,
+            bookkeeping_a,
+            as<int32_t>(num_runs)});
+  };
+
+  // The dense reduce of rows [row_from, row_to) of `out`'s block.
+  auto reduce_dense = [&](const ReduceOutput<scalar_t, index_t>& out,
+                          int64_t row_from,
+                          int64_t row_to,
+                          int64_t first_fresh_image) {
+    auto sweep = [&](const auto& segments_of) {
+      using Fold = DenseFold<std::decay_t<decltype(segments_of)>, scalar_t, index_t>;
+      const Fold fold{
+          sorted,
+          segments_of,
+          out,
+          channels,
+          image_size,
+          static_cast<index_t>(first_fresh_image),
+          /*first_written_image=*/out.sums_out != out.sums_in
+              ? 0
+              : static_cast<index_t>(first_fresh_image)};
+      if (chunking.channels_fastest) {
+        ex.for_each(
+            static_cast<index_t>((row_to - row_from) * image_size),
+            ReduceDenseChannelsFastest<Fold>(
+                fold, static_cast<index_t>(row_from / channels)));
+      } else {
+        ex.for_each_row(
+            static_cast<index_t>(row_to - row_from),
+            static_cast<index_t>(out.block.col_end - out.block.col_begin),
+            ReduceDense<Fold>{
+                fold, static_cast<index_t>(row_from), out.block.col_begin});
+      }
+    };
+    if constexpr (kTaps == 2) {
+      if (per_cell) {
+        sweep(make_cell_segments(sorted.ids, segment_table, args.inp_size));
+        return;
+      }
     }
-    first_fresh_image = end_image;
+    sweep(DestinationSegments<index_t>{sorted.ids, segment_table, image_size});
+  };
+
+  // Each block of grad_input takes the chunks of the points of its images;
+  // where a chunk serves two blocks, the first one computes its points'
+  // grid gradient and the second re-runs its point pass for the records.
+  Args records_only = args;
+  records_only.grad_grid.data = nullptr;
+  int64_t chunks_with_grid_gradient = 0;
+  for (int64_t b = 0; b < blocks.count(); ++b) {
+    const ElementBlock<index_t> block = blocks.block(b);
+    const int64_t first_block_image = block.row_begin / channels;
+    const int64_t end_block_image = (block.row_end - 1) / channels + 1;
+    const int64_t first_chunk =
+        first_block_image * points_per_image / chunk_points;
+    const int64_t end_chunk =
+        (end_block_image * points_per_image - 1) / chunk_points + 1;
+    if (!dense) {
+      // Sparse: every element starts at zero; chunks then touch only the
+      // destinations they have records for.
+      ex.zero(
+          float_carry ? static_cast<void*>(sums) : static_cast<void*>(grad_input),
+          float_carry ? block.numel() * sizeof(T) : numel * sizeof(scalar_t));
+    }
+    // Images from first_fresh_image on hold no running sums yet.
+    int64_t first_fresh_image = first_block_image;
+    for (int64_t k = first_chunk; k < end_chunk; ++k) {
+      const int64_t first_point = k * chunk_points;
+      const int64_t count = std::min(chunk_points, num_points - first_point);
+      const bool last = k == end_chunk - 1;
+      point_pass_and_sort(
+          k < chunks_with_grid_gradient ? records_only : args, first_point, count);
+      chunks_with_grid_gradient = std::max(chunks_with_grid_gradient, k + 1);
+      // Sums are read where earlier chunks left them, and written there but
+      // by a float carry's last dense chunk, which rounds the whole block
+      // into grad_input.
+      const bool round_now = float_carry && dense && last;
+      const ReduceOutput<scalar_t, index_t> out{
+          grad_input,
+          kReducedPrecision && !float_carry ? nullptr : sums,
+          kReducedPrecision && (!float_carry || round_now) ? nullptr : sums,
+          block,
+          image_size};
+      if (dense) {
+        // Points are numbered image by image, so this chunk's records land
+        // in images [first_image, end_image) only: a dense reduce sweeps
+        // their rows of the block, or all of the block's rows up to them
+        // when it rounds the block.
+        const int64_t first_image = first_point / points_per_image;
+        const int64_t end_image = (first_point + count - 1) / points_per_image + 1;
+        reduce_dense(
+            out,
+            round_now ? int64_t{block.row_begin}
+                      : std::max<int64_t>(first_image * channels, block.row_begin),
+            std::min<int64_t>(end_image * channels, block.row_end),
+            first_fresh_image);
+        first_fresh_image = end_image;
+      } else {
+        ex.for_each_row(
+            channels,
+            static_cast<int32_t>(count * items_per_point),
+            ReduceSparse<scalar_t, index_t>{
+                sorted,
+                sorted_chunk_keys,
+                bookkeeping_a,
+                as<int32_t>(num_runs),
+                table_entries,
+                out,
+                channels,
+                divider<index_t>(image_size)});
+      }
+    }
+    if (float_carry && !dense) {
+      ex.for_each_row(
+          static_cast<index_t>(block.row_end - block.row_begin),
+          static_cast<index_t>(block.col_end - block.col_begin),
+          RoundCarry<scalar_t, index_t>{sums, grad_input, block, image_size});
+    }
   }
-  if (!dense && float_carry) {
-    ex.for_each(numel, RoundCarry<scalar_t, index_t>{carry, grad_input});
-  }
+  TORCH_INTERNAL_ASSERT(chunks_with_grid_gradient == num_chunks);
 }
 
 // What the planner reads of a backward call: shapes, strides and element
@@ -859,34 +1014,6 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
   return problem;
 }
 
-// Threads per block and a cap on blocks per launch of the CUDA executor's
-// grid-stride loops; the host executor has no use for them.
-constexpr int64_t kDefaultBlockSize = 256;
-constexpr int64_t kMaxBlockSize = 512;
-constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
-
-struct LaunchShape {
-  int64_t block_size = kDefaultBlockSize;
-  int64_t max_blocks = kDefaultMaxBlocks;
-};
-
-// Every choice a backward call runs with, decided before it runs.
-// plan_backward() makes them from the shapes; any plan that keeps the
-// pipeline's limits (which it asserts) gives the same bits, because the
-// canonical order depends on none of them.
-struct BackwardPlan {
-  bool index_32bit = true;
-  Keying keying = Keying::PerTap;
-  bool key_32bit = true;
-  ChunkPlan chunks{kTilePoints, false};
-  LaunchShape launch;
-};
-
-// table_entries itself is a key: it marks records that land nowhere.
-inline bool keys_fit_32bit(int64_t table_entries) {
-  return table_entries < std::numeric_limits<int32_t>::max();
-}
-
 // The thread order of a dense reduce, and the channels-last copy it reads
 // when its threads take channels fastest over a grad_output whose channel
 // stride is not 1. A sparse reduce has one order.
@@ -900,14 +1027,15 @@ inline ChunkPlan with_thread_order(
   return chunks;
 }
 
-// Chunks sized to the workspace for records keyed by `keying`, with keys and
-// index math of the given widths.
-inline ChunkPlan plan_reduction(
+// Chunks sized to `workspace_bytes` for records keyed by `keying`, with
+// keys and index math of the given widths.
+inline ChunkPlan plan_reduction_within(
     const BackwardProblem& problem,
     Keying keying,
     bool key_32bit,
     bool index_32bit,
-    bool channels_fastest) {
+    bool channels_fastest,
+    int64_t workspace_bytes) {
   const int64_t index_bytes = index_32bit ? 4 : 8;
   auto chunks_with = [&](bool copy) {
     return plan_chunks(
@@ -920,7 +1048,8 @@ inline ChunkPlan plan_reduction(
             key_32bit ? 4 : 8,
             problem.opmath_bytes,
             index_bytes),
-        copy ? problem.channels * problem.scalar_bytes + index_bytes : 0);
+        copy ? problem.channels * problem.scalar_bytes + index_bytes : 0,
+        workspace_bytes);
   };
   const bool copy = channels_fastest && problem.grad_output_stride_c > 1;
   const ChunkPlan chunks =
@@ -936,6 +1065,52 @@ inline ChunkPlan plan_reduction(
     }
   }
   return chunks;
+}
+
+// The most a float carry takes of the workspace.
+constexpr int64_t kCarryBytes = kWorkspaceBytes / 2;
+
+// The float carry of Half/BFloat16 sums over several chunks: all of
+// grad_input where it fits kCarryBytes, else blocks of it
+// (reduce_grad_input repeats the chunks of a block's images for each), whose
+// rows the threads then take destinations fastest.
+inline ChunkPlan with_carry(ChunkPlan chunks, const BackwardProblem& problem) {
+  const int64_t numel = problem.num_destinations * problem.channels;
+  const bool needed = problem.scalar_bytes < problem.opmath_bytes &&
+      chunks.chunk_points < problem.num_points && numel > 0;
+  chunks.carry_elements =
+      needed ? std::min(numel, kCarryBytes / problem.opmath_bytes) : 0;
+  if (chunks.carry_elements < numel) {
+    chunks.channels_fastest = false;
+    chunks.copy_grad_output = false;
+  }
+  return chunks;
+}
+
+// Chunks sized to the workspace, a float carry included.
+inline ChunkPlan plan_reduction(
+    const BackwardProblem& problem,
+    Keying keying,
+    bool key_32bit,
+    bool index_32bit,
+    bool channels_fastest) {
+  auto within = [&](int64_t workspace_bytes) {
+    return with_carry(
+        plan_reduction_within(
+            problem,
+            keying,
+            key_32bit,
+            index_32bit,
+            channels_fastest,
+            workspace_bytes),
+        problem);
+  };
+  const ChunkPlan chunks = within(kWorkspaceBytes);
+  if (chunks.carry_elements == 0) {
+    return chunks;
+  }
+  // Several chunks of Half/BFloat16: the carry takes its share first.
+  return within(kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes);
 }
 
 inline BackwardPlan plan_keyed(
@@ -969,82 +1144,21 @@ inline BackwardPlan plan_backward(const BackwardProblem& problem) {
   return plan_keyed(problem, Keying::PerTap, problem.index_fits_32bit);
 }
 
-// Runs the grad_input reduction of `plan`, with records keyed by kKeying.
-template <int kTaps, Keying kKeying, typename Executor, typename Args>
-void reduce_grad_input_keyed(
-    const Executor& ex,
-    const Args& args,
-    typename Args::scalar_type* grad_input,
-    const BackwardPlan& plan) {
-  const int64_t table_entries = kKeying == Keying::PerTap
-      ? static_cast<int64_t>(args.num_destinations())
-      : args.num_cells();
-  // 32-bit keys that cannot hold the key space would collide.
-  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
-  if (plan.key_32bit) {
-    reduce_grad_input<kTaps, kKeying, int32_t>(ex, args, grad_input, plan.chunks);
-  } else {
-    reduce_grad_input<kTaps, kKeying, int64_t>(ex, args, grad_input, plan.chunks);
-  }
-}
-
-template <typename Executor, typename scalar_t, typename index_t, int kDims>
-void run_backward_with_index(
-    const Executor& ex,
-    const GridSamplerBackwardCall& call,
-    const BackwardPlan& plan) {
-  using Args = BackwardArgs<scalar_t, index_t, kDims>;
-  const auto args = make_backward_args<scalar_t, index_t, kDims>(
-      call.grad_grid,
-      call.grad_output,
-      call.input,
-      call.grid,
-      call.interpolation_mode,
-      call.padding_mode,
-      call.align_corners,
-      call.output_mask[1]);
-
-  const TensorBase& grad_grid = call.grad_grid;
-  if (!call.output_mask[1] && grad_grid.defined() && grad_grid.numel() > 0) {
-    // Not asked for, so not computed (upstream #64977); a grid gradient the
-    // caller allocated anyway is zeroed rather than left uninitialized.
+// Calls fn(std::integral_constant<int, taps per axis>) for the call's
+// interpolation mode, among those stock's backward accepts: 3-D (5-D input)
+// bicubic sampling is rejected by check_grid_sampler_3d, so it is not built.
+template <int kDims, typename Fn>
+void dispatch_stock_taps(GridSamplerInterpolation mode, const Fn& fn) {
+  if constexpr (kDims == 3) {
     TORCH_CHECK(
-        grad_grid.is_contiguous(),
-        Args::op_name(),
-        " (deterministic): expected a contiguous grad_grid");
-    ex.zero(grad_grid.data_ptr(), grad_grid.nbytes());
+        mode != GridSamplerInterpolation::Bicubic,
+        "grid_sampler_3d_backward (deterministic): bicubic interpolation "
+        "needs 4-D input");
   }
-  const TensorBase& grad_input = call.grad_input;
-  const bool reduce = call.output_mask[0] && grad_input.numel() > 0;
-  if (!reduce && args.grad_grid.data == nullptr) {
-    return;
-  }
-  dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps_per_axis) {
-    constexpr int kTaps = decltype(taps_per_axis)::value;
-    if (!reduce) {
-      // Grid gradient only: no records, no sort, nothing to group.
-      ex.for_each(
-          args.num_points(),
-          PointPass<kTaps, false, Keying::PerTap, Args, int32_t>{args, {}, 0});
-      return;
+  dispatch_taps_per_axis(mode, [&](auto taps_per_axis) {
+    if constexpr (kDims == 2 || decltype(taps_per_axis)::value != 4) {
+      fn(taps_per_axis);
     }
-    TORCH_CHECK(
-        grad_input.is_contiguous(),
-        Args::op_name(),
-        " (deterministic): expected a contiguous grad_input");
-    scalar_t* const grad_input_data = grad_input.data_ptr<scalar_t>();
-    if (plan.keying == Keying::PerCell) {
-      // Per-cell keys hold one of a point's taps only where they are a
-      // cell's distinct corners (bilinear, trilinear).
-      TORCH_INTERNAL_ASSERT(kTaps == 2);
-      if constexpr (kTaps == 2) {
-        reduce_grad_input_keyed<kTaps, Keying::PerCell>(
-            ex, args, grad_input_data, plan);
-      }
-      return;
-    }
-    reduce_grad_input_keyed<kTaps, Keying::PerTap>(
-        ex, args, grad_input_data, plan);
   });
 }
 
@@ -1077,29 +1191,70 @@ void dispatch_backward_types(
       });
 }
 
+// For checked arguments with grad_input requested: calls
+// fn(args, grad_input) with the call's BackwardArgs and grad_input's data,
+// after zeroing a defined grad_grid that was not requested.
+template <typename Executor, typename Fn>
+void with_backward_args(
+    const Executor& ex,
+    const GridSamplerBackwardCall& call,
+    const BackwardPlan& plan,
+    const Fn& fn) {
+  // A call for grad_grid alone has one writer per element and no alert: it
+  // runs the stock kernel.
+  TORCH_INTERNAL_ASSERT(call.output_mask[0]);
+  // 32-bit index math over larger tensors would address out of bounds.
+  TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
+  dispatch_backward_types(
+      call, plan.index_32bit, [&](auto scalar, auto index, auto dims) {
+        using scalar_t = decltype(scalar);
+        using index_t = decltype(index);
+        constexpr int kDims = decltype(dims)::value;
+        using Args = BackwardArgs<scalar_t, index_t, kDims>;
+        const TensorBase& grad_grid = call.grad_grid;
+        if (!call.output_mask[1] && grad_grid.defined() && grad_grid.numel() > 0) {
+          // Not asked for, so not computed (upstream #64977); a grid gradient
+          // the caller allocated anyway is zeroed rather than left
+          // uninitialized.
+          TORCH_CHECK(
+              grad_grid.is_contiguous(),
+              Args::op_name(),
+              " (deterministic): expected a contiguous grad_grid");
+          ex.zero(grad_grid.data_ptr(), grad_grid.nbytes());
+        }
+        TORCH_CHECK(
+            call.grad_input.is_contiguous(),
+            Args::op_name(),
+            " (deterministic): expected a contiguous grad_input");
+        fn(make_backward_args<scalar_t, index_t, kDims>(
+               call.grad_grid,
+               call.grad_output,
+               call.input,
+               call.grid,
+               call.interpolation_mode,
+               call.padding_mode,
+               call.align_corners,
+               call.output_mask[1]),
+           call.grad_input.data_ptr<scalar_t>());
+      });
+}
+
 // The deterministic backward of grid_sampler_2d (4-D input) or
-// grid_sampler_3d (5-D input) on `ex`, for checked arguments, as `plan`
-// says: writes every element of a contiguous grad_input when
-// output_mask[0], grad_grid when output_mask[1], and zeroes a defined
-// grad_grid otherwise.
+// grid_sampler_3d (5-D input) on `ex`, for checked arguments with grad_input
+// requested, as `plan` says: writes every element of a contiguous
+// grad_input, grad_grid when output_mask[1], and zeroes a defined grad_grid
+// otherwise.
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
     const BackwardPlan& plan) {
-  if (!call.output_mask[0] && !call.output_mask[1]) {
-    return;
-  }
-  // 32-bit index math over larger tensors would address out of bounds.
-  TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
-  dispatch_backward_types(
-      call, plan.index_32bit, [&](auto scalar, auto index, auto dims) {
-        run_backward_with_index<
-            Executor,
-            decltype(scalar),
-            decltype(index),
-            decltype(dims)::value>(ex, call, plan);
-      });
+  with_backward_args(ex, call, plan, [&](const auto& args, auto* grad_input) {
+    constexpr int kDims = std::decay_t<decltype(args)>::dims;
+    dispatch_stock_taps<kDims>(args.interpolation_mode, [&](auto taps) {
+      reduce_grad_input<decltype(taps)::value>(ex, args, grad_input, plan);
+    });
+  });
 }
 
 // The CUDA launch of run_deterministic_backward for a 4-D (kDims 2) or 5-D
