@@ -406,9 +406,10 @@ def _build_cases():
             (2, "nearest", (False, True), "float16", "sparse"),
             (3, "bilinear", (True, False), "bfloat16", "sparse"),
             (3, "nearest", (True, False), "float32", "dense"),
-            (3, "bicubic", (False, True), "float64", "dense"),
             (3, "bilinear", (False, True), "float32", "sparse")):
-        # grid-only calls reduce nothing: their names claim no reduction.
+        # grid-only calls run stock's kernel (one writer per element, so
+        # deterministic mode leaves them as they are): their digests are
+        # stock's bits, and their names claim no reduction.
         name = (f"mask_input_only_{dims}d_{mode}_{dtype}_{reduction}" if mask[0]
                 else f"mask_grid_only_{dims}d_{mode}_{dtype}")
         add(name, dims=dims, mode=mode,
