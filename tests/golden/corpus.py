@@ -406,6 +406,7 @@ def _build_cases():
             (2, "nearest", (False, True), "float16", "sparse"),
             (3, "bilinear", (True, False), "bfloat16", "sparse"),
             (3, "nearest", (True, False), "float32", "dense"),
+            (3, "nearest", (False, True), "float64", "dense"),
             (3, "bilinear", (False, True), "float32", "sparse")):
         # grid-only calls run stock's kernel (one writer per element, so
         # deterministic mode leaves them as they are): their digests are
