@@ -225,8 +225,9 @@ __global__ void round_float_sums_kernel(
   grid_stride_rows(stage, rows, cols);
 }
 
-// The kernel of each stage, and the most threads per block it is built for:
-// StageKernel<Stage>::kernel<count types...>.
+// The kernel of each stage, StageKernel<Stage>::kernel<count types...>, and
+// for the 1-D stages the most threads per block it is built for (2-D launches
+// take the configured block size, at most kMaxBlockSize).
 template <typename Stage>
 struct StageKernel;
 
@@ -261,7 +262,6 @@ struct StageKernel<RecordRunStarts> {
 
 template <typename scalar_t, typename index_t>
 struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
   template <typename row_t, typename col_t>
   static constexpr auto kernel = &gather_grad_output_channels_last_kernel<
       GatherChannelsLast<scalar_t, index_t>,
@@ -271,7 +271,6 @@ struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
 
 template <typename Fold>
 struct StageKernel<ReduceDense<Fold>> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
   template <typename row_t, typename col_t>
   static constexpr auto kernel =
       &sum_segments_per_destination_kernel<ReduceDense<Fold>, row_t, col_t>;
@@ -289,7 +288,6 @@ struct StageKernel<ReduceDenseChannelsFastest<Fold>> {
 
 template <typename scalar_t, typename index_t>
 struct StageKernel<ReduceSparse<scalar_t, index_t>> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
   template <typename row_t, typename col_t>
   static constexpr auto kernel =
       &sum_runs_kernel<ReduceSparse<scalar_t, index_t>, row_t, col_t>;
@@ -297,7 +295,6 @@ struct StageKernel<ReduceSparse<scalar_t, index_t>> {
 
 template <typename scalar_t, typename index_t>
 struct StageKernel<RoundCarry<scalar_t, index_t>> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
   template <typename row_t, typename col_t>
   static constexpr auto kernel =
       &round_float_sums_kernel<RoundCarry<scalar_t, index_t>, row_t, col_t>;

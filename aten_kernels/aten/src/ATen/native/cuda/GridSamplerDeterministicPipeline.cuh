@@ -659,21 +659,26 @@ struct CarryBlocks {
       : rows(rows), cols(cols) {
     const int64_t capacity =
         carry_elements > 0 ? carry_elements : int64_t{rows} * cols;
-    rows_per_block = std::max<int64_t>(1, capacity / cols);
-    cols_per_block = std::min<int64_t>(cols, capacity);
+    rows_per_block = std::max<int64_t>(1, capacity / std::max<index_t>(cols, 1));
+    cols_per_block = std::max<int64_t>(1, std::min<int64_t>(cols, capacity));
   }
+  int64_t blocks_per_row() const {
+    return (cols + cols_per_block - 1) / cols_per_block;
+  }
+  // At least one, so that an empty grad_input still gets its point passes
+  // (which make grad_grid) from the one empty block.
   int64_t count() const {
-    return ((rows + rows_per_block - 1) / rows_per_block) *
-        ((cols + cols_per_block - 1) / cols_per_block);
+    return std::max<int64_t>(
+        1, ((rows + rows_per_block - 1) / rows_per_block) * blocks_per_row());
   }
   ElementBlock<index_t> block(int64_t b) const {
-    const int64_t blocks_per_row = (cols + cols_per_block - 1) / cols_per_block;
-    const int64_t row = (b / blocks_per_row) * rows_per_block;
-    const int64_t col = (b % blocks_per_row) * cols_per_block;
+    const int64_t per_row = std::max<int64_t>(1, blocks_per_row());
+    const int64_t row = (b / per_row) * rows_per_block;
+    const int64_t col = (b % per_row) * cols_per_block;
     return ElementBlock<index_t>{
-        static_cast<index_t>(row),
+        static_cast<index_t>(std::min<int64_t>(rows, row)),
         static_cast<index_t>(std::min<int64_t>(rows, row + rows_per_block)),
-        static_cast<index_t>(col),
+        static_cast<index_t>(std::min<int64_t>(cols, col)),
         static_cast<index_t>(std::min<int64_t>(cols, col + cols_per_block))};
   }
 };
@@ -730,8 +735,10 @@ void reduce_grad_input(
   TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
   // A float carry holds the sums of Half/BFloat16 elements whose records
   // span chunks; with one chunk every sum is rounded as it is made.
-  const bool float_carry = kReducedPrecision && chunk_points < num_points;
-  TORCH_INTERNAL_ASSERT(float_carry == (chunking.carry_elements > 0));
+  const bool float_carry = chunking.carry_elements > 0;
+  TORCH_INTERNAL_ASSERT(
+      float_carry ==
+      (kReducedPrecision && chunk_points < num_points && numel > 0));
   const CarryBlocks<index_t> blocks(
       args.batch * channels, image_size, chunking.carry_elements);
   // Threads that take channels fastest sweep whole images.
@@ -890,8 +897,12 @@ void reduce_grad_input(
   int64_t chunks_with_grid_gradient = 0;
   for (int64_t b = 0; b < blocks.count(); ++b) {
     const ElementBlock<index_t> block = blocks.block(b);
-    const int64_t first_block_image = block.row_begin / channels;
-    const int64_t end_block_image = (block.row_end - 1) / channels + 1;
+    // The images whose rows the block holds; all of them where grad_input
+    // has no elements, whose one block holds no rows.
+    const bool empty = block.numel() == 0;
+    const int64_t first_block_image = empty ? 0 : block.row_begin / channels;
+    const int64_t end_block_image =
+        empty ? args.batch : (block.row_end - 1) / channels + 1;
     const int64_t first_chunk =
         first_block_image * points_per_image / chunk_points;
     const int64_t end_chunk =
@@ -951,11 +962,13 @@ void reduce_grad_input(
                 divider<index_t>(image_size)});
       }
     }
-    if (float_carry && !dense) {
-      ex.for_each_row(
-          static_cast<index_t>(block.row_end - block.row_begin),
-          static_cast<index_t>(block.col_end - block.col_begin),
-          RoundCarry<scalar_t, index_t>{sums, grad_input, block, image_size});
+    if constexpr (kReducedPrecision) {
+      if (float_carry && !dense) {
+        ex.for_each_row(
+            static_cast<index_t>(block.row_end - block.row_begin),
+            static_cast<index_t>(block.col_end - block.col_begin),
+            RoundCarry<scalar_t, index_t>{sums, grad_input, block, image_size});
+      }
     }
   }
   TORCH_INTERNAL_ASSERT(chunks_with_grid_gradient == num_chunks);
