@@ -411,11 +411,13 @@ F.grid_sample(x, grid, align_corners=False).sum().backward()  # RuntimeError on 
 
 def visible_words(text: str) -> int:
     """The words a reader sees without opening anything, which the word limits count: HTML
-    comments and whole ``<details>`` blocks (their summary included) left out, every other
-    whitespace-separated token that holds a letter or digit counted, code included; Markdown's
-    markers alone (``>``, ``|``, ``-``, ``**``) are not words."""
+    comments, whole ``<details>`` blocks (their summary included) and code fences' marker lines
+    (with their language names) left out; every other whitespace-separated token that holds a
+    letter or digit counted, code included. Markdown's markers alone (``>``, ``|``, ``-``,
+    ``**``) are not words."""
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
     text = re.sub(r"<details\b.*?</details>", " ", text, flags=re.S)
+    text = re.sub(r"^[> ]*`{3,}[^`\n]*$", " ", text, flags=re.M)
     return sum(1 for token in text.split() if re.search(r"[0-9A-Za-z]", token))
 
 
