@@ -372,6 +372,15 @@ class TestReportBodies(TestCase):
         self.assertIn("| 1 | zoom | native | 2 | 1 | 0.5 |", appendix)
         self.assertIn("![det/stock per workload](benchmarks/results/new.png)", appendix)
 
+    def test_a_later_cpu_smoke_run_does_not_hide_gpu_results(self):
+        results = Path(self.tmp) / "kit" / "benchmarks" / "results"
+        results.mkdir(parents=True)
+        runs = {"gpu": {"device": "cuda:0", "device_name": "GPU A", "time_utc": "2026-01-01"},
+                "cpu": {"device": "cpu", "device_name": "cpu x86_64", "time_utc": "2026-02-01"}}
+        for name, data in runs.items():
+            (results / f"{name}.json").write_text(json.dumps({**data, "workloads": [GPU_ROW]}))
+        self.assertEqual(R.newest_bench(Path(self.tmp) / "kit").path, "benchmarks/results/gpu.json")
+
     def test_cpu_benchmark_results_are_not_a_performance_claim(self):
         report = stub_report(self.tmp)[0]
         report.bench = R.BenchResults("benchmarks/results/cpu.json", None, {

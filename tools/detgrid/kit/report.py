@@ -112,7 +112,12 @@ class BenchResults:
 
     @property
     def on_gpu(self) -> bool:
-        return str(self.data.get("device", "cpu")) != "cpu"
+        return ran_on_gpu(self.data)
+
+
+def ran_on_gpu(bench_data: Dict[str, Any]) -> bool:
+    """Whether a benchmark results file was measured on a GPU (the harness also smoke-runs on CPU)."""
+    return str(bench_data.get("device", "cpu")) != "cpu"
 
 
 @dataclass
@@ -304,7 +309,8 @@ def all_patch_stats(kit_root: Path = KIT_ROOT) -> List[PatchStats]:
 
 
 def newest_bench(kit_root: Path = KIT_ROOT) -> Optional[BenchResults]:
-    """The newest benchmarks/results/*.json (by its recorded time, then the file's), if any."""
+    """The newest benchmarks/results/*.json (by its recorded time, then the file's), if any; a GPU
+    run before any CPU smoke run, which must not hide that the kernels have run on a GPU."""
     found = []
     for p in glob.glob(str(kit_root / "benchmarks" / "results" / "*.json")):
         try:
@@ -313,10 +319,10 @@ def newest_bench(kit_root: Path = KIT_ROOT) -> Optional[BenchResults]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "workloads" in data:
-            found.append((str(data.get("time_utc", "")), os.path.getmtime(p), p, data))
+            found.append((ran_on_gpu(data), str(data.get("time_utc", "")), os.path.getmtime(p), p, data))
     if not found:
         return None
-    _, _, p, data = max(found)
+    *_, p, data = max(found)
     png = p[:-5] + ".png"
     rel = os.path.relpath(p, kit_root)
     return BenchResults(rel, os.path.relpath(png, kit_root) if os.path.exists(png) else None, data)
