@@ -27,9 +27,9 @@ PLACEHOLDERS = re.compile(r"\bTODO\b|\bTBD\b|\bFIXME\b|\bXXX\b|<fill|lorem ipsum
 SPECULATION = re.compile(r"\blikely\b|\bprobably\b|\bpresumably\b|\bshould be on main\b", re.I)
 IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
             "GIT_COMMITTER_EMAIL": "t@t"}
-# ISSUE.md: about 300 words of prose around the repro snippet; PR.md: the template's sections plus
-# the per-component table and the checklist a reviewer asked for.
-ISSUE_WORDS, PR_WORDS = 350, 950
+# A maintainer asked for a comment of a few lines and a PR body fix_issue.md does not call spam.
+ISSUE_WORDS, PR_WORDS = 150, 400
+MACHINE_CODE = {"arch": "sm_90", "kernels": 192, "text_bytes": 4404019}
 
 SYNTHETIC_PATCH = """\
 From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001
@@ -142,6 +142,7 @@ class TestReportBodies(TestCase):
             "device": "cuda:0", "device_name": "NVIDIA H200", "torch": "2.11.0", "workloads": [GPU_ROW] * 18,
             "summary": {"geomean": 0.9, "worst": 1.4}})
         full.environment = {**ENV, "cuda_available": True, "device_name": "NVIDIA H200"}
+        full.machine_code = R.MachineCode("benchmarks/machine_code.json", **MACHINE_CODE)
         full.checkout = R.Checkout("/home/someone/src/pytorch", "v2.11.0+g0123456789ab", "version.txt 2.11.0a0",
                                    "applies: 5 files (" + ", ".join(["aten/src/ATen/native/cuda/x.cu"] * 5) + ")",
                                    True, ["test/test_nn.py: test_grid_sample_dispatch expects a CUDA kernel named "
@@ -150,13 +151,19 @@ class TestReportBodies(TestCase):
         yield full
 
     def test_bodies_stay_within_their_word_limits(self):
+        self.assertEqual(R.WORD_LIMITS, {"ISSUE.md": ISSUE_WORDS, "PR.md": PR_WORDS})
         for report in self.evidence_variants():
-            texts = bodies(report)
-            self.assertLessEqual(R.visible_words(texts["ISSUE.md"]), ISSUE_WORDS)
-            self.assertLessEqual(R.visible_words(texts["PR.md"]), PR_WORDS)
+            for name, text in bodies(report).items():
+                self.assertLessEqual(R.visible_words(text), R.WORD_LIMITS[name], name)
 
     def test_word_count_leaves_out_collapsed_details_and_comments(self):
         self.assertEqual(R.visible_words("> one two\n<!-- three -->\n<details>four five</details>\n| six |"), 3)
+        self.assertEqual(R.visible_words("<details open><summary>a b</summary>\n\nc\n</details> d"), 1)
+        self.assertEqual(R.visible_words("**Bold.** `x.y(1)` - >\n```sh\nrun it\n```"), 4)
+
+    def test_run_reports_each_body_against_its_limit(self):
+        self.assertEqual(R.render_length("ISSUE.md", "a b"), "2 words in view, limit 150")
+        self.assertIn("OVER THE LIMIT", R.render_length("ISSUE.md", "word " * 151))
 
     def test_pr_summary_is_one_paragraph(self):
         summary = section(R.render_pr(stub_report(self.tmp)[0]), "Summary")
@@ -169,59 +176,43 @@ class TestReportBodies(TestCase):
                 self.assertIsNone(SPECULATION.search(text), name)
                 self.assertIsNone(PLACEHOLDERS.search(text), name)
 
-    def test_upstream_claims_say_what_was_checked(self):
+    def test_196856_is_cited_only_as_its_thread_states_it(self):
         for name, text in bodies(stub_report(self.tmp)[0]).items():
-            self.assertIn("#196856, an open PR as far as checked (its stored thread, read 2026-12-01", text, name)
-            self.assertIn("Whether commit 2046ae1a, which carries #196856's tests and docs, is on main is "
-                          "unknown.", text, name)
-            self.assertNotIn("on main)", text, name)
-        pr = R.render_pr(stub_report(self.tmp + "/2")[0])
-        self.assertIn("the 2.15.0 wheel's docstring lists CUDA grid_sample under *throw*", pr)
-        self.assertRegex(pr, r"(so does the installed torch 9\.9\.9\+test's|the installed torch 9\.9\.9\+test's "
-                         r"lists it (as deterministic|in neither list)) \(read by this report\)")
+            self.assertIn("#196856 (open when checked on 2026-12-01) is also sort-based, for 2-D and 3-D", text, name)
+            for unsupported in ("GB300", "2.00x", "2046ae1a", "on main"):
+                self.assertNotIn(unsupported, text, name)
 
-    def test_cuda_equals_host_is_not_claimed_as_measured_without_a_gpu(self):
+    def test_no_body_cites_the_cpu_segfault_issue(self):
+        # #24823 is a CPU-kernel bug; citing it on a CUDA change misleads the reader
+        for report in self.evidence_variants():
+            for name, text in bodies(report).items():
+                self.assertNotIn("24823", text, name)
+
+    def test_installed_docstring_is_read_not_assumed(self):
         issue = R.render_issue(stub_report(self.tmp)[0])
-        self.assertIn("built to reproduce the CUDA result bit for bit", issue)
-        self.assertIn("not yet measured", issue)
+        self.assertRegex(issue, r"The installed torch 9\.9\.9\+test's `use_deterministic_algorithms` docstring "
+                         r"lists CUDA grid_sample (under \*throw\*|as deterministic|in neither list) \(read by this report\)")
 
-    def test_issue_is_a_feature_request_headed_by_where_to_post_it(self):
+    def test_issue_is_what_fails_the_proposal_the_status_and_one_question(self):
         issue = R.render_issue(stub_report(self.tmp)[0])
-        self.assertLess(issue.index("**Where to post:** as a comment on #68959"), issue.index("### Human notes"))
-        self.assertIn("#152171 and #179123, filed for the same request, were closed", issue)
-        headings = ("🚀 The feature, motivation and pitch", "Alternatives", "Additional context")
-        for heading in headings:
-            self.assertTrue(section(issue, heading), heading)
-        self.assertEqual([issue.index(f"### {h}") for h in headings],
-                         sorted(issue.index(f"### {h}") for h in headings))
-        self.assertIn("F.grid_sample(x, grid, align_corners=False).sum().backward()", section(issue, headings[0]))
+        agent = in_view(issue[issue.index("### Agent report"):])
+        labels = ["**What fails.**", "**Proposal.**", "**Status.**", "**Question.**"]
+        self.assertEqual([agent.index(label) for label in labels], sorted(agent.index(label) for label in labels))
+        self.assertNotIn("###", agent[len("### Agent report"):])
+        self.assertEqual(agent.count("?"), 1)
+        self.assertIn("go into #196856 as a conformance suite?", agent)
+        proposal = re.search(r"\*\*Proposal\.\*\* (.*)", agent).group(1)
+        for point in ("Sort", "by destination", "no float atomics", "bitwise reproducible",
+                      "only grad_grid keep today's kernel"):
+            self.assertIn(point, proposal)
+        self.assertEqual(proposal.count(". "), 0, "the proposal is one sentence")
 
-    def test_issue_claims_over_196856_only_what_its_tests_check(self):
+    def test_issue_keeps_the_repro_collapsed(self):
         issue = R.render_issue(stub_report(self.tmp)[0])
-        self.assertNotIn("independent of GPU model", issue)
-        alternatives = section(issue, "Alternatives")
-        for point in ("tests check, on its CPU executor", "not compared with #196856", "grid-only backward",
-                      "#24823", "do not change with the chunk size"):
-            self.assertIn(point, alternatives)
-
-    def test_pr_shows_the_patch_lines_per_component_with_a_labelled_argument(self):
-        report = stub_report(self.tmp)[0]
-        report.components = R.component_lines(ROOT)
-        table = section(R.render_pr(report), "What the patch's lines are for")
-        names = ["core path", "second (sparse) reduction", "per-cell keying", "channels-fastest gather",
-                 "NaN/Inf guards", "tricubic (5-D bicubic)", "dispatch, cuDNN delegation, docs",
-                 "upstream tests"]
-        rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-        self.assertEqual([row.split(" | ")[0][2:] for row in rows], names)
-        for row in rows:
-            lines, argument = row.split(" | ")[1], row.split(" | ")[3]
-            self.assertGreaterEqual(int(lines), 0, row)
-            self.assertRegex(argument, r"^(measured|modelled)", row)
-        kernel_lines = sum(len(p.read_text().splitlines())
-                           for p in (ROOT / "aten_kernels" / R.KERNEL_DIR).glob("GridSamplerDeterministic*"))
-        self.assertEqual(sum(int(row.split(" | ")[1]) for row in rows[:6]), kernel_lines)
-        # the synthetic patch's +4: 2 lines outside the kernel and tests, in b/new.h and a/old.cpp
-        self.assertEqual([int(row.split(" | ")[1]) for row in rows[6:]], [4, 0])
+        self.assertEqual(issue.count("<details>"), 1)
+        details = issue[issue.index("<details>") :]
+        self.assertIn("F.grid_sample(x, grid, align_corners=False).sum().backward()", details)
+        self.assertNotIn("sum().backward()", in_view(issue))
 
     def test_pr_has_the_template_checklist(self):
         checklist = section(R.render_pr(stub_report(self.tmp)[0]), "Checklist")
@@ -264,12 +255,31 @@ class TestReportBodies(TestCase):
         self.assertIn("python test/test_nn.py -k grid_sample\n", plan)
         self.assertNotRegex(pr, r"(?i)testable on CPU|CPU-only CI")
 
+    def test_test_plan_offers_the_tests_as_a_conformance_suite(self):
+        plan = section(R.render_pr(stub_report(self.tmp)[0]), "Test plan")
+        self.assertIn("`detgrid patch --tests-only` writes them as a patch of their own: a conformance suite "
+                      "any deterministic implementation can run.", plan)
+
+    def test_pr_follows_the_fix_issue_template(self):
+        pr = R.render_pr(stub_report(self.tmp)[0])
+        self.assertLess(pr.index("Fixes #68959"), pr.index("### Human notes"))
+        headings = ["Summary", "Test plan", "Benchmarks", "BC-breaking", "Checklist"]
+        self.assertEqual(re.findall(r"^> #### (.*)$", pr, re.M), headings)
+
     def test_bc_statement_is_accurate(self):
         bc = section(R.render_pr(stub_report(self.tmp)[0]), "BC-breaking")
         for part in ("No API change.", "Outside deterministic mode nothing changes.", "`warn_only=True`",
                      "up to floating-point rounding, not bit for bit", "Forward results and the forward's "
                      "route do not change."):
             self.assertIn(part, bc)
+
+    def test_bc_statement_names_what_changes_for_users(self):
+        bc = section(R.render_pr(stub_report(self.tmp)[0]), "BC-breaking")
+        self.assertIn("`warn_only=True` now takes the sort path instead of warning and running the atomic kernel", bc)
+        self.assertIn("may be slower", bc)
+        self.assertIn("a workspace bounded at 64 MiB per call, from the caching allocator", bc)
+        self.assertIn("keeps d(coordinate)/d(grid) in float (W/2 = 128.5 at W = 257), where stock's backward "
+                      "uses `scalar_t(size) / 2` (128 in bfloat16)", bc)
         self.assertNotIn("no longer picks cuDNN", R.render_pr(stub_report(self.tmp + "/2")[0]))
 
     def test_claims_not_hashes_in_one_collapsed_appendix(self):
@@ -304,9 +314,12 @@ class TestReportBodies(TestCase):
     def test_exit_77_rendered_not_checkable_and_exit_1_as_failed(self):
         report, _ = stub_report(self.tmp, {"show_fix.py": (1, claims_json("show_fix", ["fail"], 1), "")})
         pr = R.render_pr(report)
-        self.assertIn("`python repro/show_error.py --json`: exit 77, **not checkable here**", pr)
-        self.assertIn("`python repro/show_fix.py --json`: exit 1, **FAILED** (1 fail)", pr)
+        self.assertIn("`show_error.py`: exit 77, **not checkable here**", in_view(pr))
+        self.assertIn("`show_fix.py`: exit 1, **FAILED**", in_view(pr))
         self.assertEqual([r.name for r in report.failed], ["show_fix.py"])
+        status = re.search(r"\*\*Status\.\*\* (.*)", R.render_issue(report)).group(1)
+        self.assertIn("did not all hold: `show_fix.py` FAILED", status)
+        self.assertNotIn("did not all hold", R.render_issue(stub_report(self.tmp + "/2")[0]))
 
     def test_script_without_json_output_is_an_error_with_its_stderr(self):
         report, _ = stub_report(self.tmp, {"show_fix.py": (2, "", "Traceback\nImportError: boom\n")})
@@ -315,26 +328,31 @@ class TestReportBodies(TestCase):
         self.assertIn("ImportError: boom", in_view(pr))
         self.assertEqual([r.name for r in report.failed], ["show_fix.py"])
 
-    def test_repro_and_cuda_error_quoted_verbatim_when_captured(self):
-        message = "grid_sampler_2d_backward_cuda does not have a deterministic implementation, but..."
+    def test_issue_quotes_the_cuda_error_verbatim_when_captured(self):
+        first = ("grid_sampler_2d_backward_cuda does not have a deterministic implementation, but you set "
+                 "'torch.use_deterministic_algorithms(True)'.")
+        message = first + " A captured tail."
         out = json.dumps({"script": "show_error", "device": "cuda", "device_name": "Some GPU",
                           "torch": "9.9.9", "error_message": message,
                           "claims": [{"claim": "raises", "status": "pass", "detail": ""}]})
-        pr = R.render_pr(stub_report(self.tmp, {"show_error.py": (0, out, "")})[0])
-        self.assertIn("> RuntimeError: " + message, in_view(pr))
-        self.assertIn('F.grid_sample(x, grid, align_corners=False).sum().backward()', in_view(pr))
+        issue = R.render_issue(stub_report(self.tmp, {"show_error.py": (0, out, "")})[0])
+        self.assertIn("raises `RuntimeError: " + first + "`", in_view(issue))
+        self.assertNotIn("A captured tail", in_view(issue))
+        self.assertIn("captured by `python repro/show_error.py` on Some GPU (torch 9.9.9), verbatim", issue)
+        self.assertIn("> RuntimeError: " + message, issue)
 
     def test_without_cuda_the_error_is_cited_from_the_source(self):
-        pr = R.render_pr(stub_report(self.tmp)[0])
-        self.assertIn("Not captured on this machine", pr)
-        self.assertIn("v2.6.0's `aten/src/ATen/Context.cpp`", pr)
-        self.assertIn("> RuntimeError: " + R.ALERT_TEXT, pr)
+        issue = R.render_issue(stub_report(self.tmp)[0])
+        self.assertIn("raises `RuntimeError: " + R.first_sentence(R.ALERT_TEXT) + "`", in_view(issue))
+        self.assertIn("not captured on this machine", issue)
+        self.assertIn("v2.6.0's `aten/src/ATen/Context.cpp`", issue)
+        self.assertIn("> RuntimeError: " + R.ALERT_TEXT, issue)
 
-    def test_missing_benchmark_results_are_stated(self):
+    def test_without_gpu_results_both_bodies_say_never_run_on_a_gpu(self):
         report = stub_report(self.tmp)[0]
         self.assertIsNone(report.bench)
-        for text in bodies(report).values():
-            self.assertIn("not measured: no GPU benchmark results yet", text.replace("Not measured", "not measured"))
+        for name, text in bodies(report).items():
+            self.assertIn("Never run on a GPU (no GPU results in the kit's `benchmarks/results/`).", in_view(text), name)
 
     def test_newest_gpu_benchmark_results_give_a_summary_and_a_table_in_the_appendix(self):
         report = stub_report(self.tmp)[0]
@@ -347,19 +365,53 @@ class TestReportBodies(TestCase):
         (results / "new.png").write_bytes(b"png")
         report.bench = R.newest_bench(Path(self.tmp) / "kit")
         pr = R.render_pr(report)
-        self.assertIn("Measured on GPU new (torch x, `benchmarks/results/new.json`): det/stock geomean 0.5", pr)
+        self.assertIn("Run on GPU new (torch x, `benchmarks/results/new.json`): det/stock time geomean 0.5", pr)
+        for name, text in bodies(report).items():
+            self.assertNotIn("Never run on a GPU", text, name)
         appendix = pr[pr.index("<details>") :]
         self.assertIn("| 1 | zoom | native | 2 | 1 | 0.5 |", appendix)
         self.assertIn("![det/stock per workload](benchmarks/results/new.png)", appendix)
+
+    def test_a_later_cpu_smoke_run_does_not_hide_gpu_results(self):
+        results = Path(self.tmp) / "kit" / "benchmarks" / "results"
+        results.mkdir(parents=True)
+        runs = {"gpu": {"device": "cuda:0", "device_name": "GPU A", "time_utc": "2026-01-01"},
+                "cpu": {"device": "cpu", "device_name": "cpu x86_64", "time_utc": "2026-02-01"}}
+        for name, data in runs.items():
+            (results / f"{name}.json").write_text(json.dumps({**data, "workloads": [GPU_ROW]}))
+        self.assertEqual(R.newest_bench(Path(self.tmp) / "kit").path, "benchmarks/results/gpu.json")
 
     def test_cpu_benchmark_results_are_not_a_performance_claim(self):
         report = stub_report(self.tmp)[0]
         report.bench = R.BenchResults("benchmarks/results/cpu.json", None, {
             "device": "cpu", "device_name": "cpu x86_64", "workloads": [GPU_ROW]})
-        pr = R.render_pr(report)
-        self.assertIn("Not measured: no GPU benchmark results yet (`benchmarks/results/` holds only a CPU "
-                      "smoke run of the harness (`benchmarks/results/cpu.json`))", pr)
-        self.assertNotIn("| zoom |", pr)
+        for name, text in bodies(report).items():
+            self.assertIn("Never run on a GPU", text, name)
+            self.assertNotIn("| zoom |", text, name)
+        self.assertIn("- [ ] benchmarks on a GPU", R.render_pr(report))
+
+    def test_machine_code_is_cited_only_from_the_kits_count(self):
+        self.assertIsNone(stub_report(self.tmp)[0].machine_code)
+        self.assertNotIn(".text", R.render_pr(stub_report(self.tmp + "/2")[0]))
+        kit = make_kit(self.tmp + "/3")
+        (kit / "benchmarks").mkdir()
+        (kit / "benchmarks" / "machine_code.json").write_text(json.dumps(MACHINE_CODE))
+        report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
+        self.assertIn("The new kernels' sm_90 machine code: 192 kernels, 4.20 MiB of `.text` "
+                      "(`benchmarks/machine_code.json`).", section(R.render_pr(report), "Summary"))
+
+    def test_unreadable_machine_code_count_fails_in_one_line_before_any_script_runs(self):
+        for text in ("{not json", json.dumps({"arch": "sm_90", "kernels": 1}), json.dumps([1, 2]),
+                     json.dumps({**MACHINE_CODE, "kernels": "many"})):
+            with self.subTest(text=text):
+                kit = make_kit(tempfile.mkdtemp(dir=self.tmp))
+                (kit / "benchmarks").mkdir()
+                (kit / "benchmarks" / "machine_code.json").write_text(text)
+                runner = StubRunner(DEFAULT_OUTCOMES)
+                with self.assertRaisesRegex(R.ReportError, r"^benchmarks/machine_code.json: ") as caught:
+                    R.gather(kit_root=kit, runner=runner, env=dict(ENV))
+                self.assertNotIn("\n", str(caught.exception))
+                self.assertEqual(runner.commands, [])
 
     def test_patch_stats_parsed_from_a_format_patch(self):
         stats = R.patch_stats(make_kit(self.tmp) / "patches" / "v9.1.0.patch", Path(self.tmp) / "kit")
@@ -406,7 +458,9 @@ class TestReportBodies(TestCase):
         self.assertIn("replaced the cuDNN backward's nondeterministic alert", " ".join(report.checkout.notes))
         self.assertIn("`detgrid patch --check` on", R.render_pr(report))
         report.checkout.notes.append("test/test_nn.py: test_x expects a CUDA kernel named 'k', ... will fail until")
-        self.assertIn("- Known to fail: test/test_nn.py: test_x expects", in_view(R.render_pr(report)))
+        pr = R.render_pr(report)
+        self.assertIn("- Known to fail as written: 1 upstream test(s) (the appendix says which).", in_view(pr))
+        self.assertIn("test/test_nn.py: test_x expects a CUDA kernel named 'k'", pr[pr.index("<details>"):])
         self.assertFalse((tree / "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu").exists())
         self.assertEqual(subprocess.run(["git", "-C", str(tree), "status", "--porcelain"],
                                         capture_output=True, text=True).stdout, "")

@@ -1,12 +1,15 @@
-"""``detgrid report``: the upstream issue body (a comment on #68959) and a PR body, from real runs.
+"""``detgrid report``: the upstream issue comment (on #68959) and a PR body, from real runs.
 
 ``gather()`` collects the evidence (``torch.utils.collect_env``, the repro scripts' ``--json`` output
-and exit codes, an optional pytest junit summary, the newest benchmark results, the patch's stats,
-``detgrid patch --check`` on a checkout) into a ``Report``; ``render_issue()`` and ``render_pr()``
-turn it into ``ISSUE.md`` (about 300 words in the shape of PyTorch's feature-request template,
-headed by where to post it: a comment on #68959, since a new issue would duplicate it) and ``PR.md``
-(PyTorch's PR body: ``Fixes``, summary, the patch's lines per component, test plan, benchmarks, BC
-statement, checklist; the long output collapsed in one appendix).
+and exit codes, an optional pytest junit summary, the newest benchmark results, the optional
+machine-code count, the patch's stats, ``detgrid patch --check`` on a checkout) into a ``Report``;
+``render_issue()`` and ``render_pr()`` turn it into ``ISSUE.md`` and ``PR.md``.
+
+A maintainer reads both in a minute, so each has a word limit (``WORD_LIMITS``, counted by
+``visible_words``): ISSUE.md is a few lines (what fails, the proposal, the status, one question),
+PR.md follows PyTorch's fix_issue template (``Fixes``, a one-paragraph summary, test plan,
+benchmarks, BC-breaking, checklist). Everything else (the repro, the scripts' claims, the patch's
+files, the environment) is collapsed in ``<details>``, which the limits do not count.
 
 Claims are measured here or cited with what was checked and when; what could not be gathered (no
 GPU, tests not run, no benchmark results) is said as such. Per PyTorch's ``AI_POLICY.md`` every
@@ -17,7 +20,6 @@ environment and the notes.
 """
 
 import argparse
-import collections
 import glob
 import json
 import os
@@ -26,7 +28,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -34,6 +36,8 @@ KIT_ROOT = Path(__file__).resolve().parents[3]
 REPRO_SCRIPTS = ("show_error.py", "show_nondeterminism.py", "show_fix.py")
 EXIT_MEANING = {0: "claims held", 1: "FAILED", 77: "not checkable here"}
 ENV_BEGIN, ENV_END = "<!-- collect_env: begin -->", "<!-- collect_env: end -->"
+# Written by the kit's machine-code count when it has run; the PR cites it only then.
+MACHINE_CODE = Path("benchmarks") / "machine_code.json"
 
 # (exit code, stdout, stderr) of a command run in a directory
 Runner = Callable[[Sequence[str], Path], Tuple[int, str, str]]
@@ -108,7 +112,21 @@ class BenchResults:
 
     @property
     def on_gpu(self) -> bool:
-        return str(self.data.get("device", "cpu")) != "cpu"
+        return ran_on_gpu(self.data)
+
+
+def ran_on_gpu(bench_data: Dict[str, Any]) -> bool:
+    """Whether a benchmark results file was measured on a GPU (the harness also smoke-runs on CPU)."""
+    return str(bench_data.get("device", "cpu")) != "cpu"
+
+
+@dataclass
+class MachineCode:
+    """The new kernels' machine code, as the kit's count recorded it."""
+    path: str  # relative to the kit's root
+    arch: str
+    kernels: int
+    text_bytes: int
 
 
 @dataclass
@@ -133,8 +151,7 @@ class Report:
     checkout: Optional[Checkout] = None
     submitter_notes: str = ""  # the human's own words; empty keeps the bodies drafts
     installed_doc: Optional[str] = None  # installed_doc_lists_grid_sample()
-    # component_lines(): the kernel files' lines per component, core path first
-    components: List[Tuple["Component", int]] = field(default_factory=list)
+    machine_code: Optional[MachineCode] = None
 
     @property
     def draft(self) -> bool:
@@ -292,7 +309,8 @@ def all_patch_stats(kit_root: Path = KIT_ROOT) -> List[PatchStats]:
 
 
 def newest_bench(kit_root: Path = KIT_ROOT) -> Optional[BenchResults]:
-    """The newest benchmarks/results/*.json (by its recorded time, then the file's), if any."""
+    """The newest benchmarks/results/*.json (by its recorded time, then the file's), if any; a GPU
+    run before any CPU smoke run, which must not hide that the kernels have run on a GPU."""
     found = []
     for p in glob.glob(str(kit_root / "benchmarks" / "results" / "*.json")):
         try:
@@ -301,13 +319,27 @@ def newest_bench(kit_root: Path = KIT_ROOT) -> Optional[BenchResults]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "workloads" in data:
-            found.append((str(data.get("time_utc", "")), os.path.getmtime(p), p, data))
+            found.append((ran_on_gpu(data), str(data.get("time_utc", "")), os.path.getmtime(p), p, data))
     if not found:
         return None
-    _, _, p, data = max(found)
+    *_, p, data = max(found)
     png = p[:-5] + ".png"
     rel = os.path.relpath(p, kit_root)
     return BenchResults(rel, os.path.relpath(png, kit_root) if os.path.exists(png) else None, data)
+
+
+def read_machine_code(kit_root: Path = KIT_ROOT) -> Optional[MachineCode]:
+    """benchmarks/machine_code.json if the kit's count wrote one; ReportError when it is there but
+    unreadable, since a size claim must come from the file or not at all."""
+    path = Path(kit_root) / MACHINE_CODE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        code = MachineCode(str(MACHINE_CODE), str(data["arch"]), int(data["kernels"]), int(data["text_bytes"]))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        raise ReportError(f"{MACHINE_CODE}: not the kit's machine-code count ({type(e).__name__}: {e})") from None
+    return code
 
 
 def inspect_checkout(tree: Path, kit_root: Path = KIT_ROOT) -> Checkout:
@@ -328,11 +360,12 @@ def inspect_checkout(tree: Path, kit_root: Path = KIT_ROOT) -> Checkout:
 def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root: Path = KIT_ROOT,
            runner: Runner = run_command, env: Optional[Dict[str, Any]] = None,
            notes: Optional[str] = None) -> Report:
-    """Everything the bodies say. The arguments are read and checked first: a bad --junit,
-    --notes or --pytorch fails before any script runs."""
+    """Everything the bodies say. The arguments (and the machine-code file) are read and checked
+    first: a bad --junit, --notes or --pytorch fails before any script runs."""
     kit_root = Path(kit_root)
     tests = parse_junit(junit) if junit else None
     submitter_notes = read_notes(notes)
+    machine_code = read_machine_code(kit_root)
     checkout = inspect_checkout(Path(pytorch), kit_root) if pytorch else None
     return Report(
         environment=env if env is not None else environment(),
@@ -344,23 +377,16 @@ def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root:
         checkout=checkout,
         submitter_notes=submitter_notes,
         installed_doc=installed_doc_lists_grid_sample(),
-        components=component_lines(kit_root),
+        machine_code=machine_code,
     )
 
 
 # --------------------------------------------------------------------------- rendering helpers
 
-# What was checked, and when, for each claim about upstream the bodies make (kit research notes,
-# shared/UPSTREAM.md, 2026-12-01)
+# #196856 as its stored thread showed it on this date (kit research notes, shared/UPSTREAM.md);
+# nothing else about it is claimed.
 CHECKED_ON = "2026-12-01"
-PR_196856_STATE = (f"an open PR as far as checked (its stored thread, read {CHECKED_ON}, shows it open "
-                   "with no reviews)")
-MAIN_UNKNOWN = ("Whether commit 2046ae1a, which carries #196856's tests and docs, is on main is "
-                "unknown.")
-RELEASE_215 = (f"the 2.15.0 wheel's docstring lists CUDA grid_sample under *throw* (kit research "
-               f"notes, {CHECKED_ON})")
-NUMBERS_196856 = ("#196856's description reports, on a GB300: 2.00x faster at C=1024 channels-first, "
-                  "1.07x channels-last, and \"ordinary small-channel images become slower\"")
+PR_196856 = f"#196856 (open when checked on {CHECKED_ON}) is also sort-based, for 2-D and 3-D"
 # Context::alertNotDeterministic's message in v2.6.0 (aten/src/ATen/Context.cpp), for the 2-D op
 ALERT_TEXT = (
     "grid_sampler_2d_backward_cuda does not have a deterministic implementation, but you set "
@@ -368,16 +394,15 @@ ALERT_TEXT = (
     "operation, or you can use the 'warn_only=True' option, if that's acceptable for your "
     "application. You can also file an issue at https://github.com/pytorch/pytorch/issues to help "
     "us prioritize adding deterministic support for this operation.")
+# The contract of the deterministic path's memory, as GridSamplerDeterministic.cu states it.
+WORKSPACE = "a workspace bounded at 64 MiB per call, from the caching allocator"
 
-AI_DISCLOSURE = (
-    "**AI-generated.** Everything in this quote was written by an AI coding assistant, through "
-    "the kit's `detgrid report`, from the runs it names. The human commentary is \"Human notes\" "
-    "above; the submitter answers for all of it (PyTorch's `AI_POLICY.md`).")
+AI_DISCLOSURE = ("**AI-generated.** Everything in this quote was written by an AI assistant "
+                 "(PyTorch's `AI_POLICY.md`).")
 NOTES_PLACEHOLDER = ("<!-- The submitter's own words: what you reviewed and ran yourself, and why "
                      "you believe the change is right. `detgrid report --notes FILE` puts FILE here; "
                      "until then this body is a draft. -->")
-DRAFT_BANNER = ("**DRAFT, not for {what}:** \"Human notes\" is empty. Pass `detgrid report --notes FILE` "
-                "with the submitter's own words.")
+DRAFT_BANNER = "**DRAFT, not for {what}:** no human notes yet (`detgrid report --notes FILE`)."
 
 SNIPPET = """\
 import torch
@@ -388,6 +413,18 @@ x = torch.randn(2, 8, 32, 32, device="cuda", requires_grad=True)
 theta = torch.tensor([[0.25, 0.0, 0.0], [0.0, 0.25, 0.0]], device="cuda").expand(2, 2, 3)
 grid = F.affine_grid(theta, (2, 8, 128, 128), align_corners=False)  # zoom-in: many samples per pixel
 F.grid_sample(x, grid, align_corners=False).sum().backward()  # RuntimeError on CUDA"""
+
+
+def visible_words(text: str) -> int:
+    """The words a reader sees without opening anything, which the word limits count: HTML
+    comments, whole ``<details>`` blocks (their summary included) and code fences' marker lines
+    (with their language names) left out; every other whitespace-separated token that holds a
+    letter or digit counted, code included. Markdown's markers alone (``>``, ``|``, ``-``,
+    ``**``) are not words."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    text = re.sub(r"<details\b.*?</details>", " ", text, flags=re.S)
+    text = re.sub(r"^[> ]*`{3,}[^`\n]*$", " ", text, flags=re.M)
+    return sum(1 for token in text.split() if re.search(r"[0-9A-Za-z]", token))
 
 
 def _fence(text: str, lang: str = "") -> str:
@@ -414,12 +451,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def visible_words(text: str) -> int:
-    """Words a reader sees without opening a collapsed <details>: HTML comments and <details>
-    blocks aside, counting tokens that hold a letter or digit (not quote markers or pipes)."""
-    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
-    text = re.sub(r"<details>.*?</details>", " ", text, flags=re.S)
-    return sum(1 for token in text.split() if re.search(r"[0-9A-Za-z]", token))
+def render_details(summary: str, body: str) -> str:
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
 
 
 def signature(env: Dict[str, Any]) -> str:
@@ -434,53 +467,91 @@ def provenance(report: Report, what: str, where: str) -> str:
             f"{signature(report.environment)}. Regenerate it rather than editing it. -->")
 
 
-def render_human_notes(report: Report) -> str:
-    return "### Human notes\n\n" + (report.submitter_notes or NOTES_PLACEHOLDER)
+# Each body's file, what its draft banner withholds it from, and where it goes.
+BODY_PLACES = {"ISSUE.md": ("posting", "a comment on #68959"),
+               "PR.md": ("submission", "the body of the PR that fixes #68959")}
 
 
-def _head(report: Report, what: str) -> List[str]:
-    return [DRAFT_BANNER.format(what=what), ""] if report.draft else []
+def render_body(report: Report, name: str, opening: List[str], agent: str) -> str:
+    """A body as AI_POLICY.md asks: the draft banner while the human notes are empty, then the
+    notes, then the generated text in a quote under its disclosure."""
+    withheld_from, where = BODY_PLACES[name]
+    banner = [DRAFT_BANNER.format(what=withheld_from), ""] if report.draft else []
+    notes = report.submitter_notes or NOTES_PLACEHOLDER
+    return "\n".join([provenance(report, name, where), *banner, *opening,
+                      "### Human notes", "", notes, "", "### Agent report", "",
+                      _quote(AI_DISCLOSURE + "\n\n" + agent), ""])
 
 
-def render_claims(run: ScriptRun) -> str:
-    counts = collections.Counter(c.get("status") for c in run.claims)
-    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no claims"
-    head = f"`{run.command}`: exit {run.exit_code}, **{run.status}** ({tally})"
-    if run.claims:
-        return head
-    tail = run.stderr.strip().splitlines()[-3:]
-    return head + ("; stderr ends: `" + " / ".join(tail) + "`" if tail else "")
-
-
-def render_stock_error(report: Report) -> str:
-    """The error text: captured by show_error.py on CUDA, verbatim, or the one the source composes."""
+def stock_error(report: Report) -> Tuple[str, str]:
+    """The stock error's message and where it comes from: captured by show_error.py on CUDA,
+    verbatim, or else the one v2.6.0's source composes."""
     run = next((r for r in report.repro if r.name == "show_error.py"), None)
     data = run.data if run else None
     if data and data.get("device") == "cuda" and data.get("error_message"):
-        return (f"Captured by `python repro/show_error.py` on {data.get('device_name')} "
-                f"(torch {data.get('torch')}), verbatim:\n\n" + _fence("RuntimeError: " + data["error_message"]))
+        return (data["error_message"], f"captured by `python repro/show_error.py` on "
+                f"{data.get('device_name')} (torch {data.get('torch')}), verbatim")
     why = "show_error.py did not run" if run is None else f"`repro/show_error.py`: {run.status}"
-    return (f"Not captured on this machine ({why}: no CUDA device). The message "
-            "`Context::alertNotDeterministic` composes for it (v2.6.0's "
-            "`aten/src/ATen/Context.cpp`):\n\n" + _fence("RuntimeError: " + ALERT_TEXT))
+    return (ALERT_TEXT, f"not captured on this machine ({why}: no CUDA device); the message "
+            "`Context::alertNotDeterministic` composes in v2.6.0's `aten/src/ATen/Context.cpp`")
 
 
-def render_bench_summary(report: Report) -> str:
-    b = report.bench
-    if b is None or not b.on_gpu:
-        have = "none" if b is None else f"only a CPU smoke run of the harness (`{b.path}`)"
-        return f"not measured: no GPU benchmark results yet (`benchmarks/results/` holds {have})."
+def first_sentence(message: str) -> str:
+    """Up to the first full stop that ends a sentence (the names inside hold dots too)."""
+    return message.split(". ", 1)[0].rstrip(".") + "."
+
+
+def gpu_results(report: Report) -> Optional[BenchResults]:
+    """Benchmark results from a GPU; a CPU smoke run of the harness says nothing about CUDA."""
+    return report.bench if report.bench is not None and report.bench.on_gpu else None
+
+
+def render_gpu_status(report: Report) -> str:
+    """Whether the CUDA kernels have run on a GPU, as far as `benchmarks/results/` shows."""
+    b = gpu_results(report)
+    if b is None:
+        return "Never run on a GPU (no GPU results in the kit's `benchmarks/results/`)."
     d = b.data
     s = d.get("summary", {})
     measured = [r for r in d.get("workloads", []) if r.get("status") == "measured"]
-    return (f"Measured on {d.get('device_name')} (torch {d.get('torch')}, `{b.path}`): det/stock "
+    wrong = sum(1 for r in measured if not r.get("correct"))
+    return (f"Run on {d.get('device_name')} (torch {d.get('torch')}, `{b.path}`): det/stock time "
             f"geomean {_fmt(s.get('geomean'))}, worst {_fmt(s.get('worst'))}, over {len(measured)} "
-            f"workloads; {sum(1 for r in measured if not r.get('correct'))} incorrect.")
+            f"workloads; {wrong} incorrect.")
+
+
+def render_repro_failures(report: Report) -> str:
+    """One sentence when a repro script failed or broke, '' when all held: a passing run is
+    evidence for the details, a failing one must be seen."""
+    bad = report.failed
+    if not bad:
+        return ""
+    return ("This report's repro scripts did not all hold: "
+            + "; ".join(f"`{r.name}` {r.status}" for r in bad) + ".")
+
+
+def render_claims(run: ScriptRun) -> str:
+    head = f"`{run.name}`: exit {run.exit_code}, **{run.status}**"
+    if run.claims:
+        return head
+    tail = run.stderr.strip().splitlines()[-3:]
+    return head + (" (stderr ends: `" + " / ".join(tail) + "`)" if tail else "")
+
+
+def render_claims_list(run: ScriptRun) -> str:
+    """A repro script's claims, one line each; its raw JSON (with every run's hash) stays out."""
+    head = f"`{run.command}` (exit {run.exit_code}, {run.status}):"
+    if not run.claims:
+        tail = (run.stderr or run.stdout or "(no output)").strip().splitlines()[-3:]
+        return head + "\n\n" + _fence("\n".join(tail))
+    return head + "\n\n" + "\n".join(
+        f"- {_cell(c.get('claim'))}: **{_cell(c.get('status'))}** ({_cell(c.get('detail'))})"
+        for c in run.claims)
 
 
 def render_bench_table(report: Report) -> str:
-    b = report.bench
-    if b is None or not b.on_gpu:
+    b = gpu_results(report)
+    if b is None:
         return ""
     rows = ["| # | workload | stock route | stock ms | det ms | det/stock | extra MiB | correct |",
             "|---|---|---|---|---|---|---|---|"]
@@ -514,25 +585,154 @@ def render_patch_line(report: Report) -> str:
     return "; ".join(parts) + "."
 
 
+def render_machine_code(report: Report) -> str:
+    """The size sentence, only from the kit's own count; '' without it."""
+    m = report.machine_code
+    if m is None:
+        return ""
+    return (f"The new kernels' {m.arch} machine code: {m.kernels} kernels, "
+            f"{m.text_bytes / 2**20:.2f} MiB of `.text` (`{m.path}`).")
+
+
 def render_checkout(report: Report) -> str:
     c = report.checkout
     if c is None:
         return "`detgrid patch --check`: not run by this report (no `--pytorch PATH`)."
     lint = "clean" if not c.lint else "; ".join(c.lint)
     verdict = c.check.split(" (", 1)[0]  # the file list is in the appendix
-    return (f"`detgrid patch --check` on `{c.path}` ({c.base_label}): {verdict}. The checkout's grep "
-            f"linters on the new files: {lint}.")
+    return f"`detgrid patch --check` on `{c.path}` ({c.base_label}): {verdict}. Grep linters on the new files: {lint}."
 
 
-def render_claims_list(run: ScriptRun) -> str:
-    """A repro script's claims, one line each; its raw JSON (with every run's hash) stays out."""
-    head = f"`{run.command}` (exit {run.exit_code}, {run.status}):"
-    if not run.claims:
-        tail = (run.stderr or run.stdout or "(no output)").strip().splitlines()[-3:]
-        return head + "\n\n" + _fence("\n".join(tail))
-    return head + "\n\n" + "\n".join(
-        f"- {_cell(c.get('claim'))}: **{_cell(c.get('status'))}** ({_cell(c.get('detail'))})"
-        for c in run.claims)
+def render_installed_doc(report: Report) -> str:
+    """Which list of the installed torch's use_deterministic_algorithms docstring names CUDA
+    grid_sample, as this report read it."""
+    where = {"throw": "under *throw*", "act": "as deterministic"}.get(report.installed_doc, "in neither list")
+    return (f"The installed torch {report.environment.get('torch')}'s `use_deterministic_algorithms` "
+            f"docstring lists CUDA grid_sample {where} (read by this report).")
+
+
+def render_collect_env(report: Report) -> str:
+    """collect_env where it describes a GPU set-up; from a machine without one it says nothing
+    about the CUDA path, so only the one-line signature is kept."""
+    if not report.environment.get("cuda_available"):
+        return (f"Made on {signature(report.environment)}; collect_env left out (no GPU here, "
+                f"so it describes no CUDA set-up).\n\n{ENV_BEGIN}{ENV_END}")
+    return f"Made on {signature(report.environment)}.\n\n{ENV_BEGIN}\n{_fence(report.collect_env)}\n{ENV_END}"
+
+
+def mask_volatile(text: str) -> str:
+    """The collect_env block (machine-specific) replaced by its markers."""
+    return re.sub(re.escape(ENV_BEGIN) + ".*?" + re.escape(ENV_END), ENV_BEGIN + ENV_END, text, flags=re.S)
+
+
+# --------------------------------------------------------------------------- ISSUE.md
+
+PROPOSAL = ("Sort grad_input's contributions by destination and sum each element in one fixed "
+            "order, with no float atomics, so the gradient is bitwise reproducible; calls that need "
+            "only grad_grid keep today's kernel.")
+QUESTION = (f"{PR_196856}. Should this kit's tests (strided inputs, 64-bit indexing, several "
+            "chunks, sparse grids) go into #196856 as a conformance suite?")
+
+
+def render_failure(report: Report) -> str:
+    message, _ = stock_error(report)
+    return (f"Under `torch.use_deterministic_algorithms(True)` the CUDA backward of `F.grid_sample` "
+            f"raises `RuntimeError: {first_sentence(message)}` (5-D: `grid_sampler_3d_backward_cuda`).")
+
+
+def render_issue_details(report: Report) -> str:
+    message, source = stock_error(report)
+    return render_details("Repro, the full error, this report's runs, the environment", "\n\n".join([
+        _fence(SNIPPET, "python"),
+        f"The error, {source}:",
+        _fence("RuntimeError: " + message),
+        render_installed_doc(report),
+        *(render_claims_list(r) for r in report.repro),
+        render_collect_env(report),
+    ]))
+
+
+def render_issue(report: Report) -> str:
+    """A comment on #68959, a few lines long: what fails, the proposal, the status, one question;
+    the evidence collapsed."""
+    agent = "\n\n".join([
+        f"**What fails.** {render_failure(report)}",
+        f"**Proposal.** {PROPOSAL}",
+        " ".join(filter(None, ["**Status.**", render_gpu_status(report), render_repro_failures(report)])),
+        f"**Question.** {QUESTION}",
+        render_issue_details(report),
+    ])
+    return render_body(report, "ISSUE.md", [], agent)
+
+
+# --------------------------------------------------------------------------- PR.md
+
+
+def render_summary(report: Report) -> str:
+    """fix_issue.md's one paragraph."""
+    return " ".join(part for part in [
+        ("In deterministic mode the CUDA backward of `grid_sampler_2d`/`grid_sampler_3d` (and "
+         "cuDNN's, which delegates to it) computes grad_input without float atomics: it sorts "
+         "contributions by destination and sums each element once, in an order fixed by shapes and "
+         "grid values, so the gradient is bitwise reproducible. Calls needing only grad_grid keep "
+         "the existing kernel; the forward is unchanged."),
+        render_patch_line(report),
+        render_machine_code(report),
+        f"{PR_196856}; the two have not been compared.",
+    ] if part)
+
+
+def render_test_plan(report: Report) -> str:
+    known = [n for n in (report.checkout.notes if report.checkout else []) if "will fail" in n]
+    return "\n".join([
+        _fence("python test/test_nn.py -k grid_sample\n"
+               "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
+        "",
+        ("Not run here: they need a CUDA build and a GPU. The added ones are "
+         "`@onlyCUDA`; the patch carries no CPU-run test. `detgrid patch --tests-only` writes them "
+         "as a patch of their own: a conformance suite any deterministic implementation can run."),
+        "",
+        f"- {render_checkout(report)}",
+        *([f"- Known to fail as written: {len(known)} upstream test(s) (the appendix says which)."]
+          if known else []),
+        f"- The kit's suite: {render_tests(report)}.",
+        f"- {render_repro_line(report)}",
+    ])
+
+
+def render_repro_line(report: Report) -> str:
+    """The repro scripts' outcomes in one line; a script without claims shows its stderr's end."""
+    return "Repro scripts (`python repro/NAME --json`): " + "; ".join(render_claims(r) for r in report.repro) + "."
+
+
+# What changes for users (fix_issue.md's BC section): the modes that change route, the memory
+# contract and the one numerical difference in grad_grid a reviewer found.
+BC_STATEMENT = "\n".join([
+    ("- No API change. Outside deterministic mode nothing changes. Forward results and the "
+     "forward's route do not change."),
+    ("- `warn_only=True` now takes the sort path instead of warning and running the atomic "
+     "kernel: gradients equal the old ones up to floating-point rounding, not bit for bit, and "
+     "the sort adds work, so it may be slower (see Benchmarks)."),
+    f"- Memory: {WORKSPACE}.",
+    ("- Half and bfloat16 grad_grid: the new path keeps d(coordinate)/d(grid) in float "
+     "(W/2 = 128.5 at W = 257), where stock's backward uses `scalar_t(size) / 2` (128 in "
+     "bfloat16)."),
+])
+
+
+def _box(done: bool) -> str:
+    return "[x]" if done else "[ ]"
+
+
+def render_checklist(report: Report) -> str:
+    return "\n".join([
+        f"- {_box(False)} `lintrunner -a` (not run)",
+        f"- {_box(True)} tests added (`test/test_nn.py`)",
+        f"- {_box(False)} upstream tests run on a GPU",
+        f"- {_box(gpu_results(report) is not None)} benchmarks on a GPU",
+        f"- {_box(True)} docs (the `use_deterministic_algorithms` docstring, reproducibility notes)",
+        f"- {_box(True)} BC-breaking statement",
+    ])
 
 
 def render_appendix(report: Report) -> str:
@@ -555,327 +755,27 @@ def render_appendix(report: Report) -> str:
                           "\n\n".join(parts))
 
 
-def mask_volatile(text: str) -> str:
-    """The collect_env block (machine-specific) replaced by its markers."""
-    return re.sub(re.escape(ENV_BEGIN) + ".*?" + re.escape(ENV_END), ENV_BEGIN + ENV_END, text, flags=re.S)
-
-
-def _installed_release_line(report: Report) -> str:
-    torch_v = report.environment.get("torch")
-    if report.installed_doc == "throw":
-        return f"so does the installed torch {torch_v}'s (read by this report)"
-    where = "as deterministic" if report.installed_doc == "act" else "in neither list"
-    return f"the installed torch {torch_v}'s lists it {where} (read by this report)"
-
-
-# --------------------------------------------------------------------------- ISSUE.md
-
-WHERE_TO_POST = (
-    "**Where to post:** as a comment on #68959 (\"Deterministic implementation for "
-    "grid_sampler_2d_backward_cuda\", open since 2021). A new issue would duplicate it; #152171 "
-    "and #179123, filed for the same request, were closed.")
-
-
-def _cuda_equals_host(report: Report) -> str:
-    """The CUDA == host equality is a design property until a GPU has compared them."""
-    if report.environment.get("cuda_available"):
-        return "this report did not compare them; the kit's `tools/gpu_check.sh` does"
-    return "not yet measured: the kit's GPU check, which compares them, has not run"
-
-
-def render_details(summary: str, body: str) -> str:
-    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
-
-
-def render_collect_env(report: Report) -> str:
-    """collect_env where it describes a GPU set-up; from a machine without one it says nothing
-    about the CUDA path, so only the one-line signature is kept."""
-    if not report.environment.get("cuda_available"):
-        return (f"Made on {signature(report.environment)}; collect_env left out (no GPU here, "
-                f"so it describes no CUDA set-up).\n\n{ENV_BEGIN}{ENV_END}")
-    return f"Made on {signature(report.environment)}.\n\n{ENV_BEGIN}\n{_fence(report.collect_env)}\n{ENV_END}"
-
-
-def render_issue(report: Report) -> str:
-    """The body of a comment on #68959, in the shape of PyTorch's feature-request template."""
-    agent = "\n".join([
-        AI_DISCLOSURE,
-        "",
-        "### 🚀 The feature, motivation and pitch",
-        "",
-        "Under `torch.use_deterministic_algorithms(True)`, the CUDA backward of "
-        "`F.grid_sample` raises, because grad_input is accumulated with `atomicAdd`; with "
-        "`warn_only=True` its bits change from run to run.",
-        "",
-        _fence(SNIPPET, "python"),
-        "",
-        "Expected: the same gradient bits on every run. Proposed: sort the contributions by "
-        "destination (`at::cuda::cub`) and reduce them with one writer per grad_input element, "
-        "in an order fixed by shapes and grid values, in bounded workspace. "
-        f"A patch: {render_patch_line(report)}",
-        "",
-        "### Alternatives",
-        "",
-        f"- #196856, {PR_196856_STATE}, takes the same road. What this patch's tests check, on "
-        "its CPU executor, beyond the bits repeating (not compared with #196856, whose code was "
-        "not run): a grid-only backward with no sort and no alert, NaN/Inf grids that form no "
-        "index (#24823), and bits that do not change with the chunk size.",
-        "- `warn_only=True`, or the backward on the CPU: nondeterministic bits, or slow.",
-        "",
-        "### Additional context",
-        "",
-        f"Benchmarks: {render_bench_summary(report)} The CPU executor runs the same pipeline "
-        f"code, built to reproduce the CUDA result bit for bit ({_cuda_equals_host(report)}). "
-        f"{MAIN_UNKNOWN}",
-        "",
-        render_details("Repro scripts and environment",
-                       "\n\n".join([*(render_claims_list(r) for r in report.repro),
-                                    render_collect_env(report)])),
-    ])
-    out = [provenance(report, "ISSUE.md", "a comment on #68959"),
-           *_head(report, "posting"),
-           WHERE_TO_POST, "",
-           render_human_notes(report), "", "### Agent report", "", _quote(agent), ""]
-    return "\n".join(out)
-
-
-# --------------------------------------------------------------------------- the patch's components
-
-KERNEL_DIR = "aten/src/ATen/native/cuda"
-
-
-@dataclass
-class Component:
-    name: str
-    definitions: Tuple[Tuple[str, str], ...]  # (kernel file, name of a top-level definition)
-    why: str
-    evidence: str  # begins with "measured" or "modelled"
-
-
-# The optional parts of the kernel, each named by its definitions; "core path" is the rest of the
-# kernel files. What each costs is its definitions' lines, comments above them included.
-COMPONENTS = (
-    Component("second (sparse) reduction",
-              (("GridSamplerDeterministicPipeline.cuh", "MarkRunHeads"),
-               ("GridSamplerDeterministicPipeline.cuh", "RecordRunStarts"),
-               ("GridSamplerDeterministicPipeline.cuh", "ReduceSparse"),
-               ("GridSamplerDeterministicPipeline.cuh", "RoundCarry")),
-              "grids that touch few of many pixels: the dense reduce passes over every "
-              "element of the images a chunk's points lie in, this one only over the "
-              "chunk's records",
-              "modelled: exact launch and item counts (`detgrid.ops.work_counters`); no GPU time"),
-    Component("per-cell keying",
-              (("GridSamplerDeterministicPipeline.cuh", "CellSegments"),
-               ("GridSamplerDeterministicPipeline.cuh", "make_cell_segments"),
-               ("GridSamplerDeterministic.cuh", "cell_key"),
-               ("GridSamplerDeterministic.cuh", "MergedCellRecords")),
-              "bilinear/trilinear sort one item per point instead of 4 (8), with the same bits",
-              "modelled: 4x (8x) fewer sort items counted by `work_counters`; no GPU time"),
-    Component("channels-fastest gather",
-              (("GridSamplerDeterministicPipeline.cuh", "kChannelsFastestFrom"),
-               ("GridSamplerDeterministicPipeline.cuh", "prefers_channels_fastest"),
-               ("GridSamplerDeterministicPipeline.cuh", "ReduceDenseChannelsFastest"),
-               ("GridSamplerDeterministicPipeline.cuh", "GatherChannelsLast")),
-              "from 16 channels a warp reads one point's grad_output contiguously and shares "
-              "one merge",
-              "modelled: 32-byte sectors per warp (the comment at kChannelsFastestFrom); no GPU "
-              "time"),
-    Component("NaN/Inf guards",
-              (("GridSamplerDeterministic.cuh", "kMaxSafeCoordinate"),
-               ("GridSamplerDeterministic.cuh", "is_safe_coordinate")),
-              "a non-finite or huge coordinate forms no index (stock CPU segfaults, #24823)",
-              "measured on CPU: `tests/test_nan_rule.py`; the guard's calls in the tap math are "
-              "counted in the core"),
-    Component("tricubic (5-D bicubic)",
-              (("GridSamplerDeterministic.cu", "check_5d_input_and_grid"),),
-              "accepts 5-D bicubic where the tree's check_grid_sampler_3d does; the math is the "
-              "shared template's 3-D instance, no code of its own",
-              "modelled: one more instantiation per dtype; leaving it out is rejecting mode 2 here"),
-)
-
-
-def _definition_span(lines: List[str], name: str) -> Optional[Tuple[int, int]]:
-    """[start, end) of the top-level definition of `name`: from the comment and template lines
-    above it to its closing brace (or the `;` of a one-line constant)."""
-    pattern = re.compile(rf"^(?:[\w:<>,\s*&]*\s)?{re.escape(name)}\b(?!\s*::)")
-    at = next((i for i, line in enumerate(lines)
-               if not line.startswith((" ", "/", "#", "}")) and pattern.match(line)), None)
-    if at is None:
-        return None
-    start = at
-    while start > 0 and (lines[start - 1].startswith(("//", "template", "    typename", "    int ",
-                                                     "    bool ", "    Keying"))
-                         or lines[start - 1].startswith(">")):
-        start -= 1
-    depth, end, opened = 0, at, False
-    while end < len(lines):
-        code = re.sub(r"//.*", "", lines[end]).rstrip()
-        depth += code.count("{") - code.count("}")
-        opened = opened or "{" in code
-        end += 1
-        if (opened and depth == 0) or (not opened and code.endswith(";")):
-            break
-    return start, end
-
-
-def component_lines(kit_root: Path = KIT_ROOT) -> List[Tuple[Component, int]]:
-    """Lines of the kit's kernel files per component, core path first (the rest)."""
-    texts = {}
-    for path in sorted((Path(kit_root) / "aten_kernels" / KERNEL_DIR).glob("GridSamplerDeterministic*")):
-        texts[path.name] = path.read_text(encoding="utf-8").splitlines()
-    rows = []
-    for comp in COMPONENTS:
-        count = 0
-        for file, name in comp.definitions:
-            span = _definition_span(texts.get(file, []), name)
-            count += span[1] - span[0] if span else 0
-        rows.append((comp, count))
-    total = sum(len(lines) for lines in texts.values())
-    core = Component("core path", (), "point pass, stable sort, dense reduce, chunk loop, "
-                     "executor, launchers",
-                     "measured on CPU: the kit's suite runs the same pipeline code; no GPU run yet")
-    return [(core, total - sum(n for _, n in rows)), *rows]
-
-
-# The patch's lines outside the kernel files, by where they are.
-OUTSIDE_KERNEL = (
-    Component("dispatch, cuDNN delegation, docs", (),
-              "the launchers' branch, the cuDNN backward's delegation, docstring and notes",
-              "measured: `.ci/intree_compile.sh` compiles the patched v2.6.0 units with nvcc 12.4"),
-    Component("upstream tests", (),
-              "test_nn.py, a test per path above; the alert tests expect none",
-              "measured on CPU: the new ones run through the host executor (tests/test_upstream_tests.py); "
-              "not yet on a GPU"),
-)
-
-
-def _outside_kernel_lines(stats: PatchStats) -> List[Tuple[Component, int]]:
-    tests = sum(f.added for f in stats.files if f.path.startswith("test/"))
-    kernel = sum(f.added for f in stats.files if f.path.startswith(f"{KERNEL_DIR}/GridSamplerDeterministic"))
-    return [(OUTSIDE_KERNEL[0], stats.added - tests - kernel), (OUTSIDE_KERNEL[1], tests)]
-
-
-def render_components(report: Report) -> str:
-    rows = ["| component | lines | why it is there | argument |", "|---|---|---|---|"]
-    outside = _outside_kernel_lines(report.patches[0]) if report.patches else []
-    for comp, lines in [*report.components, *outside]:
-        rows.append(f"| {comp.name} | {lines} | {_cell(comp.why)} | {_cell(comp.evidence)} |")
-    return "\n".join(rows)
-
-
-# --------------------------------------------------------------------------- PR.md
-
-
-def render_summary(report: Report) -> str:
-    return (
-        "Adds a deterministic CUDA backward for `grid_sampler_2d` and `grid_sampler_3d`, taken "
-        "in deterministic mode (`warn_only=True` included) when grad_input is requested; "
-        "`cudnn_grid_sampler_backward` delegates to it after its argument checks, and no forward "
-        "changes. Contributions are sorted (bilinear and trilinear: one key per point) and "
-        "reduced with one writer per grad_input element, in an order fixed by shapes and grid "
-        "values; the workspace is at most 64 MiB per chunk (plus a float carry of grad_input's size for "
-        f"half/bfloat16 inputs needing several chunks). #196856, {PR_196856_STATE}, takes the same road. "
-        "No release has a deterministic path: "
-        f"{RELEASE_215}; {_installed_release_line(report)}. {MAIN_UNKNOWN}")
-
-
-def render_test_plan(report: Report) -> str:
-    return "\n".join([
-        "Upstream tests, in the patched checkout:",
-        "",
-        _fence("python test/test_nn.py -k grid_sample\n"
-               "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
-        "",
-        "Not run: they need a CUDA build of the patched tree and a GPU; this report had neither. "
-        "The added ones are `@onlyCUDA`; the patch carries no CPU-run test. The kit's "
-        "`tools/gpu_check.sh` runs them against the extension build of the same sources.",
-        "",
-        f"- {render_checkout(report)}",
-        *[f"- Known to fail: {n}" for n in (report.checkout.notes if report.checkout else []) if "will fail" in n],
-        f"- The kit's suite (`python -m pytest tests`): {render_tests(report)}.",
-        *[f"- {render_claims(r)}" for r in report.repro],
-    ])
-
-
-def _box(done: bool) -> str:
-    return "[x]" if done else "[ ]"
-
-
-def render_checklist(report: Report) -> str:
-    gpu_bench = report.bench is not None and report.bench.on_gpu
-    lint_clean = report.checkout is not None and not report.checkout.lint
-    return "\n".join([
-        f"- {_box(False)} `lintrunner -a` on the changed files (not run; the checkout's grep "
-        f"linters on the new files: "
-        f"{'clean' if lint_clean else 'not run' if report.checkout is None else 'findings'})",
-        f"- {_box(True)} tests added (`test/test_nn.py`; the alert tests expect no alert)",
-        f"- {_box(False)} upstream tests run on a GPU",
-        f"- {_box(gpu_bench)} benchmarks on a GPU",
-        f"- {_box(True)} docs: the `use_deterministic_algorithms` docstring and the "
-        "reproducibility notes",
-        f"- {_box(True)} BC-breaking statement below",
-    ])
-
-
-BC_STATEMENT = (
-    "No API change. Outside deterministic mode nothing changes. In deterministic mode the CUDA "
-    "backward of `grid_sampler_2d`/`grid_sampler_3d` and of `cudnn_grid_sampler` returns "
-    "deterministic gradients where it raised; with `warn_only=True` it no longer warns, and its "
-    "gradients, computed by the new kernel, equal the old ones up to floating-point rounding, not "
-    "bit for bit. Forward results and the forward's route do not change.")
-
-
 def render_pr(report: Report) -> str:
-    """The PR body in PyTorch's shape: Fixes, summary, the patch's components, test plan,
-    benchmarks, BC statement and checklist in view; long output in one collapsed appendix."""
+    """The PR body in the shape of PyTorch's fix_issue template: Fixes, a one-paragraph summary,
+    test plan, benchmarks, BC-breaking and checklist in view; the evidence in one collapsed
+    appendix."""
     agent = "\n".join([
-        AI_DISCLOSURE,
-        "",
-        "#### Summary",
-        "",
-        render_summary(report),
-        "",
-        "#### What the patch's lines are for",
-        "",
-        f"{render_patch_line(report)} Its added lines by component (the kernel's optional parts "
-        "counted by their definitions; a reviewer can ask for any of them as a separate PR):",
-        "",
-        render_components(report),
-        "",
-        "#### Repro (stock torch, any CUDA GPU)",
-        "",
-        _fence(SNIPPET, "python"),
-        "",
-        render_stock_error(report),
-        "",
-        "#### Test plan",
-        "",
-        render_test_plan(report),
-        "",
-        "#### Benchmarks",
-        "",
-        render_bench_summary(report)[0].upper() + render_bench_summary(report)[1:]
-        + " " + NUMBERS_196856 + ".",
-        "",
-        "#### BC-breaking",
-        "",
-        BC_STATEMENT,
-        "",
-        "#### Checklist",
-        "",
-        render_checklist(report),
-        "",
+        "#### Summary", "", render_summary(report), "",
+        "#### Test plan", "", render_test_plan(report), "",
+        "#### Benchmarks", "", render_gpu_status(report), "",
+        "#### BC-breaking", "", BC_STATEMENT, "",
+        "#### Checklist", "", render_checklist(report), "",
         render_appendix(report),
     ])
-    out = [provenance(report, "PR.md", "the body of the PR that fixes #68959"),
-           *_head(report, "submission"),
-           "Fixes #68959", "", render_human_notes(report), "", "### Agent report", "", _quote(agent), ""]
-    return "\n".join(out)
+    return render_body(report, "PR.md", ["Fixes #68959", ""], agent)
 
 
 # --------------------------------------------------------------------------- CLI
 
 BODIES = {"ISSUE.md": render_issue, "PR.md": render_pr}
+# Visible words (visible_words) each body may hold: a maintainer's few lines on the issue, and a PR
+# body short enough that fix_issue.md does not count it as spam.
+WORD_LIMITS = {"ISSUE.md": 150, "PR.md": 400}
 
 
 def check_out_dir(out: Path) -> Path:
@@ -900,6 +800,12 @@ def write(report: Report, out_dir: Path) -> Dict[str, Path]:
     return paths
 
 
+def render_length(name: str, text: str) -> str:
+    """A body's visible words against its limit; long human notes can push it over."""
+    words, limit = visible_words(text), WORD_LIMITS[name]
+    return f"{words} words in view, limit {limit}{', OVER THE LIMIT' if words > limit else ''}"
+
+
 def run(args: argparse.Namespace) -> int:
     from detgrid.kit import patch
 
@@ -917,8 +823,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.command}: exit {r.exit_code} ({r.status})")
     print(f"tests: {render_tests(report)}")
     for name, path in paths.items():
-        words = visible_words(path.read_text(encoding="utf-8"))
-        print(f"wrote {path} ({words} words in view{', DRAFT' if report.draft else ''})")
+        print(f"wrote {path} ({render_length(name, path.read_text(encoding='utf-8'))}"
+              f"{', DRAFT' if report.draft else ''})")
     # The files are written either way; a failed claim or a broken script is the exit code.
     return 1 if report.failed else 0
 
