@@ -1473,7 +1473,7 @@ def _kept_upstream_tests(pl: Plan) -> List[str]:
     return sorted(upstream_deterministic_tests(text, cls.start(), nxt.start() if nxt else len(text)))
 
 
-TESTS_ONLY_SUBJECT = "Add tests for a deterministic CUDA backward of grid_sampler_2d/3d"
+TESTS_ONLY_SUBJECT = "Add tests for a deterministic CUDA grid_sample backward"
 
 
 def _tests_only_intro() -> List[str]:
