@@ -200,7 +200,7 @@ class TestInsideAPyTorchCheckout(TestCase):
 
     def test_patch_check_runs_on_a_checkout(self):
         tree = os.path.join(self.work, "tree")
-        shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "upstream_180417"), tree)
+        shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "upstream_main"), tree)
         for args in (["init", "-q"], ["add", "-A"],
                      ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
             subprocess.run(["git", "-C", tree, *args], check=True, capture_output=True)

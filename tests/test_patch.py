@@ -1,5 +1,5 @@
-"""`detgrid patch` on a real PyTorch tree (Debian's v2.6.0 source) and on the main-shaped and
-#180417 fixtures (tests/fixtures/*/README.md say what they mirror).
+"""`detgrid patch` on a real PyTorch tree (Debian's v2.6.0 source), on main as known and on a tree
+with #196856 (tests/fixtures/*/README.md say what they mirror).
 
 The real-tree tests skip, with the reason, when the tree is not cached and Debian cannot be reached.
 """
@@ -17,6 +17,7 @@ import tempfile
 import unittest
 from itertools import product
 from pathlib import Path
+from typing import Dict
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -26,7 +27,7 @@ from detgrid.kit import upstream_tree
 KIT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_MAIN = FIXTURES / "upstream_main"
-FIXTURE_180417 = FIXTURES / "upstream_180417"
+FIXTURE_196856 = FIXTURES / "upstream_196856"
 CHECKED_IN = KIT / "patches" / "v2.6.0.patch"
 # where the kernel files come from (the tool honours the same variable)
 KERNELS = Path(os.environ.get("DETGRID_KIT_ROOT") or KIT) / "aten_kernels" / "aten/src/ATen/native/cuda"
@@ -101,6 +102,21 @@ def func_body(text, ret, name):
     defs = P._find_defs(text, ret, name)
     assert len(defs) == 1, f"{len(defs)} definitions of {name}"
     return text[defs[0].body_open : defs[0].body_close + 1]
+
+
+def assert_empty_where_deterministic(tc, cpp, pristine):
+    """Both CUDA backwards allocate grad_input with empty_like, with the arguments (so the memory
+    format) zeros_like had, exactly when the launcher takes the deterministic path, and with
+    zeros_like otherwise."""
+    for dims in P.DIMS:
+        name = f"grid_sampler_{dims}d_backward_cuda"
+        body, before = func_body(cpp, P.TUPLE2, name), func_body(pristine, P.TUPLE2, name)
+        args = re.search(r"at::zeros_like\(([^()]*)\)", before).group(1)
+        tc.assertIn("input, LEGACY_CONTIGUOUS_MEMORY_FORMAT", args)
+        tc.assertRegex(body, r"globalContext\(\)\.deterministicAlgorithms\(\) && output_mask\[0\]\n"
+                       rf"\s+\? at::empty_like\({re.escape(args)}\)\n\s+: at::zeros_like\({re.escape(args)}\);")
+        tc.assertEqual(body.count("zeros_like("), 1, name)
+    tc.assertIn("#include <ATen/Context.h>", cpp)
 
 
 def include_lines(text):
@@ -223,9 +239,9 @@ class TestPatchRealTree(TestCase):
         subprocess.run(["git", "apply", "--check", str(out)], cwd=pristine, check=True)
         rc, stdout, _ = run_patch("--pytorch", pristine, "--check")
         self.assertEqual(rc, 0)
-        # the 4 kernel files, GridSampler.cu, cudnn/GridSampler.cpp, the notes page,
+        # the 4 kernel files, GridSampler.cu, cuda/ and cudnn/GridSampler.cpp, the notes page,
         # test_nn.py, test_torch.py and torch/__init__.py
-        self.assertIn("applies: 10 files", stdout)
+        self.assertIn("applies: 11 files", stdout)
         rc, stdout, _ = run_patch("--pytorch", tree, "--check")
         self.assertEqual(rc, 0)
         self.assertIn("already applied", stdout)
@@ -254,7 +270,7 @@ class TestPatchRealTree(TestCase):
         cu = (tree / P.CU).read_text()
         for dims in P.DIMS:
             body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
-            branch = ("if (globalContext().deterministicAlgorithms()) {\n"
+            branch = ("if (globalContext().deterministicAlgorithms() && output_mask[0]) {\n"
                       f"    {P.DET_LAUNCHERS[dims]}(\n"
                       "        grad_input, grad_grid, grad_output, input, grid,\n"
                       "        interpolation_mode, padding_mode, align_corners,\n"
@@ -274,15 +290,17 @@ class TestPatchRealTree(TestCase):
         self.assertEqual(re.sub(r"^#include[^\n]*\n", "", cu, flags=re.M),
                          re.sub(r"^#include[^\n]*\n", "", pristine, flags=re.M))
 
-    def test_forward_route_and_grad_input_allocation_untouched(self):
+    def test_forward_route_untouched(self):
         # cuDNN's forward stays the composite's choice in every mode (forward bits unchanged for
-        # warn_only users), and grad_input keeps its zeros_like: fill_uninitialized_memory would
-        # fill an empty_like anyway
+        # warn_only users)
         tree, _ = self.patched()
-        for rel in ("aten/src/ATen/native/GridSampler.cpp", "aten/src/ATen/native/cuda/GridSampler.cpp"):
-            self.assertEqual((tree / rel).read_bytes(), (real_tree() / rel).read_bytes(), rel)
-        self.assertNotIn("GridSampler.cpp", " ".join(
-            p for p in git(tree, "diff", "--name-only", "HEAD~1").split() if "cudnn" not in p))
+        rel = "aten/src/ATen/native/GridSampler.cpp"
+        self.assertEqual((tree / rel).read_bytes(), (real_tree() / rel).read_bytes(), rel)
+
+    def test_grad_input_is_not_zeroed_where_the_deterministic_path_writes_it(self):
+        tree, _ = self.patched()
+        assert_empty_where_deterministic(self, (tree / P.CUDA_CPP).read_text(),
+                                         (real_tree() / P.CUDA_CPP).read_text())
 
     def test_cudnn_backward_delegates_after_its_checks(self):
         tree, _ = self.patched()
@@ -319,7 +337,7 @@ class TestPatchRealTree(TestCase):
         self.assertNotIn("mentions grid_sample", stdout)
 
     def test_generated_tests(self):
-        tree, _ = self.patched()
+        tree, stdout = self.patched()
         tt = (tree / P.TEST_TORCH).read_text()
         for dims in P.DIMS:
             m = re.search(rf"def test_nondeterministic_alert_grid_sample_{dims}d\(.*?\n    (?=\S)", tt, re.S)
@@ -329,15 +347,19 @@ class TestPatchRealTree(TestCase):
         nn = (tree / P.TEST_NN).read_text()
         cls = nn.index("class TestNNDeviceType(")
         end = re.compile(r"^\S", re.M).search(nn, cls + 1).start()
-        for name in P.NN_TEST_NAMES:  # v2.6.0 has no deterministic test: every one is added
+        # v2.6.0 has no deterministic test: every one is added, but the gradgradcheck: v2.6.0 has
+        # no derivative of grid_sampler_2d_backward
+        gradgrad = "test_grid_sample_backward_deterministic_gradgradcheck"
+        self.assertNotIn(gradgrad, nn)
+        self.assertIn(f"not adding {gradgrad}", stdout)
+        for name in (n for n in P.NN_TEST_NAMES if n != gradgrad):
             self.assertEqual(nn.count(f"def {name}("), 1)
             self.assertTrue(cls < nn.index(f"def {name}(") < end, name)
         self.assertEqual(P._module_imports(P.TEST_NN, nn)["DeterministicGuard"], 1)
         compile(nn, P.TEST_NN, "exec")
         message = git(tree, "log", "-1", "--format=%B")
-        for name in P.NN_TEST_NAMES:
+        for name in (n for n in P.NN_TEST_NAMES if n != gradgrad):
             self.assertIn(f"adds {name}\n", message)
-        self.assertNotIn("empty_like", message)
         self.assertNotIn("no longer picks cuDNN", message)
 
     def _check_lint(self, name, config):
@@ -462,11 +484,12 @@ class FixtureTree(TestCase):
         self.assertEqual(dict(after - before), {}, f"{name} findings the patch brings")
 
 
-class TestPatchMainShaped(FixtureTree):
-    """Upstream main's shape (tests/fixtures/upstream_main/README.md): #196856's deterministic
+class TestPatch196856(FixtureTree):
+    """A tree with PR #196856 (tests/fixtures/upstream_196856/README.md): its deterministic
     branch, cuDNN delegation and six tests are there already. Replacing that branch is an
     explicit choice, so the runs below pass the flag that makes it."""
 
+    fixture = FIXTURE_196856
     flags = ("--replace-existing-deterministic-path",)
 
     def test_plain_run_refuses_an_existing_deterministic_path(self):
@@ -492,9 +515,9 @@ class TestPatchMainShaped(FixtureTree):
         self.assertEqual(cu.count("deterministicAlgorithms()"), 2)
         self.assertIn(f"{P.DET_LAUNCHERS[2]}(\n        grad_in, grad_grid_out, gout, self, coords,", cu)
         # 3D: renamed parameters, and upstream's if/else collapsed into our branch + its else body
-        self.assertIn(f"{P.DET_LAUNCHERS[3]}(\n        grad_volume, grad_coords, gout, volume, coords,\n"
-                      "        interp, padding, corners,\n        mask);\n    return;\n  }\n", cu)
-        self.assertIn("(Note [Writing Nondeterministic Operations]).\n"
+        self.assertIn("if (at::globalContext().deterministicAlgorithms() && mask[0]) {\n"
+                      f"    {P.DET_LAUNCHERS[3]}(\n        grad_volume, grad_coords, gout, volume, coords,\n"
+                      "        interp, padding, corners,\n        mask);\n    return;\n  }\n"
                       "  if (gout.numel() > 0) { /* the atomicAdd kernel */ }\n}", cu)
         self.assertNotIn("alertNotDeterministic", cu)
         # the replaced branches' header is no longer included; ours is, once
@@ -508,7 +531,7 @@ class TestPatchMainShaped(FixtureTree):
         # main's cuDNN delegation (after its checks), docstring, alert tests and notes stay as written
         for rel in (P.CUDNN, P.INIT, P.TEST_TORCH, P.NOTES[1]):
             self.assertNotIn(rel, changed)
-            self.assertEqual((self.tree / rel).read_bytes(), (FIXTURE_MAIN / rel).read_bytes())
+            self.assertEqual((self.tree / rel).read_bytes(), (FIXTURE_196856 / rel).read_bytes())
         self.assertIn("cuDNN backward already delegates", stdout)
         for name, _ in P.ALERT_TESTS:
             self.assertIn(f"{name} already expects no alert", stdout)
@@ -519,7 +542,7 @@ class TestPatchMainShaped(FixtureTree):
         upstream = ("test_grid_sample_dispatch", "test_grid_sample_gradcheck",
                     "test_grid_sample_expanded_streams_and_graph", "test_grid_sample_long_segments",
                     "test_grid_sample_chunk_boundary", "test_grid_sample_backward_output_mask")
-        original = (FIXTURE_MAIN / P.TEST_NN).read_text()
+        original = (FIXTURE_196856 / P.TEST_NN).read_text()
         for name in upstream:  # kept, byte for byte
             self.assertEqual(nn.count(f"def {name}("), 1)
             body = P._all_test_sources(original)[name]
@@ -535,7 +558,7 @@ class TestPatchMainShaped(FixtureTree):
                                  "test_grid_sample_backward_deterministic_many_channels",
                                  "test_grid_sample_backward_deterministic_large_index",
                                  "test_grid_sample_backward_deterministic_side_stream_and_graph",
-                                 "test_grid_sample_backward_deterministic_kernel_runs"])
+                                 "test_grid_sample_backward_deterministic_dispatch"])
         self.assertIn("not adding test_grid_sample_backward_deterministic_gradcheck", stdout)
         self.assertIn("not adding test_grid_sample_backward_deterministic_gradgradcheck", stdout)
         self.assertIn("not adding test_grid_sample_backward_deterministic_expanded_and_strided", stdout)
@@ -614,7 +637,7 @@ class TestPatchMainShaped(FixtureTree):
         self.assert_noop()
 
     def _grid_section(self):
-        text = (FIXTURE_MAIN / P.NOTES[1]).read_text()
+        text = (self.fixture / P.NOTES[1]).read_text()
         return text[text.index("### CUDA grid sampling") : text.index("### CUDA Scaled")]
 
     def test_notes_page_without_a_place_is_only_noted(self):
@@ -643,10 +666,65 @@ class TestPatchMainShaped(FixtureTree):
         self.assert_refused("listed as both deterministic and throwing")
 
 
-class TestPatch180417(FixtureTree):
-    """A tree with #180417 (the cuDNN backward alerts) but not #196856."""
+class TestPatchMain(FixtureTree):
+    """Main as known (tests/fixtures/upstream_main/README.md): #180417 (the cuDNN backward
+    alerts) and #177487 (grid_sampler_2d's double backward), not #196856."""
 
-    fixture = FIXTURE_180417
+    def test_launchers_dispatch_on_grad_input_and_alert_no_more(self):
+        self.patch_ok()
+        cu = (self.tree / P.CU).read_text()
+        for dims in P.DIMS:
+            body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
+            self.assertIn("if (globalContext().deterministicAlgorithms() && output_mask[0]) {\n"
+                          f"    {P.DET_LAUNCHERS[dims]}(", body)
+            self.assertNotIn("alertNotDeterministic", body)
+            # the comments say what the code does, nothing about where it came from
+            comments = " ".join(re.findall(r"//([^\n]*)", body)).lower()
+            for word in ("detgrid", "kit", "extension", "knob", "#"):
+                self.assertNotIn(word, comments)
+
+    def test_grad_input_is_not_zeroed_where_the_deterministic_path_writes_it(self):
+        self.patch_ok()
+        assert_empty_where_deterministic(self, (self.tree / P.CUDA_CPP).read_text(),
+                                         (self.fixture / P.CUDA_CPP).read_text())
+        self.assert_noop()
+
+    def test_grad_input_allocation_in_a_conditional_is_refused(self):
+        self.edit(P.CUDA_CPP, "  Tensor grad_input;\n  if (output_mask[0]) {\n"
+                  "    grad_input = at::zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT);\n  }\n",
+                  "  Tensor grad_input = output_mask[0]\n"
+                  "      ? at::zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT)\n      : Tensor();\n")
+        self.assert_refused(P.CUDA_CPP, "already part of a conditional")
+
+    def test_gradgradcheck_is_added_where_a_double_backward_exists(self):
+        stdout = self.patch_ok()
+        nn = (self.tree / P.TEST_NN).read_text()
+        self.assertEqual(nn.count("def test_grid_sample_backward_deterministic_gradgradcheck("), 1)
+        self.assertNotIn("skipTest", nn)  # decided here, not when the test runs
+        self.assertNotIn("no derivative of grid_sampler_2d_backward", stdout)
+
+    def test_gradgradcheck_is_left_out_without_a_double_backward(self):
+        text = (self.tree / P.DERIVATIVES).read_text()
+        start = text.index("# #177487")
+        self.edit(P.DERIVATIVES, text[start : text.index("- name: grid_sampler_3d(")], "")
+        stdout = self.patch_ok()
+        nn = (self.tree / P.TEST_NN).read_text()
+        self.assertNotIn("gradgradcheck", nn)
+        self.assertIn("not adding test_grid_sample_backward_deterministic_gradgradcheck: "
+                      "tools/autograd/derivatives.yaml has no derivative of grid_sampler_2d_backward", stdout)
+        self.assertEqual(nn.count("def test_grid_sample_backward_deterministic_gradcheck("), 1)
+
+    def test_not_implemented_double_backward_counts_as_none(self):
+        self.edit(P.DERIVATIVES, "  grad_output, input, grid: grid_sampler_2d_second_order(",
+                  "  grad_output, input, grid: not_implemented(\"grid_sampler_2d_backward\") # (")
+        self.patch_ok()
+        self.assertNotIn("gradgradcheck", (self.tree / P.TEST_NN).read_text())
+
+    def test_checkout_without_derivatives_yaml_is_refused(self):
+        (self.tree / P.DERIVATIVES).unlink()
+        git(self.tree, "commit", "-qam", "no derivatives")
+        self.base = git(self.tree, "rev-parse", "HEAD").strip()
+        self.assert_refused(P.DERIVATIVES, "file missing")
 
     def test_cudnn_alert_becomes_the_delegation_after_the_checks(self):
         stdout = self.patch_ok()
@@ -691,9 +769,9 @@ class TestPatch180417(FixtureTree):
         before = snapshot(self.tree)
         rc, stdout, stderr = run_patch("--pytorch", self.tree, "--check")
         self.assertEqual(rc, 0, stderr)
-        # the 4 kernel files, GridSampler.cu, cudnn/GridSampler.cpp, the notes page,
+        # the 4 kernel files, GridSampler.cu, cuda/ and cudnn/GridSampler.cpp, the notes page,
         # test_nn.py, test_torch.py and torch/__init__.py
-        self.assertIn("applies: 10 files", stdout)
+        self.assertIn("applies: 11 files", stdout)
         assert_untouched(self, self.tree, before)
         self.assertEqual(git(self.tree, "rev-parse", "HEAD").strip(), self.base)
         self.assertEqual(leftovers(self.tree), [])
@@ -707,10 +785,115 @@ class TestPatch180417(FixtureTree):
         self.assertIn("after upstream's argument checks", stderr)
 
 
+class TestTestsOnly(FixtureTree):
+    """`detgrid patch --tests-only`: the tests as a patch of their own, for any deterministic
+    backward to be run against; no kernel, no dispatch."""
+
+    TESTS = sorted((P.TEST_NN, P.TEST_TORCH))
+
+    def test_writes_only_the_tests_as_a_commit_and_patch_of_their_own(self):
+        out = self.tmp / "tests.patch"
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--tests-only", "--out", out)
+        self.assertEqual(rc, 0, stderr)
+        self.assertEqual(sorted(git(self.tree, "diff", "--name-only", "HEAD~1", "HEAD").split()), self.TESTS)
+        text = out.read_text()
+        self.assertEqual(sorted(re.findall(r"^diff --git a/(\S+)", text, re.M)), self.TESTS)
+        self.assertIn(f"Subject: [PATCH] {P.TESTS_ONLY_SUBJECT}\n", text)
+        self.assertNotIn("Fixes #68959", text)
+        self.assertFalse((self.tree / P.KERNEL_DIR / P.DET_HEADER).exists())
+        nn = (self.tree / P.TEST_NN).read_text()
+        for name in P.NN_TEST_NAMES:  # main as known: the gradgradcheck too
+            self.assertEqual(nn.count(f"def {name}("), 1, name)
+        tt = (self.tree / P.TEST_TORCH).read_text()
+        self.assertEqual(len(re.findall(r"'grid_sampler_\dd_backward_cuda',\n\s+False\)", tt)), 2)
+        # a second run has nothing left to do
+        before = snapshot(self.tree)
+        rc, stdout, _ = run_patch("--pytorch", self.tree, "--tests-only", "--out", self.tmp / "again.patch")
+        self.assertEqual(rc, 0)
+        self.assertIn("already applied", stdout)
+        assert_untouched(self, self.tree, before)
+
+    def test_check_plans_only_the_tests(self):
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--tests-only", "--check")
+        self.assertEqual(rc, 0, stderr)
+        self.assertIn(f"applies: 2 files ({', '.join(self.TESTS)})", stdout)
+
+    def test_runs_on_a_tree_with_another_deterministic_backward(self):
+        # #196856's tree: its path stays, the tests it lacks are added
+        tree = git_copy(FIXTURE_196856, self.tmp / "pr")
+        rc, stdout, stderr = run_patch("--pytorch", tree, "--tests-only", "--out", self.tmp / "pr.patch")
+        self.assertEqual(rc, 0, stderr)
+        self.assertEqual(git(tree, "diff", "--name-only", "HEAD~1", "HEAD").split(), [P.TEST_NN])
+        self.assertIn("grid_sampler_2d_backward_det(", (tree / P.CU).read_text())
+        self.assertNotIn("make_records", stdout)  # no kernel of ours to compare names with
+
+    def test_replacing_a_path_with_tests_only_is_refused_in_one_line(self):
+        stderr = self.assert_refused("--tests-only", "--replace-existing-deterministic-path",
+                                     rc=P.EXIT_USAGE,
+                                     flags=("--tests-only", "--replace-existing-deterministic-path"))
+        self.assertNotIn("Traceback", stderr)
+
+    def test_unknown_argument_is_one_line(self):
+        rc, _, stderr = run_patch("--pytorch", self.tree, "--tests-onyl")
+        self.assertEqual(rc, 2)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("--tests-onyl", stderr)
+
+
+def without_identity(home: Path) -> Dict[str, str]:
+    """An environment with no git identity at all: an empty HOME, no global or system config,
+    no GIT_AUTHOR_*/GIT_COMMITTER_*."""
+    env = {k: v for k, v in os.environ.items() if k not in IDENTITY}
+    env.update(HOME=str(home), GIT_CONFIG_GLOBAL=str(home / "none"), GIT_CONFIG_NOSYSTEM="1",
+               PYTHONPATH=str(KIT / "tools"))
+    return env
+
+
+class TestWritePatchAuthor(TestCase):
+    """`python -m detgrid.kit.upstream_tree --write-patch FILE`: the patch's author is the user's
+    git identity as the kit's checkout sees it; without one, nothing is written."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-author-"))
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        (self.tmp / "home").mkdir()
+        self.kit = self.tmp / "kit"  # a kit checkout: its git config, the kernel sources
+        self.kit.mkdir()
+        os.symlink(KIT / "aten_kernels", self.kit / "aten_kernels")
+        subprocess.run(["git", "init", "-q", str(self.kit)], check=True)
+        self.env = dict(without_identity(self.tmp / "home"), DETGRID_KIT_ROOT=str(self.kit))
+
+    def write_patch(self, *argv):
+        return subprocess.run([sys.executable, "-m", "detgrid.kit.upstream_tree", *argv],
+                              env=self.env, capture_output=True, text=True, timeout=600)
+
+    def test_missing_identity_is_refused_in_one_line(self):
+        out = self.tmp / "v.patch"
+        r = self.write_patch("--write-patch", str(out))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("git user.name and user.email are not set", r.stderr)
+        self.assertFalse(out.exists())
+
+    def test_missing_file_argument_is_refused_in_one_line(self):
+        r = self.write_patch("--write-patch")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertEqual(r.stderr.strip().splitlines(),
+                         ["detgrid upstream_tree: --write-patch needs the patch file to write "
+                          "(e.g. patches/v2.6.0.patch)"])
+
+    def test_the_kit_checkouts_identity_is_the_author(self):
+        real_tree()
+        for key, value in (("user.name", "Kit User"), ("user.email", "kit.user@example.com")):
+            git(self.kit, "config", key, value)
+        out = self.tmp / "v.patch"
+        r = self.write_patch("--write-patch", str(out))
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertIn("From: Kit User <kit.user@example.com>\n", out.read_text())
+
+
 class TestPatchRefusals(FixtureTree):
     """Everything that must stop the patch before a byte is written, with a one-line reason."""
-
-    fixture = FIXTURE_180417
 
     def test_dirty_file_the_change_writes_is_refused_even_with_allow_dirty(self):
         self.edit(P.TEST_NN, "import unittest\n", "import unittest  # local edit\n", commit=False)
@@ -781,7 +964,7 @@ class TestPatchRefusals(FixtureTree):
         plain = self.tmp / "plain"
         plain.mkdir()
         no_git = self.tmp / "no-git"
-        shutil.copytree(FIXTURE_180417, no_git)
+        shutil.copytree(FIXTURE_MAIN, no_git)
         for path, why in ((self.tmp / "nowhere", "no such directory"),
                           (plain, "is not a PyTorch checkout"),
                           (no_git, "is not the top of a git checkout")):
@@ -799,8 +982,6 @@ class TestPatchRefusals(FixtureTree):
 class TestPatchCrashSafety(FixtureTree):
     """Stopped at any point, by a failure, SIGINT, SIGTERM or SIGKILL, the next run finishes
     with the same commit contents as an uninterrupted run, and no temporary survives."""
-
-    fixture = FIXTURE_180417
 
     def setUp(self):
         super().setUp()

@@ -20,7 +20,7 @@ from detgrid.kit import cli
 from detgrid.kit import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE_180417 = Path(__file__).resolve().parent / "fixtures" / "upstream_180417"
+FIXTURE_MAIN = Path(__file__).resolve().parent / "fixtures" / "upstream_main"
 ENV = {"torch": "9.9.9+test", "python": "3.11.0", "cuda_available": False, "device_name": None,
        "cpu_capability": "DEFAULT", "machine": "x86_64"}
 PLACEHOLDERS = re.compile(r"\bTODO\b|\bTBD\b|\bFIXME\b|\bXXX\b|<fill|lorem ipsum|\?\?\?", re.I)
@@ -445,7 +445,7 @@ class TestReportBodies(TestCase):
 
     def test_checkout_is_checked_in_a_temporary_copy(self):
         tree = Path(self.tmp) / "pytorch"
-        shutil.copytree(FIXTURE_180417, tree)
+        shutil.copytree(FIXTURE_MAIN, tree)
         for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
             subprocess.run(["git", "-C", str(tree), *cmd], check=True, capture_output=True,
                            env={**os.environ, **IDENTITY})

@@ -43,15 +43,14 @@ class TestGeneratedNNTests(TestCase):
         exec("class Generated(TestCase):\n" + source, ns)
         return getattr(ns["Generated"](name), name)
 
-    # CUDA-only: cuDNN, streams and graphs, the CUDA profiler; and 8.6 GB tensors
+    # CUDA-only: cuDNN, streams and graphs; and 8.6 GB tensors
     CUDA_ONLY = ("test_grid_sample_2d_backward_deterministic_cudnn",
                  "test_grid_sample_backward_deterministic_side_stream_and_graph",
-                 "test_grid_sample_backward_deterministic_kernel_runs",
                  "test_grid_sample_backward_deterministic_large_index")
 
     def test_generated_tests_run_on_cpu(self):
         names = [n for n in P.NN_TEST_NAMES if n not in self.CUDA_ONLY]
-        self.assertEqual(len(names), 11)
+        self.assertEqual(len(names), 12)
         for name in names:
             test = self.generated(name)
             dtypes = (torch.float, torch.double) if "dtype" in test.__code__.co_varnames else (None,)
@@ -109,7 +108,21 @@ class TestGeneratedNNTests(TestCase):
             grads = source[f"test_grid_sample_backward_deterministic_{name}"]
             self.assertIn(check, grads)
             self.assertIn("dtype=torch.double", grads)
-        self.assertIn("torch.profiler.profile(", source["test_grid_sample_backward_deterministic_kernel_runs"])
+        # the dispatch is checked by behaviour, never by kernel names
+        dispatch = source["test_grid_sample_backward_deterministic_dispatch"]
+        for needed in ("warn_only", "(True, False)", "(False, True)", "assertNotWarn("):
+            self.assertIn(needed, dispatch)
+        for t in P.NN_TESTS:
+            self.assertNotIn("profile", t.source, t.name)
+        grid_only = source["test_grid_sample_backward_deterministic_grid_only"]
+        self.assertIn("assertNotWarn(", grid_only)
+        self.assertIn("self.assertEqual(actual, expected, atol=0, rtol=0)", grid_only)
+        self.assertLess(grid_only.index("expected = grad_grid()"), grid_only.index("DeterministicGuard"))
+        for dims in (2, 3):  # half and bfloat16 against the float64 oracle too
+            self.assertIn("@dtypes(torch.half, torch.bfloat16, torch.float, torch.double)",
+                          source[f"test_grid_sample_{dims}d_backward_deterministic_matches_default"])
+        self.assertIn("@largeTensorTest('18GB', device='cuda')", large)
+        self.assertNotIn("skipTest", source["test_grid_sample_backward_deterministic_gradgradcheck"])
         self.assertIn("@unittest.skipIf(TEST_WITH_ROCM", source["test_grid_sample_2d_backward_deterministic_cudnn"])
         for t in P.NN_TESTS:
             self.assertTrue(t.source.startswith("    @onlyCUDA\n"), t.name)

@@ -10,24 +10,30 @@ checks that it applies, writing nothing.
 
 What the change is, and why each edit has its shape:
 
-- ``GridSampler.cu``: the deterministic branch in both backward launchers replaces the alert. A
-  checkout with a deterministic branch of its own (e.g. #196856's) is refused unless
-  ``--replace-existing-deterministic-path`` asks to replace it with ours;
-- ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks,
-  as upstream main does; the forward and the composite's choice of cuDNN stay, so no forward
-  result changes, ``warn_only`` users included;
+- ``GridSampler.cu``: in both backward launchers, the deterministic branch (deterministic mode
+  with grad_input requested) replaces the alert; grid-only calls keep the existing kernel, which
+  has one writer per element for them, so nothing that reaches the atomicAdd in deterministic mode
+  is left to alert about. A checkout with a deterministic branch of its own (e.g. #196856's) is
+  refused unless ``--replace-existing-deterministic-path`` asks to replace it with ours;
+- ``cuda/GridSampler.cpp``: where that branch writes every element of grad_input, grad_input is
+  allocated with ``empty_like`` instead of ``zeros_like`` (``fill_uninitialized_memory``, when on,
+  still fills it, once);
+- ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks and
+  before allocating anything, as upstream main does; the forward and the composite's choice of
+  cuDNN stay, so no forward result changes, ``warn_only`` users included;
 - the docstring and notes page list the op as deterministic; the alert tests expect no alert; the
-  tests added to ``test_nn.py`` are only those the checkout's own deterministic tests lack.
+  tests added to ``test_nn.py`` are only those the checkout's own deterministic tests lack, and its
+  gradgradcheck only where ``derivatives.yaml`` differentiates grid_sampler_2d_backward (#177487).
 
-grad_input's allocation is left alone: the deterministic path writes every element, but with
-``torch.utils.deterministic.fill_uninitialized_memory`` on (the default) an ``empty_like`` would be
-filled anyway, so switching from ``zeros_like`` would save nothing.
+``--tests-only`` writes only the tests (test_torch.py, test_nn.py) as a patch of their own: a
+conformance suite for any deterministic backward (#196856's included).
 """
 
 import argparse
 import ast
 import collections
 import fnmatch
+import functools
 import os
 import re
 import subprocess
@@ -53,6 +59,7 @@ DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
 DET_LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_deterministic_kernel" for d in DIMS}
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
+CUDA_CPP = "aten/src/ATen/native/cuda/GridSampler.cpp"
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
 NOTES = ("docs/source/notes/randomness.rst", "docs/source/notes/randomness.md")
@@ -105,6 +112,7 @@ class Plan:
     old: Dict[str, Optional[bytes]] = field(default_factory=dict)
     new: Dict[str, bytes] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    tests_only: bool = False
 
     @property
     def changed(self) -> List[str]:
@@ -288,25 +296,24 @@ def _calls(code: str) -> List[str]:
 
 
 def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
-    """The dispatch that replaces a launcher's alert: deterministic path first, and no alert
-    after it (the only way left to grad_input's atomicAdd is with deterministic mode off)."""
+    """The dispatch that replaces a launcher's alert. Only grad_input is accumulated with
+    atomicAdd: deterministic mode takes the deterministic path when grad_input is requested and
+    leaves grid-only calls to the existing kernel, which has one writer per grad_grid element.
+    Deterministic mode (warn_only included) then never reaches the atomicAdd: no alert is left."""
     return (
         f"{ind}// See Note [Enabling Deterministic Operations]\n"
-        f"{ind}// Deterministic mode takes the path of GridSamplerDeterministic.cu for\n"
-        f"{ind}// every call: grad_input, when requested, sort-based without atomics (every\n"
-        f"{ind}// element written once, no zero fill needed); grad_grid from the same point\n"
-        f"{ind}// pass, so its bits do not depend on whether grad_input is requested. For\n"
-        f"{ind}// grad_grid alone only the point pass runs.\n"
-        f"{ind}if ({ctx}.deterministicAlgorithms()) {{\n"
+        f"{ind}// The kernel below accumulates grad_input with atomicAdd, in an order that\n"
+        f"{ind}// varies from run to run. With grad_input requested, deterministic mode\n"
+        f"{ind}// computes both gradients in GridSamplerDeterministic.cu instead, which\n"
+        f"{ind}// writes every element of grad_input once. Without it, the kernel below\n"
+        f"{ind}// has one writer per grad_grid element: deterministic, so no alert.\n"
+        f"{ind}if ({ctx}.deterministicAlgorithms() && {a['output_mask']}[0]) {{\n"
         f"{ind}  {det}(\n"
         f"{ind}      {a['grad_input']}, {a['grad_grid']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
         f"{ind}      {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']},\n"
         f"{ind}      {a['output_mask']});\n"
         f"{ind}  return;\n"
         f"{ind}}}\n"
-        f"{ind}// grad_input is accumulated below with atomicAdd, which is nondeterministic,\n"
-        f"{ind}// but deterministic mode never gets here: nothing to alert about\n"
-        f"{ind}// (Note [Writing Nondeterministic Operations]).\n"
     )
 
 
@@ -355,6 +362,72 @@ def edit_gridsampler_cu(path: str, text: str, notes: List[str],
         text = _add_det_dispatch(path, text, dims, notes, replace_existing)
     return _add_include(path, text, f"ATen/native/cuda/{DET_HEADER}",
                         after=("ATen/native/cuda/GridSampler.h", "ATen/native/cuda/"))
+
+
+CUDA_BACKWARDS = {d: f"grid_sampler_{d}d_backward_cuda" for d in DIMS}
+TUPLE2 = r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>"
+
+
+def _allocation_comment(ind: str, dims: int) -> str:
+    return (
+        f"{ind}// Under this condition {LAUNCHERS[dims]}\n"
+        f"{ind}// takes the deterministic path, which writes every element of grad_input\n"
+        f"{ind}// once; only the atomicAdd kernel accumulates into it and needs zeros.\n"
+    )
+
+
+def _allocate_grad_input(path: str, text: str, dims: int, notes: List[str]) -> str:
+    """grid_sampler_<dims>d_backward_cuda's ``at::zeros_like(input, ...)`` for grad_input becomes
+    ``at::empty_like(input, ...)`` (same arguments, so the same memory format) when the
+    launcher takes the deterministic path, under the launcher's own condition. The statement
+    around the call keeps its shape (a lambda's return, an initialisation ...)."""
+    name = CUDA_BACKWARDS[dims]
+    defs = _find_defs(text, TUPLE2, name)
+    if len(defs) != 1:
+        raise AnchorError(path, f"std::tuple<Tensor, Tensor> {name}(...) {{...}}", f"{len(defs)} definitions found")
+    f = defs[0]
+    if len(f.params) != 7:
+        raise AnchorError(path, f"{name}(grad_output, input, grid, ..., output_mask)", f"parameters {f.params}")
+    inp, mask = f.params[1], f.params[6]
+    body = text[f.body_open : f.body_close + 1]
+    if "deterministicAlgorithms()" in body:
+        notes.append(f"{path}: {name} already allocates grad_input for deterministic mode")
+        return text
+    calls = list(re.finditer(rf"\bat::zeros_like\(\s*{re.escape(inp)}\b", body))
+    if len(calls) != 1:
+        raise AnchorError(path, f"at::zeros_like({inp}, ...) in {name}", f"{len(calls)} found")
+    call = calls[0]
+    close = _match(body, call.start() + len("at::zeros_like"), "(", ")")
+    args = body[call.end() - len(inp) : close]
+    start = _line_start(body, call.start())
+    ind = _indent_of(body, call.start())
+    head = body[start : call.start()].strip()
+    tail_end = _statement_end(body, call.start())
+    tail = body[close + 1 : tail_end].strip()
+    if head.startswith("?") or head.startswith(":"):
+        raise AnchorError(path, f"at::zeros_like({inp}, ...) in {name}", "already part of a conditional")
+    cond = f"globalContext().deterministicAlgorithms() && {mask}[0]"
+    statement = (
+        f"{_allocation_comment(ind, dims)}"
+        f"{ind}{head + ' ' if head else ''}{cond}\n"
+        f"{ind}    ? at::empty_like({args})\n"
+        f"{ind}    : at::zeros_like({args}){tail}\n"
+    )
+    body = body[:start] + statement + body[tail_end:]
+    return text[: f.body_open] + body + text[f.body_close + 1 :]
+
+
+def edit_grad_input_allocation(path: str, text: str, notes: List[str]) -> str:
+    """Both CUDA backwards allocate grad_input without a fill where the deterministic path writes
+    it all (with torch.utils.deterministic.fill_uninitialized_memory on, at::empty_like still
+    fills it, once)."""
+    for dims in DIMS:
+        text = _allocate_grad_input(path, text, dims, notes)
+    if "#include <ATen/ops/" in text:
+        text = _add_include(path, text, "ATen/ops/empty_like.h", after=("ATen/ops/",))
+    if "#include <ATen/Context.h>" not in text:
+        text = _add_include(path, text, "ATen/Context.h", after=("ATen/native/cuda/GridSampler.h", "ATen/"))
+    return text
 
 
 def _code_only(text: str) -> str:
@@ -434,7 +507,8 @@ def _cudnn_delegation(ind: str, inp: str, grid: str, gout: str) -> str:
         f"{ind}// cuDNN's backward is nondeterministic. cudnn_grid_sampler is grid_sample\n"
         f"{ind}// with bilinear interpolation, zeros padding and align_corners=True, so in\n"
         f"{ind}// deterministic mode grid_sampler_2d's deterministic CUDA backward computes\n"
-        f"{ind}// the same gradients. The forward stays on cuDNN.\n"
+        f"{ind}// the same gradients. The forward stays on cuDNN. Nothing is allocated\n"
+        f"{ind}// here before this returns.\n"
         f"{ind}if (at::globalContext().deterministicAlgorithms()) {{\n"
         f"{ind}  return at::grid_sampler_2d_backward(\n"
         f"{ind}      {gout},\n{ind}      {inp},\n{ind}      {grid},\n"
@@ -635,6 +709,7 @@ class NNTest:
     checks: str  # the behaviour, in words (notes, the commit message)
     covered: Callable[[str], bool]  # does this upstream deterministic test's source check it too?
     source: str  # decorators and method, indented for the class body
+    needs_double_backward: bool = False  # added only where grid_sampler_2d_backward has a derivative
 
 
 def _every_padding_bitwise(src: str) -> bool:
@@ -676,8 +751,9 @@ def _second_order(src: str) -> bool:
     return "gradgradcheck(" in src
 
 
-def _profiles_this_kernel(src: str) -> bool:
-    return "profile" in src and "grid_sampler_deterministic" in src
+def _every_output_mask_without_alert(src: str) -> bool:
+    return "warn_only" in src and bool(re.search(r"\(\s*True\s*,\s*False\s*\)", src)) \
+        and _grid_gradient_only(src)
 
 
 NN_TESTS = (
@@ -711,10 +787,11 @@ NN_TESTS = (
             input, grid, grad_output, ('bilinear', 'nearest'))
 '''),
     NNTest("test_grid_sample_2d_backward_deterministic_matches_default",
-           "2-D deterministic gradients agree with the default backward",
+           "2-D deterministic gradients as accurate as the default backward's against a float64 "
+           "oracle, 4 dtypes",
            _against_reference, '''\
     @onlyCUDA
-    @dtypes(torch.float, torch.double)
+    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
     def test_grid_sample_2d_backward_deterministic_matches_default(self, device, dtype):
         torch.manual_seed(0)
         input = torch.randn(2, 4, 11, 6, device=device, dtype=dtype)
@@ -724,10 +801,11 @@ NN_TESTS = (
             input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
 '''),
     NNTest("test_grid_sample_3d_backward_deterministic_matches_default",
-           "3-D deterministic gradients agree with the default backward",
+           "3-D deterministic gradients as accurate as the default backward's against a float64 "
+           "oracle, 4 dtypes",
            _against_reference, '''\
     @onlyCUDA
-    @dtypes(torch.float, torch.double)
+    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
     def test_grid_sample_3d_backward_deterministic_matches_default(self, device, dtype):
         torch.manual_seed(0)
         input = torch.randn(2, 4, 5, 7, 6, device=device, dtype=dtype)
@@ -763,23 +841,31 @@ NN_TESTS = (
                 self.assertEqual(g.grad, expected[1], atol=0, rtol=0)
 '''),
     NNTest("test_grid_sample_backward_deterministic_grid_only",
-           "with only the grid gradient requested, no alert and the same bits on repeat",
+           "with only the grid gradient requested, no alert (warn_only included) and the default "
+           "backward's bits",
            _grid_gradient_only, '''\
     @onlyCUDA
     def test_grid_sample_backward_deterministic_grid_only(self, device):
-        # Without grad_input the backward has one writer per grid gradient element:
-        # deterministic mode runs it with no alert, and its bits repeat.
+        # Without grad_input the default backward has one writer per grad_grid
+        # element: deterministic mode keeps it, so it runs without an alert and
+        # gives the same bits as with deterministic mode off.
         torch.manual_seed(0)
         for dims in (2, 3):
             input = torch.randn((2, 3) + (5,) * dims, device=device)
             grid = torch.rand((2,) + (7,) * dims + (dims,), device=device) * 0.6 - 0.3
             grid.requires_grad_()
             grad_output = torch.randn((2, 3) + (7,) * dims, device=device)
-            with DeterministicGuard(True):
-                grads = [torch.autograd.grad(F.grid_sample(input, grid, align_corners=False),
-                                             grid, grad_output)[0] for _ in range(3)]
-            for grad in grads[1:]:
-                self.assertEqual(grad, grads[0], atol=0, rtol=0)
+
+            def grad_grid():
+                output = F.grid_sample(input, grid, align_corners=False)
+                return torch.autograd.grad(output, grid, grad_output)[0]
+
+            expected = grad_grid()
+            for warn_only in (False, True):
+                with DeterministicGuard(True, warn_only=warn_only):
+                    self.assertNotWarn(grad_grid, f'{dims}D grid-only backward alerted')
+                    actual = grad_grid()
+                self.assertEqual(actual, expected, atol=0, rtol=0)
 '''),
 )
 NN_TESTS += (
@@ -862,7 +948,9 @@ NN_TESTS += (
            "64-bit index math and 64-bit sort keys (more than 2^31 elements)",
            _kernel_internal, '''\
     @onlyCUDA
-    @largeTensorTest('12GB', device='cuda')
+    # The peak is the second half: a half input and its grad_input of 2^31 + 2^16
+    # elements (2 bytes each), plus up to 4 bytes of workspace per element.
+    @largeTensorTest('18GB', device='cuda')
     def test_grid_sample_backward_deterministic_large_index(self, device):
         # 64-bit index math: a view whose last element lies beyond 2^31 (as in
         # test_grid_sample_large_index_2d) gives the bits of its contiguous copy.
@@ -971,20 +1059,14 @@ NN_TESTS += (
                     self.assertTrue(torch.autograd.gradcheck(fn, inputs, nondet_tol=0))
 '''),
     NNTest("test_grid_sample_backward_deterministic_gradgradcheck",
-           "gradgradcheck in float64 through the deterministic backward, where the tree has a "
-           "double backward",
-           _second_order, '''\
+           "gradgradcheck in float64 through the deterministic backward",
+           _second_order, needs_double_backward=True, source='''\
     @onlyCUDA
     def test_grid_sample_backward_deterministic_gradgradcheck(self, device):
         torch.manual_seed(0)
         input = torch.randn(1, 2, 4, 4, device=device, dtype=torch.double, requires_grad=True)
         grid = torch.rand(1, 3, 3, 2, device=device, dtype=torch.double) * 2.2 - 1.1
         grid.requires_grad_()
-        grad_input = torch.ops.aten.grid_sampler_2d_backward(
-            torch.ones(1, 2, 3, 3, device=device, dtype=torch.double), input, grid, 0, 0, False,
-            [True, True])[0]
-        if type(grad_input.grad_fn).__name__ == 'NotImplemented':
-            self.skipTest('grid_sampler_2d_backward has no derivative in this build')
         for padding_mode in ('zeros', 'border', 'reflection'):
             def fn(input, grid):
                 return F.grid_sample(input, grid, padding_mode=padding_mode, align_corners=False)
@@ -992,25 +1074,36 @@ NN_TESTS += (
             with DeterministicGuard(True):
                 self.assertTrue(torch.autograd.gradgradcheck(fn, (input, grid), nondet_tol=0))
 '''),
-    NNTest("test_grid_sample_backward_deterministic_kernel_runs",
-           "the profiler sees the deterministic kernels, not the atomicAdd one",
-           _profiles_this_kernel, '''\
+    NNTest("test_grid_sample_backward_deterministic_dispatch",
+           "no alert in deterministic mode (warn_only included) for every output mask, repeated "
+           "bits, and grad_input's bits whether or not grad_grid is requested",
+           _every_output_mask_without_alert, '''\
     @onlyCUDA
-    def test_grid_sample_backward_deterministic_kernel_runs(self, device):
-        # The deterministic pipeline's kernels are named after their stages, which
-        # live in at::native::grid_sampler_deterministic.
+    def test_grid_sample_backward_deterministic_dispatch(self, device):
+        # Deterministic mode never alerts, whichever gradients are requested, and
+        # the requested ones repeat bit for bit; grad_input does not depend on
+        # whether grad_grid is requested too.
+        torch.manual_seed(0)
+        masks = ((True, True), (True, False), (False, True))
         for dims in (2, 3):
-            input = torch.randn((1, 2) + (6,) * dims, device=device, requires_grad=True)
-            grid = torch.rand((1,) + (9,) * dims + (dims,), device=device) * 2 - 1
-            activities = [torch.profiler.ProfilerActivity.CUDA]
-            with DeterministicGuard(True), torch.profiler.profile(activities=activities) as prof:
-                F.grid_sample(input, grid, align_corners=False).sum().backward()
-                torch.cuda.synchronize()
-            kernels = [e.name for e in prof.events()
-                       if e.device_type == torch.autograd.DeviceType.CUDA]
-            self.assertTrue(any('grid_sampler_deterministic' in k for k in kernels), kernels)
-            self.assertFalse(any(f'grid_sampler_{dims}d_backward_kernel' in k for k in kernels),
-                             kernels)
+            input = torch.randn((2, 3) + (6,) * dims, device=device)
+            grid = torch.rand((2,) + (9,) * dims + (dims,), device=device) * 0.6 - 0.3
+            grad_output = torch.randn((2, 3) + (9,) * dims, device=device)
+            backward = getattr(torch.ops.aten, f'grid_sampler_{dims}d_backward')
+
+            def grads(mask):
+                return backward(grad_output, input, grid, 0, 0, False, list(mask))
+
+            for warn_only, mask in product((False, True), masks):
+                with DeterministicGuard(True, warn_only=warn_only):
+                    self.assertNotWarn(lambda mask=mask: grads(mask), f'{dims}D, {mask} alerted')
+                    first, again = grads(mask), grads(mask)
+                for requested, a, b in zip(mask, first, again):
+                    if requested:
+                        self.assertEqual(a, b, atol=0, rtol=0)
+            with DeterministicGuard(True):
+                both, input_only = grads((True, True)), grads((True, False))
+            self.assertEqual(input_only[0], both[0], atol=0, rtol=0)
 '''),
 )
 NN_TEST_NAMES = tuple(t.name for t in NN_TESTS)
@@ -1069,7 +1162,18 @@ def upstream_deterministic_tests(text: str, cls_start: int, cls_end: int) -> Dic
     return found
 
 
-def edit_test_nn(path: str, text: str, notes: List[str]) -> str:
+def _tests_for(path: str, double_backward: bool, notes: List[str]) -> List["NNTest"]:
+    """The tests this checkout can run: a gradgradcheck only where grid_sampler_2d_backward has a
+    derivative (a test that cannot run would only be skipped)."""
+    if double_backward:
+        return list(NN_TESTS)
+    left_out = [t.name for t in NN_TESTS if t.needs_double_backward]
+    notes.append(f"{path}: not adding {', '.join(left_out)}: {DERIVATIVES} has no derivative of "
+                 "grid_sampler_2d_backward")
+    return [t for t in NN_TESTS if not t.needs_double_backward]
+
+
+def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) -> str:
     cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
     if cls is None:
         raise AnchorError(path, "class TestNNDeviceType")
@@ -1077,7 +1181,7 @@ def edit_test_nn(path: str, text: str, notes: List[str]) -> str:
     cls_end = nxt.start() if nxt else len(text)
     upstream = upstream_deterministic_tests(text, cls.start(), cls_end)
     wanted = []
-    for t in NN_TESTS:
+    for t in _tests_for(path, double_backward, notes):
         if f"def {t.name}(" in text:
             continue
         by = [name for name, src in upstream.items() if t.covered(src)]
@@ -1204,13 +1308,33 @@ def plan_randomness(tree: Path, p: Plan) -> None:
     p.notes.append(f"no {' or '.join(NOTES)}: no notes page to document grid_sample in")
 
 
-EDITS = (
-    (CU, edit_gridsampler_cu),
-    (CUDNN, edit_cudnn),
-    (INIT, edit_init_doc),
-    (TEST_TORCH, edit_test_torch),
-    (TEST_NN, edit_test_nn),
-)
+DERIVATIVES = "tools/autograd/derivatives.yaml"
+
+
+def has_double_backward(tree: Path) -> bool:
+    """Does the checkout differentiate grid_sampler_2d_backward (#177487)? Only then can the
+    patch add a gradgradcheck: derivatives.yaml says, by an entry for it whose formulas are
+    not all not_implemented."""
+    if not (tree / DERIVATIVES).is_file():
+        raise AnchorError(DERIVATIVES, DERIVATIVES, "file missing: it says whether grid_sampler_2d_backward "
+                          "has a derivative")
+    text = read_text(tree, DERIVATIVES)
+    entry = re.search(r"^- name: grid_sampler_2d_backward\(.*\n((?:[ \t]+\S.*\n?)*)", text, re.M)
+    if entry is None:
+        return False
+    formulas = [ln for ln in entry.group(1).splitlines() if ":" in ln]
+    return any("not_implemented" not in ln for ln in formulas)
+
+
+def edits(tree: Path, replace_existing: bool, tests_only: bool) -> Tuple[Tuple[str, Callable], ...]:
+    """(path, edit(path, text, notes) -> text) for every file the change edits in place."""
+    nn = functools.partial(edit_test_nn, double_backward=has_double_backward(tree))
+    tests = ((TEST_TORCH, edit_test_torch), (TEST_NN, nn))
+    if tests_only:
+        return tests
+    cu = functools.partial(edit_gridsampler_cu, replace_existing=replace_existing)
+    return ((CU, cu), (CUDA_CPP, edit_grad_input_allocation), (CUDNN, edit_cudnn),
+            (INIT, edit_init_doc), *tests)
 
 
 # --------------------------------------------------------------------------- plan
@@ -1284,11 +1408,7 @@ def _all_test_sources(text: str) -> Dict[str, str]:
     return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
 
 
-def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False) -> Plan:
-    """Every edit, in memory; nothing is written. ``replace_existing``: replace a deterministic
-    path the checkout has already (refused otherwise)."""
-    tree, kit = Path(tree), kit_root(kit)
-    p = Plan(base=detect_base(tree))
+def _plan_kernel_files(kit: Path, tree: Path, p: Plan) -> None:
     for name in KERNEL_FILES:
         rel = f"{KERNEL_DIR}/{name}"
         dst = tree / rel
@@ -1297,18 +1417,29 @@ def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False)
         if p.old[rel] is not None and p.old[rel] != p.new[rel]:
             p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
     check_kit_header(f"aten_kernels/{KERNEL_DIR}/{DET_HEADER}", p.new[f"{KERNEL_DIR}/{DET_HEADER}"])
-    for rel, fn in EDITS:
+
+
+def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False,
+         tests_only: bool = False) -> Plan:
+    """Every edit, in memory; nothing is written. ``replace_existing``: replace a deterministic
+    path the checkout has already (refused otherwise). ``tests_only``: only the tests (the alert
+    tests expecting no alert, the tests added to test_nn.py), for any deterministic backward to
+    be run against."""
+    tree = Path(tree)
+    p = Plan(base=detect_base(tree), tests_only=tests_only)
+    if not tests_only:
+        _plan_kernel_files(kit_root(kit), tree, p)
+    for rel, fn in edits(tree, replace_existing, tests_only):
         if not (tree / rel).is_file():
             raise AnchorError(rel, rel, "file missing")
         old = read_text(tree, rel)
         try:
-            if fn is edit_gridsampler_cu:
-                new = fn(rel, old, p.notes, replace_existing)
-            else:
-                new = fn(rel, old, p.notes)
+            new = fn(rel, old, p.notes)
         except ValueError as e:
-            raise AnchorError(rel, fn.__name__, f"cannot parse: {e}") from None
+            raise AnchorError(rel, getattr(fn, "func", fn).__name__, f"cannot parse: {e}") from None
         p.old[rel], p.new[rel] = old.encode("utf-8"), new.encode("utf-8")
+    if tests_only:
+        return p
     # only the tree's headers tell whether an include served the deterministic branch we replaced
     p.new[CU] = drop_stale_includes(tree, CU, p.old[CU].decode("utf-8"), p.new[CU].decode("utf-8"),
                                     p.notes).encode("utf-8")
@@ -1342,14 +1473,29 @@ def _kept_upstream_tests(pl: Plan) -> List[str]:
     return sorted(upstream_deterministic_tests(text, cls.start(), nxt.start() if nxt else len(text)))
 
 
+TESTS_ONLY_SUBJECT = "Add tests for a deterministic CUDA grid_sample backward"
+
+
+def _tests_only_intro() -> List[str]:
+    return ["", textwrap.fill(
+        "Tests that any deterministic CUDA backward of grid_sample must pass, whatever its "
+        "implementation: under torch.use_deterministic_algorithms(True) the backward does not "
+        "alert, repeats bit for bit, is as accurate as the default backward against a float64 "
+        "oracle, and leaves grid-only calls to the default kernel. On a build without one they "
+        "fail.", 72)]
+
+
 def commit_message(pl: Plan) -> str:
     """Subject, body and test plan, saying only what this plan changes."""
     changed = set(pl.changed)
-    parts = [
-        "Add deterministic CUDA backward for grid_sampler_2d/3d",
-        "",
-        "Fixes #68959",
-    ]
+    if pl.tests_only:
+        parts = [TESTS_ONLY_SUBJECT, "", "See #68959", *_tests_only_intro()]
+    else:
+        parts = [
+            "Add deterministic CUDA backward for grid_sampler_2d/3d",
+            "",
+            "Fixes #68959",
+        ]
     if any(f"{KERNEL_DIR}/{n}" in changed for n in KERNEL_FILES) or CU in changed:
         parts += ["", textwrap.fill(
             "Under torch.use_deterministic_algorithms(True), the CUDA backward of grid_sample "
@@ -1364,6 +1510,11 @@ def commit_message(pl: Plan) -> str:
             "the input size. Non-finite grid coordinates never form an "
             "index. With only the grid gradient requested the existing kernel runs, without an "
             "alert: it has a single writer per element.", 72)]
+    if CUDA_CPP in changed:
+        parts += ["", textwrap.fill(
+            "grid_sampler_2d_backward_cuda and grid_sampler_3d_backward_cuda allocate grad_input "
+            "with empty_like instead of zeros_like where the deterministic backward writes all of "
+            "it (deterministic mode, grad_input requested).", 72)]
     if CUDNN in changed:
         parts += ["", textwrap.fill(
             "cudnn_grid_sampler_backward, after its argument checks, delegates to "
@@ -1504,8 +1655,15 @@ def refuse_pending(tree: Path) -> None:
                         f"--pytorch {tree}` to finish or roll it back first")
 
 
-def default_out(base: Base, kit: Path) -> Path:
-    return kit / "patches" / f"{base.label}.patch"
+def default_out(base: Base, kit: Path, tests_only: bool = False) -> Path:
+    return kit / "patches" / f"{base.label}{'-tests' if tests_only else ''}.patch"
+
+
+def refuse_bad_combination(args: argparse.Namespace) -> None:
+    """--tests-only changes no kernel or dispatch, so it has no deterministic path to replace."""
+    if args.tests_only and args.replace_existing_deterministic_path:
+        raise UsageError("--tests-only changes only the tests; --replace-existing-deterministic-path "
+                         "has nothing to replace there")
 
 
 def _refuse_dirty(tree: Path, pl: Plan, allow_dirty: bool) -> Optional[str]:
@@ -1535,6 +1693,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    refuse_bad_combination(args)
     tree = Path(args.pytorch).absolute()
     if not tree.is_dir():
         raise UsageError(f"--pytorch {tree}: no such directory")
@@ -1546,7 +1705,8 @@ def _run(args: argparse.Namespace) -> int:
         done = patch_apply.recover(tree)
         if done:
             print(f"recovered: {done}")
-    pl = plan(tree, replace_existing=args.replace_existing_deterministic_path)
+    pl = plan(tree, replace_existing=args.replace_existing_deterministic_path,
+              tests_only=args.tests_only)
     for n in pl.notes:
         print(f"note: {n}")
     if args.check:
@@ -1562,7 +1722,7 @@ def _run(args: argparse.Namespace) -> int:
     if not pl.changed:
         print("already applied: nothing to change")
         return EXIT_OK
-    out = validate_out(Path(args.out) if args.out else default_out(base, kit_root()))
+    out = validate_out(Path(args.out) if args.out else default_out(base, kit_root(), args.tests_only))
     author = patch_apply.identity(tree)
     commit = patch_apply.apply(tree, {rel: pl.new[rel] for rel in pl.changed}, commit_message(pl), out)
     for rel in pl.changed:
@@ -1589,13 +1749,22 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="on a checkout that already has a deterministic grid_sample backward "
                    "(e.g. #196856's), delete it and put detgrid's in its place; without this flag "
                    "such a checkout is refused and left untouched")
-    p.add_argument("--out", metavar="FILE", help="patch file (default patches/<base>.patch in the kit)")
+    p.add_argument("--tests-only", action="store_true",
+                   help="only the tests (test/test_torch.py's alert tests expecting no alert, the "
+                   "tests added to test/test_nn.py), as a commit and patch of their own: a "
+                   "conformance suite for any deterministic grid_sample backward; no kernel, no "
+                   "dispatch")
+    p.add_argument("--out", metavar="FILE",
+                   help="patch file (default patches/<base>.patch in the kit, "
+                   "patches/<base>-tests.patch with --tests-only)")
     p.set_defaults(handler=run)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="detgrid")
+    from detgrid.kit.cli import ArgumentParser  # a bad argument in one line, as `detgrid patch`
+
+    parser = ArgumentParser(prog="detgrid")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.handler(args)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from detgrid.kit import apt
 
@@ -107,9 +107,9 @@ def fetch(refresh: bool = False) -> Path:
 def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0") -> Path:
     """Copy the tree's files the patch tool reads or writes into ``dest`` as a one-commit git repo.
 
-    Only the directories the change set touches are copied (aten/src/ATen, torch/__init__.py,
-    docs/source/notes, test/test_torch.py, test/test_nn.py, version.txt, .lintrunner.toml,
-    .clang-format): a full copy of the 158 MB tree per test would dominate the test time.
+    Only what the change set reads or touches is copied (aten/src/ATen, torch/__init__.py,
+    docs/source/notes, test/test_torch.py, test/test_nn.py, tools/autograd/derivatives.yaml,
+    version.txt, .lintrunner.toml, .clang-format): a full copy of the 158 MB tree per test would dominate the test time.
     """
     source = source or fetch()
     dest = Path(dest)
@@ -120,6 +120,7 @@ def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0
         "torch/__init__.py",
         "test/test_torch.py",
         "test/test_nn.py",
+        "tools/autograd/derivatives.yaml",
         "version.txt",
         ".lintrunner.toml",
         ".clang-format",
@@ -143,24 +144,67 @@ def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0
 REGENERATE = "python -m detgrid.kit.upstream_tree --write-patch patches/v2.6.0.patch"
 
 
-def write_patch(out: Path) -> int:
-    """Run `detgrid patch` on a fresh copy of the cached tree (never on the cache itself)."""
+def author(kit: Path) -> Tuple[str, str]:
+    """(name, email) the patch is written under: the user's git identity as the kit's checkout
+    sees it (its own configuration, else the global one, or GIT_AUTHOR_*); Unavailable when
+    there is none, never a placeholder."""
+    from detgrid.kit import patch_apply
+
+    try:
+        ident = patch_apply.identity(kit)
+    except patch_apply.ApplyError as e:
+        raise Unavailable(str(e)) from None
+    name, _, email = ident.rpartition(" <")
+    return name, email.rstrip(">")
+
+
+def write_patch(out: Path, name: str, email: str) -> int:
+    """Run `detgrid patch` on a fresh copy of the cached tree (never on the cache itself), with
+    ``name <email>`` configured in the copy: the commit's and the patch's author."""
     from detgrid.kit import patch
 
     with tempfile.TemporaryDirectory(prefix="detgrid-regen-") as tmp:
         copy = fresh_git_copy(Path(tmp) / "pytorch")
+        for key, value in (("user.name", name), ("user.email", email)):
+            subprocess.run(["git", "-C", str(copy), "config", key, value], check=True)
         return patch.main(["patch", "--pytorch", str(copy), "--out", str(Path(out).resolve())])
+
+
+def _write_patch_target(argv) -> Optional[Path]:
+    """The FILE of ``--write-patch FILE``, None without the option; Unavailable without FILE."""
+    if "--write-patch" not in argv:
+        return None
+    i = argv.index("--write-patch") + 1
+    if i >= len(argv) or argv[i].startswith("-"):
+        raise Unavailable("--write-patch needs the patch file to write (e.g. patches/v2.6.0.patch)")
+    return Path(argv[i])
+
+
+def _kit_author() -> Tuple[str, str]:
+    from detgrid.kit import patch
+
+    try:
+        return author(patch.kit_root())
+    except patch.NotUsable as e:
+        raise Unavailable(str(e)) from None
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        target = _write_patch_target(argv)
+        # before the download: a patch without its author's identity is not written at all
+        ident = _kit_author() if target is not None else None
+    except Unavailable as e:
+        print(f"detgrid upstream_tree: {e}", file=sys.stderr)
+        return 2
+    try:
         tree = fetch(refresh="--refresh" in argv)
     except (Unavailable, subprocess.TimeoutExpired) as e:
         print(f"upstream tree unavailable: {e}", file=sys.stderr)
         return 3
-    if "--write-patch" in argv:
-        return write_patch(Path(argv[argv.index("--write-patch") + 1]))
+    if target is not None:
+        return write_patch(target, *ident)
     print(tree)
     return 0
 
