@@ -58,6 +58,9 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const BackwardOptions& options) {
   check_backward_inputs(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
+  if (!output_mask[0] && !output_mask[1]) {
+    return {};
+  }
   if (!output_mask[0]) {
     // grad_grid alone: stock's kernel (see routed_backward).
     constexpr AtenBackwardFn stock = kDims == 2
