@@ -147,6 +147,37 @@ class TestGradientsFollowTheTaps(TestCase):
                              msg=f"{MODE_NAMES[mode]} {PADDING_NAMES[padding]} {align_corners}")
 
 
+class TestHugeBicubicCoordinates(TestCase):
+    """Issue 30: stock's bicubic pads every tap, so at any finite coordinate
+    border padding samples the edge column and its backward puts the
+    gradient there, with a non-zero grid gradient along the other axis."""
+
+    @parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64],
+                 name_fn=_dtype_name)
+    def test_border_puts_huge_coordinates_gradient_on_the_edge(self, dtype):
+        H, W = 5, 7
+        x = torch.tensor([1e12, 1e30, -2.0 ** 60, 2.0 ** 31, -1e30], dtype=torch.float64)
+        y = torch.tensor([0.1, -0.3, 0.45, 0.7, -0.85], dtype=torch.float64)
+        n = len(x)
+        grid = torch.stack([x, y], dim=1).to(dtype).view(n, 1, 1, 2)
+        gen = torch.Generator().manual_seed(3)
+        inp = torch.randn(n, 2, H, W, generator=gen, dtype=torch.float64).to(dtype)
+        grad_output = torch.randn(n, 2, 1, 1, generator=gen, dtype=torch.float64).to(dtype)
+        grad_input, grad_grid = detgrid_backward(grad_output, inp, grid, ref.BICUBIC,
+                                                 ref.BORDER, False)
+        want_input, want_grid = ref.backward(grad_output, inp, grid, ref.BICUBIC, ref.BORDER,
+                                             False)
+        edge = torch.where(x > 0, W - 1, 0)
+        for p in range(n):
+            columns = grad_input[p].abs().sum(dim=(0, 1))
+            self.assertTrue(bool(columns[edge[p]] > 0), f"point {p}")
+            self.assertEqual(int((columns != 0).sum()), 1, msg=f"point {p}")
+        self.assertTrue(bool((grad_grid[..., 1] != 0).all()))
+        rtol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        self.assertEqual(grad_input.double(), want_input, rtol=rtol, atol=rtol)
+        self.assertEqual(grad_grid.double(), want_grid, rtol=rtol, atol=rtol)
+
+
 class TestFmaContractionOfStockUnnormalize(TestCase):
     """nvcc may contract stock's `(coord + 1.f) * size - 1` into one FMA
     (align_corners=False only; the align_corners form has no product feeding
@@ -231,6 +262,7 @@ instantiate_parametrized_tests(TestTapsAndWeightsMatchStockForward)
 instantiate_parametrized_tests(TestGridGradientIndependentOfGradInput)
 instantiate_parametrized_tests(TestGradientsFollowTheTaps)
 instantiate_parametrized_tests(TestFmaContractionOfStockUnnormalize)
+instantiate_parametrized_tests(TestHugeBicubicCoordinates)
 
 if __name__ == "__main__":
     run_tests()
