@@ -1,6 +1,18 @@
-"""Stock's CUDA forward taps and weights, written from upstream's formulas
-(aten/src/ATen/native/cuda/GridSampler.cuh and UpSample.cuh), independent of
-detgrid's kernel code.
+"""Stock's CUDA backward taps and weights, written from upstream's source
+(aten/src/ATen/native/cuda/GridSampler.cu, GridSampler.cuh, UpSample.cuh),
+independent of detgrid's kernel code.
+
+How stock's grid_sampler_{2d,3d}_backward_kernel forms a point's taps:
+  bilinear, nearest: grid_sampler_compute_source_index_set_grad (unnormalize,
+    clip or reflect-then-clip, safe_downgrade_to_int_range: a value beyond
+    int's range or not finite becomes -100, out of bounds), then floor (or
+    nearbyint) converted to int;
+  bicubic: the unnormalized coordinate, ix_nw = floor(ix), and per tap the
+    position ix_nw - 1 + i in scalar_t, padded by compute_coordinates (clip,
+    or reflect then clip; then safe_downgrade_to_int_range) and converted to
+    int (add_value_bounded, get_value_bounded).
+reflect_coordinates counts flips with static_cast<int>(floor(in / span)), a
+conversion the GPU saturates at INT_MIN and INT_MAX and takes NaN to 0.
 
 Stock's coordinate helpers compute in scalar_t. For Half and BFloat16 every
 operator of c10::Half / c10::BFloat16 computes in float and rounds the result
@@ -8,11 +20,10 @@ to the 16-bit type; `_Arith` does the same with numpy float32 arithmetic and a
 dtype cast (torch's). For float32 and float64 the rounding is the identity.
 Stock's unnormalize is float arithmetic whose result is returned as scalar_t.
 
-Where stock's behaviour is undefined or ends in a NaN (non-finite coordinates,
-coordinates beyond int range), the reference follows detgrid's stated rule
-instead: a coordinate that is NaN, infinite or beyond +-2^40 pixels (after
-padding for bilinear and nearest, after unnormalizing for bicubic) gives the
-point no tap in bounds.
+One declared departure: a non-finite bicubic coordinate gets no tap. Stock's
+bicubic backward would pad its NaN tap positions onto an edge pixel (border's
+::max takes NaN to 0) with NaN coefficients; detgrid applies its bilinear
+backward's rule (safe_downgrade_to_int_range) to every mode.
 """
 
 import numpy as np
@@ -20,7 +31,18 @@ import torch
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 ZEROS, BORDER, REFLECTION = 0, 1, 2
-MAX_SAFE_COORDINATE = 2.0 ** 40
+INT_MAX, INT_MIN = 2 ** 31 - 1, -2 ** 31
+# safe_downgrade_to_int_range's stand-in for a coordinate beyond int range.
+DOWNGRADED = -100.0
+
+
+def gpu_int(x):
+    """static_cast<int>(x) on the GPU (cvt.rzi.s32): truncation toward zero,
+    saturating at INT_MIN and INT_MAX, NaN to 0; as int64."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        clipped = np.clip(np.nan_to_num(x, nan=0.0), INT_MIN, INT_MAX)
+    return np.trunc(clipped).astype(np.int64)
 
 
 class _Arith:
@@ -78,7 +100,9 @@ class _Arith:
                 inside.astype(np.float64)
 
     def reflect(self, coord, twice_low, twice_high):
-        """reflect_coordinates_set_grad: (coordinate, derivative)."""
+        """reflect_coordinates_set_grad: (coordinate, derivative); the
+        coordinate is also reflect_coordinates'. The flip count is the GPU's
+        int conversion of floor(in / span), in / span a scalar_t quotient."""
         if twice_low == twice_high:
             return np.zeros_like(coord), np.zeros(coord.shape)
         low = self.div(self.const(twice_low), self.opmath(2))
@@ -88,10 +112,10 @@ class _Arith:
             sign = np.where(distance < 0, -1.0, 1.0)
             distance = np.abs(distance)
             extra = np.fmod(distance, span)
-            flips = np.floor(self.div(distance, span))
-            even = np.fmod(flips, 2) == 0
-        return (np.where(even, self.add(extra, low), self.add(self.sub(span, extra), low)),
-                np.where(even, sign, -sign))
+            flips = gpu_int(np.floor(self.div(distance, span)))
+            even = flips % 2 == 0
+            return (np.where(even, self.add(extra, low), self.add(self.sub(span, extra), low)),
+                    np.where(even, sign, -sign))
 
     def pad(self, coord, size, padding, align_corners):
         """compute_coordinates: clip, or reflect then clip; with the
@@ -106,6 +130,15 @@ class _Arith:
             coord, d_clip = self.clip(coord, size)
             return coord, d_reflect * d_clip
         return coord, np.ones(coord.shape)
+
+    def downgrade(self, coord):
+        """safe_downgrade_to_int_range: -100 beyond int's range (INT_MAX - 1
+        and INT_MIN as scalar_t compares them: 2^31 and -2^31 in float) or
+        when not finite."""
+        bound = np.asarray(INT_MAX - 1, dtype=self.opmath)
+        with np.errstate(invalid="ignore"):
+            bad = (coord > bound) | (coord < self.opmath(INT_MIN)) | ~np.isfinite(coord)
+        return np.where(bad, self.opmath(DOWNGRADED), coord)
 
     def cubic_coefficients(self, t):
         """get_cubic_upsampling_coefficients<scalar_t>, A = -0.75."""
@@ -141,44 +174,37 @@ class _Arith:
         return [-g0, -g1, -g2, -g3]
 
 
-def _usable(coord):
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(coord) & (np.abs(coord) <= MAX_SAFE_COORDINATE)
-
-
 def axis_taps(arith, coord, size, mode, padding, align_corners):
     """Per point of one axis: indices [P, K], in_bounds [P, K], weights and
     their derivatives by the pixel coordinate [P, K] (scalar_t values), the
     derivative of the pixel coordinate by the grid coordinate [P] (exact)
-    and usable [P]."""
+    and usable [P] (False: the point has no tap, see the module comment)."""
     mult = np.full(coord.shape, (size - 1) / 2 if align_corners else size / 2)
     source = arith.unnormalize(coord, size, align_corners)
     if mode == BICUBIC:
-        usable = _usable(source)
+        usable = np.isfinite(source)
         source = np.where(usable, source, 0)
         base = np.floor(source)
         t = arith.sub(source, base)
         weights = np.stack(arith.cubic_coefficients(t), axis=1)
         dweights = np.stack(arith.cubic_coefficient_derivatives(t), axis=1)
-        indices = []
-        for k in range(4):
-            # get_value_bounded: the position (base - 1) + k in scalar_t,
-            # padded like a coordinate, then cast to int.
-            position = arith.add(arith.sub(base, 1), k)
-            indices.append(np.trunc(arith.pad(position, size, padding, align_corners)[0]))
-        indices = np.stack(indices, axis=1).astype(np.int64)
+        # (ix_nw - 1) + i in scalar_t, compute_coordinates, static_cast<int>.
+        positions = [arith.add(arith.sub(base, 1), k) for k in range(4)]
+        padded = [arith.downgrade(arith.pad(p, size, padding, align_corners)[0])
+                  for p in positions]
+        indices = np.stack([gpu_int(p) for p in padded], axis=1)
     else:
         source, d_pad = arith.pad(source, size, padding, align_corners)
         mult = mult * d_pad
-        usable = _usable(source)
-        source = np.where(usable, source, 0)
+        source = arith.downgrade(source)
+        usable = np.ones(source.shape, dtype=bool)
         if mode == NEAREST:
-            indices = np.rint(source).astype(np.int64)[:, None]
+            indices = gpu_int(np.rint(source))[:, None]
             weights = np.ones_like(source)[:, None]
             dweights = np.zeros_like(weights)
         else:
-            low = np.floor(source)
-            indices = np.stack([low, low + 1], axis=1).astype(np.int64)
+            low = gpu_int(np.floor(source))
+            indices = np.stack([low, low + 1], axis=1)
             # (ix_se - ix) and (ix - ix_nw): an int converted to scalar_t.
             weights = np.stack([arith.sub(arith.const(low + 1), source),
                                 arith.sub(source, arith.const(low))], axis=1)
@@ -205,8 +231,10 @@ def point_taps(grid, input_size, mode, padding, align_corners, fma_unnormalize=F
         in_bounds.append(np.logical_and.reduce([axes[a][1][:, digits[a]]
                                                 for a in range(dims)]) & usable)
         # Multiplied from x outwards, ((wx * wy) * wz): in scalar_t for
-        # bilinear and trilinear, as the forward does; bicubic's forward
-        # applies one axis at a time, so its tap weight is the plain product.
+        # bilinear and trilinear, as stock's kernels do; bicubic's forward
+        # applies one axis at a time (and its backward multiplies
+        # gOut * x_coeffs[i] * y_coeffs[j] in scalar_t), so the tap weight of
+        # the function it computes is the plain product, in opmath.
         weight = axes[dims - 1][2][:, digits[dims - 1]]
         for a in range(dims - 2, -1, -1):
             factor = axes[a][2][:, digits[a]]
@@ -220,7 +248,7 @@ def point_taps(grid, input_size, mode, padding, align_corners, fma_unnormalize=F
 
 
 def backward(grad_output, inp, grid, mode, padding, align_corners):
-    """The gradients of the function stock's CUDA forward computes, exactly
+    """The gradients stock's CUDA backward's taps and weights give, exactly
     (float64 sums over stock's taps and weights), for any dtype: (grad_input,
     grad_grid) in float64. grad_grid multiplies the axes' weights and
     derivatives in float64 and uses the exact unnormalize factor."""
@@ -235,8 +263,10 @@ def backward(grad_output, inp, grid, mode, padding, align_corners):
                       mode, padding, align_corners) for a in range(dims)]
     usable = np.logical_and.reduce([axis[3] for axis in axes])
     n_of = np.repeat(np.arange(N), int(np.prod(out_size)))
-    gout = grad_output.double().reshape(N, C, -1).permute(0, 2, 1).reshape(-1, C).numpy()
-    values = inp.double().reshape(N, C, -1).numpy()
+    out_numel, in_numel = int(np.prod(out_size)), int(np.prod(in_size))
+    gout = grad_output.double().reshape(N, C, out_numel).permute(0, 2, 1).reshape(
+        N * out_numel, C).numpy()
+    values = inp.double().reshape(N, C, in_numel).numpy()
     grad_input = np.zeros((N, C, int(np.prod(in_size))))
     grad_grid = np.zeros((len(coords), dims))
     per_axis = axes[0][0].shape[1]

@@ -80,15 +80,19 @@ def _unnormalized(value, size, align_corners, dtype):
 def _classify_axis(value, size, mode, padding, align_corners, dtype):
     """What invariant (c) makes of one bad coordinate: "void" (the point
     contributes nothing and gets a zero grad_grid), "edge" (border padding
-    clamps it to the image edge) or "folded" (reflection padding folds a
-    huge finite coordinate back into the image)."""
+    clamps it to the image edge) or "folded" (the point is kept as it is:
+    reflection padding folds a huge finite coordinate back into the image,
+    and bicubic sampling pads each tap of a finite one, so that border puts
+    its taps on the edge and reflection folds them)."""
     coord = _unnormalized(value, size, align_corners, dtype)
     if math.isnan(coord):
         return "void"
     if mode == BICUBIC:
-        # Bicubic pads tap positions, not the coordinate: the unnormalized
-        # coordinate itself must be finite and within 2^40.
-        return "void"
+        # Only a non-finite unnormalized coordinate voids a bicubic point;
+        # zeros padding leaves a huge one's taps all outside, which is void.
+        if padding == ZEROS or not math.isfinite(coord):
+            return "void"
+        return "folded"
     if padding == BORDER:
         return "edge"
     if padding == REFLECTION and math.isfinite(coord):

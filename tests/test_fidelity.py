@@ -1,11 +1,12 @@
 # Owner(s): ["module: nn"]
-"""The backward differentiates the function stock's CUDA forward computes:
-every tap's position and weight, read from the shared math through the
-test-only `detgrid::_point_taps`, equals an independent reference written from
-upstream's formulas (stock_reference.py), for every mode, padding,
-align_corners, dtype and rank, hostile coordinates included. For half and
-bfloat16 that means scalar_t rounding wherever stock's scalar_t arithmetic
-rounds."""
+"""The backward has stock's CUDA backward's taps: every tap's position and
+weight, read from the shared math through the test-only
+`detgrid::_point_taps`, equals an independent reference written from
+upstream's CUDA source (stock_reference.py), for every mode, padding,
+align_corners, dtype and rank, hostile coordinates included: huge ones
+(bicubic taps padded onto the image, reflection's saturated flip count) and
+non-finite ones. For half and bfloat16 that means scalar_t rounding wherever
+stock's scalar_t arithmetic rounds."""
 
 import itertools
 
@@ -44,10 +45,13 @@ SIZES = {2: [(5, 7), (1, 300), (3, 2500)], 3: [(3, 4, 5), (1, 2, 300), (2, 2500,
 
 # Normalized coordinates that make trouble: the borders and just beyond,
 # values whose pixel coordinate is an integer or half-integer, far outside
-# the image (reflections), the largest finite values, infinities, NaN, zeros
-# and subnormals.
+# the image (reflections), huge values (pixel coordinates from 2^31 to
+# 2^60 and beyond: tap positions and reflection flip counts past int's
+# range), infinities, NaN, zeros and subnormals.
 HOSTILE = [0.0, -0.0, 1.0, -1.0, 1.0009765625, -1.0009765625, 0.5, -0.5, 1 / 3, 2.0, -2.0, 3.5,
-           -7.25, 10.0, -99.0, 1000.0, -3000.0, 6e4, -6e4, 1e-7, -1e-7, 6e-8, 1e30, -1e30,
+           -7.25, 10.0, -99.0, 1000.0, -3000.0, 6e4, -6e4, 1e-7, -1e-7, 6e-8,
+           2.0 ** 22 + 1, 3e6, -2.0 ** 24 - 3, 2.0 ** 31, -2.0 ** 31 + 5, 3.3e9, 2.0 ** 40 / 3,
+           -2.0 ** 48, 2.0 ** 52 + 2, -2.0 ** 53 - 6, 2.0 ** 60, -2.0 ** 60, 1e17, 1e30, -1e30,
            float("inf"), float("-inf"), float("nan")]
 
 
@@ -79,24 +83,6 @@ def sample_grid(dims, size, dtype, points=3000, seed=0):
     return torch.from_numpy(every).to(dtype)
 
 
-def _comparable_points(grid, size, mode, padding, align_corners):
-    """All points, except one case. For float and double, detgrid pads
-    bicubic tap positions exactly, in integers; stock's float reflection of
-    the position equals that while the position is below 2^22 (float: the
-    subtraction of the half-pixel lower bound and the flip count are exact
-    there; double: far beyond any size here), and is off by a pixel beyond.
-    Half and bfloat16 follow stock's scalar_t reflection everywhere."""
-    keep = np.ones(len(grid), dtype=bool)
-    if grid.dtype == torch.float32 and mode == ref.BICUBIC and padding == ref.REFLECTION:
-        arith = ref._Arith(grid.dtype)
-        dims = len(size)
-        for a in range(dims):
-            coord = arith.unnormalize(grid[:, dims - 1 - a].numpy(), size[a], align_corners)
-            with np.errstate(invalid="ignore"):
-                keep &= ~(np.abs(coord) >= 2.0 ** 22)
-    return keep
-
-
 def detgrid_point_taps(grid, size, mode, padding, align_corners):
     positions, in_bounds, weights = torch.ops.detgrid._point_taps(
         grid, list(size), mode, padding, align_corners)
@@ -116,9 +102,8 @@ class TestTapsAndWeightsMatchStockForward(TestCase):
                 grid, size, mode, padding, align_corners)
             want_positions, want_in_bounds, want_weights = ref.point_taps(
                 grid, size, mode, padding, align_corners)
-            keep = _comparable_points(grid, size, mode, padding, align_corners)
-            np.testing.assert_array_equal(in_bounds[keep], want_in_bounds[keep], err_msg=what)
-            mask = want_in_bounds & keep[:, None]
+            np.testing.assert_array_equal(in_bounds, want_in_bounds, err_msg=what)
+            mask = want_in_bounds
             np.testing.assert_array_equal(positions[mask], want_positions[mask], err_msg=what)
             np.testing.assert_array_equal(weights[mask], want_weights[mask].astype(np.float64),
                                           err_msg=what)
@@ -160,6 +145,37 @@ class TestGradientsFollowTheTaps(TestCase):
             want = torch.from_numpy(want).to(dtype).view(n, 1, H, W)
             self.assertEqual(grad_input, want, atol=0, rtol=0,
                              msg=f"{MODE_NAMES[mode]} {PADDING_NAMES[padding]} {align_corners}")
+
+
+class TestHugeBicubicCoordinates(TestCase):
+    """Issue 30: stock's bicubic pads every tap, so at any finite coordinate
+    border padding samples the edge column and its backward puts the
+    gradient there, with a non-zero grid gradient along the other axis."""
+
+    @parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64],
+                 name_fn=_dtype_name)
+    def test_border_puts_huge_coordinates_gradient_on_the_edge(self, dtype):
+        H, W = 5, 7
+        x = torch.tensor([1e12, 1e30, -2.0 ** 60, 2.0 ** 31, -1e30], dtype=torch.float64)
+        y = torch.tensor([0.1, -0.3, 0.45, 0.7, -0.85], dtype=torch.float64)
+        n = len(x)
+        grid = torch.stack([x, y], dim=1).to(dtype).view(n, 1, 1, 2)
+        gen = torch.Generator().manual_seed(3)
+        inp = torch.randn(n, 2, H, W, generator=gen, dtype=torch.float64).to(dtype)
+        grad_output = torch.randn(n, 2, 1, 1, generator=gen, dtype=torch.float64).to(dtype)
+        grad_input, grad_grid = detgrid_backward(grad_output, inp, grid, ref.BICUBIC,
+                                                 ref.BORDER, False)
+        want_input, want_grid = ref.backward(grad_output, inp, grid, ref.BICUBIC, ref.BORDER,
+                                             False)
+        edge = torch.where(x > 0, W - 1, 0)
+        for p in range(n):
+            columns = grad_input[p].abs().sum(dim=(0, 1))
+            self.assertTrue(bool(columns[edge[p]] > 0), f"point {p}")
+            self.assertEqual(int((columns != 0).sum()), 1, msg=f"point {p}")
+        self.assertTrue(bool((grad_grid[..., 1] != 0).all()))
+        rtol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        self.assertEqual(grad_input.double(), want_input, rtol=rtol, atol=rtol)
+        self.assertEqual(grad_grid.double(), want_grid, rtol=rtol, atol=rtol)
 
 
 class TestFmaContractionOfStockUnnormalize(TestCase):
@@ -246,6 +262,7 @@ instantiate_parametrized_tests(TestTapsAndWeightsMatchStockForward)
 instantiate_parametrized_tests(TestGridGradientIndependentOfGradInput)
 instantiate_parametrized_tests(TestGradientsFollowTheTaps)
 instantiate_parametrized_tests(TestFmaContractionOfStockUnnormalize)
+instantiate_parametrized_tests(TestHugeBicubicCoordinates)
 
 if __name__ == "__main__":
     run_tests()

@@ -63,14 +63,17 @@
 //     reduce's bookkeeping reuses the unsorted keys and ids. For Half/
 //     BFloat16 inputs that need more than one chunk, a float carry the size
 //     of grad_input comes on top.
-// (c) Safe coordinates. No index is formed from a coordinate that is not
-//     finite and within +-2^40 after unnormalizing and padding (bicubic:
-//     after unnormalizing; its tap positions are padded one by one). A point
-//     with such a coordinate (NaN, +-Inf, +-1e38, ...) contributes nothing to
-//     grad_input and gets a zero grad_grid; Border padding still clamps +-Inf
-//     to the border first, as stock does.
-// (d) Fidelity to the forward. Taps and weights are those stock's CUDA
-//     forward computes, in every dtype: for Half/BFloat16 the unnormalized
+// (c) Safe coordinates. No index is formed from a non-finite or huge
+//     value: bilinear and nearest convert the padded coordinate only within
+//     +-2^40 (beyond it only a zeros-padded point lies, outside the image);
+//     bicubic pads each tap position in floating point, whatever the
+//     coordinate's size, and converts it only within int's range. A point
+//     with a non-finite coordinate contributes nothing to grad_input and gets
+//     a zero grad_grid (stock's backward rule); Border padding still clamps
+//     +-Inf to the border first, as stock does.
+// (d) Fidelity to stock. Taps and weights are those stock's CUDA backward
+//     forms, in every dtype, reflection's saturating int flip count
+//     included: for Half/BFloat16 the unnormalized
 //     coordinate is rounded to scalar_t, and clipping, reflection, the
 //     bilinear weights and their product, the cubic coefficients and the
 //     bicubic tap positions are scalar_t arithmetic, rounded after every

@@ -5,17 +5,28 @@
 //
 // Everything here is C10_HOST_DEVICE on purpose: the CUDA kernels and a host
 // executor run these same functions, and every floating-point operation is
-// rounded explicitly (no FMA contraction, only exact library functions:
-// floor, nearbyint, fmod, fabs), so the two produce the same bits for
-// every dtype.
+// rounded explicitly (no FMA contraction; explicit fma_rn and the exact
+// library functions floor, trunc, nearbyint, fmod, fabs round once or not at
+// all), so the two produce the same bits for every dtype.
 //
-// Taps and weights are those of stock's CUDA forward (GridSampler.cuh), whose
-// coordinate helpers compute in scalar_t: for Half and BFloat16 the source
-// coordinate is rounded to scalar_t once unnormalized, and clipping,
-// reflection, the bilinear weights and the cubic coefficients are scalar_t
-// arithmetic, which c10::Half and c10::BFloat16 round after every operation.
-// The *_s operations below reproduce that: an explicitly rounded float
-// result converted to scalar_t and back.
+// Taps and weights are those stock's CUDA backward (GridSampler.cu and .cuh)
+// forms, for every finite coordinate and dtype. Its coordinate helpers
+// compute in scalar_t: for Half and BFloat16 the source coordinate is
+// rounded to scalar_t once unnormalized, and clipping, reflection, bicubic
+// tap positions, the bilinear weights and the cubic coefficients are
+// scalar_t arithmetic, which c10::Half and c10::BFloat16 round after every
+// operation. The *_s operations below reproduce that: an explicitly rounded
+// float result converted to scalar_t and back. Where stock converts a
+// float to int (reflection's flip count), the conversion is the GPU's:
+// saturating, NaN to 0 (gpu_float_to_int).
+//
+// Non-finite coordinates get no tap, stock's backward rule for bilinear and
+// nearest (safe_downgrade_to_int_range). Stock is not consistent there: for
+// border padding its forward's clip_coordinates turns NaN into 0 (::max)
+// while its bilinear backward's clip_coordinates_set_grad keeps NaN, and its
+// bicubic backward, built on the forward's helpers, would scatter NaN
+// coefficients onto an edge pixel. No choice is faithful to all of them;
+// detgrid takes the bilinear backward's, for every mode.
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
@@ -52,9 +63,14 @@ constexpr int64_t kRecordsPerPartial = 256;
 // What one chunk's buffers may take, CUB's sort scratch included; chunks are
 // sized to it (see the .cu file and plan_chunks in the pipeline).
 constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
-// Coordinates are converted to integers only inside this range; no input
-// dimension comes close to it, so a point beyond it has no tap in bounds.
+// Bilinear and nearest coordinates are converted to integers only inside
+// this range. They are padded first, so only a zeros-padded coordinate, far
+// outside the image, lies beyond it: such a point has no tap in bounds.
+// (Bicubic pads each tap on its own and never converts a huge value.)
 constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
+// Stock converts padded positions and flip counts to int; the GPU's
+// conversion saturates at int's bounds, +-2^31 in any floating type.
+constexpr double kIntRange = 2147483648.0; // 2^31
 
 // Explicitly rounded arithmetic. nvcc contracts a * b + c into an FMA unless
 // told otherwise and the host compiler does not; the intrinsics pin the
@@ -84,6 +100,9 @@ C10_HOST_DEVICE inline double mul_rn(double a, double b) {
 C10_HOST_DEVICE inline double div_rn(double a, double b) {
   return __ddiv_rn(a, b);
 }
+C10_HOST_DEVICE inline double fma_rn(double a, double b, double c) {
+  return __fma_rn(a, b, c);
+}
 #else
 template <typename T>
 inline T add_rn(T a, T b) {
@@ -100,6 +119,11 @@ inline T mul_rn(T a, T b) {
 template <typename T>
 inline T div_rn(T a, T b) {
   return a / b;
+}
+// a * b + c rounded once, as the GPU's fma; the host's std::fma is
+// correctly rounded too (in software where the CPU has no FMA).
+inline double fma_rn(double a, double b, double c) {
+  return std::fma(a, b, c);
 }
 #endif
 
@@ -138,8 +162,9 @@ C10_HOST_DEVICE inline T integer_s(int64_t i) {
 }
 
 // True for finite values whose integer part fits comfortably in int64_t;
-// false for NaN and +-Inf. Nothing is converted to an integer unless this
-// holds, so non-finite or huge grids never yield a wild index.
+// false for NaN and +-Inf. A bilinear or nearest coordinate is converted to
+// an integer only when this holds, so non-finite or huge grids never yield a
+// wild index.
 template <typename T>
 C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
   return x >= static_cast<T>(-kMaxSafeCoordinate) &&
@@ -186,16 +211,61 @@ C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
   return coord;
 }
 
+// static_cast<int>(x) as the GPU computes it (cvt.rzi.s32): truncation,
+// saturating at INT_MIN and INT_MAX, NaN to 0. C++ leaves the conversion of
+// an out-of-range value undefined, so the host must not rely on it.
+template <typename T>
+C10_HOST_DEVICE inline int32_t gpu_float_to_int(T x) {
+  if (x != x) {
+    return 0;
+  }
+  if (x >= static_cast<T>(kIntRange)) {
+    return std::numeric_limits<int32_t>::max();
+  }
+  if (x <= static_cast<T>(-kIntRange)) {
+    return std::numeric_limits<int32_t>::min();
+  }
+  return static_cast<int32_t>(x);
+}
+
+// distance / span rounded as stock's scalar_t division rounds it, span > 0.
+// `inverse_span` is 1.0 / span rounded to double. A double division is a
+// subroutine call on the GPU; instead the quotient of double comes from the
+// reciprocal and two corrections by the exact remainder, the last of which
+// is the correctly rounded quotient (Markstein's theorem: the remainder
+// a - q * b is exact in an fma when q is within an ulp of a / b, and
+// rounding q + remainder * (1 / b rounded) then gives a / b rounded, for a
+// reciprocal rounded to nearest; the first correction brings the product,
+// up to 1.5 ulp off, within an ulp). Infinite and NaN distances keep the
+// product (stock: inf / span = inf).
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T span_quotient(T distance, T span, double inverse_span) {
+  if constexpr (std::is_same_v<T, double>) {
+    const T product = mul_rn(distance, inverse_span);
+    T quotient = product;
+    for (int step = 0; step < 2; ++step) {
+      const T remainder = fma_rn(-quotient, span, distance);
+      quotient = fma_rn(remainder, inverse_span, quotient);
+    }
+    return sub_rn(product, product) == static_cast<T>(0) ? quotient : product;
+  } else {
+    return div_s<scalar_t>(distance, span);
+  }
+}
+
 // Reflects into [twice_low / 2, twice_high / 2], in scalar_t arithmetic as
-// stock does (the flip count comes from the rounded quotient). The parity of
-// the number of flips is taken with fmod instead of an int cast, so huge or
-// infinite input stays well defined (it yields NaN, which the caller
-// rejects). fmod is exact, so it needs no rounding.
+// stock's reflect_coordinates_set_grad does; reflect_coordinates, the
+// forward's, gives the same coordinate. The number of flips is stock's:
+// floor of the rounded quotient, converted to int as the GPU does, so beyond
+// 2^31 spans it saturates at INT_MAX (odd), and in float, between 2^24 and
+// 2^31 spans, the rounded quotient is even. fmod is exact and needs no
+// rounding. `inverse_period` is 1.0 / (twice_high - twice_low).
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T reflect(
     T coord,
     int64_t twice_low,
     int64_t twice_high,
+    double inverse_period,
     T* grad) {
   if (twice_low == twice_high) {
     *grad = static_cast<T>(0);
@@ -212,8 +282,9 @@ C10_HOST_DEVICE inline T reflect(
     distance = -distance;
   }
   const T extra = std::fmod(distance, span);
-  const T flips = std::floor(div_s<scalar_t>(distance, span));
-  if (std::fmod(flips, static_cast<T>(2)) == static_cast<T>(0)) {
+  const int32_t flips = gpu_float_to_int(std::floor(
+      span_quotient<scalar_t>(distance, span, 2.0 * inverse_period)));
+  if (flips % 2 == 0) {
     *grad = sign;
     return add_s<scalar_t>(extra, low);
   }
@@ -223,12 +294,14 @@ C10_HOST_DEVICE inline T reflect(
 
 // Pads a pixel coordinate as stock's compute_coordinates does (clip, or
 // reflect then clip), multiplying *mult by the derivative of the padding.
+// `inverse_period` is 1.0 / reflection_period(size, align_corners).
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T pad_coordinate(
     T coord,
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
+    double inverse_period,
     T* mult) {
   if (padding_mode == GridSamplerPadding::Border) {
     T grad_clip;
@@ -238,8 +311,10 @@ C10_HOST_DEVICE inline T pad_coordinate(
     T grad_reflect;
     T grad_clip;
     coord = align_corners
-        ? reflect<scalar_t>(coord, 0, 2 * (size - 1), &grad_reflect)
-        : reflect<scalar_t>(coord, -1, 2 * size - 1, &grad_reflect);
+        ? reflect<scalar_t>(
+              coord, 0, 2 * (size - 1), inverse_period, &grad_reflect)
+        : reflect<scalar_t>(
+              coord, -1, 2 * size - 1, inverse_period, &grad_reflect);
     coord = clip<scalar_t>(coord, size, &grad_clip);
     *mult = mul_rn(mul_rn(*mult, grad_reflect), grad_clip);
   }
@@ -255,10 +330,11 @@ C10_HOST_DEVICE inline T source_coordinate(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
+    double inverse_period,
     T* mult) {
   coord = unnormalize<scalar_t>(coord, size, align_corners, mult);
   return pad_coordinate<scalar_t>(
-      coord, size, padding_mode, align_corners, mult);
+      coord, size, padding_mode, align_corners, inverse_period, mult);
 }
 
 // The period of reflection padding along an axis of `size` pixels, in
@@ -267,65 +343,6 @@ C10_HOST_DEVICE inline int64_t reflection_period(
     int64_t size,
     bool align_corners) {
   return align_corners ? 2 * (size - 1) : 2 * size;
-}
-
-// x mod period for 0 <= x < 2^52 and period >= 1, where `inverse` is
-// 1.0 / period rounded to double. A 64-bit integer division is a subroutine
-// call on the GPU (its callee-saved registers spill); instead the quotient
-// comes from one rounded product, whose relative error (< 2^-52) leaves it
-// within one of the truth for these magnitudes, and one step either way
-// makes the remainder exact.
-C10_HOST_DEVICE inline int64_t mod_by_reciprocal(
-    int64_t x,
-    int64_t period,
-    double inverse) {
-  const int64_t quotient =
-      static_cast<int64_t>(mul_rn(static_cast<double>(x), inverse));
-  int64_t remainder = x - quotient * period;
-  if (remainder < 0) {
-    remainder += period;
-  } else if (remainder >= period) {
-    remainder -= period;
-  }
-  return remainder;
-}
-
-// Integer twin of `reflect` followed by `clip` for the integer tap positions
-// of bicubic sampling; equal to the floating-point version wherever that one
-// is exact, and exact everywhere. `inverse_period` is
-// 1.0 / reflection_period(size, align_corners). |index| <= 2^40 + 3.
-C10_HOST_DEVICE inline int64_t reflect_index(
-    int64_t index,
-    int64_t size,
-    bool align_corners,
-    double inverse_period) {
-  const int64_t period = reflection_period(size, align_corners);
-  if (align_corners) {
-    if (size == 1) {
-      return 0;
-    }
-    const int64_t folded = mod_by_reciprocal(
-        index < 0 ? -index : index, period, inverse_period);
-    return folded < size ? folded : period - folded;
-  }
-  const int64_t folded = mod_by_reciprocal(
-      index < 0 ? -index - 1 : index, period, inverse_period);
-  return folded < size ? folded : period - 1 - folded;
-}
-
-C10_HOST_DEVICE inline int64_t pad_index(
-    int64_t index,
-    int64_t size,
-    GridSamplerPadding padding_mode,
-    bool align_corners,
-    double inverse_period) {
-  if (padding_mode == GridSamplerPadding::Border) {
-    return index < 0 ? 0 : (index >= size ? size - 1 : index);
-  }
-  if (padding_mode == GridSamplerPadding::Reflection) {
-    return reflect_index(index, size, align_corners, inverse_period);
-  }
-  return index;
 }
 
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
@@ -409,7 +426,9 @@ struct AxisTaps {
   T weight[kTaps]; // interpolation weight along this axis
   T dweight[kTaps]; // d weight / d source coordinate
   T mult; // d source coordinate / d grid coordinate
-  bool usable; // false when the coordinate is NaN, infinite or huge
+  // false when the coordinate is NaN or infinite, or (bilinear and
+  // nearest) when its padded value lies beyond kMaxSafeCoordinate
+  bool usable;
 };
 
 C10_HOST_DEVICE inline int taps_per_axis(
@@ -442,7 +461,7 @@ inline void dispatch_taps_per_axis(
   }
 }
 
-// An axis whose coordinate is NaN, infinite or huge: no tap is in bounds,
+// An axis whose coordinate is unusable (see AxisTaps): no tap is in bounds,
 // and every weight is zero, so the point contributes nothing anywhere and
 // its grid gradient is zero.
 template <typename T, int kTaps>
@@ -456,40 +475,48 @@ C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   }
 }
 
-// The padded position of the bicubic tap at offset k - 1 from `base`, an
-// integer with |base| <= 2^40. float and double pad the integer position
-// exactly (pad_index), which equals stock's floating-point padding wherever
-// that is exact. For Half and BFloat16, stock's get_value_bounded forms the
-// position in scalar_t, ((base - 1) + k), which rounds beyond the dtype's
-// run of consecutive integers (so neighbouring taps can coincide), and pads
-// it like a coordinate; the result, within [-2^40, 2^40] still, is truncated
-// to an integer as stock's int cast does.
+// The padded position of the bicubic tap at offset k - 1 from `base`
+// (floor of the source coordinate), as stock's backward forms it for
+// add_value_bounded and get_value_bounded: (base - 1) + k in scalar_t, which
+// rounds beyond scalar_t's run of consecutive integers (neighbouring taps
+// may coincide), padded like a coordinate (compute_coordinates). Border
+// clips and reflection reflects the position in floating point, so a tap
+// of a huge coordinate lands on the image whatever the coordinate's size.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline int64_t cubic_tap_index(
+C10_HOST_DEVICE inline T cubic_tap_position(
     T base,
     int k,
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
     double inverse_period) {
-  if constexpr (std::is_same_v<scalar_t, T>) {
-    return pad_index(
-        static_cast<int64_t>(base) - 1 + k,
-        size,
-        padding_mode,
-        align_corners,
-        inverse_period);
-  } else {
-    T unused_mult = static_cast<T>(1);
-    const T position = add_s<scalar_t>(
-        sub_s<scalar_t>(base, static_cast<T>(1)), static_cast<T>(k));
-    return static_cast<int64_t>(pad_coordinate<scalar_t>(
-        position, size, padding_mode, align_corners, &unused_mult));
+  T unused_mult = static_cast<T>(1);
+  const T position = add_s<scalar_t>(
+      sub_s<scalar_t>(base, static_cast<T>(1)), static_cast<T>(k));
+  return pad_coordinate<scalar_t>(
+      position, size, padding_mode, align_corners, inverse_period,
+      &unused_mult);
+}
+
+// Whether a padded tap position is in bounds, and its pixel, as stock's
+// backward decides: safe_downgrade_to_int_range sends positions beyond
+// int's range out of bounds, static_cast<int> truncates (so (-1, 0) is
+// pixel 0), within_bounds_2d tests the int. Only a position known to lie in
+// int's range is converted.
+template <typename T>
+C10_HOST_DEVICE inline bool tap_index(T position, int64_t size, int64_t* index) {
+  *index = 0;
+  if (!(position > static_cast<T>(-1) &&
+        position < static_cast<T>(kIntRange))) {
+    return false;
   }
+  *index = static_cast<int64_t>(position);
+  return *index < size;
 }
 
 // Bicubic: four taps around floor(coord), each position padded on its own
-// (as stock does), not the coordinate.
+// (as stock does), not the coordinate. Only a non-finite source coordinate
+// voids the axis (see the file comment).
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     std::integral_constant<int, 4>,
@@ -502,7 +529,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   taps.usable = true;
   const T coord =
       unnormalize<scalar_t>(grid_coord, size, align_corners, &taps.mult);
-  if (!is_safe_coordinate(coord)) {
+  if (!(std::fabs(coord) <= std::numeric_limits<T>::max())) {
     make_void(taps);
     return taps;
   }
@@ -510,10 +537,9 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   cubic_weights<scalar_t>(
       sub_s<scalar_t>(coord, base), taps.weight, taps.dweight);
   for (int k = 0; k < 4; ++k) {
-    const int64_t index = cubic_tap_index<scalar_t>(
+    const T position = cubic_tap_position<scalar_t>(
         base, k, size, padding_mode, align_corners, inverse_period);
-    taps.index[k] = index;
-    taps.in_bounds[k] = index >= 0 && index < size;
+    taps.in_bounds[k] = tap_index(position, size, &taps.index[k]);
   }
   return taps;
 }
@@ -527,10 +553,12 @@ C10_HOST_DEVICE inline bool start_padded_axis(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
+    double inverse_period,
     T* coord) {
   taps.usable = true;
   *coord = source_coordinate<scalar_t>(
-      grid_coord, size, padding_mode, align_corners, &taps.mult);
+      grid_coord, size, padding_mode, align_corners, inverse_period,
+      &taps.mult);
   if (!is_safe_coordinate(*coord)) {
     make_void(taps);
     return false;
@@ -545,11 +573,18 @@ C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners) {
+    bool align_corners,
+    double inverse_period) {
   AxisTaps<T, 2> taps;
   T coord;
   if (!start_padded_axis<scalar_t>(
-          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
+          taps,
+          grid_coord,
+          size,
+          padding_mode,
+          align_corners,
+          inverse_period,
+          &coord)) {
     return taps;
   }
   const int64_t low = static_cast<int64_t>(std::floor(coord));
@@ -573,11 +608,18 @@ C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners) {
+    bool align_corners,
+    double inverse_period) {
   AxisTaps<T, 1> taps;
   T coord;
   if (!start_padded_axis<scalar_t>(
-          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
+          taps,
+          grid_coord,
+          size,
+          padding_mode,
+          align_corners,
+          inverse_period,
+          &coord)) {
     return taps;
   }
   const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
@@ -723,23 +765,13 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   bool usable = true;
   GRID_SAMPLER_DET_UNROLL
   for (int a = 0; a < kDims; ++a) {
-    if constexpr (kTaps == 4) {
-      // Bicubic pads each tap's position, the others the coordinate.
-      taps.axis[a] = compute_axis_taps<scalar_t>(
-          taps_per_axis_c,
-          grid_coord[kDims - 1 - a],
-          static_cast<int64_t>(inp_size.v[a]),
-          padding_mode,
-          align_corners,
-          inverse_periods.v[a]);
-    } else {
-      taps.axis[a] = compute_axis_taps<scalar_t>(
-          taps_per_axis_c,
-          grid_coord[kDims - 1 - a],
-          static_cast<int64_t>(inp_size.v[a]),
-          padding_mode,
-          align_corners);
-    }
+    taps.axis[a] = compute_axis_taps<scalar_t>(
+        taps_per_axis_c,
+        grid_coord[kDims - 1 - a],
+        static_cast<int64_t>(inp_size.v[a]),
+        padding_mode,
+        align_corners,
+        inverse_periods.v[a]);
     usable = usable && taps.axis[a].usable;
   }
   // A point with one unusable coordinate has no tap in bounds at all.
