@@ -1093,7 +1093,7 @@ inline ChunkPlan with_carry(ChunkPlan chunks, const BackwardProblem& problem) {
       chunks.chunk_points < problem.num_points && numel > 0;
   chunks.carry_elements =
       needed ? std::min(numel, kCarryBytes / problem.opmath_bytes) : 0;
-  if (chunks.carry_elements < numel) {
+  if (needed && chunks.carry_elements < numel) {
     chunks.channels_fastest = false;
     chunks.copy_grad_output = false;
   }
