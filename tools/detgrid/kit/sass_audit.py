@@ -1,12 +1,12 @@
 """Audits of detgrid's compiled CUDA kernels, read from the machine code.
 
-Three checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
+Four checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
 function of compiler output so that CI can run it without a GPU (with
 --exact, on a build of aten_kernels/extension/exact/ExactCuda.cu, of the
 exact accumulation's kernels only: see EXACT):
 
 * resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
-  except the point passes allowed to (the fp64 and int64-key tricubic ones);
+  except those --allow-spills names (CI names none);
 * fused arithmetic (`nvdisasm -g -gi`, SASS with inlined line info): no
   FFMA, DFMA or HFMA2 in detgrid's own arithmetic. The CUDA == host bit
   equality rests on every operation being rounded on its own; the only
@@ -22,7 +22,7 @@ exact accumulation's kernels only: see EXACT):
   for_each_kernel<Stage>), and the unit, CUB's kernels included, has at most
   KERNEL_BUDGET kernels and TEXT_BUDGET bytes of `.text` (issue 32).
 
-It also measures each reduce kernel's inner loop (the smallest loop that
+It also measures each reduce kernel's inner loop and registers (the smallest loop that
 holds the fold's FMUL and FADD, plus the static size of any subroutine it
 calls) and its setup (what one grad_input element, or one sparse run, costs
 before the fold's loops start), for benchmarks/NOTES.md, and fails when the
