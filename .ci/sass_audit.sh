@@ -3,8 +3,13 @@
 # a stack frame or spill in any detgrid kernel, a fused multiply-add in
 # detgrid's own arithmetic (the CUDA == host bit equality rests on every
 # operation being rounded on its own), flush-to-zero arithmetic, or a 2-D
-# fp32 dense reduce whose setup per element exceeds 80 instructions. Prints
-# each reduce kernel's setup and inner-loop instruction counts. Then audits the
+# fp32 dense reduce whose setup per element exceeds 80 instructions; a kernel
+# of the unit that is not one of its named stage kernels (a generic runner
+# like for_each_kernel<Stage>), or the unit past its budget of 128 kernels
+# and 3.0 MiB of .text (issue 32). Prints the unit's kernels and .text by
+# kernel name, and each reduce kernel's setup and inner-loop instruction
+# counts and registers. With --write-machine-code, writes the unit's count
+# to benchmarks/machine_code.json (which `detgrid report` cites). Then audits the
 # kernels of accumulate="exact" (aten_kernels/extension/exact/) from a build of
 # ExactCuda.cu, the extension's CUDA unit: no stack frame or spill in any of
 # them, no fused multiply-add and no flush to zero; prints the registers and
@@ -17,6 +22,12 @@
 #   wheel (SASS with inlined line info; cuobjdump -sass has no line info).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+machine_code=()
+case "${1:-}" in
+  "") ;;
+  --write-machine-code) machine_code=(--machine-code-json "$root/benchmarks/machine_code.json") ;;
+  *) echo "usage: sass_audit.sh [--write-machine-code]" >&2; exit 2 ;;
+esac
 cache_root=${DETGRID_CACHE:-$HOME/.cache/detgrid}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 # Any Python 3 with pip: the audit is plain Python, pip fetches the headers
@@ -35,9 +46,10 @@ if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ]; then
   chmod +x "$tools/nvidia/cu13/bin/nvdisasm"
 fi
 
-# build NAME SOURCE [extra nvcc flags]: cubin, ptxas -v log and SASS under $work/NAME
+# build NAME SOURCE [extra nvcc flags]: cubin, ptxas -v log and SASS under
+# $work/NAME; prints nvcc's wall time.
 build() {
-  local name=$1 source=$2; shift 2
+  local name=$1 source=$2 start=$SECONDS; shift 2
   mkdir -p "$work/$name"
   "$cuda_home/bin/nvcc" -cubin -std=c++20 -O3 -lineinfo \
     -DCUB_WRAPPED_NAMESPACE=at_cuda_detail --expt-relaxed-constexpr --expt-extended-lambda \
@@ -46,6 +58,7 @@ build() {
     -I"$headers/torch/include/torch/csrc/api/include" -I"$headers/nvidia/cu13/include" \
     -o "$work/$name/kernels.cubin" "$source" 2> "$work/$name/ptxas.txt" \
     || { cat "$work/$name/ptxas.txt"; exit 1; }
+  echo "sass audit: nvcc took $((SECONDS - start)) s"
   "$tools/nvidia/cu13/bin/nvdisasm" -c -g -gi "$work/$name/kernels.cubin" > "$work/$name/sass.txt"
 }
 
@@ -54,19 +67,25 @@ audit() {
     --ptxas-log "$work/$1/ptxas.txt" --sass "$work/$1/sass.txt" "${@:2}"
 }
 
+# Each audit runs whatever the one before found, so that one run shows every
+# finding; the script fails at the end if any did.
+status=0
 echo "sass audit: building GridSamplerDeterministic.cu for sm_90"
 build release "$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"
-# One line per reduce kernel: setup=N (instructions per element, or sparse
-# run, before its fold) per-record=M (the fold's inner loop); the audit
+# The unit's kernels and .text, then one line per kernel name (family), then
+# one per reduce kernel: setup=N (instructions per element, or sparse run,
+# before its fold) per-record=M (the fold's inner loop) regs=R; the audit
 # fails when a 2-D fp32 dense reduce's setup exceeds 80.
-audit release --loops | grep -E "^FAIL|^sass audit|^reduce kernels|^setup="
+audit release --loops --cubin "$work/release/kernels.cubin" "${machine_code[@]}" \
+  | grep -E "^FAIL|^sass audit|^machine code|^family |^reduce kernels|^setup=" || status=1
 
 # ExactCuda.cu includes GridSamplerDeterministic.cu whole; --exact audits only
 # the exact stages' kernels, the others were audited above. One line per
 # reduce: per-record=N regs=R; per ScatterTerms: per-term=N atomics=A regs=R.
 echo "sass audit: building ExactCuda.cu (accumulate=\"exact\") for sm_90"
 build exact "$root/aten_kernels/extension/exact/ExactCuda.cu"
-audit exact --exact --loops | grep -E "^FAIL|^sass audit|^exact kernels|^per-(record|term)="
+audit exact --exact --loops | grep -E "^FAIL|^sass audit|^exact kernels|^per-(record|term)=" \
+  || status=1
 
 echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
 build fast_math "$root/.ci/audit/fast_math_probe.cu" --use_fast_math
@@ -77,3 +96,4 @@ fi
 grep -q "flush-to-zero" "$work/fast_math/audit.txt" \
   || { echo "FAILED: the fast-math build failed the audit, but not for flush-to-zero"; exit 1; }
 echo "sass audit: the --use_fast_math build fails it, as it must ($(grep -c '^FAIL' "$work/fast_math/audit.txt") findings)"
+exit $status

@@ -3,24 +3,34 @@
 excerpts of ptxas -v and nvdisasm -g -gi output. CI runs it on the real sm_90
 build (.ci/sass_audit.sh); these tests pin what it accepts and refuses."""
 
+import contextlib
+import io
+import json
+import struct
+import tempfile
 import textwrap
+from pathlib import Path
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from detgrid.kit import sass_audit
+from detgrid.kit import report, sass_audit
 
-OURS = "_ZN2at6native60_GLOBAL__N__GridSamplerDeterministic_cu_1215for_each_kernelIiNS_4StageEEEvT0_T_"
+UNIT_NAMESPACE = "_ZN2at6native60_GLOBAL__N__ffb48525_27_GridSamplerDeterministic_cu_7dd603db"
+OURS = UNIT_NAMESPACE + "15sum_runs_kernelINS0_26grid_sampler_deterministic12ReduceSparseIfiEEiiEEvT_T0_T1_"
+# What every stage ran through before issue 32.
+GENERIC = (UNIT_NAMESPACE + "15for_each_kernelINS0_26grid_sampler_deterministic12MarkRunHeadsEiEEvT_T0_")
+CUB_KERNEL = "_ZN14at_cuda_detail3cub6detail4scan20DeviceScanInitKernelINS0_13ScanTileStateIiLb1EEEEEvT_i"
 CUH = "/src/ATen/native/cuda/GridSamplerDeterministic.cuh"
 # Kernels of an ExactCuda.cu build: two exact stages, and one of the
 # pipeline's that the unit's inclusion of GridSamplerDeterministic.cu brings.
-EXACT_NAMESPACE = "_ZN2at6native45_GLOBAL__N__0aa0d8f9_12_ExactCuda_cu_7dd603db"
+EXACT_NAMESPACE = "_ZN2at6native45_GLOBAL__N__014824c8_12_ExactCuda_cu_7dd603db"
 SCATTER = (EXACT_NAMESPACE
-           + "19for_each_row_kernelIN7detgrid5exact12ScatterTermsILi4ELi2EfiiEEiiEEvT_T0_T1_")
+           + "26scatter_exact_terms_kernelIN7detgrid5exact12ScatterTermsILi4ELi2EfiiEEiiEEvT_T0_T1_")
 SPARSE = (EXACT_NAMESPACE
-          + "19for_each_row_kernelIN7detgrid5exact17ReduceExactSparseILi4ELi2EfiiEEiiEEvT_T0_T1_")
+          + "21sum_runs_exact_kernelIN7detgrid5exact17ReduceExactSparseILi4ELi2EfiiEEiiEEvT_T0_T1_")
 POINT_PASS_IN_EXACT_UNIT = (
-    EXACT_NAMESPACE + "15for_each_kernelINS0_26grid_sampler_deterministic9PointPassILi2ELb1E"
-    "LNS3_6KeyingE0ENS3_12BackwardArgsIN3c108BFloat16ElLi3EEElEElEEvT_T0_")
+    EXACT_NAMESPACE + "33grid_sampler_point_records_kernelINS0_26grid_sampler_deterministic9PointPass"
+    "ILi2ENS3_12BackwardArgsIN3c108BFloat16ElLi3EEEEElEEvT_T0_")
 EXACT_SUM = "/src/extension/exact/ExactSum.cuh"
 ATOMICS_HEADER = "/usr/local/cuda/include/device_atomic_functions.hpp"
 
@@ -48,6 +58,43 @@ def _listing(instructions, labels, locations=None):
         body += _loc(*locations.get(k, (CUH, 880)))
         body += f"        /*{offset:04x}*/                   {text} ;\n"
     return body
+
+
+def _cubin(sections):
+    """A 64-bit little-endian ELF holding section headers alone, one per
+    (name, size) of `sections`, and its section-name table."""
+    names = b"\0"
+    offsets = []
+    for name, _ in sections + [(".shstrtab", 0)]:
+        offsets.append(len(names))
+        names += name.encode() + b"\0"
+    table = 64 + len(names)
+    header = "<IIQQQQIIQQ"  # name, type, flags, addr, offset, size, link, info, align, entsize
+    headers = [struct.pack(header, *[0] * 10)]
+    headers += [struct.pack(header, offset, 1, 6, 0, 0, size, 0, 0, 128, 0)
+                for (_, size), offset in zip(sections, offsets)]
+    headers.append(struct.pack(header, offsets[-1], 3, 0, 0, 64, len(names), 0, 0, 1, 0))
+    elf = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack(
+        "<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, table, 0, 64, 0, 0, 64, len(headers), len(headers) - 1)
+    return elf + names + b"".join(headers)
+
+
+def _run_audit(files, *flags):
+    """sass_audit.main on `files` (file name -> content) in a scratch folder,
+    `flags` naming them {name} and the folder {work}: (exit status, stdout,
+    stderr, the folder's files after)."""
+    with tempfile.TemporaryDirectory() as work:
+        paths = {}
+        for name, content in files.items():
+            paths[name] = f"{work}/{name}"
+            Path(paths[name]).write_bytes(content if isinstance(content, bytes)
+                                          else content.encode())
+        argv = [arg.format(work=work, **paths) for arg in flags]
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            rc = sass_audit.main(argv)
+        after = {p.name: p.read_bytes() for p in Path(work).iterdir()}
+    return rc, stdout.getvalue(), stderr.getvalue(), after
 
 
 class _Lines(sass_audit.SourceLines):
@@ -115,7 +162,7 @@ class TestSassAudit(TestCase):
         resources = sass_audit.parse_ptxas(log)
         self.assertEqual(resources[OURS], sass_audit.Resources(80, 16, 24, 12))
         self.assertEqual(len(sass_audit.resource_violations(resources, [])), 1)
-        self.assertEqual(sass_audit.resource_violations(resources, ["Stage"]), [])
+        self.assertEqual(sass_audit.resource_violations(resources, ["ReduceSparse<float"]), [])
 
     def test_inner_loop_cost_counts_body_and_called_subroutines(self):
         sass = _sass(_loc(CUH, 880)
@@ -154,13 +201,18 @@ class TestSassAudit(TestCase):
         self.assertEqual(sass_audit.setup_cost(function, cost.loop), 3)
 
     def test_setup_limit_applies_to_2d_fp32_dense_reduces(self):
-        dense = ("for_each_kernel<ReduceDenseChannelsFastest<DenseFold<4, "
-                 "CellSegments<int, 2>, float, int, float> >, int>")
-        sparse = "for_each_row_kernel<ReduceSparse<4, float, int, int, float>, int, int>"
+        dense = ("sum_segments_channels_fastest_kernel<ReduceDenseChannelsFastest<DenseFold<"
+                 "CellSegments<int, 2>, float, int> >, int>")
+        per_tap = ("sum_segments_per_destination_kernel<ReduceDense<DenseFold<"
+                   "DestinationSegments<int>, float, int> >, int, int>")
+        dense_3d = ("sum_segments_per_destination_kernel<ReduceDense<DenseFold<"
+                    "CellSegments<int, 3>, float, int> >, int, int>")
+        sparse = "sum_runs_kernel<ReduceSparse<float, int>, int, int>"
         loop = sass_audit.LoopCost(46, 0, 0)
-        rows = [sass_audit.ReduceCost(dense, loop, 81), sass_audit.ReduceCost(sparse, loop, 200)]
-        self.assertEqual(len(sass_audit.setup_violations(rows)), 1)
-        rows[0].setup = 80
+        rows = [sass_audit.ReduceCost(dense, loop, 81), sass_audit.ReduceCost(per_tap, loop, 81),
+                sass_audit.ReduceCost(dense_3d, loop, 200), sass_audit.ReduceCost(sparse, loop, 200)]
+        self.assertEqual(len(sass_audit.setup_violations(rows)), 2)
+        rows[0].setup = rows[1].setup = 80
         self.assertEqual(sass_audit.setup_violations(rows), [])
 
     def test_exact_scope_holds_the_exact_stages_alone(self):
@@ -221,10 +273,6 @@ class TestSassAudit(TestCase):
         self.assertEqual((cost.body, atomics), (9, 4))
 
     def test_exact_audit_prints_each_loop_and_fails_on_a_spill(self):
-        import contextlib
-        import io
-        import tempfile
-
         ins = ["LDG.E R1, desc[UR4][R2.64]", "FMUL R3, R1, R4",
                "REDG.E.ADD.64.STRONG.GPU desc[UR8][R8.64], R10", "@P0 BRA `(.L_x_1)", "EXIT"]
         log = textwrap.dedent(f"""\
@@ -232,27 +280,18 @@ class TestSassAudit(TestCase):
                 8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
             ptxas info    : Used 30 registers, used 0 barriers, 8 bytes cumulative stack size
             """)
-        with tempfile.TemporaryDirectory() as work:
-            paths = {"ptxas": f"{work}/ptxas.txt", "sass": f"{work}/sass.txt"}
-            with open(paths["ptxas"], "w") as f:
-                f.write(log)
-            with open(paths["sass"], "w") as f:
-                f.write(_sass(_listing(ins, {0x10: ".L_x_1"}), name=SCATTER))
-            stdout = io.StringIO()
-            with contextlib.redirect_stdout(stdout):
-                rc = sass_audit.main(["--ptxas-log", paths["ptxas"], "--sass", paths["sass"],
-                                      "--exact", "--loops"])
-        lines = stdout.getvalue().splitlines()
+        files = {"ptxas": log, "sass": _sass(_listing(ins, {0x10: ".L_x_1"}), name=SCATTER)}
+        rc, out, _, _ = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
+                                   "--exact", "--loops")
+        lines = out.splitlines()
         self.assertEqual(rc, 1)
         self.assertTrue(lines[0].startswith("FAIL (stack frames or spills): "), lines)
-        self.assertIn("per-term=4 (0 calls) atomics=1 regs=30", stdout.getvalue())
+        self.assertIn("per-term=4 (0 calls) atomics=1 regs=30  scatter_exact_terms_kernel<"
+                      "ScatterTerms<4, 2, float, int, int>, int, int>", out)
         self.assertEqual(lines[-1], "sass audit: 1 detgrid exact kernels, 5 instructions; "
                                     "1 problem(s)")
 
     def test_an_exact_loop_not_found_is_printed_not_dropped(self):
-        import contextlib
-        import io
-
         sass = _sass(_listing(["IADD3 R1, R1, 1, RZ", "@P0 BRA `(.L_x_1)", "EXIT"],
                               {0x10: ".L_x_1"}), name=SPARSE)
         rows = sass_audit.exact_loop_table(sass_audit.parse_sass(sass), {})
@@ -263,10 +302,98 @@ class TestSassAudit(TestCase):
             sass_audit.print_exact_loops(rows)
         self.assertIn("per-record=? (no loop found) regs=None", stdout.getvalue())
 
-    def test_unreadable_input_is_a_one_line_error(self):
-        import contextlib
-        import io
+    def test_kernel_name_is_read_from_the_mangled_name(self):
+        self.assertEqual(sass_audit.kernel_name(OURS), "sum_runs_kernel")
+        self.assertEqual(sass_audit.kernel_name(GENERIC), "for_each_kernel")
+        self.assertEqual(sass_audit.kernel_name(CUB_KERNEL), "DeviceScanInitKernel")
+        self.assertEqual(sass_audit.kernel_name(POINT_PASS_IN_EXACT_UNIT),
+                         "grid_sampler_point_records_kernel")
+        self.assertEqual(sass_audit.kernel_name("_Z6simplev"), "simple")
+        self.assertEqual(sass_audit.kernel_name("not_mangled"), "not_mangled")
 
+    def test_generic_stage_runners_and_unnamed_kernels_are_refused(self):
+        unnamed = UNIT_NAMESPACE + "11some_kernelEv"
+        found = sass_audit.generic_kernels([OURS, GENERIC, unnamed, CUB_KERNEL])
+        self.assertEqual(len(found), 2)
+        self.assertIn("for_each_kernel is a generic stage runner: for_each_kernel<MarkRunHeads, "
+                      "int>", found)
+        self.assertIn("some_kernel is not one of the unit's named stage kernels "
+                      "(sass_audit.STAGE_KERNELS)", found)
+        self.assertEqual(sass_audit.generic_kernels([OURS, CUB_KERNEL]), [])
+
+    def test_budget_allows_128_kernels_and_3_mib_and_no_more(self):
+        within = sass_audit.MachineCode("sm_90", 128, 3 * 2**20)
+        self.assertEqual(sass_audit.budget_violations(within), [])
+        over = sass_audit.MachineCode("sm_90", 129, 3 * 2**20 + 1)
+        self.assertEqual(sass_audit.budget_violations(over),
+                         ["129 kernels > 128", "3.00 MiB of .text > 3.00 MiB"])
+
+    def test_text_sections_of_a_cubin_are_its_kernels(self):
+        cubin = _cubin([(".nv.info." + OURS, 100), (".text." + OURS, 4096),
+                        (".rela.text." + OURS, 24), (".text." + CUB_KERNEL, 512)])
+        self.assertEqual(sass_audit.elf_text_sections(cubin), {OURS: 4096, CUB_KERNEL: 512})
+        with self.assertRaisesRegex(ValueError, "not a 64-bit ELF"):
+            sass_audit.elf_text_sections(b"// SASS, not a cubin")
+
+    def test_kernel_families_sum_each_kernel_name(self):
+        point_pass = OURS.replace("15sum_runs_kernel", "33grid_sampler_point_records_kernel")
+        sections = {OURS: 100, OURS + "x": 50, point_pass: 1000, CUB_KERNEL: 10}
+        self.assertEqual(sass_audit.kernel_families(sections),
+                         [("grid_sampler_point_records_kernel", 1, 1000),
+                          ("sum_runs_kernel", 2, 150), ("DeviceScanInitKernel", 1, 10)])
+
+    def test_reduce_table_takes_the_named_reduces_with_their_registers(self):
+        loop = _listing(["LDG.E R1, desc[UR4][R2.64]", "FMUL R3, R1, R4", "FADD R5, R5, R3",
+                         "@P0 BRA `(.L_x_1)", "EXIT"], {0x10: ".L_x_1"})
+        point_pass = OURS.replace("15sum_runs_kernel", "33grid_sampler_point_records_kernel")
+        functions = sass_audit.parse_sass(_sass(loop) + _sass(loop, name=point_pass))
+        rows = sass_audit.reduce_loop_table(functions, {OURS: sass_audit.Resources(registers=30)})
+        self.assertEqual([(row.kernel, row.per_record.total, row.registers) for row in rows],
+                         [("sum_runs_kernel<ReduceSparse<float, int>, int, int>", 4, 30)])
+
+    def test_budget_audit_prints_the_unit_and_writes_what_report_reads(self):
+        sass = "\t.target\tsm_90\n" + _sass(_listing(["IADD3 R1, R1, 1, RZ", "EXIT"], {}))
+        files = {"ptxas": "", "sass": sass,
+                 "cubin": _cubin([(".text." + OURS, 4096), (".text." + CUB_KERNEL, 512)])}
+        rc, out, _, after = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
+                                       "--cubin", "{cubin}",
+                                       "--machine-code-json", "{work}/machine_code.json")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("machine code: 2 kernels, 0.00 MiB of sm_90 .text (4608 bytes; "
+                      "budget 128 kernels, 3.00 MiB)", out)
+        self.assertIn("family sum_runs_kernel: 1 kernels, 4.0 KiB", out)
+        written = json.loads(after["machine_code.json"])
+        self.assertEqual(written, {"arch": "sm_90", "kernels": 2, "text_bytes": 4608})
+        with tempfile.TemporaryDirectory() as kit:
+            (Path(kit) / "benchmarks").mkdir()
+            (Path(kit) / "benchmarks" / "machine_code.json").write_bytes(after["machine_code.json"])
+            code = report.read_machine_code(Path(kit))
+        self.assertEqual((code.arch, code.kernels, code.text_bytes), ("sm_90", 2, 4608))
+
+    def test_budget_audit_fails_on_a_generic_stage_runner(self):
+        sass = _sass(_listing(["IADD3 R1, R1, 1, RZ", "EXIT"], {}), name=GENERIC)
+        files = {"ptxas": "", "sass": sass,
+                 "cubin": _cubin([(".text." + GENERIC, 256)])}
+        rc, out, _, _ = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
+                                   "--cubin", "{cubin}")
+        self.assertEqual(rc, 1)
+        self.assertTrue(out.startswith("FAIL (kernel not named after its stage): for_each_kernel"),
+                        out)
+
+    def test_bad_budget_arguments_are_one_line_errors(self):
+        files = {"ptxas": "", "sass": _sass("", name=SCATTER), "cubin": "SASS"}
+        for flags, message in (
+                (["--machine-code-json", "{work}/m.json"], "--machine-code-json needs --cubin"),
+                (["--cubin", "{cubin}", "--exact"], "--cubin is the upstream unit's"),
+                (["--cubin", "{cubin}"], "cubin: not a cubin")):
+            rc, _, err, after = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass",
+                                           "{sass}", *flags)
+            self.assertEqual(rc, 2)
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(message, err)
+            self.assertNotIn("m.json", after)
+
+    def test_unreadable_input_is_a_one_line_error(self):
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
             rc = sass_audit.main(["--ptxas-log", "/nonexistent/ptxas.txt", "--sass", "/dev/null"])

@@ -8,8 +8,8 @@ namespace {
 using namespace at::native::grid_sampler_deterministic;
 
 using Args = BackwardArgs<float, int, 2>;
-using Pass = PointPass<2, true, Keying::PerCell, Args, int>;
-using Reduce = ReduceDense<DenseFold<4, CellSegments<int, 2>, float, int, float>>;
+using Pass = PointPass<2, Args>;
+using Reduce = ReduceDense<DenseFold<CellSegments<int, 2>, float, int>>;
 
 __global__ void GridSamplerDeterministic_cu_point_pass(const Pass stage, int count) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

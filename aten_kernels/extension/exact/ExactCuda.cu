@@ -8,6 +8,135 @@
 #include "ExactBackward.cuh"
 #include "ExactCuda.h"
 
+namespace at::native {
+namespace {
+
+// The exact stages' kernels, named after what they compute as the
+// pipeline's are, and their StageKernel entries, which the executor looks
+// up (so the specializations live in StageKernel's namespace). Launch
+// bounds as the pipeline's non-point stages: at most kMaxBlockSize threads,
+// one resident block per SM (without that floor ptxas held the row kernels
+// to 32-40 registers and spilled in the sparse reduce with 64-bit indices).
+
+template <typename Stage, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void find_grad_output_bound_kernel(
+    const Stage stage,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
+template <typename Stage, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void scatter_exact_terms_kernel(
+    const Stage stage,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
+template <typename Stage, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void sum_segments_exact_kernel(
+    const Stage stage,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
+template <typename Stage, typename row_t, typename col_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void sum_runs_exact_kernel(
+    const Stage stage,
+    row_t rows,
+    col_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
+template <typename Stage, typename count_t>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void round_exact_sums_kernel(const Stage stage, count_t count) {
+  grid_stride_loop(stage, count);
+}
+
+template <typename scalar_t, typename index_t, int kDims>
+struct StageKernel<detgrid::exact::FindGradOutputBound<scalar_t, index_t, kDims>> {
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &find_grad_output_bound_kernel<
+      detgrid::exact::FindGradOutputBound<scalar_t, index_t, kDims>,
+      row_t,
+      col_t>;
+};
+
+template <
+    int kTapsPerPoint,
+    int kDims,
+    typename scalar_t,
+    typename index_t,
+    typename key_t>
+struct StageKernel<
+    detgrid::exact::ScatterTerms<kTapsPerPoint, kDims, scalar_t, index_t, key_t>> {
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &scatter_exact_terms_kernel<
+      detgrid::exact::
+          ScatterTerms<kTapsPerPoint, kDims, scalar_t, index_t, key_t>,
+      row_t,
+      col_t>;
+};
+
+template <
+    int kTapsPerPoint,
+    int kDims,
+    typename Segments,
+    typename scalar_t,
+    typename index_t>
+struct StageKernel<detgrid::exact::ReduceExactDense<
+    kTapsPerPoint,
+    kDims,
+    Segments,
+    scalar_t,
+    index_t>> {
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &sum_segments_exact_kernel<
+      detgrid::exact::
+          ReduceExactDense<kTapsPerPoint, kDims, Segments, scalar_t, index_t>,
+      row_t,
+      col_t>;
+};
+
+template <
+    int kTapsPerPoint,
+    int kDims,
+    typename scalar_t,
+    typename index_t,
+    typename key_t>
+struct StageKernel<detgrid::exact::ReduceExactSparse<
+    kTapsPerPoint,
+    kDims,
+    scalar_t,
+    index_t,
+    key_t>> {
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &sum_runs_exact_kernel<
+      detgrid::exact::
+          ReduceExactSparse<kTapsPerPoint, kDims, scalar_t, index_t, key_t>,
+      row_t,
+      col_t>;
+};
+
+template <int kDims, typename scalar_t, typename index_t>
+struct StageKernel<detgrid::exact::RoundSums<kDims, scalar_t, index_t>> {
+  static constexpr int kMaxThreads = kMaxBlockSize;
+  template <typename count_t>
+  static constexpr auto kernel = &round_exact_sums_kernel<
+      detgrid::exact::RoundSums<kDims, scalar_t, index_t>,
+      count_t>;
+};
+
+} // namespace
+} // namespace at::native
+
 namespace detgrid::exact {
 
 template <int kDims>

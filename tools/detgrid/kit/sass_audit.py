@@ -1,12 +1,12 @@
 """Audits of detgrid's compiled CUDA kernels, read from the machine code.
 
-Three checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
+Four checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
 function of compiler output so that CI can run it without a GPU (with
 --exact, on a build of aten_kernels/extension/exact/ExactCuda.cu, of the
 exact accumulation's kernels only: see EXACT):
 
 * resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
-  except the point passes allowed to (the fp64 and int64-key tricubic ones);
+  except those --allow-spills names (CI names none);
 * fused arithmetic (`nvdisasm -g -gi`, SASS with inlined line info): no
   FFMA, DFMA or HFMA2 in detgrid's own arithmetic. The CUDA == host bit
   equality rests on every operation being rounded on its own; the only
@@ -16,9 +16,13 @@ exact accumulation's kernels only: see EXACT):
   operand pair only materialises a constant and is not arithmetic;
 * flush to zero: no `.FTZ` form of FADD, FMUL, FFMA or FMNMX in detgrid's
   arithmetic, which a --use_fast_math or -ftz=true build would produce and
-  which would break bit equality with the host for subnormals.
+  which would break bit equality with the host for subnormals;
+* machine-code budget (--cubin, the unit's own build): every kernel of ours
+  is one of the unit's named stage kernels (no generic stage runner such as
+  for_each_kernel<Stage>), and the unit, CUB's kernels included, has at most
+  KERNEL_BUDGET kernels and TEXT_BUDGET bytes of `.text` (issue 32).
 
-It also measures each reduce kernel's inner loop (the smallest loop that
+It also measures each reduce kernel's inner loop and registers (the smallest loop that
 holds the fold's FMUL and FADD, plus the static size of any subroutine it
 calls) and its setup (what one grad_input element, or one sparse run, costs
 before the fold's loops start), for benchmarks/NOTES.md, and fails when the
@@ -29,12 +33,13 @@ with the integer atomics in it; the exact kernels get no spill allowance.
 
 import argparse
 import dataclasses
+import json
 import re
+import struct
 import subprocess
 import sys
 from collections import defaultdict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,23 @@ OUR_KERNEL = re.compile(r"GridSamplerDeterministic_cu")
 OUR_SOURCES = ("GridSamplerDeterministic.cuh", "GridSamplerDeterministicPipeline.cuh",
                "GridSamplerDeterministic.cu")
 PIPELINE = Scope(OUR_KERNEL, OUR_SOURCES)
+
+# The unit's kernels, one per stage, each named after what it computes.
+# The reduces (dense with destinations fastest, dense with channels fastest,
+# sparse) are the ones whose fold the audit measures.
+REDUCE_KERNELS = ("sum_segments_per_destination_kernel", "sum_segments_channels_fastest_kernel",
+                  "sum_runs_kernel")
+STAGE_KERNELS = ("grid_sampler_point_records_kernel", "mark_segment_bounds_kernel",
+                 "mark_run_heads_kernel", "record_run_starts_kernel",
+                 "gather_grad_output_channels_last_kernel", "round_float_sums_kernel"
+                 ) + REDUCE_KERNELS
+# What the unit ran every stage through before issue 32: one kernel per
+# stage type, 491 of them, whose name says nothing of the stage.
+GENERIC_RUNNERS = ("for_each_kernel", "for_each_row_kernel")
+# The unit's budget (issue 32), CUB's kernels included: stock's whole
+# GridSampler.cu is 32 kernels and 6.48 MiB of sm_90 `.text`.
+KERNEL_BUDGET = 128
+TEXT_BUDGET = 3 * 2**20
 
 # The exact accumulation's kernels: those whose stage (the kernel's first
 # template argument) is one of detgrid::exact's. ExactCuda.cu includes
@@ -74,11 +96,13 @@ CONSTANT_IDIOM = re.compile(r"-RZ,\s*RZ")
 # (REDUX is a warp reduction, ATOMS a shared-memory atomic.)
 GLOBAL_ATOMIC = re.compile(r"^(ATOMG?|REDG?)(\.|$)")
 
-# The 2-D bilinear fp32 dense reduces (32-bit index, either thread order,
-# keyed per tap or per cell), whose per-element setup issue 23 bounds.
+# The fp32 dense reduces a 2-D bilinear call with 32-bit indices runs
+# (either thread order, keyed per tap or per cell), whose per-element setup
+# issue 23 bounds. The per-tap fold takes its taps per point at run time,
+# so its kernels serve 2-D and 3-D calls alike.
 DENSE_2D_FP32 = re.compile(
-    r"ReduceDense(ChannelsFastest)?<[\w:]*DenseFold<4, [\w:]*"
-    r"(DestinationSegments<int>|CellSegments<int, 2>), float, int, float>")
+    r"ReduceDense(ChannelsFastest)?<[\w:]*DenseFold<[\w:]*"
+    r"(DestinationSegments<int>|CellSegments<int, 2>), float, int>")
 SETUP_LIMIT = 80
 
 
@@ -371,23 +395,57 @@ def demangle(names: Sequence[str] | str):
     return out[0] if single else out
 
 
+def kernel_name(mangled: str) -> str:
+    """A kernel's own name, from its Itanium-mangled one: the last component
+    of its (nested) name, before any template arguments. Read without
+    c++filt, so that the naming check cannot pass for want of a tool."""
+    pos = 3 if mangled.startswith("_ZN") else 2 if mangled.startswith("_Z") else None
+    if pos is None:
+        return mangled
+    name = mangled
+    while (m := re.compile(r"\d+").match(mangled, pos)):
+        length = int(m.group())
+        name = mangled[m.end():m.end() + length]
+        pos = m.end() + length
+    return name
+
+
+# Namespaces a short label leaves out.
+_NAMESPACES = re.compile(r"at::native::grid_sampler_deterministic::|"
+                         r"at::native::\(anonymous namespace\)::|detgrid::exact::|c10::")
+
+
+def short_label(demangled: str) -> str:
+    """A demangled kernel name without its namespaces, return type and
+    parameter list: `sum_runs_kernel<ReduceSparse<float, int>, int, int>`."""
+    label = _NAMESPACES.sub("", demangled)
+    label = label[len("void "):] if label.startswith("void ") else label
+    return label.split("(", 1)[0]
+
+
 @dataclasses.dataclass
 class ReduceCost:
-    kernel: str  # demangled
+    kernel: str  # short label
     per_record: LoopCost
     setup: Optional[int]
+    registers: Optional[int] = None
 
 
-def reduce_loop_table(functions: Dict[str, Function]) -> List[ReduceCost]:
-    """Inner-loop and setup cost of every reduce kernel of ours."""
+def reduce_loop_table(functions: Dict[str, Function],
+                      resources: Optional[Dict[str, Resources]] = None) -> List[ReduceCost]:
+    """Inner-loop and setup cost, and registers, of every reduce kernel of ours."""
+    resources = resources or {}
     rows = []
-    names = [n for n in functions if OUR_KERNEL.search(n) and re.search(r"[Rr]educe", n)]
+    names = [n for n in functions if OUR_KERNEL.search(n) and kernel_name(n) in REDUCE_KERNELS]
     for name, readable in zip(names, demangle(names)):
         # fp64 kernels fold with DMUL/DADD, the others with FMUL/FADD.
         cost = (inner_loop_cost(functions[name], "FMUL", "FADD")
                 or inner_loop_cost(functions[name], "DMUL", "DADD"))
         if cost is not None:
-            rows.append(ReduceCost(readable, cost, setup_cost(functions[name], cost.loop)))
+            r = resources.get(name)
+            rows.append(ReduceCost(short_label(readable), cost,
+                                   setup_cost(functions[name], cost.loop),
+                                   r.registers if r else None))
     return sorted(rows, key=lambda row: row.kernel)
 
 
@@ -399,7 +457,7 @@ def setup_violations(rows: Iterable[ReduceCost], limit: int = SETUP_LIMIT) -> Li
 
 @dataclasses.dataclass
 class ExactLoopCost:
-    kernel: str  # demangled
+    kernel: str  # short label
     stage: str  # one of EXACT_LOOP_STAGES
     registers: Optional[int]
     loop: Optional[LoopCost]  # per term (ScatterTerms) or per record; None: not found
@@ -432,18 +490,107 @@ def exact_loop_table(functions: Dict[str, Function],
     for name, readable in zip(names, demangle(names)):
         loop, atomics = exact_loop_cost(functions[name]) or (None, None)
         r = resources.get(name)
-        rows.append(ExactLoopCost(readable, stages[name], r.registers if r else None, loop,
-                                  atomics))
+        rows.append(ExactLoopCost(short_label(readable), stages[name],
+                                  r.registers if r else None, loop, atomics))
     return sorted(rows, key=lambda row: row.kernel)
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineCode:
+    """What a unit's cubin holds: benchmarks/machine_code.json's keys."""
+    arch: str  # e.g. sm_90
+    kernels: int  # `.text.<kernel>` sections, CUB's included
+    text_bytes: int  # their sizes summed
+
+
+def elf_text_sections(cubin: bytes) -> Dict[str, int]:
+    """Bytes of each `.text.<mangled kernel>` section of a 64-bit
+    little-endian ELF (a cubin), by kernel."""
+    if cubin[:5] != b"\x7fELF\x02":
+        raise ValueError("not a 64-bit ELF file")
+    (table,) = struct.unpack_from("<Q", cubin, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def header(i):  # (name offset, file offset, size)
+        fields = struct.unpack_from("<IIQQQQ", cubin, table + i * entry_size)
+        return fields[0], fields[4], fields[5]
+
+    names_at = header(names_index)[1]
+    sections = {}
+    for i in range(count):
+        name_offset, _, size = header(i)
+        start = names_at + name_offset
+        name = cubin[start:cubin.index(b"\0", start)].decode("ascii", "replace")
+        if name.startswith(".text."):
+            sections[name[len(".text."):]] = size
+    return sections
+
+
+def target_arch(sass: str) -> Optional[str]:
+    """The `.target` of nvdisasm's output (sm_90)."""
+    m = re.search(r"^\s*\.target\s+(sm_\w+)", sass, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def generic_kernels(sections: Iterable[str], unit: re.Pattern = OUR_KERNEL) -> List[str]:
+    """The unit's kernels that are not one of its named stage kernels: a
+    generic stage runner, or any other name that does not say its stage."""
+    found = []
+    for mangled in sorted(sections):
+        if not unit.search(mangled):
+            continue  # CUB's
+        name = kernel_name(mangled)
+        if name in GENERIC_RUNNERS:
+            found.append(f"{name} is a generic stage runner: {short_label(demangle(mangled))}")
+        elif name not in STAGE_KERNELS:
+            found.append(f"{name} is not one of the unit's named stage kernels "
+                         f"(sass_audit.STAGE_KERNELS)")
+    return found
+
+
+def budget_violations(code: MachineCode, kernels: int = KERNEL_BUDGET,
+                      text_bytes: int = TEXT_BUDGET) -> List[str]:
+    found = []
+    if code.kernels > kernels:
+        found.append(f"{code.kernels} kernels > {kernels}")
+    if code.text_bytes > text_bytes:
+        found.append(f"{code.text_bytes / 2**20:.2f} MiB of .text > {text_bytes / 2**20:.2f} MiB")
+    return found
+
+
+def kernel_families(sections: Dict[str, int]) -> List[Tuple[str, int, int]]:
+    """(kernel name, kernels, bytes) per name, largest first."""
+    families: Dict[str, List[int]] = defaultdict(lambda: [0, 0])
+    for mangled, size in sections.items():
+        family = families[kernel_name(mangled)]
+        family[0] += 1
+        family[1] += size
+    return sorted(((name, n, size) for name, (n, size) in families.items()),
+                  key=lambda row: (-row[2], row[0]))
+
+
+def print_machine_code(code: MachineCode, sections: Dict[str, int]) -> None:
+    print(f"machine code: {code.kernels} kernels, {code.text_bytes / 2**20:.2f} MiB of "
+          f"{code.arch} .text ({code.text_bytes} bytes; budget {KERNEL_BUDGET} kernels, "
+          f"{TEXT_BUDGET / 2**20:.2f} MiB)")
+    for name, count, size in kernel_families(sections):
+        print(f"family {name}: {count} kernels, {size / 1024:.1f} KiB")
+
+
+def write_machine_code(code: MachineCode, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(dataclasses.asdict(code), f, indent=2)
+        f.write("\n")
 
 
 def print_reduce_loops(reduces: Iterable[ReduceCost]) -> None:
     print("reduce kernels: setup=instructions per element (run) before its fold, "
-          "per-record=inner loop body + callees (calls)")
+          "per-record=inner loop body + callees (calls), regs=registers")
     for row in reduces:
         setup = "?" if row.setup is None else row.setup
         cost = row.per_record
-        print(f"setup={setup} per-record={cost.total} ({cost.calls} calls)  {row.kernel}")
+        print(f"setup={setup} per-record={cost.total} ({cost.calls} calls) "
+              f"regs={row.registers}  {row.kernel}")
 
 
 def print_exact_loops(rows: Iterable[ExactLoopCost]) -> None:
@@ -469,22 +616,36 @@ def main(argv=None) -> int:
                         "(with --exact: the exact reduces' per record, ScatterTerms' per term)")
     parser.add_argument("--exact", action="store_true",
                         help="audit the exact accumulation's kernels (an ExactCuda.cu build)")
+    parser.add_argument("--cubin", metavar="PATH",
+                        help="the cubin of GridSamplerDeterministic.cu alone: check its kernel "
+                        "names and its budget, print its kernels and .text by kernel name")
+    parser.add_argument("--machine-code-json", metavar="PATH",
+                        help="with --cubin: write its arch, kernels and text_bytes there "
+                        "(benchmarks/machine_code.json)")
     args = parser.parse_args(argv)
+    if args.cubin and args.exact:
+        return _usage_error("--cubin is the upstream unit's budget, not ExactCuda.cu's "
+                            "(drop --exact)")
+    if args.machine_code_json and not args.cubin:
+        return _usage_error("--machine-code-json needs --cubin")
     try:
         with open(args.ptxas_log, encoding="utf-8") as f:
             resources = parse_ptxas(f.read())
         with open(args.sass, encoding="utf-8") as f:
-            functions = parse_sass(f.read())
+            sass = f.read()
+        functions = parse_sass(sass)
+        if args.cubin:
+            with open(args.cubin, "rb") as f:
+                sections = elf_text_sections(f.read())
     except (OSError, UnicodeDecodeError) as e:
-        print(f"sass audit: cannot read {e.filename or 'an input'}: {e.strerror or e}",
-              file=sys.stderr)
-        return 2
+        return _usage_error(f"cannot read {e.filename or 'an input'}: {e.strerror or e}")
+    except (ValueError, struct.error) as e:
+        return _usage_error(f"{args.cubin}: not a cubin ({e})")
     scope = EXACT if args.exact else PIPELINE
     ours = [n for n in functions if scope.kernel.search(n)]
     if not ours:
-        print(f"sass audit: no detgrid {'exact ' if args.exact else ''}kernel in the SASS "
-              "(was it built with -lineinfo?)", file=sys.stderr)
-        return 2
+        return _usage_error(f"no detgrid {'exact ' if args.exact else ''}kernel in the SASS "
+                            "(was it built with -lineinfo?)")
     problems = {
         "stack frames or spills": resource_violations(resources, args.allow_spills, scope),
         "fused multiply-add in detgrid's arithmetic": fused_violations(
@@ -492,11 +653,19 @@ def main(argv=None) -> int:
         "flush-to-zero arithmetic": ftz_violations(functions, scope),
     }
     if not args.exact:
-        reduces = reduce_loop_table(functions)
+        reduces = reduce_loop_table(functions, resources)
         problems["2-D fp32 dense reduce setup"] = setup_violations(reduces)
+    if args.cubin:
+        code = MachineCode(target_arch(sass) or "unknown", len(sections), sum(sections.values()))
+        problems["kernel not named after its stage"] = generic_kernels(sections)
+        problems["machine-code budget"] = budget_violations(code)
     for kind, found in problems.items():
         for problem in found:
             print(f"FAIL ({kind}): {problem}")
+    if args.cubin:
+        print_machine_code(code, sections)
+        if args.machine_code_json:
+            write_machine_code(code, args.machine_code_json)
     if args.loops:
         if args.exact:
             print_exact_loops(exact_loop_table(functions, resources))
@@ -507,6 +676,11 @@ def main(argv=None) -> int:
           f"{sum(len(functions[n].instructions) for n in ours)} instructions; "
           f"{failed} problem(s)")
     return 1 if failed else 0
+
+
+def _usage_error(message: str) -> int:
+    print(f"sass audit: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
