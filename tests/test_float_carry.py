@@ -42,9 +42,9 @@ class TestFloatCarry(TestCase):
     @parametrize("dtype", (torch.float16, torch.bfloat16), name_fn=lambda d: str(d)[6:])
     def test_workspace_holds_the_carry_of_a_grad_input_over_64_mib(self, dtype):
         # 64 channels of 512 x 1024: grad_input is 64 MiB in the dtype and
-        # would need a 128 MiB float carry; 600 x 600 points take several
+        # would need a 128 MiB float carry; 1200 x 1200 points take several
         # chunks.
-        problem = _meta_problem((1, 64, 512, 1024), (600, 600), dtype)
+        problem = _meta_problem((1, 64, 512, 1024), (1200, 1200), dtype)
         c = ops.work_counters(*problem, BILINEAR, ZEROS, False, [True, True])
         self.assertGreater(c["chunks"], 1)
         self.assertLessEqual(c["workspace_bytes"] + c["sort_scratch_bytes"], 64 * MIB - MIB)

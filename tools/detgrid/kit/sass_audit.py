@@ -11,8 +11,9 @@ exact accumulation's kernels only: see EXACT):
   FFMA, DFMA or HFMA2 in detgrid's own arithmetic. The CUDA == host bit
   equality rests on every operation being rounded on its own; the only
   fused operations allowed are those the compiler expands a correctly
-  rounded division into (a source line calling __fdiv_rn / __ddiv_rn) and
-  those inside CUDA's own math headers (fmod). HFMA2 with a -RZ, RZ
+  rounded division into (a source line calling __fdiv_rn / __ddiv_rn), an
+  explicit fused multiply-add (__fma_rn: one rounding, as the host's
+  std::fma) and those inside CUDA's own math headers (fmod). HFMA2 with a -RZ, RZ
   operand pair only materialises a constant and is not arithmetic;
 * flush to zero: no `.FTZ` form of FADD, FMUL, FFMA or FMNMX in detgrid's
   arithmetic, which a --use_fast_math or -ftz=true build would produce and
@@ -87,7 +88,9 @@ EXACT = Scope(re.compile(r"IN7detgrid5exact\d+(" + "|".join(EXACT_STAGES) + r")I
 # The exact stages that loop over terms (ScatterTerms, one per thread
 # invocation) or over an element's records (the reduces).
 EXACT_LOOP_STAGES = ("ScatterTerms", "ReduceExactDense", "ReduceExactSparse")
-DIVISION_INTRINSICS = ("__fdiv_rn", "__ddiv_rn")
+# Source lines whose fused instructions are one correctly rounded operation
+# each: a division's expansion, or an explicit fused multiply-add.
+ROUNDED_INTRINSICS = ("__fdiv_rn", "__ddiv_rn", "__fma_rn")
 
 FUSED = re.compile(r"^(FFMA|DFMA|HFMA2)(\.|$)")
 FTZ_ARITHMETIC = re.compile(r"^(FADD|FMUL|FFMA|FMNMX|FADD32I|FMUL32I|FFMA32I)\b.*\.FTZ")
@@ -253,7 +256,7 @@ def fused_violations(functions: Dict[str, Function], lines: SourceLines,
                 continue
             if not is_ours(ins, scope.sources):
                 continue  # CUDA's math headers, or a library subroutine
-            if any(name in lines.line(ins.source) for name in DIVISION_INTRINSICS):
+            if any(name in lines.line(ins.source) for name in ROUNDED_INTRINSICS):
                 continue
             found.append(f"{ins.opcode} {ins.operands} at {ins.source[0]}:{ins.source[1]} "
                          f"in {function.name}")

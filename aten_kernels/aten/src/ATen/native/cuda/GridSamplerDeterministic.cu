@@ -1,43 +1,38 @@
 // Deterministic CUDA backward of grid_sampler_2d and grid_sampler_3d:
-// grad_input without floating-point atomics. One pipeline serves both; the
-// spatial dimensionality is a template parameter of the shared math.
+// grad_input without floating-point atomics. Called only when grad_input is
+// requested: a call for grad_grid alone has one writer per element and runs
+// the existing kernel.
 //
-// Pipeline, per chunk of points (whole tiles of kTilePoints points), written
-// once in GridSamplerDeterministicPipeline.cuh over an executor; this file
-// holds the CUDA executor (grid-stride launches of the stage structs on the
-// current stream, at::cuda::cub, the caching allocator):
-//   1. point pass, one thread per point: source coordinates once, the grid
-//      gradient (single writer), the weight of every tap, the point's
-//      grad_output offset, and its sort items: for bilinear and trilinear
-//      sampling with a dense reduction, one per point, keyed by its cell
-//      (the position of its lowest tap, plus one); otherwise one per tap,
-//      keyed by the destination (n, y, x) or (n, z, y, x) of grad_input.
-//      Either way "none" when nothing lands in bounds. Record ids are
-//      point * taps + tap.
+// Pipeline (GridSamplerDeterministicPipeline.cuh, written once over an
+// executor; this file holds the CUDA executor: one named kernel per stage,
+// launched on the current stream, at::cuda::cub, the caching allocator),
+// per chunk of points (whole tiles of kTilePoints points):
+//   1. grid_sampler_point_records_kernel, one thread per point: source
+//      coordinates once, the grid gradient (single writer), the weight of
+//      every tap, the point's grad_output offset, and its sort items: for
+//      bilinear and trilinear sampling with a dense reduction, one per
+//      point, keyed by its cell (the position of its lowest tap, plus one);
+//      otherwise one per tap, keyed by the destination (n, y, x) or
+//      (n, z, y, x) of grad_input; "nowhere" when nothing lands in bounds.
+//      Keys are 32 bits wide where the key space fits, else 64.
 //   2. stable radix sort of the items by key (at::cuda::cub), so each key's
-//      points (records) are in ascending order.
+//      records are in ascending record id (point * taps + tap).
 //   3. reduce: the single writer of each grad_input element folds its
-//      records in the canonical order; no atomics, no integer division per
-//      record. Dense when the table of keys has no more entries than a chunk
-//      has records: segment bounds marked from the sorted keys in O(items),
-//      then one thread per (destination, channel) over the images the
-//      chunk's points lie in, the first chunk to reach an image writing its
-//      zeros (no memset). Keyed per cell, a destination merges its 2^dims
-//      neighbouring cells in ascending point id, which gives its records in
-//      the order of a per-tap sort exactly:
-//      a point's taps are distinct pixels, so it reaches a destination
-//      through one tap at most. From 16 channels the threads take channels
-//      fastest, reading a channels-last copy of the chunk's grad_output
-//      unless its channel stride is 1 already. Sparse otherwise (per tap): a
-//      zero fill, runs of one destination found from head flags and a CUB
-//      scan, then one thread per (run, channel).
-// When grad_input is not requested only the point pass runs: the grid
-// gradient is single-writer already, so nothing needs grouping and the
-// backward raises no determinism alert.
+//      records in the canonical order; no atomics. Dense when the table of
+//      keys has no more entries than a chunk has records
+//      (mark_segment_bounds_kernel, then one thread per (destination,
+//      channel) of the images the chunk's points lie in: the first chunk to
+//      reach an image writes its zeros, so there is no memset). Keyed per
+//      cell, a destination merges its 2^dims neighbouring cells in ascending
+//      point id, which is its per-tap order exactly: a point's taps are
+//      distinct pixels. From 16 channels the threads take channels fastest
+//      (sum_segments_channels_fastest_kernel), reading a channels-last copy
+//      of the chunk's grad_output unless its channel stride is 1 already.
+//      Sparse otherwise (sum_runs_kernel): a zero fill, runs of one
+//      destination found from head flags and a CUB scan, then one thread per
+//      (run, channel).
 //
-// Invariants (tested in the kit's tests against the host executor, which
-// runs the same C10_HOST_DEVICE functions from GridSamplerDeterministic.cuh):
-//
+// Invariants:
 // (a) Canonical order. grad_input[n][c][position] is
 //       fold_+ over partials P of (fold_+ over the records r in P of
 //       round(weight(r) * grad_output(r, c)))
@@ -46,50 +41,41 @@
 //     kRecordsPerPartial of them that does not cross a tile boundary. Sums
 //     are in opmath_type (float for Half/BFloat16), rounded once to the
 //     output dtype. grad_grid of a point sums channels in ascending order and
-//     taps in record order. Every operation is explicitly rounded. The order
-//     is a pure function of the shapes and the grid values: it does not
-//     depend on GPU model, SM count, block size, chunk size (chunks are whole
-//     tiles and carry the running sum), stream, free memory or thread count.
-// (b) Bounded workspace, from the caching allocator, independent of the grid
-//     values: per chunk of P points, sort keys and int32 payloads in and out
-//     (one item per point keyed per cell, one per tap keyed per tap), CUB's
-//     radix-sort scratch (about one more key and payload per item, plus
-//     histograms), the weight of every tap, a grad_output offset per point;
-//     the dense reduction's segment table (two int32 per key) and, when it
-//     takes channels fastest over a grad_output whose channel stride is not
-//     1, a channels-last copy of the chunk's grad_output. plan_chunks sizes
-//     P so that all of it stays within kWorkspaceBytes (64 MiB), with 1 MiB
-//     left for CUB's histograms, whatever the input size; the sparse
-//     reduce's bookkeeping reuses the unsorted keys and ids. For Half/
-//     BFloat16 inputs that need more than one chunk, a float carry the size
-//     of grad_input comes on top.
+//     taps in record order. Every operation is explicitly rounded, so the
+//     order is a pure function of the shapes and the grid values: it does
+//     not depend on GPU model, SM count, block size, chunk size (chunks are
+//     whole tiles and carry the running sum), stream or free memory.
+// (b) Bounded workspace: at most kWorkspaceBytes (64 MiB) from the caching
+//     allocator whatever the input: per chunk, sort keys and payloads in and
+//     out, CUB's radix-sort scratch (1 MiB is kept for its histograms), the
+//     weight of every tap, a grad_output offset per point, the dense
+//     reduction's segment table and, when it takes channels fastest over a
+//     grad_output whose channel stride is not 1, a channels-last copy of the
+//     chunk's grad_output. Half/BFloat16 sums over several chunks wait in a
+//     float carry of at most kCarryBytes, planned into the budget; where
+//     grad_input needs more, its sums are made block by block, each block
+//     re-running the point passes and sorts of its images' chunks.
 // (c) Safe coordinates. No index is formed from a non-finite or huge
 //     value: bilinear and nearest convert the padded coordinate only within
 //     +-2^40 (beyond it only a zeros-padded point lies, outside the image);
 //     bicubic pads each tap position in floating point, whatever the
 //     coordinate's size, and converts it only within int's range. A point
 //     with a non-finite coordinate contributes nothing to grad_input and gets
-//     a zero grad_grid (stock's backward rule); Border padding still clamps
-//     +-Inf to the border first, as stock does.
-// (d) Fidelity to stock. Taps and weights are those stock's CUDA backward
-//     forms, in every dtype, reflection's saturating int flip count
-//     included: for Half/BFloat16 the unnormalized
-//     coordinate is rounded to scalar_t, and clipping, reflection, the
-//     bilinear weights and their product, the cubic coefficients and the
-//     bicubic tap positions are scalar_t arithmetic, rounded after every
-//     operation as c10::Half/BFloat16 do (an explicitly rounded float result
-//     converted to scalar_t). Accumulation is ours and stays in opmath:
-//     grad_input as in (a); grad_grid of a point sums
-//     (input value * d weight) * grad_output in opmath over channels and
-//     taps, d weight being the opmath product of the scalar_t axis weights
-//     with one axis's derivative, then multiplies by d coordinate / d grid
-//     (size / 2 or (size - 1) / 2, times the padding's 1, -1 or 0) in opmath
-//     and rounds once. Residual: stock's build may contract unnormalize's
-//     (coord + 1) * size - 1 into one FMA, which moves its float coordinate
-//     by at most one ulp before any rounding to scalar_t; float32 taps can
-//     differ there, Half/BFloat16 ones almost never (one coordinate in 10^7
-//     over every Half value in [-1.1, 1.1] and 200 widths, none in
-//     BFloat16).
+//     a zero grad_grid (the existing backward's rule); Border padding still
+//     clamps +-Inf to the border first, as the existing kernels do.
+// (d) Fidelity. Taps and weights are those the existing CUDA backward forms,
+//     in every dtype, reflection's saturating int flip count included: for
+//     Half/BFloat16 the unnormalized coordinate is rounded to scalar_t, and
+//     clipping, reflection, the bilinear weights and their product, the
+//     cubic coefficients and the bicubic tap positions are scalar_t
+//     arithmetic, rounded after every operation as c10::Half/BFloat16 do.
+//     grad_grid of a point sums (input value * d weight) * grad_output in
+//     opmath over channels and taps, then multiplies by d coordinate /
+//     d grid (size / 2 or (size - 1) / 2, kept in opmath, times the padding's
+//     1, -1 or 0) and rounds once. Residual: the existing kernel's build may
+//     contract unnormalize's (coord + 1) * size - 1 into one FMA, which moves
+//     its float coordinate by at most one ulp before any rounding to
+//     scalar_t.
 
 #define TORCH_ASSERT_NO_OPERATORS
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
@@ -404,12 +390,9 @@ struct CudaExecutor {
   void begin_chunk() const {}
 };
 
-// check_grid_sampler_3d(input, grid) of upstream's GridSamplerUtils.h at
-// 06310681c3ef, which accepts bicubic (tricubic) sampling of 5-D input and
-// keeps a three-argument overload that rejects it for backends without it.
-// Trees whose only check_grid_sampler_3d takes the interpolation mode and
-// rejects 5-D bicubic (v2.6.0, and upstream at 92f10113f39d) reject it in the
-// composite grid_sampler and the stock backward before this is reached.
+// The shape check of check_grid_sampler_3d, whose signature differs between
+// versions (with or without the interpolation mode); 5-D bicubic input is
+// refused by dispatch_stock_taps in the pipeline.
 void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
   TORCH_CHECK(
       input.dim() == 5 && input.dim() == grid.dim(),

@@ -1,9 +1,9 @@
 #pragma once
 // The stages of the deterministic grid_sampler backward and their order,
 // written once over an executor. The CUDA launcher
-// (GridSamplerDeterministic.cu) and the kit's host executor both call
-// run_deterministic_backward() below; they differ only in how an executor
-// runs a stage. The per-point math and the canonical reduction order are in
+// (GridSamplerDeterministic.cu) calls run_deterministic_backward() below
+// with its executor; an executor that runs the stages on the CPU gives the
+// same bits, since only how a stage is run differs. The per-point math and the canonical reduction order are in
 // GridSamplerDeterministic.cuh.
 //
 // An Executor provides:
@@ -246,12 +246,26 @@ struct ElementBlock {
   C10_HOST_DEVICE bool holds(index_t row, index_t s) const {
     return row >= row_begin && row < row_end && s >= col_begin && s < col_end;
   }
-  // The element's place in a buffer that holds the block alone.
-  C10_HOST_DEVICE index_t offset(index_t row, index_t s) const {
-    return (row - row_begin) * (col_end - col_begin) + (s - col_begin);
+  C10_HOST_DEVICE index_t width() const {
+    return col_end - col_begin;
   }
   C10_HOST_DEVICE index_t numel() const {
-    return (row_end - row_begin) * (col_end - col_begin);
+    return (row_end - row_begin) * width();
+  }
+};
+
+// The place of element (row, s) of a block in a buffer that holds the block
+// alone: row * width + s - origin, one multiply-add per element.
+template <typename index_t>
+struct BlockOffsets {
+  index_t width;
+  index_t origin;
+
+  explicit BlockOffsets(const ElementBlock<index_t>& block)
+      : width(block.width()),
+        origin(block.row_begin * block.width() + block.col_begin) {}
+  C10_HOST_DEVICE index_t operator()(index_t row, index_t s) const {
+    return row * width + s - origin;
   }
 };
 
@@ -268,14 +282,28 @@ struct ReduceOutput {
   const T* sums_in;
   T* sums_out;
   ElementBlock<index_t> block;
+  BlockOffsets<index_t> offset;
   index_t destinations_per_image;
 
+  ReduceOutput(
+      scalar_t* grad_input,
+      const T* sums_in,
+      T* sums_out,
+      const ElementBlock<index_t>& block,
+      index_t destinations_per_image)
+      : grad_input(grad_input),
+        sums_in(sums_in),
+        sums_out(sums_out),
+        block(block),
+        offset(block),
+        destinations_per_image(destinations_per_image) {}
+
   C10_HOST_DEVICE T running_sum(index_t row, index_t s) const {
-    return sums_in[block.offset(row, s)];
+    return sums_in[offset(row, s)];
   }
   C10_HOST_DEVICE void write(index_t row, index_t s, T sum) const {
     if (sums_out != nullptr) {
-      sums_out[block.offset(row, s)] = sum;
+      sums_out[offset(row, s)] = sum;
     } else {
       grad_input[row * destinations_per_image + s] = static_cast<scalar_t>(sum);
     }
@@ -470,7 +498,19 @@ struct RoundCarry {
   const at::opmath_type<scalar_t>* carry;
   scalar_t* grad_input;
   ElementBlock<index_t> block;
+  BlockOffsets<index_t> offset;
   index_t destinations_per_image;
+
+  RoundCarry(
+      const at::opmath_type<scalar_t>* carry,
+      scalar_t* grad_input,
+      const ElementBlock<index_t>& block,
+      index_t destinations_per_image)
+      : carry(carry),
+        grad_input(grad_input),
+        block(block),
+        offset(block),
+        destinations_per_image(destinations_per_image) {}
 
   C10_HOST_DEVICE index_t row(index_t r) const {
     return block.row_begin + r;
@@ -479,7 +519,7 @@ struct RoundCarry {
   C10_HOST_DEVICE void operator()(index_t row, index_t col) const {
     const index_t s = block.col_begin + col;
     grad_input[row * destinations_per_image + s] =
-        static_cast<scalar_t>(carry[block.offset(row, s)]);
+        static_cast<scalar_t>(carry[offset(row, s)]);
   }
 };
 
@@ -617,7 +657,7 @@ inline ChunkPlan plan_chunks(
 }
 
 // Threads per block and a cap on blocks per launch of the CUDA executor's
-// grid-stride loops; the host executor has no use for them.
+// grid-stride loops.
 constexpr int64_t kDefaultBlockSize = 256;
 constexpr int64_t kMaxBlockSize = 512;
 constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
@@ -875,7 +915,7 @@ void reduce_grad_input(
       } else {
         ex.for_each_row(
             static_cast<index_t>(row_to - row_from),
-            static_cast<index_t>(out.block.col_end - out.block.col_begin),
+            out.block.width(),
             ReduceDense<Fold>{
                 fold, static_cast<index_t>(row_from), out.block.col_begin});
       }
@@ -927,12 +967,12 @@ void reduce_grad_input(
       // by a float carry's last dense chunk, which rounds the whole block
       // into grad_input.
       const bool round_now = float_carry && dense && last;
-      const ReduceOutput<scalar_t, index_t> out{
+      const ReduceOutput<scalar_t, index_t> out(
           grad_input,
           kReducedPrecision && !float_carry ? nullptr : sums,
           kReducedPrecision && (!float_carry || round_now) ? nullptr : sums,
           block,
-          image_size};
+          image_size);
       if (dense) {
         // Points are numbered image by image, so this chunk's records land
         // in images [first_image, end_image) only: a dense reduce sweeps
@@ -966,7 +1006,7 @@ void reduce_grad_input(
       if (float_carry && !dense) {
         ex.for_each_row(
             static_cast<index_t>(block.row_end - block.row_begin),
-            static_cast<index_t>(block.col_end - block.col_begin),
+            block.width(),
             RoundCarry<scalar_t, index_t>{sums, grad_input, block, image_size});
       }
     }
@@ -1107,7 +1147,7 @@ inline ChunkPlan plan_reduction(
     bool key_32bit,
     bool index_32bit,
     bool channels_fastest) {
-  auto within = [&](int64_t workspace_bytes) {
+  auto within = [&](int64_t workspace_bytes, bool channels_fastest) {
     return with_carry(
         plan_reduction_within(
             problem,
@@ -1118,12 +1158,18 @@ inline ChunkPlan plan_reduction(
             workspace_bytes),
         problem);
   };
-  const ChunkPlan chunks = within(kWorkspaceBytes);
+  const ChunkPlan chunks = within(kWorkspaceBytes, channels_fastest);
   if (chunks.carry_elements == 0) {
     return chunks;
   }
-  // Several chunks of Half/BFloat16: the carry takes its share first.
-  return within(kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes);
+  // Several chunks of Half/BFloat16: the carry takes its share first, and
+  // where it holds grad_input in blocks, the threads take destinations
+  // fastest (so the chunks need no channels-last copy).
+  const bool blocked =
+      chunks.carry_elements < problem.num_destinations * problem.channels;
+  return within(
+      kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes,
+      channels_fastest && !blocked);
 }
 
 inline BackwardPlan plan_keyed(
