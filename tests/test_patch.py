@@ -29,6 +29,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_MAIN = FIXTURES / "upstream_main"
 FIXTURE_196856 = FIXTURES / "upstream_196856"
 CHECKED_IN = KIT / "patches" / "v2.6.0.patch"
+CHECKED_IN_TESTS = KIT / "patches" / "v2.6.0-tests.patch"
 # where the kernel files come from (the tool honours the same variable)
 KERNELS = Path(os.environ.get("DETGRID_KIT_ROOT") or KIT) / "aten_kernels" / "aten/src/ATen/native/cuda"
 AUTHOR = "Patch Tester <patch.tester@example.com>"
@@ -253,6 +254,17 @@ class TestPatchRealTree(TestCase):
             diff_part(CHECKED_IN.read_text()) == diff_part(text),
             f"patches/v2.6.0.patch is stale (aten_kernels/ or patch.py changed); regenerate it with "
             f"`{regen}` and commit it")
+
+    def test_checked_in_tests_only_patch_is_what_the_tool_writes_today(self):
+        tree = self.fresh("tests-only")
+        out = self.tmp / "tests-only.patch"
+        rc, _, stderr = run_patch("--pytorch", tree, "--tests-only", "--out", out)
+        self.assertEqual(rc, 0, stderr)
+        regen = f"cd {KIT} && .venv/bin/{upstream_tree.REGENERATE_TESTS}"
+        self.assertTrue(CHECKED_IN_TESTS.is_file(), f"patches/v2.6.0-tests.patch missing; run: {regen}")
+        self.assertTrue(
+            diff_part(CHECKED_IN_TESTS.read_text()) == diff_part(out.read_text()),
+            f"patches/v2.6.0-tests.patch is stale; regenerate it with `{regen}` and commit it")
 
     def patched(self):
         """One patched copy (and the tool's stdout) for the tests that only read it."""

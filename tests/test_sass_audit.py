@@ -113,9 +113,17 @@ class TestSassAudit(TestCase):
     def test_fused_multiply_add_in_our_arithmetic_is_refused(self):
         sass = _sass(_loc(CUH, 60, ("/x.cu", 99)) + _loc("/x.cu", 99)
                      + "        /*0010*/                   FFMA R1, R2, R3, R4 ;\n")
-        found = sass_audit.fused_violations(sass_audit.parse_sass(sass), _Lines({}))
+        lines = _Lines({(CUH, 60): "  return a * b + c;"})
+        found = sass_audit.fused_violations(sass_audit.parse_sass(sass), lines)
         self.assertEqual(len(found), 1)
         self.assertIn("GridSamplerDeterministic.cuh:60", found[0])
+
+    def test_fused_instruction_on_a_line_without_multiplication_is_library_code(self):
+        # fmodf's expansion, emitted without line info of its own, inherits
+        # the line before it (here a comparison): no contraction of ours.
+        sass = _sass(_loc(CUH, 280) + "        /*0010*/                   FFMA R1, -R2, R3, R4 ;\n")
+        lines = _Lines({(CUH, 280): "  if (distance < static_cast<T>(0)) {"})
+        self.assertEqual(sass_audit.fused_violations(sass_audit.parse_sass(sass), lines), [])
 
     def test_innermost_frame_of_an_inlined_location_decides(self):
         # fmod from CUDA's headers inlined into our line: library code.
@@ -228,12 +236,13 @@ class TestSassAudit(TestCase):
         sass = _sass(_listing(["FFMA R1, R2, R3, R4", "FMUL.FTZ R1, R2, R3"], {},
                               {0: (EXACT_SUM, 240), 1: (EXACT_SUM, 240)}), name=SCATTER)
         functions = sass_audit.parse_sass(sass)
-        found = sass_audit.fused_violations(functions, _Lines({}), sass_audit.EXACT)
+        lines = _Lines({(EXACT_SUM, 240): "  const T t = w * g + s;"})
+        found = sass_audit.fused_violations(functions, lines, sass_audit.EXACT)
         self.assertEqual(len(found), 1)
         self.assertIn("ExactSum.cuh:240", found[0])
         self.assertEqual(len(sass_audit.ftz_violations(functions, sass_audit.EXACT)), 1)
         # The pipeline's scope knows neither the kernel nor the file.
-        self.assertEqual(sass_audit.fused_violations(functions, _Lines({})), [])
+        self.assertEqual(sass_audit.fused_violations(functions, lines), [])
 
     def test_exact_kernels_may_not_spill(self):
         log = textwrap.dedent(f"""\

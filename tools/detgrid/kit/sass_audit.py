@@ -13,7 +13,9 @@ exact accumulation's kernels only: see EXACT):
   fused operations allowed are those the compiler expands a correctly
   rounded division into (a source line calling __fdiv_rn / __ddiv_rn), an
   explicit fused multiply-add (__fma_rn: one rounding, as the host's
-  std::fma) and those inside CUDA's own math headers (fmod). HFMA2 with a -RZ, RZ
+  std::fma) and those inside CUDA's own math headers (fmod), also where
+  the compiler gives fmod's expansion the preceding line of ours: a fused
+  instruction counts as ours only on a line with a multiplication. HFMA2 with a -RZ, RZ
   operand pair only materialises a constant and is not arithmetic;
 * flush to zero: no `.FTZ` form of FADD, FMUL, FFMA or FMNMX in detgrid's
   arithmetic, which a --use_fast_math or -ftz=true build would produce and
@@ -256,7 +258,14 @@ def fused_violations(functions: Dict[str, Function], lines: SourceLines,
                 continue
             if not is_ours(ins, scope.sources):
                 continue  # CUDA's math headers, or a library subroutine
-            if any(name in lines.line(ins.source) for name in ROUNDED_INTRINSICS):
+            line = lines.line(ins.source)
+            if any(name in line for name in ROUNDED_INTRINSICS):
+                continue
+            if "*" not in line:
+                # A contraction of ours needs a multiplication on its line.
+                # Inlined library code the compiler emits without line
+                # info of its own (fmodf's expansion) inherits the line
+                # before it, which may be a comparison or a negation.
                 continue
             found.append(f"{ins.opcode} {ins.operands} at {ins.source[0]}:{ins.source[1]} "
                          f"in {function.name}")

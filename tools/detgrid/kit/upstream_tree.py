@@ -142,6 +142,8 @@ def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0
 
 
 REGENERATE = "python -m detgrid.kit.upstream_tree --write-patch patches/v2.6.0.patch"
+REGENERATE_TESTS = ("python -m detgrid.kit.upstream_tree --tests-only "
+                    "--write-patch patches/v2.6.0-tests.patch")
 
 
 def author(kit: Path) -> Tuple[str, str]:
@@ -158,16 +160,18 @@ def author(kit: Path) -> Tuple[str, str]:
     return name, email.rstrip(">")
 
 
-def write_patch(out: Path, name: str, email: str) -> int:
+def write_patch(out: Path, name: str, email: str, tests_only: bool = False) -> int:
     """Run `detgrid patch` on a fresh copy of the cached tree (never on the cache itself), with
-    ``name <email>`` configured in the copy: the commit's and the patch's author."""
+    ``name <email>`` configured in the copy: the commit's and the patch's author; with
+    ``tests_only``, `detgrid patch --tests-only` (the tests alone)."""
     from detgrid.kit import patch
 
     with tempfile.TemporaryDirectory(prefix="detgrid-regen-") as tmp:
         copy = fresh_git_copy(Path(tmp) / "pytorch")
         for key, value in (("user.name", name), ("user.email", email)):
             subprocess.run(["git", "-C", str(copy), "config", key, value], check=True)
-        return patch.main(["patch", "--pytorch", str(copy), "--out", str(Path(out).resolve())])
+        return patch.main(["patch", "--pytorch", str(copy), "--out", str(Path(out).resolve())]
+                          + (["--tests-only"] if tests_only else []))
 
 
 def _write_patch_target(argv) -> Optional[Path]:
@@ -204,7 +208,7 @@ def main(argv=None) -> int:
         print(f"upstream tree unavailable: {e}", file=sys.stderr)
         return 3
     if target is not None:
-        return write_patch(target, *ident)
+        return write_patch(target, *ident, tests_only="--tests-only" in argv)
     print(tree)
     return 0
 

@@ -467,6 +467,7 @@ inline void dispatch_taps_per_axis(
 template <typename T, int kTaps>
 C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   taps.usable = false;
+  GRID_SAMPLER_DET_UNROLL
   for (int k = 0; k < kTaps; ++k) {
     taps.index[k] = 0;
     taps.in_bounds[k] = false;
@@ -536,6 +537,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   const T base = std::floor(coord);
   cubic_weights<scalar_t>(
       sub_s<scalar_t>(coord, base), taps.weight, taps.dweight);
+  GRID_SAMPLER_DET_UNROLL
   for (int k = 0; k < 4; ++k) {
     const T position = cubic_tap_position<scalar_t>(
         base, k, size, padding_mode, align_corners, inverse_period);
