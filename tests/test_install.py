@@ -21,7 +21,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from detgrid import buildinfo
-from detgrid.kit import build, cli, sourcetree, toolchain
+from detgrid.kit import build, cli, parsing, sourcetree, toolchain
 
 KIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -380,7 +380,7 @@ class TestCommandLine(TestCase):
         # an option without a default shows none, rather than "(default: None)"
         self.assertNotIn("(default: None)", sub.choices["bench"].format_help())
         for name, verb in sub.choices.items():
-            self.assertIsInstance(verb.formatter_class(name), cli.HelpFormatter, name)
+            self.assertIsInstance(verb.formatter_class(name), parsing.HelpFormatter, name)
 
 
 class TestPackaging(TestCase):

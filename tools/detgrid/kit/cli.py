@@ -12,6 +12,7 @@ import sys
 from typing import Callable, List, Optional
 
 from detgrid.kit import installed_torch
+from detgrid.kit.parsing import ArgumentParser
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -37,29 +38,6 @@ def _finite(*, positive: bool) -> Callable[[str], float]:
 
     parse.__name__ = "number"
     return parse
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where there is none to show (None,
-    or False for a flag): those options' help says what happens instead."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False:
-            return action.help or ""
-        return super()._get_help_string(action)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """The kit's parser: defaults in --help, for the subcommands' parsers too
-    (add_subparsers builds them with the parser's own class), and a bad
-    argument answered in one line, not after a screenful of usage."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class _VersionAction(argparse.Action):

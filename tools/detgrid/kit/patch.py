@@ -1762,7 +1762,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from detgrid.kit.cli import ArgumentParser  # a bad argument in one line, as `detgrid patch`
+    from detgrid.kit.parsing import ArgumentParser  # a bad argument in one line, as `detgrid patch`
 
     parser = ArgumentParser(prog="detgrid")
     register(parser.add_subparsers(dest="command", required=True))
