@@ -10,6 +10,7 @@
 #include "knobs.h"
 
 #include <array>
+#include <optional>
 #include <cstdint>
 #include <tuple>
 
@@ -82,6 +83,35 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
       align_corners,
       output_mask,
       BackwardOptions{});
+}
+
+// What a backward call that does not request grad_input gets: stock's
+// kernel for grad_grid alone (one writer per element, so deterministic mode
+// leaves it and its bits to stock), nothing for a call that requests
+// nothing; nullopt when grad_input is requested, for detgrid to compute.
+template <AtenBackwardFn stock>
+std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  if (output_mask[0]) {
+    return std::nullopt;
+  }
+  if (!output_mask[1]) {
+    return std::tuple<at::Tensor, at::Tensor>{};
+  }
+  return stock(
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      output_mask);
 }
 
 // A routed call runs inside the aten op's own profiler range, which looks

@@ -32,22 +32,18 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
     const BackwardOptions& options) {
   check_backward_inputs(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
-  if (!output_mask[0] && !output_mask[1]) {
-    return {};
-  }
-  if (!output_mask[0]) {
-    // grad_grid alone: stock's kernel (see routed_backward).
-    constexpr AtenBackwardFn stock = kDims == 2
-        ? at::native::grid_sampler_2d_backward_cpu
-        : at::native::grid_sampler_3d_backward_cpu;
-    return stock(
-        grad_output,
-        input,
-        grid,
-        interpolation_mode,
-        padding_mode,
-        align_corners,
-        output_mask);
+  constexpr AtenBackwardFn stock = kDims == 2
+      ? at::native::grid_sampler_2d_backward_cpu
+      : at::native::grid_sampler_3d_backward_cpu;
+  if (auto result = unless_grad_input_requested<stock>(
+          grad_output,
+          input,
+          grid,
+          interpolation_mode,
+          padding_mode,
+          align_corners,
+          output_mask)) {
+    return *result;
   }
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   const at::native::GridSamplerBackwardCall call{
