@@ -414,7 +414,7 @@ void reduce_grad_input_exact(
       gsd::as<index_t>(gout_offsets),
       args.grad_output.data,
       args.grad_output.stride_c,
-      kDims * (kTaps == 4 ? 2 : kTaps - 1)};
+      gsd::log2_taps_per_point(kTaps, kDims)};
   const gsd::Divider<index_t> by_image_size(
       static_cast<std::make_unsigned_t<index_t>>(image_size));
   gsd::SegmentBounds* const segment_table = gsd::as<gsd::SegmentBounds>(segments);

@@ -685,6 +685,12 @@ C10_HOST_DEVICE constexpr int ipow(int base, int exponent) {
   return result;
 }
 
+// log2 of the taps per point, ipow(taps_per_axis, dims): taps_per_axis is 1,
+// 2 or 4, so the folds divide a record id by the taps with a shift.
+C10_HOST_DEVICE constexpr int log2_taps_per_point(int taps_per_axis, int dims) {
+  return dims * (taps_per_axis == 4 ? 2 : taps_per_axis - 1);
+}
+
 // The taps of one point, the product of its axes' taps. Tap t is numbered
 // row-major over the axes with x fastest: nw, ne, sw, se in 2-D and tnw,
 // tne, ..., bse in 3-D, the order stock's kernels visit them.

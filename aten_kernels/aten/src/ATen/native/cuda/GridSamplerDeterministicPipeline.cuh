@@ -816,7 +816,7 @@ void reduce_grad_input(
       as<T>(weights),
       as<index_t>(gout_offsets)};
   const ChunkKeys sorted_chunk_keys{sorted_keys.get(), !plan.key_32bit};
-  const int tap_bits = kDims * (kTaps == 4 ? 2 : kTaps - 1);
+  constexpr int kTapBits = log2_taps_per_point(kTaps, kDims);
   const SortedRecords<scalar_t, index_t> sorted = copy
       ? SortedRecords<scalar_t, index_t>{
             as<int32_t>(sorted_ids),
@@ -824,14 +824,14 @@ void reduce_grad_input(
             as<index_t>(gathered_offsets),
             as<scalar_t>(gathered),
             1,
-            tap_bits}
+            kTapBits}
       : SortedRecords<scalar_t, index_t>{
             as<int32_t>(sorted_ids),
             as<T>(weights),
             as<index_t>(gout_offsets),
             args.grad_output.data,
             args.grad_output.stride_c,
-            tap_bits};
+            kTapBits};
   SegmentBounds* const segment_table = as<SegmentBounds>(segments);
   int32_t* const bookkeeping_a = as<int32_t>(ids);
   int32_t* const bookkeeping_b = static_cast<int32_t*>(keys.get());
