@@ -59,8 +59,10 @@ class TestBenchRegistry(TestCase):
         two_d = [x for x in w.values() if x.dim == 2]
         three_d = [x for x in w.values() if x.dim == 3]
         self.assertGreaterEqual(len(two_d), 14)
-        self.assertEqual(sorted({x.row for x in two_d}), list(range(1, 16)))
+        self.assertEqual(sorted({x.row for x in two_d}), list(range(16)))
         self.assertEqual(sorted(x.row for x in three_d), [16, 17, 18])
+        # Row 0: the degenerate grids the tables have no row for.
+        self.assertEqual([x.name for x in two_d if x.row == 0], ["constant_grid"])
         self.assertEqual(len(set(w)), len(w))
         # The variants BENCHMARKS.md asks for: channels_last of #5 and #10, bf16 of #1.
         self.assertEqual({x.row for x in w.values() if x.channels_last}, {5, 10})
@@ -118,7 +120,10 @@ class TestBenchRegistry(TestCase):
                 self.assertGreater(float((t != 0).double().mean()), 0.95, name)
             self.assertTrue(bool(case.grid.isfinite().all()), name)
             self.assertGreater(float(case.grid.double().abs().max()), 0.0, name)
-            self.assertGreater(float(case.grid.double().std()), 0.0, name)
+            if w.grid_kind == "constant":  # every point at one place
+                self.assertEqual(float(case.grid.double().std(dim=(1, 2)).max()), 0.0, name)
+            else:
+                self.assertGreater(float(case.grid.double().std()), 0.0, name)
             if w.channels_last:
                 self.assertTrue(case.input.is_contiguous(memory_format=torch.channels_last), name)
                 if case.input.shape[1] > 1:  # with one channel both layouts coincide
@@ -149,6 +154,14 @@ class TestBenchRegistry(TestCase):
         self.assertLess(float(voxels.std()), 1.8)
         with self.assertRaises(ValueError):
             workloads.make_grid_3d("line", 1, 2, 2, 2, (2, 2, 2), True, g)
+        # constant: every point a quarter pixel right of and below pixel
+        # (0, 0)'s centre, in both conventions.
+        for align_corners in (False, True):
+            const = workloads.make_grid("constant", 2, 3, 5, (2, 4), align_corners, g)
+            size = torch.tensor([4.0, 2.0])  # x over width 4, y over height 2
+            px = ((const + 1) / 2 * (size - 1) if align_corners
+                  else ((const + 1) * size - 1) / 2)
+            self.assertEqual(px, torch.full((2, 3, 5, 2), 0.25), atol=1e-6, rtol=0)
 
     def test_records_count_points_times_taps_and_zero_without_grad_input(self):
         w = workloads.BENCH_WORKLOADS

@@ -139,6 +139,8 @@ class TestWorkCounters(TestCase):
         # and its grad_output is read where it lies.
         c = _counters((1, 1024, 64, 64), (32, 1024))
         self.assertEqual(c["chunks"], 1)
+        # A dense chunk's 5 launches: the hot fold's running sums of 1024
+        # channels would not fit the chunk's dead keys, so it does not run.
         self.assertEqual(c["launches_per_chunk"], 5)
         # Where it is needed anyway, the copy stays.
         self.assertEqual(_counters((1, 16, 8, 8), (16, 16))["launches_per_chunk"], 6)
@@ -178,10 +180,13 @@ class TestWorkCounters(TestCase):
         c = _counters((1, 2, 100, 100), (96, 128), dtype=torch.float16, chunk_points=4096)
         self.assertEqual(c["chunks"], 3)
         self.assertEqual(c["items_sorted"], 96 * 128)
-        self.assertEqual(c["launches"], 3 * 5)
+        # 4096 points a chunk may put more than 1024 in one cell: each
+        # chunk runs the hot fold's 3 launches around its reduce.
+        self.assertEqual(c["launches"], 3 * (5 + 3))
         points = 4096
+        # ... and the hot fold's group counts of 4096 // 1025 + 1 slots.
         own = (2 * points * 4 + (2 * points + 1) * 4 + points * 4 * 4 + points * 4
-               + 2 * 101 * 101 * 4)
+               + 2 * 101 * 101 * 4 + (points // 1025 + 1) * 4)
         self.assertEqual(c["workspace_bytes"], own + 2 * 100 * 100 * 4)
 
     def test_sparse_float_carry_is_rounded_out_once(self):
@@ -205,7 +210,7 @@ class TestWorkCounters(TestCase):
         per_tap = _counters(shape, (6,) * dims, mode=mode, keying=1)
         self.assertEqual(per_tap["items_sorted"], points * taps)
 
-    def test_meta_and_real_tensors_count_the_same(self):
+    def test_meta_and_real_tensors_count_the_same_but_the_longest_fold(self):
         torch.manual_seed(0)
         inp = torch.randn(2, 3, 9, 7)
         grid = torch.rand(2, 5, 6, 2) * 2 - 1
@@ -213,6 +218,9 @@ class TestWorkCounters(TestCase):
         real = ops.work_counters(grad_output, inp, grid, BICUBIC, ZEROS, True, [True, True])
         meta = ops.work_counters(grad_output.to("meta"), inp.to("meta"), grid.to("meta"),
                                  BICUBIC, ZEROS, True, [True, True])
+        # Where the points land decides the folds: measured only with data.
+        self.assertEqual(meta.pop("longest_fold"), -1)
+        self.assertGreater(real.pop("longest_fold"), 0)
         self.assertEqual(real, meta)
 
     @parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32, torch.float64))

@@ -153,6 +153,16 @@ void grid_sampler_backward_executor(
   run_backward_every_mode(executor, call, plan);
 }
 
+int64_t longest_fold(
+    const at::native::GridSamplerBackwardCall& call,
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
+  check_rank(call.input);
+  int64_t longest = 0;
+  run_backward_every_mode(
+      FoldLengthExecutor{{kDefaultGrainSize}, &longest}, call, plan);
+  return longest;
+}
+
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {

@@ -47,6 +47,13 @@ WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan);
 
+// The most records, or stored partials, one thread of the pipeline's
+// reduces folds in sequence for this call, measured by running it on the
+// host (grad_input requested; the data of the grid decide it).
+int64_t longest_fold(
+    const at::native::GridSamplerBackwardCall& call,
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan);
+
 // accumulate="exact" (aten_kernels/extension/exact/): the same contracts,
 // with order-free sums; atomic selects the variant without a sort, which
 // needs a plan keyed per tap.

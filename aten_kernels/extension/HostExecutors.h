@@ -197,6 +197,162 @@ struct CountingExecutor {
   }
 };
 
+// The records a reduce thread folds: a segment's, or the ways' of a merge.
+inline int64_t record_count(
+    const at::native::grid_sampler_deterministic::SortedRecordIds& ids) {
+  return ids.end - ids.next;
+}
+template <int kWays>
+int64_t record_count(
+    const at::native::grid_sampler_deterministic::MergedCellRecords<kWays>&
+        ids) {
+  int64_t records = 0;
+  for (int k = 0; k < kWays; ++k) {
+    records += ids.end[k] - ids.next[k];
+  }
+  return records;
+}
+
+// Runs every stage as HostExecutor does, and after each fold measures the
+// longest fold of its threads: the most records, or stored partials, that
+// one thread adds in sequence (a pure function of the shapes and the grid,
+// like the sums). Read by detgrid.ops.work_counters.
+struct FoldLengthExecutor : HostExecutor {
+  int64_t* longest;
+
+  template <typename count_t, typename Stage>
+  void for_each(count_t count, const Stage& stage) const {
+    HostExecutor::for_each(count, stage);
+    measure(stage, int64_t{count});
+  }
+
+  template <typename row_t, typename col_t, typename Stage>
+  void for_each_row(row_t rows, col_t cols, const Stage& stage) const {
+    HostExecutor::for_each_row(rows, cols, stage);
+    measure(stage, int64_t{rows}, int64_t{cols});
+  }
+
+ private:
+  void note(int64_t length) const {
+    *longest = std::max(*longest, length);
+  }
+
+  // Every destination of images [first_image, end_image), columns
+  // [first_col, end_col): the threads of their channels fold alike. A hot
+  // destination's hidden keys count for nothing here.
+  template <typename Fold>
+  void note_images(
+      const Fold& fold,
+      int64_t first_image,
+      int64_t end_image,
+      int64_t first_col,
+      int64_t end_col) const {
+    using index_t = typename Fold::index_type;
+    for (int64_t n = first_image; n < end_image; ++n) {
+      for (int64_t s = first_col; s < end_col; ++s) {
+        note(record_count(fold.segments.of(
+            static_cast<index_t>(n), static_cast<index_t>(s))));
+      }
+    }
+  }
+
+  template <typename Stage>
+  void measure(const Stage& /*stage*/, int64_t /*count*/) const {}
+  template <typename Stage>
+  void measure(const Stage& /*stage*/, int64_t /*rows*/, int64_t /*cols*/)
+      const {}
+
+  template <typename Fold>
+  void measure(
+      const at::native::grid_sampler_deterministic::ReduceDense<Fold>& stage,
+      int64_t rows,
+      int64_t cols) const {
+    const int64_t first_row = stage.first_row;
+    note_images(
+        stage.fold,
+        first_row / stage.fold.channels,
+        (first_row + rows - 1) / stage.fold.channels + 1,
+        stage.first_col,
+        stage.first_col + cols);
+  }
+
+  template <typename Fold>
+  void measure(
+      const at::native::grid_sampler_deterministic::ReduceDenseChannelsFastest<
+          Fold>& stage,
+      int64_t count) const {
+    const int64_t pairs_per_image =
+        int64_t{stage.fold.channels} * stage.fold.destinations_per_image;
+    const int64_t first_image = stage.first_pair / pairs_per_image;
+    note_images(
+        stage.fold,
+        first_image,
+        first_image + count / pairs_per_image,
+        0,
+        stage.fold.destinations_per_image);
+  }
+
+  // The hot fold's threads: a group's records in its tile, or a hot
+  // destination's stored partials (its records, where they did not fit).
+  template <typename Fold>
+  void measure(
+      const at::native::grid_sampler_deterministic::HotFold<Fold>& hot,
+      int64_t /*rows*/,
+      int64_t /*cols*/) const {
+    using at::native::grid_sampler_deterministic::HotStep;
+    using index_t = typename Fold::index_type;
+    if (hot.step == HotStep::kStorePartials) {
+      for (int32_t g = 0; g < std::min(hot.total_groups(), hot.pool_groups); ++g) {
+        index_t n;
+        index_t s;
+        int32_t tile;
+        hot.group_tile(g, n, s, tile);
+        note(record_count(hot.records_in(
+            n,
+            s,
+            static_cast<uint32_t>(tile) << hot.tile_bits,
+            static_cast<uint32_t>(tile + 1) << hot.tile_bits)));
+      }
+    }
+    if (hot.step != HotStep::kAddPartials) {
+      return;
+    }
+    for (int32_t h = 0; h < hot.max_hot_destinations(); ++h) {
+      const auto destination = hot.hot_destination(h);
+      if (!destination.valid) {
+        continue;
+      }
+      const int32_t groups = hot.groups_of(destination.n, destination.s);
+      if (destination.first_group + groups > hot.pool_groups) {
+        note(record_count(
+            hot.records_in(destination.n, destination.s, 0, hot.kEveryId)));
+        continue;
+      }
+      int64_t partials = 0;
+      for (int32_t g = destination.first_group;
+           g < destination.first_group + groups;
+           ++g) {
+        partials += hot.partial_counts[g];
+      }
+      note(partials);
+    }
+  }
+
+  template <typename scalar_t, typename index_t>
+  void measure(
+      const at::native::grid_sampler_deterministic::ReduceSparse<
+          scalar_t,
+          index_t>& stage,
+      int64_t /*rows*/,
+      int64_t /*cols*/) const {
+    for (int32_t j = 0; j < *stage.num_runs; ++j) {
+      if (stage.keys[stage.run_begin[j]] != stage.nowhere) {
+        note(stage.run_begin[j + 1] - stage.run_begin[j]);
+      }
+    }
+  }
+};
+
 inline void check_grain_size(int64_t grain_size) {
   TORCH_CHECK(
       grain_size >= 0,

@@ -34,6 +34,11 @@ void check_knob_ranges(
       "accumulate must be 0 (ordered), 1 (exact) or 2 (exact, atomic), got ",
       knobs.accumulate);
   TORCH_CHECK(
+      knobs.serial_fold == 0 || knobs.serial_fold == 1,
+      op,
+      "serial_fold must be 0 (hot destinations in parallel) or 1, got ",
+      knobs.serial_fold);
+  TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
       "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
@@ -108,6 +113,7 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
   if (keying == Keying::PerCell && !plan.chunks.dense) {
     return std::nullopt;
   }
+  plan.hot_fold = knobs.serial_fold == 0;
   return plan;
 }
 

@@ -32,6 +32,9 @@ struct BackwardOptions {
   // default, and upstream's only way); 1 exactly (exact/ExactSum.cuh) after
   // the sort; 2 exactly with integer atomics and no sort (keyed per tap).
   int64_t accumulate = 0;
+  // 1: every destination folds its records serially, hot ones too
+  // (BackwardPlan::hot_fold).
+  int64_t serial_fold = 0;
 };
 
 // accumulate's ends; 1, between them, is the sorted exact variant.

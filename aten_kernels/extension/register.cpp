@@ -88,7 +88,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t index_bits,
     int64_t keying,
     int64_t gather,
-    int64_t accumulate) {
+    int64_t accumulate,
+    int64_t serial_fold) {
   return backward(
       grad_output,
       input,
@@ -106,7 +107,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           index_bits,
           keying,
           gather,
-          accumulate});
+          accumulate,
+          serial_fold});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -136,10 +138,40 @@ at::Tensor gradient_shell(const at::Tensor& like, bool requested) {
       like.scalar_type());
 }
 
+// The ordered pipeline's longest fold, which follows from where the grid's
+// points land: measured by running the call on the host where the tensors
+// are CPU tensors with data (its gradients are computed and dropped); -1 for
+// meta tensors, or an exact accumulation, which has no folds.
+int64_t longest_fold_of(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    const at::native::GridSamplerBackwardCall& shells,
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    int64_t accumulate) {
+  if (accumulate != kAccumulateOrdered || !grid.is_cpu()) {
+    return -1;
+  }
+  // As GridSampler.cpp allocates it: contiguous, not zeroed.
+  const at::Tensor grad_input = at::empty(
+      input.sizes(), at::TensorOptions().dtype(input.scalar_type()));
+  const at::native::GridSamplerBackwardCall call{
+      grad_input,
+      at::Tensor(),
+      grad_output,
+      input,
+      grid,
+      shells.interpolation_mode,
+      shells.padding_mode,
+      shells.align_corners,
+      {true, false}};
+  return longest_fold(call, plan);
+}
+
 // detgrid.ops.work_counters: what the CUDA pipeline would do for these
-// tensors (only their sizes, strides and dtype matter; meta tensors will
-// do), counted by running it with the counting executor; the fields of
-// WorkCounters, in order.
+// tensors (their sizes, strides and dtype; meta tensors will do), counted by
+// running it with the counting executor; the fields of WorkCounters, in
+// order, then the longest fold.
 std::vector<int64_t> backward_work_counters(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -153,13 +185,14 @@ std::vector<int64_t> backward_work_counters(
     int64_t index_bits,
     int64_t keying,
     int64_t gather,
-    int64_t accumulate) {
+    int64_t accumulate,
+    int64_t serial_fold) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
   if (!output_mask[0]) {
     // grad_grid alone runs stock's kernel: nothing of detgrid's to count.
-    return std::vector<int64_t>(10, 0);
+    return std::vector<int64_t>(11, 0);
   }
   const at::Tensor grad_input_shell = gradient_shell(input, output_mask[0]);
   const at::Tensor grad_grid_shell = gradient_shell(grid, output_mask[1]);
@@ -183,6 +216,7 @@ std::vector<int64_t> backward_work_counters(
   knobs.keying = keying;
   knobs.gather = gather;
   knobs.accumulate = accumulate;
+  knobs.serial_fold = serial_fold;
   const auto plan = plan_with_knobs(call, knobs);
   const WorkCounters counters = accumulate == kAccumulateOrdered
       ? count_backward_work(call, plan)
@@ -198,7 +232,8 @@ std::vector<int64_t> backward_work_counters(
       counters.workspace_bytes,
       counters.sort_scratch_bytes,
       counters.elements_swept,
-      counters.atomics};
+      counters.atomics,
+      longest_fold_of(grad_output, input, grid, call, plan, accumulate)};
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's
@@ -299,19 +334,21 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather, int accumulate) -> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather, int accumulate, int serial_fold) "
+      "-> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather, int accumulate) -> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather, int accumulate, int serial_fold) "
+      "-> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int key_bits, int index_bits, int keying, int gather, int accumulate) "
-      "-> int[]",
+      "int key_bits, int index_bits, int keying, int gather, int accumulate, "
+      "int serial_fold) -> int[]",
       &backward_work_counters);
   m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);

@@ -114,12 +114,14 @@ def _backward_with_options(name: str):
         keying: int = 0,
         gather: int = 0,
         accumulate: Mode = "ordered",
+        serial_fold: int = 0,
     ) -> Gradients:
         return op(grad_output, input, grid,
                   *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask),
                   chunk_points, block_size, max_blocks, grain_size, key_bits, index_bits,
-                  keying, gather, _mode_number(name, "accumulate", accumulate))
+                  keying, gather, _mode_number(name, "accumulate", accumulate),
+                  serial_fold)
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -134,7 +136,10 @@ def _backward_with_options(name: str):
     default sorts one per point (bilinear and trilinear, dense reduction);
     gather=1 (2) makes the dense reduce's threads take destinations
     (channels) fastest, where the default takes channels fastest from 16
-    channels on.
+    channels on; serial_fold=1 makes every destination fold its records in
+    one thread, where by default a dense chunk first folds in parallel the
+    tiles of each destination one of whose keys holds more than 4096 records
+    (4096 / 2^dims when keyed per cell).
 
     accumulate (ACCUMULATE_MODES) is the one knob that changes results:
     "exact" and "exact_atomic" sum grad_input's terms exactly, in integers,
@@ -152,7 +157,7 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
                        "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes",
-                       "elements_swept", "atomics")
+                       "elements_swept", "atomics", "longest_fold")
 
 
 def work_counters(
@@ -170,22 +175,28 @@ def work_counters(
     keying: int = 0,
     gather: int = 0,
     accumulate: Mode = "ordered",
+    serial_fold: int = 0,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
 
-    The pipeline runs with an executor that runs no stage, so only the
-    tensors' sizes, strides and dtype matter: meta tensors will do, and the
-    counts are the same on every machine. Fields: kernel launches (a CUB call
-    counts as one), chunks, launches_per_chunk (those of the first chunk),
-    items_sorted (radix-sort items: one per point or one per record, as the
-    pipeline keys the call), key_bits (bits it sorts),
-    key_bytes, workspace_bytes (detgrid's buffers), sort_scratch_bytes (an
-    estimate of CUB's radix-sort scratch: its copy of the keys and payloads),
+    The pipeline runs with an executor that runs no stage, so but for
+    longest_fold only the tensors' sizes, strides and dtype matter: meta
+    tensors will do, and the counts are the same on every machine.
+    Fields: kernel launches (a CUB call counts as one), chunks,
+    launches_per_chunk (those of the first chunk), items_sorted (radix-sort
+    items: one per point or one per record, as the pipeline keys the call),
+    key_bits (bits it sorts), key_bytes, workspace_bytes (detgrid's
+    buffers), sort_scratch_bytes (an estimate of CUB's radix-sort scratch:
+    its copy of the keys and payloads),
     elements_swept (grad_input elements the dense reduces visit, summed over
     chunks; 0 for the sparse reduction, which zero-fills and visits runs),
     atomics (integer atomics at most, with accumulate="exact" or
     "exact_atomic": the words each term can span, and one per thread of the
-    scale's pre-pass; the ordered pipeline issues none).
+    scale's pre-pass; the ordered pipeline issues none), longest_fold (the
+    most records, or stored partials, one thread of the ordered pipeline's
+    reduces adds in sequence: it depends on where the points land, so it is
+    measured by running the call on the host where the tensors are CPU
+    tensors with data, and is -1 for meta tensors or an exact accumulation).
     Also `points` and `records` (points x taps), from the shapes.
     """
     dims = input.dim() - 2
@@ -195,7 +206,7 @@ def work_counters(
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
         output_mask, chunk_points, key_bits, index_bits, keying, gather,
-        _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate))
+        _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate), serial_fold)
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]

@@ -162,7 +162,9 @@ def make_grid(kind: str, n: int, h: int, w: int, input_hw: Tuple[int, int],
     about 1.5 input pixels of noise (flow warps, reprojection); zoom: the
     identity scaled by extent, so all points land in the middle
     extent-fraction of the input (many samples per input cell); line: x = 0,
-    y uniform (a 1-D table, as TensoRF's line factors).
+    y uniform (a 1-D table, as TensoRF's line factors); constant: every
+    point at one place, a quarter pixel right of and below pixel (0, 0)'s
+    centre, so all of a point's taps land on the same few pixels.
     """
     if kind == "random":
         return (torch.rand(n, h, w, 2, generator=g) * 2 - 1) * extent
@@ -202,6 +204,11 @@ def make_grid(kind: str, n: int, h: int, w: int, input_hw: Tuple[int, int],
         return torch.einsum("nhwj,nij->nhwi", base, mat) + shift.view(n, 1, 1, 2)
     if kind == "clustered":
         return _clustered(n, h * w, 2, g, extent).view(n, h, w, 2)
+    if kind == "constant":
+        # A collapsed flow field, or an untrained spatial transformer's; off
+        # the centre, so that a bilinear point's four taps all carry weight.
+        return _normalize(torch.full((2,), 0.25), input_hw[::-1], align_corners).expand(
+            n, h, w, 2).clone()
     raise ValueError(f"unknown grid kind {kind!r}")
 
 
@@ -391,6 +398,12 @@ _BENCH_BASE = [
              (1, 1, 1, 1000000, 3), _B, _Z, True, _IN, "clustered", load="clustered", row=17),
     Workload("simplebev_lift_3d", "BENCHMARKS #18", (6, 128, 1, 56, 100), (6, 200, 8, 200, 3),
              _B, _Z, False, _IN, "random", load="zoom ~57/cell", row=18),
+    # Not a BENCHMARKS.md row: the degenerate grid of issue 33, where every
+    # point lands at one place, so each of the 2x2 input's pixels takes one
+    # tap of every point (1,048,576 records each).
+    Workload("constant_grid", "issue 33 (every point at one place)", (1, 3, 2, 2),
+             (1, 1024, 1024, 2), _B, _Z, False, _IN, "constant",
+             load="1,048,576 per pixel"),
 ]
 
 # The variants BENCHMARKS.md asks for, each listed right after its base:
@@ -465,11 +478,15 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
 def work_counters(case: Case) -> Dict[str, int]:
     """Exact work of the deterministic CUDA pipeline on this case
     (detgrid.ops.work_counters): from the tensors' shapes, strides and
-    dtype alone, so the same on every machine."""
+    dtype alone, so the same on every machine, but for longest_fold, which
+    where the grid's points land decides: measured on the host for a CPU
+    case, -1 for a CUDA one (the host executor runs the same folds)."""
     from detgrid import ops
 
+    on_cpu = case.grid.device.type == "cpu"
+    tensors = (case.grad_output, case.input, case.grid)
     return ops.work_counters(
-        _meta_like(case.grad_output), _meta_like(case.input), _meta_like(case.grid),
+        *(tensors if on_cpu else map(_meta_like, tensors)),
         case.interpolation_mode, case.padding_mode, case.align_corners,
         list(case.output_mask), **case.options)
 

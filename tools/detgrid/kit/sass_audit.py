@@ -62,9 +62,10 @@ PIPELINE = Scope(OUR_KERNEL, OUR_SOURCES)
 
 # The unit's kernels, one per stage, each named after what it computes.
 # The reduces (dense with destinations fastest, dense with channels fastest,
-# sparse) are the ones whose fold the audit measures.
+# sparse, and the parallel fold of hot destinations) are the ones whose fold
+# the audit measures.
 REDUCE_KERNELS = ("sum_segments_per_destination_kernel", "sum_segments_channels_fastest_kernel",
-                  "sum_runs_kernel")
+                  "sum_runs_kernel", "fold_hot_destinations_kernel")
 STAGE_KERNELS = ("grid_sampler_point_records_kernel", "mark_segment_bounds_kernel",
                  "mark_run_heads_kernel", "record_run_starts_kernel",
                  "gather_grad_output_channels_last_kernel", "round_float_sums_kernel"

@@ -28,6 +28,10 @@
 //      distinct pixels. From 16 channels the threads take channels fastest
 //      (sum_segments_channels_fastest_kernel), reading a channels-last copy
 //      of the chunk's grad_output unless its channel stride is 1 already.
+//      A destination with a hot key (more than 4096 records, 4096 / 2^dims
+//      for a cell) is folded by fold_hot_destinations_kernel instead: its
+//      tiles' partials in parallel, then their sum in order, which gives
+//      the serial fold's bits without its latency (32-bit indices).
 //      Sparse otherwise (sum_runs_kernel): a zero fill, runs of one
 //      destination found from head flags and a CUB scan, then one thread per
 //      (run, channel).
@@ -49,12 +53,14 @@
 //     allocator whatever the input: per chunk, sort keys and payloads in and
 //     out, CUB's radix-sort scratch (1 MiB is kept for its histograms), the
 //     weight of every tap, a grad_output offset per point, the dense
-//     reduction's segment table and, when it takes channels fastest over a
-//     grad_output whose channel stride is not 1, a channels-last copy of the
-//     chunk's grad_output. Half/BFloat16 sums over several chunks wait in a
-//     float carry of at most kCarryBytes, planned into the budget; where
-//     grad_input needs more, its sums are made block by block, each block
-//     re-running the point passes and sorts of its images' chunks.
+//     reduction's segment table (and the hot fold's counts beside it; its
+//     other tables reuse the unsorted sort items) and, when it takes
+//     channels fastest over a grad_output whose channel stride is not 1, a
+//     channels-last copy of the chunk's grad_output. Half/BFloat16 sums
+//     over several chunks wait in a float carry of at most kCarryBytes,
+//     planned into the budget; where grad_input needs more, its sums are
+//     made block by block, each block re-running the point passes and sorts
+//     of its images' chunks.
 // (c) Safe coordinates. No index is formed from a non-finite or huge
 //     value: bilinear and nearest convert the padded coordinate only within
 //     +-2^40 (beyond it only a zeros-padded point lies, outside the image);
@@ -182,6 +188,15 @@ __global__ void gather_grad_output_channels_last_kernel(
   grid_stride_rows(stage, rows, cols);
 }
 
+template <typename Stage>
+C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+__global__ void fold_hot_destinations_kernel(
+    const Stage stage,
+    int32_t rows,
+    int32_t cols) {
+  grid_stride_rows(stage, rows, cols);
+}
+
 template <typename Reduce, typename row_t, typename col_t>
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void sum_segments_per_destination_kernel(
@@ -256,6 +271,12 @@ struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
       GatherChannelsLast<scalar_t, index_t>,
       row_t,
       col_t>;
+};
+
+template <typename Fold>
+struct StageKernel<HotFold<Fold>> {
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &fold_hot_destinations_kernel<HotFold<Fold>>;
 };
 
 template <typename Fold>

@@ -42,10 +42,15 @@
 
 // Loops over axes and taps must unroll on the GPU, or their small arrays
 // spill to local memory; the host compiler has no such pragma.
+// GRID_SAMPLER_DET_ROLLED keeps a loop of a rare path rolled, where
+// unrolling would multiply its code, not speed it up. Both are undefined at
+// the end of GridSamplerDeterministicPipeline.cuh, which uses them too.
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define GRID_SAMPLER_DET_UNROLL _Pragma("unroll")
+#define GRID_SAMPLER_DET_ROLLED _Pragma("unroll 1")
 #else
 #define GRID_SAMPLER_DET_UNROLL
+#define GRID_SAMPLER_DET_ROLLED
 #endif
 
 namespace at::native::grid_sampler_deterministic {
@@ -1272,6 +1277,19 @@ struct MergedCellRecords {
     }
     find_current();
   }
+  // The merge of the given sorted ranges of the ways' point numbers.
+  C10_HOST_DEVICE MergedCellRecords(
+      const int32_t* sorted_point_ids,
+      const SegmentBounds (&ranges)[kWays])
+      : point_ids(sorted_point_ids) {
+    GRID_SAMPLER_DET_UNROLL
+    for (int k = 0; k < kWays; ++k) {
+      next[k] = ranges[k].begin;
+      end[k] = ranges[k].end;
+      load_head(k);
+    }
+    find_current();
+  }
   // The record id at `position` of a way whose records reach the
   // destination through `tap`, or kExhausted at its end.
   C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
@@ -1342,6 +1360,34 @@ struct MergedCellRecords {
 // `acc`, which carries over from earlier chunks. The taps per point are a
 // run-time shift, not a template parameter: a shift by a register costs
 // what a shift by a constant does, and one reduce kernel serves every mode.
+//
+// next_partial() sums the next partial of `records` (which are not done);
+// fold_records() adds every partial to `acc` as it is made. The parallel
+// fold of hot destinations stores the partials of each tile instead, and
+// adds them to `acc` in the same order after.
+template <typename RecordIds, typename T, typename scalar_t, typename index_t>
+C10_HOST_DEVICE inline T next_partial(
+    RecordIds& records,
+    const T* weights,
+    const index_t* gout_offsets,
+    const scalar_t* gout_channel,
+    int tap_bits) {
+  const int tile_bits = tap_bits + kTilePointsLog2;
+  const uint32_t tile_end = ((records.front() >> tile_bits) + 1) << tile_bits;
+  T partial = static_cast<T>(0);
+  records.start_partial(kRecordsPerPartial);
+  while (records.in_partial()) {
+    const uint32_t id = records.front();
+    if (id >= tile_end) {
+      break;
+    }
+    const T gout = static_cast<T>(gout_channel[gout_offsets[id >> tap_bits]]);
+    partial = add_rn(partial, mul_rn(weights[id], gout));
+    records.pop();
+  }
+  return partial;
+}
+
 template <typename RecordIds, typename T, typename scalar_t, typename index_t>
 C10_HOST_DEVICE inline T fold_records(
     RecordIds records,
@@ -1350,26 +1396,12 @@ C10_HOST_DEVICE inline T fold_records(
     const scalar_t* gout_channel,
     int tap_bits,
     T acc) {
-  const int tile_bits = tap_bits + kTilePointsLog2;
   while (!records.done()) {
-    const uint32_t tile_end = ((records.front() >> tile_bits) + 1) << tile_bits;
-    T partial = static_cast<T>(0);
-    records.start_partial(kRecordsPerPartial);
-    while (records.in_partial()) {
-      const uint32_t id = records.front();
-      if (id >= tile_end) {
-        break;
-      }
-      const T gout =
-          static_cast<T>(gout_channel[gout_offsets[id >> tap_bits]]);
-      partial = add_rn(partial, mul_rn(weights[id], gout));
-      records.pop();
-    }
-    acc = add_rn(acc, partial);
+    acc = add_rn(
+        acc,
+        next_partial(records, weights, gout_offsets, gout_channel, tap_bits));
   }
   return acc;
 }
 
 } // namespace at::native::grid_sampler_deterministic
-
-#undef GRID_SAMPLER_DET_UNROLL

@@ -134,10 +134,31 @@ struct SortedRecords {
   }
 };
 
+// The first position in [begin, end) of ascending ids whose id is at least
+// `bound` (end if none is).
+C10_HOST_DEVICE inline int32_t first_id_at_least(
+    const int32_t* ids,
+    int32_t begin,
+    int32_t end,
+    uint32_t bound) {
+  while (begin < end) {
+    const int32_t middle = begin + (end - begin) / 2;
+    if (static_cast<uint32_t>(ids[middle]) < bound) {
+      begin = middle + 1;
+    } else {
+      end = middle;
+    }
+  }
+  return begin;
+}
+
+
 // Where the dense reduce finds one destination's records, from the segment
 // bounds of step 1. PerTap: the destination's own segment.
 template <typename index_t>
 struct DestinationSegments {
+  // Keys per destination: its own.
+  static constexpr int kWays = 1;
   const int32_t* ids;
   const SegmentBounds* segments;
   index_t destinations_per_image;
@@ -145,6 +166,28 @@ struct DestinationSegments {
   C10_HOST_DEVICE SortedRecordIds of(index_t n, index_t s) const {
     const SegmentBounds bounds = segments[n * destinations_per_image + s];
     return SortedRecordIds{ids, bounds.begin, bounds.end};
+  }
+
+  // What the hot fold (HotFold) needs of the keys. The ids are record ids,
+  // 2^tap_bits per point; a destination's one key is its own.
+  static C10_HOST_DEVICE int tile_bits(int tap_bits) {
+    return tap_bits + kTilePointsLog2;
+  }
+  C10_HOST_DEVICE const int32_t* sorted_ids() const {
+    return ids;
+  }
+  C10_HOST_DEVICE int64_t key_of(index_t n, index_t s, int /*way*/) const {
+    return int64_t{n} * destinations_per_image + s;
+  }
+  C10_HOST_DEVICE bool
+  destination_of(int64_t key, int /*way*/, index_t& n, index_t& s) const {
+    n = static_cast<index_t>(key / destinations_per_image);
+    s = static_cast<index_t>(key - int64_t{n} * destinations_per_image);
+    return true;
+  }
+  C10_HOST_DEVICE SortedRecordIds
+  records_in(const SegmentBounds (&ranges)[kWays]) const {
+    return SortedRecordIds{ids, ranges[0].begin, ranges[0].end};
   }
 };
 
@@ -215,6 +258,48 @@ struct CellSegments {
     }
     return MergedCellRecords<kWays>(
         point_ids, segments, base_cell(n, s), way_offsets);
+  }
+
+  // What the hot fold (HotFold) needs of the keys. The ids are point
+  // numbers, whatever the taps; way k of destination (n, s) is the cell
+  // base_cell(n, s) + way_offset(k).
+  static C10_HOST_DEVICE int tile_bits(int /*tap_bits*/) {
+    return kTilePointsLog2;
+  }
+  C10_HOST_DEVICE const int32_t* sorted_ids() const {
+    return point_ids;
+  }
+  C10_HOST_DEVICE int64_t key_of(index_t n, index_t s, int way) const {
+    return base_cell(n, s) + way_offset(way);
+  }
+  // The destination whose way `way` cell `key` is, if there is one: the
+  // cell's corner, in its image and within the input.
+  C10_HOST_DEVICE bool
+  destination_of(int64_t key, int way, index_t& n, index_t& s) const {
+    const int64_t base = key - way_offset(way);
+    if (base < 0 || base / cells_per_image != key / cells_per_image) {
+      return false;
+    }
+    n = static_cast<index_t>(base / cells_per_image);
+    int32_t cell = static_cast<int32_t>(base - int64_t{n} * cells_per_image);
+    int64_t position = 0;
+    for (int a = 0; a < kDims; ++a) {
+      // The cells along axis a: one more than the input's size.
+      const int32_t cells =
+          (a == 0 ? cells_per_image : cell_stride[a - 1]) / cell_stride[a];
+      const int32_t coordinate = cell / cell_stride[a];
+      cell -= coordinate * cell_stride[a];
+      if (coordinate >= cells - 1) {
+        return false;
+      }
+      position = position * (cells - 1) + coordinate;
+    }
+    s = static_cast<index_t>(position);
+    return true;
+  }
+  C10_HOST_DEVICE MergedCellRecords<kWays>
+  records_in(const SegmentBounds (&ranges)[kWays]) const {
+    return MergedCellRecords<kWays>(point_ids, ranges);
   }
 };
 
@@ -330,6 +415,10 @@ struct DenseFold {
   index_t first_fresh_image;
   index_t first_written_image;
 
+  C10_HOST_DEVICE T initial_sum(index_t n, index_t row, index_t s) const {
+    return n < first_fresh_image ? out.running_sum(row, s) : static_cast<T>(0);
+  }
+
   C10_HOST_DEVICE void fold_into(
       index_t n,
       index_t row,
@@ -339,9 +428,378 @@ struct DenseFold {
     if (ids.done() && n < first_written_image) {
       return;
     }
-    const T initial =
-        n < first_fresh_image ? out.running_sum(row, s) : static_cast<T>(0);
-    out.write(row, s, records.fold(ids, gout_channel, initial));
+    out.write(row, s, records.fold(ids, gout_channel, initial_sum(n, row, s)));
+  }
+};
+
+// The parallel fold of hot destinations. One thread folds every record of a
+// (destination, channel) pair, so a destination with a million records (a
+// constant grid puts every point on one pixel) would cost its threads a
+// million dependent loads and adds. A partial never straddles a tile, so the
+// tiles of a hot destination are folded in parallel, and their partials are
+// then added in order: the same partials and the same additions as
+// fold_records makes, so the same bits.
+//
+// A key (a destination's own segment, or one of its cells) is hot when it
+// holds more than key_limit = kHotRecords / kWays records, and a destination
+// is hot when one of its keys is; its hot way of least index owns it. A hot
+// key beginning at sorted position b has slot b / (key_limit + 1), which no
+// other hot key shares, and a hot destination has a group per tile from the
+// tile of its first record to that of its last. Per dense chunk:
+//   kMarkSegments   a thread per sorted record, as MarkDestinationSegments,
+//                   but a hot key gets the empty bounds {end, end}, so that
+//                   the reduce folds none of its records, and the thread of
+//                   its last record counts the groups of the destinations
+//                   it owns into its slot.
+//   (an inclusive sum of the slots' groups numbers the groups)
+//   kStorePartials  a thread per (channel, group) stores its group's
+//                   partials, and one per (channel, hot destination) its
+//                   running sum, which the reduce may overwrite.
+//   (the dense reduce)
+//   kAddPartials    a thread per (channel, hot destination) adds the stored
+//                   partials to the running sum, in order, and writes the
+//                   element; where its groups did not fit `pool_groups`, it
+//                   folds the destination's records serially instead.
+// A destination with no hot key folds at most kHotRecords records in the
+// reduce; a hot one at most a tile's in kStorePartials and its partials in
+// kAddPartials. Everything is found from the sorted keys, by binary search
+// where a bound was hidden, with no atomics: the groups' numbering is a
+// function of the sorted keys alone. The tables live in the chunk's unsorted
+// keys and ids, which are dead after the sort, and the slots' counts beside
+// the segment table, whose zero fill clears them.
+constexpr int32_t kHotRecords = 4096;
+// The most bytes of slot counts a chunk needs: a chunk item takes 24 bytes
+// of the workspace at least (chunk_bytes_per_point), and a hot key more
+// than kHotRecords / 8 items.
+constexpr int64_t kHotSlotBytes =
+    (kWorkspaceBytes / 24 / (kHotRecords / 8 + 1) + 1) *
+    int64_t{sizeof(int32_t)};
+
+enum class HotStep : int8_t { kMarkSegments, kStorePartials, kAddPartials };
+
+template <typename Fold>
+struct HotFold {
+  using Segments = decltype(Fold::segments);
+  using T = typename Fold::T;
+  using index_t = typename Fold::index_type;
+  using scalar_t = typename Fold::scalar_type;
+  static constexpr int kWays = Segments::kWays;
+  // Above every record id: the bound of a destination's whole range.
+  static constexpr uint32_t kEveryId = std::numeric_limits<uint32_t>::max();
+  static_assert(
+      std::is_same_v<index_t, int32_t>,
+      "hot destinations fold in parallel with 32-bit indices only");
+  Fold fold;
+  MarkDestinationSegments marks; // the sorted keys, and the table
+  HotStep step;
+  int tile_bits;
+  int32_t key_limit; // a key with more records is hot
+  int32_t num_slots;
+  int32_t* slot_groups; // zero-filled with the table
+  int32_t* slot_ends; // inclusive sums of slot_groups
+  int32_t pool_groups;
+  int32_t partials_per_group;
+  T* partials; // [channel][group][partial]
+  int32_t* partial_counts; // [group]
+  T* running_sums; // [channel][hot destination]
+
+  struct Row {
+    index_t channel;
+    const scalar_t* gout_channel;
+  };
+
+  C10_HOST_DEVICE Row row(index_t c) const {
+    return Row{c, fold.records.gout_channel(c)};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
+    switch (step) {
+      case HotStep::kMarkSegments:
+        mark_segments(i);
+        return;
+      case HotStep::kStorePartials:
+        store_partials(row, i);
+        return;
+      case HotStep::kAddPartials:
+        add_partials(row, i);
+        return;
+    }
+  }
+
+  // Hot destinations are numbered slot * kWays + way, for the way of their
+  // owner.
+  C10_HOST_DEVICE int32_t max_hot_destinations() const {
+    return num_slots * kWays;
+  }
+  C10_HOST_DEVICE int32_t total_groups() const {
+    return slot_ends[num_slots - 1];
+  }
+
+  // The sorted position of key k's first record (or of the first greater
+  // key), and whether k is hot.
+  C10_HOST_DEVICE int32_t key_begin(int64_t k) const {
+    int32_t low = 0;
+    int32_t high = marks.count;
+    while (low < high) {
+      const int32_t middle = low + (high - low) / 2;
+      if (marks.keys[middle] < k) {
+        low = middle + 1;
+      } else {
+        high = middle;
+      }
+    }
+    return low;
+  }
+  C10_HOST_DEVICE bool is_hot(int64_t k, int32_t begin) const {
+    return begin + key_limit < marks.count && marks.keys[begin + key_limit] == k;
+  }
+
+  // The hot key of slot `slot`, if it has one: a hot key beginning in the
+  // slot holds its last position, being longer than the slot.
+  C10_HOST_DEVICE bool hot_key_of(int32_t slot, int64_t& key) const {
+    const int32_t last = std::min(
+        (slot + 1) * (key_limit + 1) - 1, marks.count - 1);
+    key = marks.keys[last];
+    if (key == marks.nowhere) {
+      return false;
+    }
+    const int32_t begin = key_begin(key);
+    return begin / (key_limit + 1) == slot && is_hot(key, begin);
+  }
+
+  // The destination that hot key `key` is way `way` of, where that way
+  // owns it: none of its ways before is hot.
+  C10_HOST_DEVICE bool
+  owned_destination(int64_t key, int way, index_t& n, index_t& s) const {
+    if (!fold.segments.destination_of(key, way, n, s)) {
+      return false;
+    }
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < way; ++w) {
+      const int64_t other = fold.segments.key_of(n, s, w);
+      if (is_hot(other, key_begin(other))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Where destination (n, s)'s records are, found from the keys (the table
+  // hides a hot key's bounds): way w's sorted positions whose ids are in
+  // [first_id, end_id), and the tiles of its first and last record.
+  C10_HOST_DEVICE SegmentBounds way_range(
+      index_t n,
+      index_t s,
+      int way,
+      uint32_t first_id,
+      uint32_t end_id) const {
+    const int64_t key = fold.segments.key_of(n, s, way);
+    const int32_t begin = key_begin(key);
+    const int32_t end = key_begin(key + 1);
+    const int32_t* ids = fold.segments.sorted_ids();
+    return SegmentBounds{
+        first_id_at_least(ids, begin, end, first_id),
+        first_id_at_least(ids, begin, end, end_id)};
+  }
+  struct TileSpan {
+    int32_t first;
+    int32_t last;
+  };
+  C10_HOST_DEVICE TileSpan tiles_of(index_t n, index_t s) const {
+    const int32_t* ids = fold.segments.sorted_ids();
+    TileSpan tiles{std::numeric_limits<int32_t>::max(), -1};
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      const int64_t key = fold.segments.key_of(n, s, w);
+      const int32_t begin = key_begin(key);
+      const int32_t end = key_begin(key + 1);
+      if (begin < end) {
+        tiles.first = std::min(tiles.first, ids[begin] >> tile_bits);
+        tiles.last = std::max(tiles.last, ids[end - 1] >> tile_bits);
+      }
+    }
+    return tiles;
+  }
+  C10_HOST_DEVICE int32_t groups_of(index_t n, index_t s) const {
+    const TileSpan tiles = tiles_of(n, s);
+    return tiles.last - tiles.first + 1;
+  }
+  // Destination (n, s)'s records whose ids are in [first_id, end_id), in
+  // the canonical order. The searches run in a loop, and their results go
+  // to the ways' ranges by selects, which keeps the ranges in registers.
+  C10_HOST_DEVICE auto
+  records_in(index_t n, index_t s, uint32_t first_id, uint32_t end_id) const {
+    SegmentBounds ranges[kWays] = {};
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      const SegmentBounds range = way_range(n, s, w, first_id, end_id);
+      GRID_SAMPLER_DET_UNROLL
+      for (int k = 0; k < kWays; ++k) {
+        ranges[k] = k == w ? range : ranges[k];
+      }
+    }
+    return fold.segments.records_in(ranges);
+  }
+
+  // Hot destination h, if slot h / kWays's hot key owns it through way
+  // h % kWays; and the number of its first group.
+  struct HotDestination {
+    bool valid;
+    index_t n;
+    index_t s;
+    int32_t first_group;
+  };
+  C10_HOST_DEVICE HotDestination hot_destination(int32_t h) const {
+    HotDestination hot{false, 0, 0, 0};
+    const int32_t slot = h / kWays;
+    const int way = h - slot * kWays;
+    int64_t key;
+    if (!hot_key_of(slot, key) || !owned_destination(key, way, hot.n, hot.s)) {
+      return hot;
+    }
+    hot.valid = true;
+    hot.first_group = slot == 0 ? 0 : slot_ends[slot - 1];
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < way; ++w) {
+      index_t n;
+      index_t s;
+      if (owned_destination(key, w, n, s)) {
+        hot.first_group += groups_of(n, s);
+      }
+    }
+    return hot;
+  }
+
+  // kMarkSegments: sorted record i.
+  C10_HOST_DEVICE void mark_segments(int32_t i) const {
+    const int64_t key = marks.keys[i];
+    const bool first = i == 0 || marks.keys[i - 1] != key;
+    const bool last = i == marks.count - 1 || marks.keys[i + 1] != key;
+    if (key == marks.nowhere || !(first || last)) {
+      return;
+    }
+    const bool hot = first
+        ? is_hot(key, i)
+        : i >= key_limit && marks.keys[i - key_limit] == key;
+    if (!hot) {
+      marks(i);
+      return;
+    }
+    if (!last) {
+      return;
+    }
+    marks.segments[key] = SegmentBounds{i + 1, i + 1};
+    int32_t groups = 0;
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      index_t n;
+      index_t s;
+      if (owned_destination(key, w, n, s)) {
+        groups += groups_of(n, s);
+      }
+    }
+    slot_groups[key_begin(key) / (key_limit + 1)] = groups;
+  }
+
+  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t group) const {
+    return partials +
+        (int64_t{channel} * pool_groups + group) * int64_t{partials_per_group};
+  }
+  C10_HOST_DEVICE T& running_sum(index_t channel, int32_t h) const {
+    return running_sums[int64_t{channel} * max_hot_destinations() + h];
+  }
+
+  // The hot destination and tile of group g (< total_groups()).
+  C10_HOST_DEVICE void
+  group_tile(int32_t g, index_t& n, index_t& s, int32_t& tile) const {
+    int32_t low = 0;
+    int32_t high = num_slots - 1;
+    while (low < high) {
+      const int32_t middle = low + (high - low) / 2;
+      if (slot_ends[middle] > g) {
+        high = middle;
+      } else {
+        low = middle + 1;
+      }
+    }
+    int32_t first = low == 0 ? 0 : slot_ends[low - 1];
+    int64_t key;
+    hot_key_of(low, key);
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      if (owned_destination(key, w, n, s)) {
+        const TileSpan tiles = tiles_of(n, s);
+        const int32_t groups = tiles.last - tiles.first + 1;
+        if (g < first + groups) {
+          tile = tiles.first + (g - first);
+          return;
+        }
+        first += groups;
+      }
+    }
+  }
+
+  // kStorePartials: group i's partials for channel c, and hot destination
+  // i's running sum.
+  C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
+    if (i < std::min(total_groups(), pool_groups)) {
+      index_t n;
+      index_t s;
+      int32_t tile;
+      group_tile(i, n, s, tile);
+      auto in_tile = records_in(
+          n,
+          s,
+          static_cast<uint32_t>(tile) << tile_bits,
+          static_cast<uint32_t>(tile + 1) << tile_bits);
+      T* partial = partials_of(row.channel, i);
+      int32_t stored = 0;
+      while (!in_tile.done()) {
+        partial[stored++] = next_partial(
+            in_tile,
+            fold.records.weights,
+            fold.records.gout_offsets,
+            row.gout_channel,
+            fold.records.tap_bits);
+      }
+      if (row.channel == 0) {
+        partial_counts[i] = stored;
+      }
+    }
+    if (i < max_hot_destinations()) {
+      const HotDestination hot = hot_destination(i);
+      const index_t element_row = hot.n * fold.channels + row.channel;
+      if (hot.valid && fold.out.block.holds(element_row, hot.s)) {
+        running_sum(row.channel, i) =
+            fold.initial_sum(hot.n, element_row, hot.s);
+      }
+    }
+  }
+
+  // kAddPartials: hot destination h's element of channel c.
+  C10_HOST_DEVICE void add_partials(const Row& row, int32_t h) const {
+    const HotDestination hot = hot_destination(h);
+    const index_t element_row = hot.n * fold.channels + row.channel;
+    if (!hot.valid || !fold.out.block.holds(element_row, hot.s)) {
+      return;
+    }
+    const int32_t groups = groups_of(hot.n, hot.s);
+    T sum = running_sum(row.channel, h);
+    if (hot.first_group + groups <= pool_groups) {
+      for (int32_t g = hot.first_group; g < hot.first_group + groups; ++g) {
+        const T* partial = partials_of(row.channel, g);
+        for (int32_t k = 0; k < partial_counts[g]; ++k) {
+          sum = add_rn(sum, partial[k]);
+        }
+      }
+    } else {
+      // Its groups did not all fit: its records, serially.
+      sum = fold.records.fold(
+          records_in(hot.n, hot.s, 0, kEveryId),
+          row.gout_channel,
+          sum);
+    }
+    fold.out.write(element_row, hot.s, sum);
   }
 };
 
@@ -645,7 +1103,8 @@ inline ChunkPlan plan_chunks(
   // Less the fixed bytes of a chunk: the extra record id and the run count.
   const int64_t budget =
       workspace_bytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
-  const int64_t table_bytes = table_entries * 2 * int64_t{sizeof(int32_t)};
+  const int64_t table_bytes =
+      table_entries * 2 * int64_t{sizeof(int32_t)} + kHotSlotBytes;
   const int64_t dense_tiles = tiles_within(
       budget - table_bytes, bytes_per_point + dense_bytes_per_point);
   if (dense_tiles > 0 && dense_with(dense_tiles * kTilePoints)) {
@@ -676,6 +1135,10 @@ struct BackwardPlan {
   Keying keying = Keying::PerTap;
   bool key_32bit = true;
   ChunkPlan chunks{kTilePoints, false};
+  // Dense chunks fold hot destinations' tiles in parallel (HotFold) where
+  // the tables fit; off, every destination folds serially, with the same
+  // bits.
+  bool hot_fold = true;
   LaunchShape launch;
 };
 
@@ -793,9 +1256,21 @@ void reduce_grad_input(
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
+  // Dense chunks whose keys may be hot fold those in parallel (HotFold),
+  // with 32-bit indices only, which keeps the unit within its machine-code
+  // budget: larger calls fold serially, with the same bits. Beside the
+  // segment table, the groups of each slot of a hot key.
+  const int32_t hot_key_limit =
+      kHotRecords / (per_cell ? int32_t{1} << kDims : 1);
+  const int64_t hot_ways = per_cell ? int64_t{1} << kDims : 1;
+  const bool hot_capable = plan.hot_fold && dense && numel > 0 &&
+      std::is_same_v<index_t, int32_t> && capacity > hot_key_limit;
+  const int64_t hot_slots =
+      hot_capable ? capacity / (hot_key_limit + 1) + 1 : 0;
   // Dense: the segment table, one fill per chunk.
-  const auto segments =
-      ex.allocate(dense ? table_entries * sizeof(SegmentBounds) : 0);
+  const int64_t table_bytes = table_entries * sizeof(SegmentBounds) +
+      hot_slots * static_cast<int64_t>(sizeof(int32_t));
+  const auto segments = ex.allocate(dense ? table_bytes : 0);
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
   const bool copy = chunking.copy_grad_output;
   const auto gathered =
@@ -839,6 +1314,41 @@ void reduce_grad_input(
   const int64_t points_per_image = args.points_per_image();
   const int64_t num_chunks = (num_points + chunk_points - 1) / chunk_points;
 
+  // The hot fold's groups of stored partials for a chunk of `count` points:
+  // as many as fit the chunk's unsorted keys and ids beside its slots' group
+  // ends and running sums; 0 where no key can be hot (it runs not at all).
+  const int64_t partials_per_group = kTilePoints / kRecordsPerPartial *
+      // A bicubic point's taps may pad onto one pixel, all 16 of them.
+      (kTaps == 4 ? kTapsPerPoint : 1);
+  auto hot_slots_of = [&](int64_t count) {
+    return (count * items_per_point + hot_key_limit) / (hot_key_limit + 1);
+  };
+  auto hot_pool_groups = [&](int64_t count) -> int64_t {
+    if (!hot_capable || count * items_per_point <= hot_key_limit) {
+      return 0;
+    }
+    const int64_t slots = hot_slots_of(count);
+    const int64_t sums_bytes =
+        channels * slots * hot_ways * static_cast<int64_t>(sizeof(T));
+    const int64_t group_bytes =
+        channels * partials_per_group * static_cast<int64_t>(sizeof(T));
+    return std::max<int64_t>(
+        0,
+        std::min<int64_t>(
+            {(capacity * key_bytes - sums_bytes) / group_bytes,
+             capacity + 1 - slots,
+             std::numeric_limits<int32_t>::max() /
+                 (channels * partials_per_group)}));
+  };
+  auto marks_of = [&](int32_t num_items) {
+    return MarkDestinationSegments{
+        sorted_chunk_keys, num_items, table_entries, segment_table};
+  };
+  auto run_hot_step = [&](auto hot, HotStep step, int64_t rows, int64_t cols) {
+    hot.step = step;
+    ex.for_each_row(static_cast<int32_t>(rows), static_cast<int32_t>(cols), hot);
+  };
+
   // One chunk's records, sorted, with the bookkeeping its reduce reads:
   // segment bounds (dense) or runs of one destination (sparse).
   auto point_pass_and_sort = [&](const Args& point_args, int64_t first_point,
@@ -871,11 +1381,11 @@ void reduce_grad_input(
               as<index_t>(gathered_offsets)});
     }
     if (dense) {
-      ex.zero(segment_table, table_entries * sizeof(SegmentBounds));
-      ex.for_each(
-          num_items,
-          MarkDestinationSegments{
-              sorted_chunk_keys, num_items, table_entries, segment_table});
+      // Where the hot fold runs, its first step marks the segments.
+      ex.zero(segment_table, table_bytes);
+      if (hot_pool_groups(count) == 0) {
+        ex.for_each(num_items, marks_of(num_items));
+      }
       return;
     }
     ex.for_each(num_items, MarkRunHeads{sorted_chunk_keys, bookkeeping_a});
@@ -890,11 +1400,13 @@ void reduce_grad_input(
             as<int32_t>(num_runs)});
   };
 
-  // The dense reduce of rows [row_from, row_to) of `out`'s block.
+  // The dense reduce of rows [row_from, row_to) of `out`'s block, after a
+  // chunk of `count` points.
   auto reduce_dense = [&](const ReduceOutput<scalar_t, index_t>& out,
                           int64_t row_from,
                           int64_t row_to,
-                          int64_t first_fresh_image) {
+                          int64_t first_fresh_image,
+                          int64_t count) {
     auto sweep = [&](const auto& segments_of) {
       using Fold = DenseFold<std::decay_t<decltype(segments_of)>, scalar_t, index_t>;
       const Fold fold{
@@ -907,18 +1419,57 @@ void reduce_grad_input(
           /*first_written_image=*/out.sums_out != out.sums_in
               ? 0
               : static_cast<index_t>(first_fresh_image)};
-      if (chunking.channels_fastest) {
-        ex.for_each(
-            static_cast<index_t>((row_to - row_from) * image_size),
-            ReduceDenseChannelsFastest<Fold>(
-                fold, static_cast<index_t>(row_from / channels)));
-      } else {
-        ex.for_each_row(
-            static_cast<index_t>(row_to - row_from),
-            out.block.width(),
-            ReduceDense<Fold>{
-                fold, static_cast<index_t>(row_from), out.block.col_begin});
+      auto reduce = [&] {
+        if (chunking.channels_fastest) {
+          ex.for_each(
+              static_cast<index_t>((row_to - row_from) * image_size),
+              ReduceDenseChannelsFastest<Fold>(
+                  fold, static_cast<index_t>(row_from / channels)));
+        } else {
+          ex.for_each_row(
+              static_cast<index_t>(row_to - row_from),
+              out.block.width(),
+              ReduceDense<Fold>{
+                  fold, static_cast<index_t>(row_from), out.block.col_begin});
+        }
+      };
+      if constexpr (std::is_same_v<index_t, int32_t>) {
+        const int64_t pool_groups = hot_pool_groups(count);
+        if (pool_groups > 0) {
+          using Segments = std::decay_t<decltype(segments_of)>;
+          const int32_t num_items =
+              static_cast<int32_t>(count * items_per_point);
+          const int64_t slots = hot_slots_of(count);
+          const int64_t hot_destinations = slots * hot_ways;
+          T* const sums = static_cast<T*>(keys.get());
+          const HotFold<Fold> hot{
+              fold,
+              marks_of(num_items),
+              HotStep::kMarkSegments,
+              Segments::tile_bits(kTapBits),
+              hot_key_limit,
+              static_cast<int32_t>(slots),
+              reinterpret_cast<int32_t*>(segment_table + table_entries),
+              bookkeeping_a,
+              static_cast<int32_t>(pool_groups),
+              static_cast<int32_t>(partials_per_group),
+              sums + channels * hot_destinations,
+              bookkeeping_a + slots,
+              sums};
+          run_hot_step(hot, HotStep::kMarkSegments, 1, num_items);
+          ex.inclusive_sum(
+              hot.slot_groups, hot.slot_ends, static_cast<int32_t>(slots));
+          run_hot_step(
+              hot,
+              HotStep::kStorePartials,
+              channels,
+              std::max(pool_groups, hot_destinations));
+          reduce();
+          run_hot_step(hot, HotStep::kAddPartials, channels, hot_destinations);
+          return;
+        }
       }
+      reduce();
     };
     if constexpr (kTaps == 2) {
       if (per_cell) {
@@ -985,7 +1536,8 @@ void reduce_grad_input(
             round_now ? int64_t{block.row_begin}
                       : std::max<int64_t>(first_image * channels, block.row_begin),
             std::min<int64_t>(end_image * channels, block.row_end),
-            first_fresh_image);
+            first_fresh_image,
+            count);
         first_fresh_image = end_image;
       } else {
         ex.for_each_row(
@@ -1326,3 +1878,6 @@ void launch_cuda_backward_with_plan(
     const BackwardPlan& plan);
 
 } // namespace at::native::grid_sampler_deterministic
+
+#undef GRID_SAMPLER_DET_UNROLL
+#undef GRID_SAMPLER_DET_ROLLED

@@ -1,0 +1,170 @@
+# Owner(s): ["module: nn"]
+"""The hot fold: destinations one of whose keys holds more than 4096 records
+in a chunk (4096 / 2^dims where records are keyed by cell).
+
+A dense chunk folds each destination's records in one thread, in sorted
+order. Where one pixel takes most of a chunk's records (a collapsed flow
+field, an untrained spatial transformer) that thread would add a million of
+them in sequence while the rest of the GPU waits. Instead, the tiles of such
+a destination are folded in parallel first, into the same 256-record
+partials the serial fold forms, and one thread per element then adds the
+stored partials in the same order (GridSamplerDeterministicPipeline.cuh,
+HotFold). These tests pin the bits to the serial fold's (serial_fold=1)
+wherever the hot fold runs, and bound the longest fold on a constant grid."""
+
+import math
+
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_utils import parametrize, run_tests
+
+from detgrid import ops
+from detgrid_testing import (
+    ALL_DTYPES,
+    BILINEAR,
+    PADDINGS,
+    REDUCED_DTYPES,
+    SAMPLERS,
+    TILE_POINTS,
+    ZEROS,
+    DetgridTestCase,
+    assert_pair_bitwise_equal,
+    detgrid_backward,
+    padding_name,
+    pixel_to_grid,
+    sampler_name,
+)
+
+HOT_RECORDS = 4096  # a destination with more records in a chunk is hot
+
+
+def hot_problem(dims, C=3, dtype=torch.float32, device="cpu", seed=0):
+    """Two images of 8192 points on an 8 x 8 (x 8) input, 90% of them within
+    a third of a pixel of one place: every tap of theirs lands on a pixel
+    that takes more than 7000 records, whatever the mode. The other points
+    are spread over the input; the grad outputs span several binades, so
+    that the order of the sums shows in the bits."""
+    gen = torch.Generator().manual_seed(seed)
+    in_size = (8,) * dims
+    out_size = (2, 64, 64) if dims == 3 else (64, 128)
+    points = 2 * math.prod(out_size)
+    hot = torch.rand(points, generator=gen, dtype=torch.float64) < 0.9
+    # [2.05, 2.35): one nearest pixel, one bilinear and bicubic cell.
+    near = 2.05 + 0.3 * torch.rand(points, dims, generator=gen, dtype=torch.float64)
+    anywhere = torch.rand(points, dims, generator=gen, dtype=torch.float64) * 7
+    pixels = torch.where(hot.unsqueeze(1), near, anywhere)
+    grid = pixel_to_grid(pixels, 8, False).reshape(2, *out_size, dims)
+    inp = torch.randn(2, C, *in_size, generator=gen, dtype=torch.float64)
+    scale = torch.exp2(torch.randint(-6, 7, (2, C, *out_size), generator=gen)
+                       .to(torch.float64))
+    grad_output = torch.randn(2, C, *out_size, generator=gen, dtype=torch.float64) * scale
+    return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
+
+
+def longest_fold(problem, mode, padding, **options):
+    return ops.work_counters(*(t.cpu() for t in problem), mode, padding, False,
+                             [True, True], **options)["longest_fold"]
+
+
+def constant_grid(points_per_side, in_size, device="cpu"):
+    """Every point a quarter pixel right of and below pixel (0, 0)'s centre."""
+    x = pixel_to_grid(0.25, in_size, False)
+    return torch.full((1, points_per_side, points_per_side, 2), x, device=device)
+
+
+class TestHotFold(DetgridTestCase):
+
+    @parametrize("padding", PADDINGS, name_fn=padding_name)
+    @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
+    def test_hot_fold_gives_the_serial_folds_bits(self, device, dims, mode, padding):
+        problem = hot_problem(dims, device=device)
+        # Not vacuous: the serial fold runs hot destinations' records in
+        # one thread, the hot fold never more than 4096 of anything.
+        self.assertGreater(longest_fold(problem, mode, padding, serial_fold=1), HOT_RECORDS)
+        self.assertLessEqual(longest_fold(problem, mode, padding), HOT_RECORDS)
+        hot = detgrid_backward(*problem, mode, padding, False)
+        serial = detgrid_backward(*problem, mode, padding, False, serial_fold=1)
+        assert_pair_bitwise_equal(self, hot, serial)
+
+    @parametrize("dtype", ALL_DTYPES)
+    @parametrize("dims", (2, 3))
+    def test_hot_fold_gives_the_serial_folds_bits_in_every_dtype(self, device, dims, dtype):
+        problem = hot_problem(dims, dtype=dtype, device=device, seed=1)
+        assert_pair_bitwise_equal(
+            self, detgrid_backward(*problem, BILINEAR, ZEROS, False),
+            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1))
+
+    @parametrize("knobs", (
+        # keyed per tap rather than per cell
+        {"keying": 1},
+        # threads take destinations fastest; channels fastest
+        {"gather": 1}, {"gather": 2},
+        # a tile per chunk: no destination has more than 4096 records
+        {"chunk_points": TILE_POINTS},
+        # three tiles per chunk, the chunks straddling the images
+        {"chunk_points": 3 * TILE_POINTS},
+    ), name_fn=lambda knobs: "_".join(f"{k}{v}" for k, v in knobs.items()))
+    @parametrize("C", (1, 3, 17))
+    def test_hot_fold_gives_the_serial_folds_bits_under_every_plan(self, device, C, knobs):
+        for dtype in (torch.float32,) + REDUCED_DTYPES:  # the float carry too
+            problem = hot_problem(2, C=C, dtype=dtype, device=device, seed=2)
+            assert_pair_bitwise_equal(
+                self, detgrid_backward(*problem, BILINEAR, ZEROS, False, **knobs),
+                detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1, **knobs),
+                f"{dtype} {knobs}")
+
+    def test_destinations_whose_groups_overflow_the_pool_fold_serially_with_the_same_bits(
+            self, device):
+        # 100 channels: the chunk's dead keys (64 KiB) hold the running sums
+        # of its 64 possible hot destinations and 6 groups of partials, so
+        # the first hot destination's 4 tiles are stored and the others fold
+        # their records in one thread each.
+        problem = hot_problem(2, C=100, device=device, seed=4)
+        self.assertGreater(longest_fold(problem, BILINEAR, ZEROS), HOT_RECORDS)
+        assert_pair_bitwise_equal(
+            self, detgrid_backward(*problem, BILINEAR, ZEROS, False),
+            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1))
+
+    def test_constant_grid_folds_at_most_8192_in_sequence(self, device):
+        # 1024 x 1024 points on a 2 x 2 input: each pixel takes one record
+        # of every point (issue 33).
+        grid = constant_grid(1024, 2, device)
+        gen = torch.Generator().manual_seed(3)
+        inp = torch.randn(1, 3, 2, 2, generator=gen).to(device)
+        grad_output = torch.randn(1, 3, 1024, 1024, generator=gen).to(device)
+        problem = (grad_output, inp, grid)
+        # 256 tiles of 16 partials each.
+        self.assertEqual(longest_fold(problem, BILINEAR, ZEROS), 4096)
+        self.assertEqual(longest_fold(problem, BILINEAR, ZEROS, serial_fold=1), 1024 * 1024)
+        assert_pair_bitwise_equal(
+            self, detgrid_backward(*problem, BILINEAR, ZEROS, False),
+            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1))
+
+    def test_hot_fold_launches_only_where_a_chunk_can_have_a_hot_destination(self, device):
+        def launches(points, **knobs):
+            grid = constant_grid(points, 2)
+            meta = [t.to("meta") for t in (torch.empty(1, 3, points, points),
+                                           torch.empty(1, 3, 2, 2), grid)]
+            return ops.work_counters(*meta, BILINEAR, ZEROS, False, [True, False],
+                                     **knobs)["launches_per_chunk"]
+
+        # 32 x 32 points keyed per cell: 1024 records, no cell can hold
+        # more than 4096 / 4.
+        self.assertEqual(launches(32), 5)
+        # 33 x 33: the hot fold marks the segments (in place of the plain
+        # marking), numbers the groups (a scan) and stores their partials
+        # before the reduce, and adds them after.
+        self.assertEqual(launches(33), 5 + 3)
+        self.assertEqual(launches(33, serial_fold=1), 5)
+
+    def test_unknown_serial_fold_is_a_one_line_error(self, device):
+        problem = hot_problem(2, device=device)
+        with self.assertRaisesRegex(
+                RuntimeError, "serial_fold must be 0 \\(hot destinations in parallel\\) or 1, got 2$"):
+            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=2)
+
+
+instantiate_device_type_tests(TestHotFold, globals(), only_for=("cpu", "cuda"))
+
+if __name__ == "__main__":
+    run_tests()
