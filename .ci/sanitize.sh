@@ -14,8 +14,9 @@
 # an out-of-range value gives 0x80000000... on x86 but a clamped value (0 for
 # NaN) on CUDA, so the shared math must never make one, and this checks it
 # over the golden corpus, the hostile coordinates of test_fidelity.py and the
-# random hostile grids of test_differential.py. No
-# division by zero is relied on either (float-divide-by-zero).
+# random hostile grids of test_differential.py, and the hot fold's reuse of
+# the dead sort buffers by test_hot_fold.py. No division by zero is relied
+# on either (float-divide-by-zero).
 #
 # Environment:
 #   DETGRID_PYTHON           interpreter with torch (default .venv/bin/python)
@@ -28,7 +29,7 @@ PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
 
 default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
 tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py \
-tests/test_exact.py tests/test_differential.py"
+tests/test_exact.py tests/test_differential.py tests/test_hot_fold.py"
 [[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
 read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
 
