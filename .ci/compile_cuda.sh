@@ -9,12 +9,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 nvcc=${NVCC:-$cuda_home/bin/nvcc}
 cuda_include=$cuda_home/include
-pip=${PIP:-pip}
 python=${PYTHON:-python3}
 
 status=0
 for version in 2.14.1 2.15.0; do
-  cache=$(PIP=$pip bash "$root/.ci/fetch_cuda_headers.sh" "$version")
+  cache=$(PYTHON=$python bash "$root/.ci/fetch_cuda_headers.sh" "$version")
   includes=(
     -I"$root/aten_kernels/aten/src"
     -I"$cache/torch/include"

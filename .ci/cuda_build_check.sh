@@ -11,7 +11,7 @@
 set -euo pipefail
 version=${1:?usage: cuda_build_check.sh TORCH_VERSION}
 root=$(cd "$(dirname "$0")/.." && pwd)
-venv=$HOME/.cache/detgrid/venv-torch-$version
+venv=${DETGRID_CACHE:-$HOME/.cache/detgrid}/venv-torch-$version
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -3,20 +3,23 @@
 # ATen includes) into the cache, once; prints the folder.
 #   bash .ci/fetch_cuda_headers.sh 2.14.1   the local cu130 wheel (pip's cap here)
 #   bash .ci/fetch_cuda_headers.sh 2.15.0   the newest release, from PyPI past the cap
+# pip runs as "$PYTHON -m pip" (PYTHON: any Python 3 with pip, by path or by
+# name on PATH; default python3): no pip executable is assumed beside it.
 set -euo pipefail
 version=${1:?usage: fetch_cuda_headers.sh TORCH_VERSION}
 cache=${DETGRID_CACHE:-$HOME/.cache/detgrid}/cuda-headers-$version
-pip=${PIP:-pip}
+python=${PYTHON:-python3}
+pip=("$python" -m pip)
 if [ ! -f "$cache/.complete" ]; then
   rm -rf "$cache" && mkdir -p "$cache/wheels"
   {
     if [ "$version" = 2.15.0 ]; then
       XDG_CONFIG_DIRS=/nonexistent PIP_CONFIG_FILE=/dev/null \
-        "$pip" download -q --no-deps -d "$cache/wheels" "torch==$version"
+        "${pip[@]}" download -q --no-deps -d "$cache/wheels" "torch==$version"
     else
-      "$pip" download -q --no-deps -d "$cache/wheels" "torch==$version"
+      "${pip[@]}" download -q --no-deps -d "$cache/wheels" "torch==$version"
     fi
-    "$pip" download -q --no-deps -d "$cache/wheels" \
+    "${pip[@]}" download -q --no-deps -d "$cache/wheels" \
       nvidia-cublas nvidia-cusparse nvidia-cusolver
   } 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
   unzip -q -o "$cache"/wheels/torch-*.whl 'torch/include/*' -d "$cache"

@@ -33,7 +33,7 @@ cuda_home=${CUDA_HOME:-/usr/local/cuda}
 # Any Python 3 with pip: the audit is plain Python, pip fetches the headers
 # and nvdisasm (CI's side lane runs this before .venv exists).
 python=${PYTHON:-python3}
-headers=$(PIP="$(dirname "$python")/pip" bash "$root/.ci/fetch_cuda_headers.sh" 2.14.1)
+headers=$(PYTHON=$python bash "$root/.ci/fetch_cuda_headers.sh" 2.14.1)
 tools=$cache_root/nvdisasm
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
