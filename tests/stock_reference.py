@@ -290,3 +290,88 @@ def backward(grad_output, inp, grid, mode, padding, align_corners):
         grad_grid[:, dims - 1 - a] *= np.where(usable, axes[a][5], 0.0)
     return (torch.from_numpy(grad_input).reshape(N, C, *in_size),
             torch.from_numpy(grad_grid).reshape(*grid.shape))
+
+
+def grid_gradient(grad_output, inp, grid, mode, padding, align_corners):
+    """grad_grid as stock's CUDA backward kernels compute it, operation by
+    operation in scalar_t (numpy arrays in opmath holding scalar_t values),
+    for any dtype; a (grid's shape) float64 tensor of scalar_t values.
+
+    Per point: gix = giy (= giz) = 0; per channel in ascending order, with
+    gOut that channel's grad_output, per tap as stock's kernels visit them:
+      bilinear, trilinear: nw, ne, sw, se (tnw .. bse), taps out of bounds
+        skipped; gix -= val * w_y (* w_z) * gOut where the tap's x offset is
+        0, += where it is 1; giy and giz alike with the other axes' weights
+        in x, y, z order;
+      bicubic: `for i (x offset): for j (y offset)` (then z in 3-D), val 0
+        for a tap out of bounds (get_value_bounded);
+        gix -= val * x_coeffs_grad[i] * y_coeffs[j] (* z_coeffs[k]) * gOut,
+        giy -= val * y_coeffs_grad[j] * x_coeffs[i] (* z_coeffs[k]) * gOut,
+        giz -= val * z_coeffs_grad[k] * x_coeffs[i] * y_coeffs[j] * gOut;
+    then grad_grid = gix_mult * gix, gix_mult being scalar_t(size - 1) / 2
+    (align_corners) or scalar_t(size) / 2, times the padding's derivative.
+    Nearest writes 0. Each operation is rounded on its own: stock's fp32 and
+    fp64 builds may contract a term's last multiply into the add (one FMA),
+    which this reference does not model. A point with a non-finite
+    coordinate gets 0 (the module comment's departure).
+    """
+    dims = inp.dim() - 2
+    in_size = tuple(inp.shape[2:])
+    N, C = inp.shape[:2]
+    out_numel = int(np.prod(grid.shape[1:-1]))
+    in_numel = int(np.prod(in_size))
+    arith = _Arith(grid.dtype)
+    points = grid.reshape(-1, dims)
+    coords = points.to(torch.float64).numpy()
+    axes = [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), in_size[a],
+                      mode, padding, align_corners) for a in range(dims)]
+    usable = np.logical_and.reduce([axis[3] for axis in axes])
+    grad = np.zeros((len(coords), dims), dtype=arith.opmath)
+    if mode == NEAREST:
+        return torch.from_numpy(grad.astype(np.float64)).reshape(*grid.shape)
+    n_of = np.repeat(np.arange(N), out_numel)
+    gout = grad_output.to(torch.float64).reshape(N, C, out_numel).permute(0, 2, 1).reshape(
+        N * out_numel, C).numpy().astype(arith.opmath)
+    values = inp.to(torch.float64).reshape(N, C, in_numel).numpy().astype(arith.opmath)
+    per_axis = axes[0][0].shape[1]
+    if mode == BICUBIC:
+        # Digits of the x axis (axis dims - 1) outermost.
+        visits = [tuple(reversed(d)) for d in np.ndindex(*(per_axis,) * dims)]
+    else:
+        visits = list(np.ndindex(*(per_axis,) * dims))
+    sums = [arith.const(np.zeros(len(coords))) for _ in range(dims)]
+    for c in range(C):
+        g = gout[:, c]
+        for digits in visits:
+            inside = np.logical_and.reduce([axes[a][1][:, digits[a]] for a in range(dims)])
+            flat = np.zeros(len(coords), dtype=np.int64)
+            for a in range(dims):
+                flat = flat * in_size[a] + np.where(inside, axes[a][0][:, digits[a]], 0)
+            val = np.where(inside, values[n_of, c, flat], arith.opmath(0))
+            for k in range(dims):  # grid order: x, y, z
+                along = dims - 1 - k
+                others = [axes[a][2][:, digits[a]] for a in range(dims - 1, -1, -1)
+                          if a != along]
+                if mode == BICUBIC:
+                    term = arith.mul(val, -axes[along][4][:, digits[along]])
+                    for w in others:
+                        term = arith.mul(term, w)
+                    updated = arith.sub(sums[k], arith.mul(term, g))
+                else:
+                    term = val
+                    for w in others:
+                        term = arith.mul(term, w)
+                    term = arith.mul(term, g)
+                    low = digits[along] == 0
+                    updated = arith.sub(sums[k], term) if low else arith.add(sums[k], term)
+                    updated = np.where(inside, updated, sums[k])
+                sums[k] = updated
+    for k in range(dims):
+        a = dims - 1 - k
+        extent = in_size[a] - 1 if align_corners else in_size[a]
+        mult = arith.div(arith.const(extent), 2)
+        if mode != BICUBIC and extent:
+            # times the padding's derivative (0, 1 or -1, signed zeros kept)
+            mult = mult * (axes[a][5] / (extent / 2))
+        grad[:, k] = np.where(usable, arith.mul(mult, sums[k]), 0)
+    return torch.from_numpy(grad.astype(np.float64)).reshape(*grid.shape)

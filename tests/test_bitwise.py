@@ -25,6 +25,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+import stock_reference
 from detgrid_testing import (
     DetgridTestCase,
     ALL_DTYPES,
@@ -154,19 +155,23 @@ class TestBitwiseReproducibility(DetgridTestCase):
     @dtypes(*REDUCED_DTYPES)
     @parametrize("chunk_points", (0, 4096), name_fn=lambda c: f"chunk{c}")
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
-    def test_reduced_precision_equals_float32_result_rounded_once(
+    def test_reduced_precision_grad_input_equals_float32_result_rounded_once(
             self, device, dtype, dims, mode, chunk_points):
         # Half/BFloat16 upcast exactly to float32, and detgrid sums their
-        # gradients in float32 and rounds once at the end. Taps and weights
+        # grad_input in float32 and rounds once at the end. Taps and weights
         # are computed in the dtype, as stock's forward does; on half pixels
-        # of power-of-two sizes that computation is exact, so the result
+        # of power-of-two sizes that computation is exact, so grad_input
         # must be the float32 result on the upcast inputs, rounded, bit for
-        # bit, also when the sums are carried across chunks.
+        # bit, also when the sums are carried across chunks. grad_grid is
+        # stock's scalar_t arithmetic instead, also across chunks.
         args = _half_pixel_problem(dtype, device, seed=4, dims=dims)
         ours = detgrid_backward(*args, mode, ZEROS, False, chunk_points=chunk_points)
         upcast = detgrid_backward(*(t.float() for t in args), mode, ZEROS, False,
                                   chunk_points=chunk_points)
-        assert_pair_bitwise_equal(self, ours, tuple(t.to(dtype) for t in upcast))
+        assert_bitwise_equal(self, ours[0], upcast[0].to(dtype), "grad_input")
+        stock_grid = stock_reference.grid_gradient(*(t.cpu() for t in args), mode, ZEROS,
+                                                   False)
+        assert_bitwise_equal(self, ours[1].cpu(), stock_grid.to(dtype), "grad_grid")
 
     @dtypes(*ALL_DTYPES)
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
@@ -372,9 +377,10 @@ def reference_grad_input(grad_output, grid, *sizes, records_per_tile,
 
 
 def reference_grad_grid(grad_output, inp, grid, *sizes):
-    """grad_grid of bilinear/zeros/align_corners=False in float32: channels
-    ascending, taps in record order, (value * dweight) * gOut, then times
-    the unnormalize multiplier."""
+    """grad_grid of bilinear/zeros/align_corners=False in float32, as stock's
+    kernel orders it: channels ascending, taps in record order, each term
+    ((value * dweight) * the other axes' weights, x first) * gOut, then
+    times the unnormalize multiplier."""
     N, C = grad_output.shape[:2]
     out_size = grad_output.shape[2:]
     go = grad_output.numpy().reshape(N, C, -1)
@@ -396,8 +402,12 @@ def reference_grad_grid(grad_output, inp, grid, *sizes):
                 linear = linear * sizes[a] + np.clip(i, 0, sizes[a] - 1)
             value = x[n, c, linear]
             for g in range(dims):
-                d = _tap_product(axes, digit, derivative_axis=dims - 1 - g)
-                sums[g] = np.where(inside, sums[g] + (value * d) * gout, sums[g])
+                along = dims - 1 - g
+                term = value * axes[along][2][:, digit[along]]
+                for a in reversed(range(dims)):
+                    if a != along:
+                        term = term * axes[a][1][:, digit[a]]
+                sums[g] = np.where(inside, sums[g] + term * gout, sums[g])
     out = np.stack([axes[dims - 1 - g][3] * sums[g] for g in range(dims)],
                    axis=1).astype(f32)
     return torch.from_numpy(out.reshape(N, *out_size, dims))

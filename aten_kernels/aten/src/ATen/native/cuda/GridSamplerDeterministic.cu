@@ -45,7 +45,7 @@
 //     kRecordsPerPartial of them that does not cross a tile boundary. Sums
 //     are in opmath_type (float for Half/BFloat16), rounded once to the
 //     output dtype. grad_grid of a point sums channels in ascending order and
-//     taps in record order. Every operation is explicitly rounded, so the
+//     taps in the existing kernel's order (see (d)). Every operation is explicitly rounded, so the
 //     order is a pure function of the shapes and the grid values: it does
 //     not depend on GPU model, SM count, block size, chunk size (chunks are
 //     whole tiles and carry the running sum), stream or free memory.
@@ -75,13 +75,15 @@
 //     clipping, reflection, the bilinear weights and their product, the
 //     cubic coefficients and the bicubic tap positions are scalar_t
 //     arithmetic, rounded after every operation as c10::Half/BFloat16 do.
-//     grad_grid of a point sums (input value * d weight) * grad_output in
-//     opmath over channels and taps, then multiplies by d coordinate /
-//     d grid (size / 2 or (size - 1) / 2, kept in opmath, times the padding's
-//     1, -1 or 0) and rounds once. Residual: the existing kernel's build may
-//     contract unnormalize's (coord + 1) * size - 1 into one FMA, which moves
-//     its float coordinate by at most one ulp before any rounding to
-//     scalar_t.
+//     grad_grid is the existing kernel's arithmetic: per point, scalar_t
+//     sums over channels and over taps in its order of terms
+//     ((value * d weight) * the other axes' weights) * grad_output, times
+//     its scalar_t multiplier (scalar_t(size) / 2 or scalar_t(size - 1) / 2,
+//     times the padding's 1, -1 or 0); whether grad_input is requested
+//     changes none of it. Residual: the existing kernel's fp32/fp64 build may
+//     contract unnormalize's (coord + 1) * size - 1, and a grid-gradient
+//     term's last multiply and add, into one FMA each, which moves a float
+//     result by about an ulp before any rounding to scalar_t.
 
 #define TORCH_ASSERT_NO_OPERATORS
 #include <ATen/native/cuda/GridSamplerDeterministic.h>

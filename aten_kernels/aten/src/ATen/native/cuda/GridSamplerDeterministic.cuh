@@ -177,8 +177,11 @@ C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
 }
 
 // Maps a normalized grid coordinate in [-1, 1] to pixel units; `mult` is
-// d(pixel coordinate) / d(grid coordinate), kept in opmath. Stock computes
-// the expression in float (double for double) and returns it as scalar_t.
+// d(pixel coordinate) / d(grid coordinate) as stock's
+// grid_sampler_unnormalize_set_grad forms it: scalar_t(size - 1) / 2 or
+// scalar_t(size) / 2 in scalar_t (bfloat16 holds 257 as 256, so its
+// multiplier is 128). Stock computes the coordinate in float (double for
+// double) and returns it as scalar_t.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T unnormalize(
     T coord,
@@ -187,14 +190,13 @@ C10_HOST_DEVICE inline T unnormalize(
     T* mult) {
   const T one = static_cast<T>(1);
   const T half = static_cast<T>(0.5);
+  const int64_t extent_pixels = align_corners ? size - 1 : size;
+  *mult = mul_s<scalar_t>(integer_s<scalar_t, T>(extent_pixels), half);
+  const T extent = static_cast<T>(extent_pixels);
   if (align_corners) {
-    const T extent = static_cast<T>(size - 1);
-    *mult = mul_rn(extent, half);
     return round_to_scalar<scalar_t>(
         mul_rn(mul_rn(add_rn(coord, one), half), extent));
   }
-  const T extent = static_cast<T>(size);
-  *mult = mul_rn(extent, half);
   return round_to_scalar<scalar_t>(
       mul_rn(sub_rn(mul_rn(add_rn(coord, one), extent), one), half));
 }
@@ -704,7 +706,6 @@ struct PointTaps {
   static constexpr int count = ipow(kTaps, kDims);
   AxisTaps<T, kTaps> axis[kDims]; // outermost first; axis[kDims - 1] is x
 
-  // Which of axis a's taps tap t uses.
   // Which of axis a's taps tap t uses: its base-kTaps digit for that axis.
   // kTaps is a power of two, so this is shifts and masks, which fold to
   // constants once the loops over taps and axes unroll.
@@ -872,9 +873,35 @@ View<scalar_t, index_t, kDims> grid_view(
   return view;
 }
 
+// The tap stock's backward visits s-th when it forms the grid gradient.
+// Bilinear and trilinear: record order (nw, ne, sw, se; tnw .. bse).
+// Bicubic: the x offset outermost (`for i: for j:` over x_coeffs[i] and
+// y_coeffs[j]), so axis a's digit of s has weight kTaps^a (the outermost
+// axis varies fastest); for 3-D this extends the 2-D loops, x outermost.
+template <int kTaps, int kDims>
+C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
+  if constexpr (kTaps != 4) {
+    return s;
+  } else {
+    int t = 0;
+    for (int a = 0; a < kDims; ++a) {
+      const int digit = (s >> (2 * a)) & 3;
+      t |= digit << (2 * (kDims - 1 - a));
+    }
+    return t;
+  }
+}
+
 // d loss / d grid of one point, single writer, in the grid's coordinate
-// order (x first): channels in ascending order, taps in record order, each
-// term (value * d weight) * gOut.
+// order (x first), with the arithmetic of stock's backward kernels, which
+// already write grad_grid once per point: scalar_t sums over channels in
+// ascending order and over taps in stock's order (stock_grid_tap), each term
+// ((value * d weight along the coordinate's axis) * the other axes' weights,
+// x first) * grad_output in scalar_t, and the sum times stock's scalar_t
+// multiplier (see unnormalize). Bilinear and trilinear skip a tap out of
+// bounds; bicubic reads 0 for it (get_value_bounded) and adds its term.
+// Residual: stock's fp32 and fp64 builds may contract a term's last multiply
+// into the add (one FMA); every operation here is rounded on its own.
 template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
 C10_HOST_DEVICE inline void point_grid_gradient(
     const PointTaps<T, kTaps, kDims>& taps,
@@ -884,6 +911,7 @@ C10_HOST_DEVICE inline void point_grid_gradient(
     const Spatial<index_t, kDims>& out_position,
     index_t channels,
     T (&grad)[kDims]) {
+  using Taps = PointTaps<T, kTaps, kDims>;
   if constexpr (kTaps == 1) {
     // Nearest sampling is piecewise constant: the grid gradient is zero, and
     // written without reading grad_output, so an Inf there cannot make NaN.
@@ -900,21 +928,34 @@ C10_HOST_DEVICE inline void point_grid_gradient(
     for (index_t c = 0; c < channels; ++c) {
       const T gout = static_cast<T>(grad_output.at(n, c, out_position));
       GRID_SAMPLER_DET_UNROLL
-      for (int t = 0; t < taps.count; ++t) {
-        if (!taps.in_bounds(t)) {
+      for (int s = 0; s < Taps::count; ++s) {
+        const int t = stock_grid_tap<kTaps, kDims>(s);
+        const bool inside = taps.in_bounds(t);
+        if (kTaps == 2 && !inside) {
           continue;
         }
-        const T value = static_cast<T>(input.at(n, c, taps.position(t)));
+        const T value = inside
+            ? static_cast<T>(input.at(n, c, taps.position(t)))
+            : static_cast<T>(0);
         GRID_SAMPLER_DET_UNROLL
         for (int k = 0; k < kDims; ++k) {
-          const T dweight = taps.weight(t, /*derivative_axis=*/kDims - 1 - k);
-          sum[k] = add_rn(sum[k], mul_rn(mul_rn(value, dweight), gout));
+          const int along = kDims - 1 - k;
+          T term = mul_s<scalar_t>(
+              value, taps.axis[along].dweight[Taps::tap_along(t, along)]);
+          GRID_SAMPLER_DET_UNROLL
+          for (int a = kDims - 1; a >= 0; --a) {
+            if (a != along) {
+              term = mul_s<scalar_t>(
+                  term, taps.axis[a].weight[Taps::tap_along(t, a)]);
+            }
+          }
+          sum[k] = add_s<scalar_t>(sum[k], mul_s<scalar_t>(term, gout));
         }
       }
     }
     GRID_SAMPLER_DET_UNROLL
     for (int k = 0; k < kDims; ++k) {
-      grad[k] = mul_rn(taps.axis[kDims - 1 - k].mult, sum[k]);
+      grad[k] = mul_s<scalar_t>(taps.axis[kDims - 1 - k].mult, sum[k]);
     }
   }
 }
@@ -1162,6 +1203,48 @@ C10_HOST_DEVICE inline void emit_records(
   }
 }
 
+// The taps of point `point` (numbered as in BackwardArgs), and where it
+// lies: its image *n and its output position.
+template <int kTaps, typename scalar_t, typename index_t, int kDims>
+C10_HOST_DEVICE inline PointTaps<at::opmath_type<scalar_t>, kTaps, kDims>
+locate_point_taps(
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
+    index_t point,
+    index_t* n,
+    Spatial<index_t, kDims>* out_position) {
+  using T = at::opmath_type<scalar_t>;
+  const index_t points_per_image = args.points_per_image();
+  *n = point / points_per_image;
+  *out_position = unravel(point - *n * points_per_image, args.out_size);
+  T grid_coord[kDims];
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kDims; ++k) {
+    grid_coord[k] = static_cast<T>(args.grid.at(*n, k, *out_position));
+  }
+  return compute_point_taps<kTaps, scalar_t>(
+      grid_coord,
+      args.inp_size,
+      args.inverse_periods,
+      args.padding_mode,
+      args.align_corners);
+}
+
+// Writes the grid gradient of one point (args.grad_grid must be requested).
+template <typename scalar_t, typename index_t, int kDims, typename T, int kTaps>
+C10_HOST_DEVICE inline void write_grid_gradient(
+    const BackwardArgs<scalar_t, index_t, kDims>& args,
+    const PointTaps<T, kTaps, kDims>& taps,
+    index_t n,
+    const Spatial<index_t, kDims>& out_position) {
+  T grad[kDims];
+  point_grid_gradient(
+      taps, args.input, args.grad_output, n, out_position, args.channels, grad);
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kDims; ++k) {
+    args.grad_grid.at(n, k, out_position) = static_cast<scalar_t>(grad[k]);
+  }
+}
+
 // Point pass for one point: its records (see Keying), and its grid gradient
 // (single writer) when requested. kTaps (taps per axis) must match
 // args.interpolation_mode; dispatch_taps_per_axis picks it. `chunk_point` is
@@ -1172,40 +1255,14 @@ C10_HOST_DEVICE inline void process_point(
     index_t point,
     index_t chunk_point,
     const ChunkRecords<at::opmath_type<scalar_t>, index_t>& chunk) {
-  using T = at::opmath_type<scalar_t>;
-  const index_t points_per_image = args.points_per_image();
-  const index_t n = point / points_per_image;
-  const Spatial<index_t, kDims> out_position =
-      unravel(point - n * points_per_image, args.out_size);
-  T grid_coord[kDims];
-  GRID_SAMPLER_DET_UNROLL
-  for (int k = 0; k < kDims; ++k) {
-    grid_coord[k] = static_cast<T>(args.grid.at(n, k, out_position));
-  }
-  const PointTaps<T, kTaps, kDims> taps = compute_point_taps<kTaps, scalar_t>(
-      grid_coord,
-      args.inp_size,
-      args.inverse_periods,
-      args.padding_mode,
-      args.align_corners);
-
+  index_t n;
+  Spatial<index_t, kDims> out_position;
+  const auto taps =
+      locate_point_taps<kTaps>(args, point, &n, &out_position);
   emit_records(args, taps, n, chunk_point, chunk);
   chunk.gout_offsets[chunk_point] = args.grad_output.offset(n, 0, out_position);
-
   if (args.grad_grid.data != nullptr) {
-    T grad[kDims];
-    point_grid_gradient(
-        taps,
-        args.input,
-        args.grad_output,
-        n,
-        out_position,
-        args.channels,
-        grad);
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kDims; ++k) {
-      args.grad_grid.at(n, k, out_position) = static_cast<scalar_t>(grad[k]);
-    }
+    write_grid_gradient(args, taps, n, out_position);
   }
 }
 
