@@ -34,15 +34,22 @@ CUDA_SOURCE = os.path.join(EXTENSION, "exact", "ExactCuda.cu")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
 VERSION = "0.1.0"
 
+# The extension is C++20 (requires-expressions, std::atomic_ref), on both
+# compilers. torch.utils.cpp_extension appends its own -std only to a command
+# line that holds none, and its own is -std=c++17 up to torch 2.11 (C++20 from
+# 2.12, pytorch#176659), so it is asked for here, spelled -std=... exactly as
+# cpp_extension looks for it. .ci/old_torch_compile.sh checks the command
+# lines of torch 2.11.0 and 2.6.0.
 # The host side must not contract a * b + c into an FMA: the executor has to
 # round exactly like the CUDA kernels, which use explicit _rn intrinsics.
-CXX_FLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math"]
+CXX_FLAGS = ["-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math"]
 # Extra host compiler and linker flags, for instrumented builds such as
 # .ci/sanitize.sh's (-fsanitize=...). They come after Python's own CFLAGS,
 # so they can undo one of them (-fno-wrapv).
 EXTRA_CXX_FLAGS = shlex.split(os.environ.get("DETGRID_EXTRA_CFLAGS", ""))
 EXTRA_LINK_FLAGS = shlex.split(os.environ.get("DETGRID_EXTRA_LDFLAGS", ""))
 NVCC_FLAGS = [
+    "-std=c++20",
     "-O3",
     "--expt-relaxed-constexpr",
     "--expt-extended-lambda",

@@ -155,3 +155,141 @@ def test_header_fetch_downloads_nothing_once_the_cache_is_complete(tmp_path):
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     assert calls == []
+
+
+# .ci/old_torch_flags.py runs a torch release's own flag code, taken from its
+# cpp_extension.py. A stand-in for that file, written here in the shape the
+# releases share (2.6 to 2.14): a default -std appended only to a command line
+# that holds none, nvcc's common flags around the user's, the ninja rules.
+FAKE_CPP_EXTENSION = '''
+import os
+COMMON_NVCC_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "--expt-relaxed-constexpr"]
+
+def include_paths(device_type="cpu"):
+    lib_include = os.path.join(_TORCH_PATH, "include")
+    paths = [lib_include]
+    if device_type == "cuda":
+        paths.append(_join_cuda_home("include"))
+    return paths
+
+def _get_cuda_arch_flags(cflags=None):
+    arch = os.environ["TORCH_CUDA_ARCH_LIST"].replace(".", "")
+    return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+
+class BuildExtension:
+    def build_extensions(self):
+        for extension in self.extensions:
+            self._add_compile_flag(extension, "-DTORCH_API_INCLUDE_EXTENSION_H")
+            if extension.py_limited_api:
+                self._add_compile_flag(extension, "-DPy_LIMITED_API=0x03090000")
+            self._define_torch_extension_name(extension)
+
+        def append_std17_if_no_std_present(cflags):
+            cpp_flag_prefix = "-std="
+            if not any(flag.startswith(cpp_flag_prefix) for flag in cflags):
+                cflags.append(cpp_flag_prefix + "@DEFAULT@")
+
+        def unix_cuda_flags(cflags):
+            return COMMON_NVCC_FLAGS + ["--compiler-options", "'-fPIC'"] + cflags + _get_cuda_arch_flags(cflags)
+
+        def unix_wrap_ninja_compile(sources, extra_postargs=None):
+            post_cflags = extra_postargs["cxx"]
+            append_std17_if_no_std_present(post_cflags)
+            cuda_post_cflags = extra_postargs["nvcc"]
+            cuda_post_cflags = unix_cuda_flags(cuda_post_cflags)
+            @NVCC_STD@
+
+RULES = ["$cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags",
+         "$nvcc --generate-dependencies-with-compile $cuda_cflags -c $in -o $out $cuda_post_cflags"]
+'''
+OLD_TORCH_FLAGS = ROOT / ".ci" / "old_torch_flags.py"
+
+
+def fake_release(tmp_path, default="c++17",
+                 nvcc_std="append_std17_if_no_std_present(cuda_post_cflags)"):
+    torch_root = tmp_path / "torch"
+    (torch_root / "utils").mkdir(parents=True)
+    (torch_root / "utils" / "cpp_extension.py").write_text(
+        FAKE_CPP_EXTENSION.replace("@DEFAULT@", default).replace("@NVCC_STD@", nvcc_std))
+    return torch_root
+
+
+def old_torch_flags(tmp_path, torch_root, setup=ROOT / "setup.py", out=None):
+    import subprocess
+    import sys
+
+    out = out or tmp_path / "args"
+    out.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, str(OLD_TORCH_FLAGS), "--torch-root", str(torch_root), "--setup", str(setup),
+         "--root", str(ROOT), "--cuda-home", "/cuda", "--late-include", "/late/include",
+         "--out", str(out)], capture_output=True, text=True, timeout=60)
+    args = {}
+    if proc.returncode == 0:
+        for kind in ("cpu", "cuda", "nvcc"):
+            args[kind] = (out / f"{kind}.args").read_text().split("\0")[:-1]
+    return proc, args
+
+
+def std_flags(args):
+    return [a for a in args if a.startswith("-std=")]
+
+
+def test_setup_py_asks_for_cxx20_once_where_the_release_defaults_to_cxx17(tmp_path):
+    # torch up to 2.11 appends -std=c++17 to a command line without -std;
+    # setup.py's own -std=c++20 must be the only one, on g++ and nvcc alike.
+    proc, args = old_torch_flags(tmp_path, fake_release(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for kind, command in args.items():
+        assert std_flags(command) == ["-std=c++20"], kind
+
+
+def test_release_default_std_lands_where_setup_gives_none(tmp_path):
+    setup = tmp_path / "setup.py"
+    setup.write_text('CXX_FLAGS = ["-O2"]\nNVCC_FLAGS = ["-O3"]\n')
+    proc, args = old_torch_flags(tmp_path, fake_release(tmp_path), setup=setup)
+    assert proc.returncode == 0, proc.stderr
+    for kind, command in args.items():
+        assert command[-1] == "-std=c++17", kind
+    # as the ninja rules order them: interpreter flags, -D/-I, source, then
+    # setup.py's, the build's own defines, nvcc's arch flags, the default -std
+    cuda = args["cuda"]
+    assert cuda.index("-DDETGRID_WITH_CUDA") < cuda.index("@SOURCE@") < cuda.index("-O2")
+    assert cuda[cuda.index("-O2"):] == [
+        "-O2", "-idirafter/late/include", "-DTORCH_API_INCLUDE_EXTENSION_H",
+        "-DTORCH_EXTENSION_NAME=_C", "-std=c++17"]
+    nvcc = args["nvcc"]
+    assert nvcc[nvcc.index("@SOURCE@"):] == [
+        "@SOURCE@", "-o", "/dev/null", "-D__CUDA_NO_HALF_OPERATORS__", "--expt-relaxed-constexpr",
+        "--compiler-options", "'-fPIC'", "-O3", "-Xcompiler=-idirafter/late/include",
+        "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
+        "-gencode=arch=compute_90,code=sm_90", "-std=c++17"]
+    assert "-DDETGRID_WITH_CUDA" not in args["cpu"]
+    assert "-I/cuda/include" in cuda and "-I/cuda/include" not in args["cpu"]
+
+
+def test_refuses_a_release_that_orders_nvcc_flags_otherwise(tmp_path):
+    torch_root = fake_release(tmp_path, nvcc_std="pass")
+    proc, _ = old_torch_flags(tmp_path, torch_root)
+    assert proc.returncode != 0
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("old_torch_flags: ")
+    assert "unix_wrap_ninja_compile" in proc.stderr
+
+
+@pytest.mark.parametrize("bad", ["no cpp_extension.py", "no --out folder"])
+def test_bad_argument_is_one_line(tmp_path, bad):
+    torch_root = fake_release(tmp_path)
+    if bad == "no cpp_extension.py":
+        (torch_root / "utils" / "cpp_extension.py").unlink()
+        proc, _ = old_torch_flags(tmp_path, torch_root)
+    else:
+        import subprocess
+        import sys
+
+        proc = subprocess.run(
+            [sys.executable, str(OLD_TORCH_FLAGS), "--torch-root", str(torch_root),
+             "--setup", str(ROOT / "setup.py"), "--root", str(ROOT), "--cuda-home", "/cuda",
+             "--out", str(tmp_path / "missing")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("old_torch_flags: "), proc.stderr
+    assert "Traceback" not in proc.stderr
