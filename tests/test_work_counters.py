@@ -166,13 +166,19 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["workspace_bytes"],
                          2 * 256 * 4 + (257 + 256) * 4 + 256 * 4 + 64 * 4 + 4)
 
-    def test_grid_gradient_alone_runs_stocks_kernel_and_nothing_of_ours(self):
-        c = _counters((2, 3, 8, 8), (16, 16), mask=(False, True))
-        self.assertEqual(c["records"], 0)
-        self.assertEqual(c["items_sorted"], 0)
-        self.assertEqual(c["chunks"], 0)
-        self.assertEqual(c["launches"], 0)
-        self.assertEqual(c["workspace_bytes"], 0)
+    def test_grid_gradient_alone_is_one_pass_without_workspace(self):
+        # On CUDA a deterministic call for grad_grid alone takes the
+        # grid-gradient pass: one launch (nearest: one fill), no sort, no
+        # workspace, no fold.
+        for mode in ("bilinear", "bicubic", "nearest"):
+            with self.subTest(mode=mode):
+                c = _counters((2, 3, 8, 8), (16, 16), mode=mode, mask=(False, True))
+                self.assertEqual(c["launches"], 1)
+                for field in ("records", "items_sorted", "chunks", "workspace_bytes",
+                              "longest_fold"):
+                    self.assertEqual(c[field], 0, field)
+        nothing = _counters((2, 3, 8, 8), (16, 16), mask=(False, False))
+        self.assertEqual(nothing["launches"], 0)
 
     def test_chunks_of_a_reduced_precision_call_add_a_float_carry(self):
         # 3 chunks of 4096 points; 101 x 101 = 10201 cells <= 4096 x 4 taps:

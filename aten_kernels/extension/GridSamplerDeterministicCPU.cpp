@@ -14,6 +14,7 @@
 // it only counts what a run would do (launches, items sorted, workspace).
 
 #include "GridSamplerDeterministicCPU.h"
+#include "GridGradientPass.cuh"
 #include "HostExecutors.h"
 
 #include <ATen/Dispatch.h>
@@ -153,6 +154,11 @@ void grid_sampler_backward_executor(
   run_backward_every_mode(executor, call, plan);
 }
 
+void grid_gradient_executor(const at::native::GridSamplerBackwardCall& call) {
+  check_rank(call.input);
+  grid_only::run_grid_gradient_pass(HostExecutor{kDefaultGrainSize}, call);
+}
+
 int64_t longest_fold(
     const at::native::GridSamplerBackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
@@ -161,6 +167,14 @@ int64_t longest_fold(
   run_backward_every_mode(
       FoldLengthExecutor{{kDefaultGrainSize}, &longest}, call, plan);
   return longest;
+}
+
+WorkCounters count_grid_gradient_work(
+    const at::native::GridSamplerBackwardCall& call) {
+  check_rank(call.input);
+  WorkCounters counters;
+  grid_only::run_grid_gradient_pass(CountingExecutor{&counters}, call);
+  return counters;
 }
 
 WorkCounters count_backward_work(

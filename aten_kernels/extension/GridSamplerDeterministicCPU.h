@@ -18,6 +18,11 @@ void grid_sampler_backward_executor(
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     int64_t grain_size = 0);
 
+// The grid gradient alone (GridGradientPass.cuh) on the host: writes every
+// element of a contiguous grad_grid for checked CPU arguments with
+// output_mask {false, true}.
+void grid_gradient_executor(const at::native::GridSamplerBackwardCall& call);
+
 // What one call of the CUDA pipeline does, counted exactly by running the
 // pipeline with an executor that runs nothing: the tensors need only their
 // sizes, strides and dtype (meta tensors will do). A CUB call counts as one
@@ -42,6 +47,11 @@ struct WorkCounters {
   // can span; one per thread of the exact pre-pass.
   int64_t atomics = 0;
 };
+
+// What the grid-gradient pass launches for a call with output_mask
+// {false, true}, counted as count_backward_work counts.
+WorkCounters count_grid_gradient_work(
+    const at::native::GridSamplerBackwardCall& call);
 
 WorkCounters count_backward_work(
     const at::native::GridSamplerBackwardCall& call,

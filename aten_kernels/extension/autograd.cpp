@@ -59,7 +59,8 @@ TORCH_LIBRARY_IMPL(detgrid, Autograd, m) {
        {"grid_sampler_2d_backward",
         "grid_sampler_3d_backward",
         "_grid_sampler_2d_backward_with_options",
-        "_grid_sampler_3d_backward_with_options"}) {
+        "_grid_sampler_3d_backward_with_options",
+        "_grid_gradient"}) {
     m.impl(
         name,
         torch::CppFunction::makeFromBoxedFunction<&refuse_differentiation>());

@@ -1,7 +1,10 @@
 #include "ops.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/native/GridSamplerUtils.h>
-#include <ATen/ops/empty_like.h>
+#ifdef DETGRID_WITH_CUDA
+#include <ATen/cuda/EmptyTensor.h>
+#endif
 
 #include <vector>
 
@@ -9,6 +12,18 @@ namespace detgrid {
 namespace {
 
 using at::native::detail::GridSamplerInterpolation;
+
+// A contiguous tensor like `t`, its memory left as the allocator gives it.
+at::Tensor empty_unfilled_like(const at::Tensor& t) {
+#ifdef DETGRID_WITH_CUDA
+  if (t.is_cuda()) {
+    return at::Tensor(at::detail::empty_cuda(
+        t.sizes(), t.scalar_type(), t.device(), std::nullopt));
+  }
+#endif
+  TORCH_INTERNAL_ASSERT(t.is_cpu());
+  return at::Tensor(at::detail::empty_cpu(t.sizes(), t.scalar_type()));
+}
 
 const char* backward_op_name(int64_t spatial_dims) {
   return spatial_dims == 2 ? "grid_sampler_2d_backward()"
@@ -96,12 +111,10 @@ std::tuple<at::Tensor, at::Tensor> allocate_gradients(
     const at::Tensor& input,
     const at::Tensor& grid,
     std::array<bool, 2> output_mask) {
-  at::Tensor grad_input = output_mask[0]
-      ? at::empty_like(input, at::MemoryFormat::Contiguous)
-      : at::Tensor();
-  at::Tensor grad_grid = output_mask[1]
-      ? at::empty_like(grid, at::MemoryFormat::Contiguous)
-      : at::Tensor();
+  at::Tensor grad_input =
+      output_mask[0] ? empty_unfilled_like(input) : at::Tensor();
+  at::Tensor grad_grid =
+      output_mask[1] ? empty_unfilled_like(grid) : at::Tensor();
   return {grad_input, grad_grid};
 }
 

@@ -1,6 +1,7 @@
 // CUDA side of the extension: allocates, guards the device and calls the
 // ATen-style launcher; routes stock aten kernels while detgrid is enabled.
 
+#include "GridGradientCuda.h"
 #include "exact/ExactCuda.h"
 #include "ops.h"
 
@@ -9,7 +10,11 @@
 #include <ATen/ops/cudnn_grid_sampler_backward_native.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
 #include <ATen/ops/grid_sampler_3d_backward_native.h>
+#include <ATen/DeviceGuard.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <type_traits>
 
 namespace detgrid {
 namespace {
@@ -47,6 +52,45 @@ gsd::LaunchShape launch_with_knobs(
 } // namespace
 
 template <int kDims>
+at::Tensor grid_gradient_cuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  const c10::cuda::CUDAGuard device_guard(input.device());
+  const at::Tensor grad_grid =
+      std::get<1>(allocate_gradients(input, grid, {false, true}));
+  grid_only::launch_cuda_grid_gradient(
+      {at::Tensor(),
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       {false, true}});
+  return grad_grid;
+}
+
+template at::Tensor grid_gradient_cuda<2>(
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    int64_t,
+    int64_t,
+    bool);
+template at::Tensor grid_gradient_cuda<3>(
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    int64_t,
+    int64_t,
+    bool);
+
+template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -58,20 +102,21 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const BackwardOptions& options) {
   check_backward_inputs(
       kDims, grad_output, input, grid, interpolation_mode, padding_mode);
+  const c10::cuda::CUDAGuard device_guard(input.device());
   constexpr AtenBackwardFn stock = kDims == 2
       ? at::native::grid_sampler_2d_backward_cuda
       : at::native::grid_sampler_3d_backward_cuda;
-  if (auto result = unless_grad_input_requested<stock>(
-          grad_output,
-          input,
-          grid,
-          interpolation_mode,
-          padding_mode,
-          align_corners,
-          output_mask)) {
+  if (auto result =
+          unless_grad_input_requested<stock, grid_gradient_cuda<kDims>>(
+              grad_output,
+              input,
+              grid,
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              output_mask)) {
     return *result;
   }
-  const c10::cuda::CUDAGuard device_guard(input.device());
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
   const at::native::GridSamplerBackwardCall call{
       grad_input,
@@ -126,37 +171,75 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
     const at::Tensor& input,
     const at::Tensor& grid,
     const at::Tensor& grad_output) {
-  if (at::globalContext().deterministicAlgorithms()) {
-    DETGRID_RECORD_ROUTED(2, grad_output, input, grid);
-    constexpr int64_t kBilinear = 0;
-    constexpr int64_t kZeros = 0;
-    return backward_cuda<2>(
-        grad_output,
-        input,
-        grid,
-        kBilinear,
-        kZeros,
-        /*align_corners=*/true,
-        {true, true},
-        BackwardOptions{});
+  const at::Context& context = at::globalContext();
+  const BackwardRoute route = backward_route(
+      c10::DeviceType::CUDA,
+      context.deterministicAlgorithms(),
+      context.deterministicAlgorithmsWarnOnly(),
+      {true, true});
+  if (route == BackwardRoute::Stock) {
+    return at::native::cudnn_grid_sampler_backward(input, grid, grad_output);
   }
-  return at::native::cudnn_grid_sampler_backward(input, grid, grad_output);
+  DETGRID_RECORD_ROUTED(2, grad_output, input, grid);
+  constexpr int64_t kBilinear = 0;
+  constexpr int64_t kZeros = 0;
+  return backward_cuda<2>(
+      grad_output,
+      input,
+      grid,
+      kBilinear,
+      kZeros,
+      /*align_corners=*/true,
+      {true, true},
+      BackwardOptions{});
 }
+
+// The device of a call's first tensor argument.
+template <typename... Args>
+std::optional<c10::Device> device_of_first_tensor(const Args&... args) {
+  std::optional<c10::Device> device;
+  auto consider = [&](const auto& arg) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, at::Tensor>) {
+      if (!device) {
+        device = at::device_of(arg);
+      }
+    }
+  };
+  (consider(args), ...);
+  return device;
+}
+
+// The generated CUDA wrappers that the overrides replace make the device of
+// the call's tensors current before the kernel runs, and stock's kernels and
+// cuDNN launch on the current device; every override runs under the same
+// guard, before anything else (tensors on cuda:1 while cuda:0 is current).
+template <auto kernel>
+struct DeviceGuarded;
+
+template <typename Result, typename... Args, Result (*kernel)(Args...)>
+struct DeviceGuarded<kernel> {
+  static Result call(Args... args) {
+    const c10::OptionalDeviceGuard device_guard(device_of_first_tensor(args...));
+    return kernel(args...);
+  }
+};
 
 } // namespace
 
 void register_cuda_overrides(torch::Library& aten_cuda) {
   aten_cuda.impl(
       "grid_sampler_2d_backward",
-      TORCH_FN((routed_backward<
-                with_default_options<backward_cuda<2>>,
-                at::native::grid_sampler_2d_backward_cuda>)));
+      TORCH_FN((DeviceGuarded<&routed_backward<
+                    with_default_options<backward_cuda<2>>,
+                    at::native::grid_sampler_2d_backward_cuda>>::call)));
   aten_cuda.impl(
       "grid_sampler_3d_backward",
-      TORCH_FN((routed_backward<
-                with_default_options<backward_cuda<3>>,
-                at::native::grid_sampler_3d_backward_cuda>)));
-  aten_cuda.impl("cudnn_grid_sampler_backward", TORCH_FN(aten_cudnn_backward));
+      TORCH_FN((DeviceGuarded<&routed_backward<
+                    with_default_options<backward_cuda<3>>,
+                    at::native::grid_sampler_3d_backward_cuda>>::call)));
+  aten_cuda.impl(
+      "cudnn_grid_sampler_backward",
+      TORCH_FN(DeviceGuarded<&aten_cudnn_backward>::call));
 }
 
 } // namespace detgrid

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "knobs.h"
+#include "routing.h"
 
 #include <array>
 #include <optional>
@@ -26,7 +27,11 @@ void check_backward_inputs(
     int64_t interpolation_mode,
     int64_t padding_mode);
 
-// grad_input / grad_grid as stock allocates them; undefined when not asked.
+// grad_input / grad_grid with stock's sizes and contiguous strides;
+// undefined when not asked. Every element of them is written by detgrid's
+// kernels, so they are allocated without the fill that at::empty gives in
+// deterministic mode (torch.utils.deterministic.fill_uninitialized_memory):
+// that would be a second write of every element, for nothing.
 std::tuple<at::Tensor, at::Tensor> allocate_gradients(
     const at::Tensor& input,
     const at::Tensor& grid,
@@ -85,11 +90,31 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
       BackwardOptions{});
 }
 
-// What a backward call that does not request grad_input gets: stock's
-// kernel for grad_grid alone (one writer per element, so deterministic mode
-// leaves it and its bits to stock), nothing for a call that requests
-// nothing; nullopt when grad_input is requested, for detgrid to compute.
-template <AtenBackwardFn stock>
+// The grid gradient alone (GridGradientPass.cuh), as a kernel: checked
+// arguments in, a contiguous grad_grid out.
+using GridGradientFn = at::Tensor (*)(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
+
+template <int kDims>
+at::Tensor grid_gradient_cpu(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
+
+// What detgrid's backward gives a call that does not request grad_input:
+// nothing for a call that requests nothing; grad_grid from stock's kernel
+// where backward_route gives a deterministic call to stock, from detgrid's
+// grid-gradient pass otherwise (both with stock's arithmetic); nullopt when
+// grad_input is requested, for the pipeline to compute.
+template <AtenBackwardFn stock, GridGradientFn grid_gradient>
 std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -104,14 +129,30 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
   if (!output_mask[1]) {
     return std::tuple<at::Tensor, at::Tensor>{};
   }
-  return stock(
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
+  const BackwardRoute route = backward_route(
+      input.device().type(),
+      /*deterministic=*/true,
+      /*warn_only=*/false,
       output_mask);
+  if (route == BackwardRoute::Stock) {
+    return stock(
+        grad_output,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        output_mask);
+  }
+  return std::tuple<at::Tensor, at::Tensor>{
+      at::Tensor(),
+      grid_gradient(
+          grad_output,
+          input,
+          grid,
+          interpolation_mode,
+          padding_mode,
+          align_corners)};
 }
 
 // A routed call runs inside the aten op's own profiler range, which looks
@@ -124,9 +165,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
       std::vector<c10::IValue>({grad_output, input, grid}))
 
 // aten::grid_sampler_{2d,3d}_backward on a device where detgrid is enabled:
-// `deterministic` while deterministic algorithms are on and grad_input is
-// requested, `stock` otherwise: a call for grad_grid alone has one writer
-// per element, so deterministic mode leaves it, and its bits, to stock.
+// `deterministic` or `stock` as backward_route says, from one reading of
+// the deterministic-algorithms state.
 template <AtenBackwardFn deterministic, AtenBackwardFn stock>
 std::tuple<at::Tensor, at::Tensor> routed_backward(
     const at::Tensor& grad_output,
@@ -136,7 +176,13 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask) {
-  if (!at::globalContext().deterministicAlgorithms() || !output_mask[0]) {
+  const at::Context& context = at::globalContext();
+  const BackwardRoute route = backward_route(
+      input.device().type(),
+      context.deterministicAlgorithms(),
+      context.deterministicAlgorithmsWarnOnly(),
+      output_mask);
+  if (route == BackwardRoute::Stock) {
     return stock(
         grad_output,
         input,
@@ -158,6 +204,15 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
 }
 
 #ifdef DETGRID_WITH_CUDA
+template <int kDims>
+at::Tensor grid_gradient_cuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
+
 template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_output,

@@ -21,6 +21,29 @@
 namespace detgrid {
 
 template <int kDims>
+at::Tensor grid_gradient_cpu(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  const at::Tensor grad_grid =
+      std::get<1>(allocate_gradients(input, grid, {false, true}));
+  grid_gradient_executor(
+      {at::Tensor(),
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       {false, true}});
+  return grad_grid;
+}
+
+template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -35,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
   constexpr AtenBackwardFn stock = kDims == 2
       ? at::native::grid_sampler_2d_backward_cpu
       : at::native::grid_sampler_3d_backward_cpu;
-  if (auto result = unless_grad_input_requested<stock>(
+  if (auto result = unless_grad_input_requested<stock, grid_gradient_cpu<kDims>>(
           grad_output,
           input,
           grid,
@@ -190,10 +213,6 @@ std::vector<int64_t> backward_work_counters(
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
-  if (!output_mask[0]) {
-    // grad_grid alone runs stock's kernel: nothing of detgrid's to count.
-    return std::vector<int64_t>(11, 0);
-  }
   const at::Tensor grad_input_shell = gradient_shell(input, output_mask[0]);
   const at::Tensor grad_grid_shell = gradient_shell(grid, output_mask[1]);
   const at::Tensor grad_output_shell = shell_like(grad_output);
@@ -209,6 +228,14 @@ std::vector<int64_t> backward_work_counters(
       padding_mode,
       align_corners,
       output_mask};
+  if (!output_mask[0]) {
+    // On CUDA a deterministic call for grad_grid alone takes the
+    // grid-gradient pass (routing.h): launches, and no chunk, sort,
+    // workspace or fold.
+    const int64_t launches =
+        output_mask[1] ? count_grid_gradient_work(call).launches : 0;
+    return {launches, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  }
   BackwardOptions knobs;
   knobs.chunk_points = chunk_points;
   knobs.key_bits = key_bits;
@@ -234,6 +261,44 @@ std::vector<int64_t> backward_work_counters(
       counters.elements_swept,
       counters.atomics,
       longest_fold_of(grad_output, input, grid, call, plan, accumulate)};
+}
+
+// detgrid.ops.backward_route: the route of routing.h, by name.
+std::string backward_route_name(
+    const std::string& device,
+    bool deterministic,
+    bool warn_only,
+    std::array<bool, 2> output_mask) {
+  TORCH_CHECK(
+      device == "cpu" || device == "cuda",
+      "detgrid: device must be 'cpu' or 'cuda', got '",
+      device,
+      "'");
+  const BackwardRoute route = backward_route(
+      device == "cpu" ? c10::DeviceType::CPU : c10::DeviceType::CUDA,
+      deterministic,
+      warn_only,
+      output_mask);
+  return route == BackwardRoute::Stock ? "stock" : "detgrid";
+}
+
+// detgrid::_grid_gradient: the grid-gradient pass a grid-only call takes on
+// the detgrid route, for checked arguments of either rank.
+template <GridGradientFn grid_gradient_2d, GridGradientFn grid_gradient_3d>
+at::Tensor checked_grid_gradient(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  const int64_t spatial_dims = input.dim() - 2;
+  check_backward_inputs(
+      spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
+  const GridGradientFn grid_gradient =
+      spatial_dims == 2 ? grid_gradient_2d : grid_gradient_3d;
+  return grid_gradient(
+      grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's
@@ -351,6 +416,13 @@ TORCH_LIBRARY(detgrid, m) {
       "int serial_fold) -> int[]",
       &backward_work_counters);
   m.def(
+      "_grid_gradient(Tensor grad_output, Tensor input, Tensor grid, "
+      "int interpolation_mode, int padding_mode, bool align_corners) -> Tensor");
+  m.def(
+      "_backward_route(str device, bool deterministic, bool warn_only, "
+      "bool[2] output_mask) -> str",
+      &backward_route_name);
+  m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);
   m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);
   m.def(
@@ -359,9 +431,16 @@ TORCH_LIBRARY(detgrid, m) {
       &point_taps);
 }
 
-// Registers one device's 2-D and 3-D backward.
-template <BackwardWithOptionsFn backward_2d, BackwardWithOptionsFn backward_3d>
+// Registers one device's 2-D and 3-D backward and grid-gradient pass.
+template <
+    BackwardWithOptionsFn backward_2d,
+    BackwardWithOptionsFn backward_3d,
+    GridGradientFn grid_gradient_2d,
+    GridGradientFn grid_gradient_3d>
 void impl_backward(torch::Library& m) {
+  m.impl(
+      "_grid_gradient",
+      TORCH_FN((checked_grid_gradient<grid_gradient_2d, grid_gradient_3d>)));
   m.impl(
       "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_2d>));
   m.impl(
@@ -375,12 +454,20 @@ void impl_backward(torch::Library& m) {
 }
 
 TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
-  impl_backward<backward_cpu<2>, backward_cpu<3>>(m);
+  impl_backward<
+      backward_cpu<2>,
+      backward_cpu<3>,
+      grid_gradient_cpu<2>,
+      grid_gradient_cpu<3>>(m);
 }
 
 #ifdef DETGRID_WITH_CUDA
 TORCH_LIBRARY_IMPL(detgrid, CUDA, m) {
-  impl_backward<backward_cuda<2>, backward_cuda<3>>(m);
+  impl_backward<
+      backward_cuda<2>,
+      backward_cuda<3>,
+      grid_gradient_cuda<2>,
+      grid_gradient_cuda<3>>(m);
 }
 #endif
 

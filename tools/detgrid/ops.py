@@ -215,6 +215,47 @@ def work_counters(
     return counters
 
 
+def backward_route(device_type: str, deterministic: bool, warn_only: bool,
+                   output_mask: Sequence[bool]) -> str:
+    """Which kernel serves aten::grid_sampler_{2d,3d}_backward on a device
+    where detgrid is enabled, with torch.use_deterministic_algorithms in the
+    given state: "stock" or "detgrid". The C++ overrides and detgrid's own
+    operators take this same decision (aten_kernels/extension/routing.h).
+
+    Outside deterministic mode stock's kernel runs. In it, a call that
+    requests grad_input runs detgrid's; a call for grad_grid alone runs
+    stock's kernel on CPU, and detgrid's grid-gradient pass (stock's
+    arithmetic) on CUDA, where every released torch's kernel alerts on any
+    call. warn_only changes no route.
+    """
+    if device_type not in ("cpu", "cuda"):
+        raise RuntimeError(f"backward_route(): device_type must be 'cpu' or 'cuda', "
+                           f"but got {device_type!r}")
+    return torch.ops.detgrid._backward_route(
+        device_type, bool(deterministic), bool(warn_only),
+        _output_mask("backward_route", output_mask))
+
+
+def grid_gradient(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    grid: torch.Tensor,
+    interpolation_mode: Mode,
+    padding_mode: Mode,
+    align_corners: bool,
+) -> torch.Tensor:
+    """grad_grid alone, by the grid-gradient pass that serves a grid-only
+    call on the detgrid route (on CUDA in deterministic mode), on the
+    tensors' device: stock's arithmetic, the bits of the grad_grid that
+    detgrid's full backward returns."""
+    dims = input.dim() - 2
+    mode, padding, align_corners, _ = _aten_arguments(
+        f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
+        [False, True])
+    return torch.ops.detgrid._grid_gradient(grad_output, input, grid, mode, padding,
+                                            align_corners)
+
+
 def has_cuda_kernels() -> bool:
     """Whether this build of detgrid compiled the CUDA kernels."""
     return bool(torch.ops.detgrid._has_cuda_kernels())

@@ -1,10 +1,12 @@
-// The CUDA side of accumulate="exact". The CUDA executor is private to
+// The CUDA side of accumulate="exact", and the extension's one CUDA
+// translation unit. The CUDA executor is private to
 // GridSamplerDeterministic.cu (upstream has no other user for it), so this
 // translation unit includes that file whole, and the extension compiles it
 // in that file's place: one executor and one set of kernels for both ways
-// of accumulating.
+// of accumulating, and for the grid-gradient pass (GridGradientCuda.cuh).
 #include <ATen/native/cuda/GridSamplerDeterministic.cu>
 
+#include "../GridGradientCuda.cuh"
 #include "ExactBackward.cuh"
 #include "ExactCuda.h"
 

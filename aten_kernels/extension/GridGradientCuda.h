@@ -1,0 +1,14 @@
+#pragma once
+// The grid-gradient pass on CUDA (GridGradientPass.cuh). Built in the
+// extension's CUDA translation unit, exact/ExactCuda.cu, which holds the
+// pipeline's CUDA executor.
+
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
+
+namespace detgrid::grid_only {
+
+// run_grid_gradient_pass on the current stream, for checked arguments with
+// output_mask {false, true} and a contiguous grad_grid on the current device.
+void launch_cuda_grid_gradient(const at::native::GridSamplerBackwardCall& call);
+
+} // namespace detgrid::grid_only
