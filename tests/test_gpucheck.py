@@ -29,8 +29,9 @@ from detgrid.kit import gpucheck, gpucheck_report
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
 
-STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "exact", "memcheck", "tests",
-              "timing", "racecheck", "initcheck")
+# In the order the script runs them: what a verdict needs first.
+STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "routes", "tests", "memcheck",
+              "racecheck", "timing", "exact", "initcheck")
 
 
 def strict_json(path):
@@ -134,6 +135,21 @@ def fake_exact(distinct_3d=1, float16_host_equal=27):
             "executor": [executor(dtype, dim) for dtype in workloads.DTYPES for dim in (2, 3)]}
 
 
+def fake_routes(error=None):
+    """routes.json as `gpucheck routes` writes it on one GPU: grid-only rows in
+    float32 (one element fused differently by stock's build) and bfloat16."""
+    grid_only = [
+        {"name": "stn_mnist", "dtype": "float32", "bitwise_equal": False, "mismatches": 1,
+         "max_abs_diff": 1e-9},
+        {"name": "F.grid_sample 2-D bilinear grid only", "dtype": "bfloat16",
+         "bitwise_equal": True, "mismatches": 0, "max_abs_diff": 0.0},
+    ]
+    if error:
+        grid_only.append({"name": "monodepth2_grid_only", "error": error})
+    return {"device": "cuda", "grid_only": grid_only,
+            "cross_device": [{"name": "cross-device", "skipped": "needs two GPUs"}]}
+
+
 def fake_timing():
     return {"device": "cuda", "scale": 1.0, "rows": [
         {"name": "rtdetr_l80", "load": "sparse", "input_shape": [128, 32, 80, 80],
@@ -149,7 +165,7 @@ def fake_timing():
 
 class TestGpuCheckReport(TestCase):
     def write_work(self, work, *, steps=None, bitwise=None, exact=None, memcheck="clean",
-                   junit=JUNIT):
+                   junit=JUNIT, routes=None):
         steps = steps or [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
         with open(os.path.join(work, "steps.tsv"), "w") as f:
             for name, status, rc, secs, limit in steps:
@@ -160,6 +176,7 @@ class TestGpuCheckReport(TestCase):
                            "sass_archs": ["sm_90"], "ok": True},
             "bitwise.json": gpucheck_report.jsonable(bitwise or fake_bitwise()),
             "exact.json": exact or fake_exact(),
+            "routes.json": routes or fake_routes(),
             "timing.json": fake_timing(),
             "sanitizer_memcheck.json": gpucheck.parse_sanitizer(
                 "memcheck", SANITIZER_CLEAN if memcheck == "clean" else SANITIZER_GVISOR, 0),
@@ -185,6 +202,14 @@ class TestGpuCheckReport(TestCase):
     def checks(self, data):
         return {c["check"]: c["result"] for c in data["checks"]}
 
+    def test_grid_only_error_under_enable_fails_the_verdict(self):
+        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
+        data, _, _ = self.report(junit=passing, routes=fake_routes(
+            "RuntimeError: grid_sampler_2d_backward_cuda does not have a deterministic "
+            "implementation"))
+        self.assertEqual(self.checks(data)["grid-only calls under enable(): no error"], "fail")
+        self.assertEqual(data["verdict"], "FAIL")
+
     def test_report_assembles_every_fragment(self):
         passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
         data, loaded, md = self.report(junit=passing)
@@ -195,6 +220,10 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(loaded["sanitizer"]["memcheck"]["status"], "clean")
         self.assertEqual(len(loaded["timing"]["rows"]), 2)
         checks = self.checks(data)
+        self.assertEqual(checks["grid-only calls under enable(): no error"], "pass")
+        self.assertEqual(checks["grid-only grad_grid == stock's (half, bfloat16)"], "pass")
+        self.assertEqual(checks["grid-only grad_grid == stock's (float32)"], "fail")  # info only
+        self.assertEqual(checks["cross-device"], "n/a")
         for dims in ("2-D", "3-D"):
             self.assertEqual(checks[f"repeat runs bitwise identical ({dims})"], "pass")
             self.assertEqual(checks[f"knobs change no bit ({dims})"], "pass")
@@ -821,17 +850,20 @@ class TestGpuCheckScript(TestCase):
                 "DETGRID_GPU_CHECK_SCALE": "0.005",
                 "DETGRID_GPU_CHECK_REPS": "2",
                 "DETGRID_GPU_CHECK_EXACT_REPS": "2",
-                "DETGRID_GPU_CHECK_STEPS": "env,kernels,bitwise,exact,memcheck",
+                "DETGRID_GPU_CHECK_STEPS": "env,kernels,bitwise,routes,exact,memcheck",
             })
             data = strict_json(os.path.join(out, "gpu_check.json"))
             status = {s["name"]: s["status"] for s in data["steps"]}
-            ran = ("env", "kernels", "bitwise", "exact", "memcheck")
+            ran = ("env", "kernels", "bitwise", "routes", "exact", "memcheck")
             self.assertEqual({k: status[k] for k in ran}, dict.fromkeys(ran, "ok"), proc.stdout)
             self.assertEqual(status["build"], "skipped")
             self.assertEqual([k["distinct"] for k in data["bitwise"]["knobs"]], [1, 1])
             self.assertEqual([r["distinct"] for r in data["exact"]["repeat"]], [1, 1])
             checks = {c["check"]: c["result"] for c in data["checks"]}
             self.assertEqual(checks["exact variants == host exact (bfloat16, 3-D)"], "pass")
+            self.assertEqual(checks["grid-only calls under enable(): no error"], "pass")
+            self.assertEqual(checks["grid-only grad_grid == stock's (half, bfloat16)"], "pass")
+            self.assertEqual(checks["cross-device"], "n/a")
             self.assertIn(data["sanitizer"]["memcheck"]["status"], ("unavailable", "failed"))
             self.assertEqual(data["verdict"], "INCOMPLETE")
             self.assertNotEqual(proc.returncode, 0)

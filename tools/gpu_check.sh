@@ -11,16 +11,22 @@
 #   kernels    detgrid imports and has_cuda_kernels() is True   -> build.json
 #   bitwise    100 repeats hashed and knob invariance (one 2-D, one 3-D
 #              case), CUDA == host executor per dtype, 2-D and 3-D
-#   exact      accumulate="exact" and "exact_atomic": the same bits as each
-#              other over repeats and knobs (the two high-collision cases) and
-#              as the host executor's exact, per dtype, 2-D and 3-D -> exact.json
+#   routes     under detgrid.enable(): grid-only calls in deterministic mode
+#              (stn_mnist, monodepth2_grid_only, F.grid_sample per dtype) raise
+#              nothing and give stock's grad_grid bits; with two GPUs, a call
+#              on cuda:1 while cuda:0 is current               -> routes.json
+#   tests      pytest tests -k cuda                              -> junit.xml
 #   memcheck   compute-sanitizer memcheck over every mode x padding, 2-D and
 #              3-D, NaN/Inf grids, multi-chunk (3-D: dense and sparse
 #              reductions) ("unavailable" where the runtime refuses)
-#   tests      pytest tests -k cuda                              -> junit.xml
-#   timing     stock vs detgrid backward on the benchmark workloads, then the
-#              exact variants beside ordered on those timed, if time is left
-#   racecheck, initcheck   one tiny case per rank each, if time is left
+#   racecheck  one tiny case per rank
+#   timing     stock (its own mode) vs detgrid (deterministic mode) backward
+#              on the benchmark workloads, then the exact variants beside
+#              ordered on those timed, if time is left
+#   exact      accumulate="exact" and "exact_atomic": the same bits as each
+#              other over repeats and knobs (the two high-collision cases) and
+#              as the host executor's exact, per dtype, 2-D and 3-D -> exact.json
+#   initcheck  one tiny case per rank, if time is left
 #   report     $OUT/gpu_check.json and $OUT/gpu_check.md (printed last)
 #
 # Files under $OUT (default ./out): gpu_check.json, gpu_check.md,
@@ -29,7 +35,9 @@
 #
 # Environment:
 #   DETGRID_GPU_CHECK_DRY_RUN=1   print the steps, run none (but the report)
-#   DETGRID_GPU_CHECK_BUDGET_S    seconds for all steps but the report (440)
+#   DETGRID_GPU_CHECK_BUDGET_S    seconds for all steps but the report (400:
+#                                 with the machine's start, a rerun still fits
+#                                 in a 15-minute lease)
 #   DETGRID_GPU_CHECK_STEPS       comma list of steps to run (default: all)
 #   DETGRID_GPU_CHECK_MIN_S       least time left to start any step (per step)
 #   DETGRID_GPU_CHECK_PYTEST_WORKERS   pytest-xdist workers (4; 0 = none)
@@ -88,6 +96,9 @@ if [[ "${1:-}" == "__step" ]]; then
       "$PY" "$GC" bitwise --device "$DEVICE" --scale "$SCALE" \
         --reps "${DETGRID_GPU_CHECK_REPS:-100}" --json "$WORK/bitwise.json"
       ;;
+    routes)
+      "$PY" "$GC" routes --device "$DEVICE" --json "$WORK/routes.json"
+      ;;
     exact)
       "$PY" "$GC" exact --device "$DEVICE" --scale "$SCALE" \
         --reps "${DETGRID_GPU_CHECK_EXACT_REPS:-10}" --json "$WORK/exact.json"
@@ -127,7 +138,7 @@ fi
 cd "$ROOT" || exit 2
 PY=${DETGRID_PYTHON:-python3}
 DRY=${DETGRID_GPU_CHECK_DRY_RUN:-0}
-BUDGET=${DETGRID_GPU_CHECK_BUDGET_S:-440}
+BUDGET=${DETGRID_GPU_CHECK_BUDGET_S:-400}
 ONLY=${DETGRID_GPU_CHECK_STEPS:-}
 export OUT=${OUT:-$ROOT/out}
 export WORK=${DETGRID_GPU_CHECK_WORK:-$(mktemp -d /tmp/detgrid_gpu_check.XXXXXX)}
@@ -197,17 +208,21 @@ step() {
 
 say "detgrid GPU check in $ROOT; out=$OUT work=$WORK budget=${BUDGET}s dry_run=$DRY"
 #    name      timeout  min  needs kernels   (typical on an H200)
+# The steps a verdict needs come first (build, bitwise, routes, tests, the
+# required sanitizers), so a run cut short still answers; timing and the
+# exact prototype use what is left of the budget.
 step env         45       5   0              # ~5 s
 step deps        45       5   0              # ~3 s
-step build      300      60   0              # ~1-2 min (nvcc of one .cu ~30 s)
+step build      300      60   0              # ~2-3 min (ExactCuda.cu is the long unit)
 step kernels     60      10   0              # ~5 s
 step bitwise     90      20   1              # ~30 s (2-D ~20 s, 3-D ~10 s)
-step exact       60      20   1              # ~15-25 s? (8 x 27 small cases x 14, 2 x 34 large)
-step memcheck   150      40   1              # ~40-90 s (31 2-D + 30 3-D cases)
-step tests      150      40   1              # depends on tests/
+step routes      45      10   1              # ~5 s: grid-only calls under enable(), cross-device
+step tests      120      40   1              # depends on tests/
+step memcheck   120      40   1              # ~40-90 s (31 2-D + 30 3-D cases)
+step racecheck   45      25   1              # ~20 s
 step timing      90      30   1              # ~20-40 s
-step racecheck   60      25   1              # ~20 s
-step initcheck   60      25   1              # ~20 s
+step exact       60      20   1              # ~15-25 s? (8 x 27 small cases x 14, 2 x 34 large)
+step initcheck   45      25   1              # ~20 s
 
 say "report"
 JUNIT="$OUT/junit.xml"

@@ -10,7 +10,10 @@ in one process, interleaved rep by rep on rotating copies of the inputs:
   C <= 1024, not bf16), when CUDA and cuDNN are there (cuDNN has no 3-D
   grid sampler);
 - detgrid: detgrid.ops.grid_sampler_2d_backward / grid_sampler_3d_backward
-  (the CUDA kernel, or on the CPU the host executor); with an accumulate
+  (the CUDA kernel, or on the CPU the host executor), timed under
+  torch.use_deterministic_algorithms(True), the only mode in which
+  detgrid.enable() routes to it (the stock variants run outside it, their
+  own mode); with an accumulate
   other than "ordered" (--accumulate), the _with_options operator with that
   accumulation, which the row's work counters then count;
 - in-tree: on a torch carrying the ATen change for that rank (detected per
@@ -446,7 +449,7 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     if use_cudnn:
         cudnn_copies = [contiguous_case(c) for c in copies]
         variants.append(("cudnn", _raw_cudnn, cudnn_copies, False))
-    variants.append(("detgrid", raw_detgrid, copies, False))
+    variants.append(("detgrid", raw_detgrid, copies, True))
     if in_tree:
         variants.append(("in_tree", _raw_aten, copies, True))
     previous = torch.are_deterministic_algorithms_enabled()

@@ -15,12 +15,13 @@ when a case is run, so the rest works where the extension did not build.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -110,25 +111,36 @@ def _move_input(t: torch.Tensor, device: str) -> torch.Tensor:
     return t.to(device)
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool) -> Iterator[None]:
+    """torch.use_deterministic_algorithms(on) for the block, restored after."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+
+
 def run_detgrid(case: Case, **options: Any) -> Gradients:
+    """detgrid's backward in deterministic mode, the only mode in which
+    detgrid.enable() routes to it, so its cost is what a user pays there
+    (torch.utils.deterministic.fill_uninitialized_memory included)."""
     from detgrid import ops  # here, not at the top: it loads the extension
 
     opts = {**case.options, **options}
-    if opts:
-        return getattr(ops, case.op + "_with_options")(*case.args(), **opts)
-    return getattr(ops, case.op)(*case.args())
+    with deterministic_algorithms(True):
+        if opts:
+            return getattr(ops, case.op + "_with_options")(*case.args(), **opts)
+        return getattr(ops, case.op)(*case.args())
 
 
 def _run_aten(case: Case, deterministic: bool) -> Gradients:
     """aten::grid_sampler_{2d,3d}_backward with deterministic algorithms set
     as asked, restored afterwards; None for a gradient not asked for."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    try:
+    with deterministic_algorithms(deterministic):
         gi, gg = getattr(torch.ops.aten, case.op)(*case.args())
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
     return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
 
 
@@ -606,14 +618,9 @@ def run_cudnn(case: Case) -> Gradients:
     """Stock's cuDNN backward (aten::cudnn_grid_sampler_backward), outside
     deterministic mode (it alerts there). cuDNN always computes both
     gradients; the ones not asked for are dropped here."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
-    try:
+    with deterministic_algorithms(False):
         gi, gg = torch.ops.aten.cudnn_grid_sampler_backward(case.input, case.grid,
                                                             case.grad_output)
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
     return (gi if case.output_mask[0] else None, gg if case.output_mask[1] else None)
 
 

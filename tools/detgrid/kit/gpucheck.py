@@ -4,6 +4,7 @@
     python3 -m detgrid.kit.gpucheck build-info     --json build.json [--require-cuda]
     python3 -m detgrid.kit.gpucheck bitwise        --device cuda --json bitwise.json
     python3 -m detgrid.kit.gpucheck exact          --device cuda --json exact.json
+    python3 -m detgrid.kit.gpucheck routes         --device cuda --json routes.json
     python3 -m detgrid.kit.gpucheck timing         --device cuda --json timing.json
     python3 -m detgrid.kit.gpucheck sanitize       --tool memcheck --set all --json s.json
     python3 -m detgrid.kit.gpucheck sanitizer-case --device cuda --set all
@@ -439,6 +440,117 @@ def run_exact(device: str = "cuda", reps: int = 10, scale: float = 1.0, seed: in
 
 
 # --------------------------------------------------------------------------
+# Routes under detgrid.enable()
+# --------------------------------------------------------------------------
+
+# Calls for grad_grid alone: stock's CUDA kernel alerts on them in
+# deterministic mode, so under enable() they take detgrid's grid-gradient
+# pass, which must neither raise nor move grad_grid's bits from stock's
+# (but for an FMA stock's fp32 build may fuse: mismatches are counted).
+GRID_ONLY_WORKLOADS = ("stn_mnist", "monodepth2_grid_only")
+GRID_SAMPLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _compare_grid_gradients(name: str, ours: torch.Tensor, stock: torch.Tensor) -> Dict[str, Any]:
+    from detgrid.kit.bitwise import differing_elements
+
+    differ = differing_elements(ours, stock)
+    return {"name": name, "dtype": dtype_name(ours.dtype),
+            "bitwise_equal": not bool(differ.any()), "mismatches": int(differ.sum()),
+            "max_abs_diff": max_abs_diff(ours, stock)}
+
+
+def _deterministic_and_not(call: Callable[[], torch.Tensor], name: str) -> Dict[str, Any]:
+    """call() in deterministic mode (detgrid's route) against call() outside
+    it (stock's), or the error the deterministic call raised."""
+    from detgrid.bench.workloads import deterministic_algorithms
+
+    with deterministic_algorithms(False):
+        stock = call()
+    try:
+        with deterministic_algorithms(True):
+            ours = call()
+    except RuntimeError as e:
+        return {"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return _compare_grid_gradients(name, ours, stock)
+
+
+def _grid_sample_grid_grad(inp: torch.Tensor, grid: torch.Tensor, mode: str) -> torch.Tensor:
+    """grid.grad of sum(F.grid_sample(...) * weights), only the grid requiring grad."""
+    grid = grid.detach().requires_grad_(True)
+    out = torch.nn.functional.grid_sample(inp, grid, mode=mode, align_corners=False)
+    weights = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out).to(out.dtype)
+    (out * weights).sum().backward()
+    return grid.grad
+
+
+def grid_only_rows(device: str, seed: int = 0) -> List[Dict[str, Any]]:
+    """Grid-only backward calls under enable(), deterministic mode against
+    not: the bench's grid-only workloads through aten's operator, and
+    F.grid_sample with only the grid requiring grad, per dtype."""
+    from detgrid.switch import enabled
+
+    rows = []
+    with enabled(torch.device(device).type):
+        for name in GRID_ONLY_WORKLOADS:
+            case = BENCH_WORKLOADS[name].build(device, seed, 1.0)
+            op = getattr(torch.ops.aten, case.op)
+            rows.append(_deterministic_and_not(lambda: op(*case.args())[1], name))
+        g = torch.Generator().manual_seed(seed)
+        for dims, mode, dtype in ([(2, m, d) for m in ("bilinear", "bicubic")
+                                   for d in GRID_SAMPLE_DTYPES] + [(3, "bilinear", torch.float32)]):
+            spatial = (6, 20, 24)[3 - dims:]
+            inp = torch.randn(2, 3, *spatial, generator=g).to(device=device, dtype=dtype)
+            grid = (torch.rand(2, *(s - 1 for s in spatial), dims, generator=g) * 2.2 - 1.1).to(
+                device=device, dtype=dtype)
+            rows.append(_deterministic_and_not(
+                lambda: _grid_sample_grid_grad(inp, grid, mode),
+                f"F.grid_sample {dims}-D {mode} grid only"))
+    return rows
+
+
+def cross_device_rows(device: str, seed: int = 0) -> List[Dict[str, Any]]:
+    """Tensors on cuda:1 while cuda:0 is current, under enable(), in and out
+    of deterministic mode: the overrides must run stock's kernels and
+    cuDNN on the tensors' device (stock alone is the reference)."""
+    from detgrid.bench.workloads import deterministic_algorithms
+    from detgrid.switch import enabled
+
+    if torch.device(device).type != "cuda" or torch.cuda.device_count() < 2:
+        return [{"name": "cross-device", "skipped": "needs two GPUs"}]
+    rows = []
+    g = torch.Generator().manual_seed(seed)
+    inp = torch.randn(2, 3, 20, 24, generator=g).to("cuda:1")
+    grid = (torch.rand(2, 16, 16, 2, generator=g) * 2 - 1).to("cuda:1")
+    torch.cuda.set_device(0)
+    for align_corners in (False, True):  # True takes cuDNN outside deterministic mode
+        def grads() -> Tuple[torch.Tensor, torch.Tensor]:
+            x, gr = inp.clone().requires_grad_(True), grid.clone().requires_grad_(True)
+            torch.nn.functional.grid_sample(x, gr, align_corners=align_corners).sum().backward()
+            return x.grad, gr.grad
+        stock = grads()
+        name = f"cross-device align_corners={align_corners}"
+        try:
+            with enabled("cuda"):
+                with deterministic_algorithms(False):
+                    routed_stock = grads()
+                with deterministic_algorithms(True):
+                    ours = grads()
+        except RuntimeError as e:
+            rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            continue
+        rows.append({"name": name, "stock_route_equal": all(
+            same_bits_or_both_nan(a, b) for a, b in zip(routed_stock, stock)),
+            "deterministic_max_abs_diff": max(max_abs_diff(a, b) for a, b in zip(ours, stock))})
+    return rows
+
+
+def run_routes(device: str = "cuda", seed: int = 0) -> Dict[str, Any]:
+    return {"device": device, "grid_only": grid_only_rows(device, seed),
+            "cross_device": cross_device_rows(device, seed)}
+
+
+# --------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------
 
@@ -747,6 +859,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sp.add_argument("--reps", type=int, default=10)
     sp.add_argument("--scale", type=float, default=1.0)
     sp.add_argument("--dtypes", default=",".join(DTYPES))
+    sub.add_parser("routes", help="grid-only calls and cross-device calls under enable()")
+    common(sub.choices["routes"])
     sp = sub.add_parser("timing"); common(sp)
     sp.add_argument("--warmup", type=int, default=5)
     sp.add_argument("--reps", type=int, default=25)
@@ -788,6 +902,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_exact(args.device, args.reps, args.scale, args.seed,
                            [d for d in args.dtypes.split(",") if d])
         _write_json(args.json, result)
+        return 0
+    if args.cmd == "routes":
+        _write_json(args.json, run_routes(args.device, args.seed))
         return 0
     if args.cmd == "timing":
         deadline = None if args.budget_s is None else time.monotonic() + args.budget_s

@@ -118,6 +118,7 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     if not bw.get("executor"):
         checks.append(_check("device == host executor", None, "not run"))
     checks += fidelity_checks(bw.get("fidelity") or [])
+    checks += route_checks(data.get("routes") or {})
     checks += exact_checks(data.get("exact") or {})
     for key, required in (("memcheck", True), ("racecheck", True), ("initcheck", False)):
         s = (data.get("sanitizer") or {}).get(key)
@@ -140,6 +141,39 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     exact_timed = [r for r in timed if "exact_ms" in (r.get("exact") or {})]
     checks.append(_check("exact timing table", bool(exact_timed) if timed else None,
                          f"{len(exact_timed)}/{len(timed)} timed workloads", required=False))
+    return checks
+
+
+def route_checks(routes: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Grid-only calls under enable() in deterministic mode: no error, and
+    grad_grid's bits stock's (required in half and bfloat16; float32 may
+    differ where stock's build fused a multiply-add). Cross-device calls:
+    stock's route gives stock's bits."""
+    grid_only = routes.get("grid_only")
+    if not grid_only:
+        return [_check("grid-only calls under enable()", None, "not run")]
+    errors = [r for r in grid_only if "error" in r]
+    checks = [_check("grid-only calls under enable(): no error", not errors,
+                     f"{len(grid_only) - len(errors)}/{len(grid_only)} ran"
+                     + (f"; {errors[0]['name']}: {errors[0]['error']}" if errors else ""))]
+    for reduced in (True, False):
+        rows = [r for r in grid_only if "error" not in r
+                and (r["dtype"] in ("float16", "bfloat16")) == reduced]
+        if rows:
+            equal = sum(r["bitwise_equal"] for r in rows)
+            checks.append(_check(
+                f"grid-only grad_grid == stock's ({'half, bfloat16' if reduced else 'float32'})",
+                equal == len(rows), f"{equal}/{len(rows)} bitwise equal, mismatching elements "
+                f"{sum(r['mismatches'] for r in rows)}", required=reduced))
+    for row in routes.get("cross_device") or []:
+        if "skipped" in row:
+            checks.append(_check(row["name"], None, row["skipped"], required=False))
+        elif "error" in row:
+            checks.append(_check(row["name"], False, row["error"]))
+        else:
+            checks.append(_check(row["name"], row["stock_route_equal"],
+                                 f"stock route equal: {row['stock_route_equal']}, deterministic "
+                                 f"max abs diff {_fmt(row['deterministic_max_abs_diff'])}"))
     return checks
 
 
@@ -251,6 +285,7 @@ def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
             data["sanitizer"][tool] = s
     data["bitwise"] = _load_json(os.path.join(work, "bitwise.json"))
     data["exact"] = _load_json(os.path.join(work, "exact.json"))
+    data["routes"] = _load_json(os.path.join(work, "routes.json"))
     data["timing"] = _load_json(os.path.join(work, "timing.json"))
     data["checks"] = verdict_checks(data)
     data["verdict"] = overall(data["checks"], data["steps"])
