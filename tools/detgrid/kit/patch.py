@@ -14,10 +14,10 @@ What the change is, and why each edit has its shape:
   with grad_input requested) replaces the alert; grid-only calls keep the existing kernel, which
   has one writer per element for them, so nothing that reaches the atomicAdd in deterministic mode
   is left to alert about. A checkout with a deterministic branch of its own (e.g. #196856's) is
-  refused unless ``--replace-existing-deterministic-path`` asks to replace it with ours;
-- ``cuda/GridSampler.cpp``: where that branch writes every element of grad_input, grad_input is
-  allocated with ``empty_like`` instead of ``zeros_like`` (``fill_uninitialized_memory``, when on,
-  still fills it, once);
+  refused unless ``--replace-existing-deterministic-path`` asks to replace it with ours. The
+  launcher reads ``deterministicAlgorithms()`` once per call and nothing else depends on it:
+  ``cuda/GridSampler.cpp`` is not edited, so grad_input is zero-filled as stock does in every mode
+  (a thread that flips the flag mid-call cannot hand the atomicAdd kernel unzeroed memory);
 - ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks and
   before allocating anything, as upstream main does; the forward and the composite's choice of
   cuDNN stay, so no forward result changes, ``warn_only`` users included;
@@ -59,7 +59,6 @@ DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
 DET_LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_deterministic_kernel" for d in DIMS}
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
-CUDA_CPP = "aten/src/ATen/native/cuda/GridSampler.cpp"
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
 NOTES = ("docs/source/notes/randomness.rst", "docs/source/notes/randomness.md")
@@ -362,72 +361,6 @@ def edit_gridsampler_cu(path: str, text: str, notes: List[str],
         text = _add_det_dispatch(path, text, dims, notes, replace_existing)
     return _add_include(path, text, f"ATen/native/cuda/{DET_HEADER}",
                         after=("ATen/native/cuda/GridSampler.h", "ATen/native/cuda/"))
-
-
-CUDA_BACKWARDS = {d: f"grid_sampler_{d}d_backward_cuda" for d in DIMS}
-TUPLE2 = r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>"
-
-
-def _allocation_comment(ind: str, dims: int) -> str:
-    return (
-        f"{ind}// Under this condition {LAUNCHERS[dims]}\n"
-        f"{ind}// takes the deterministic path, which writes every element of grad_input\n"
-        f"{ind}// once; only the atomicAdd kernel accumulates into it and needs zeros.\n"
-    )
-
-
-def _allocate_grad_input(path: str, text: str, dims: int, notes: List[str]) -> str:
-    """grid_sampler_<dims>d_backward_cuda's ``at::zeros_like(input, ...)`` for grad_input becomes
-    ``at::empty_like(input, ...)`` (same arguments, so the same memory format) when the
-    launcher takes the deterministic path, under the launcher's own condition. The statement
-    around the call keeps its shape (a lambda's return, an initialisation ...)."""
-    name = CUDA_BACKWARDS[dims]
-    defs = _find_defs(text, TUPLE2, name)
-    if len(defs) != 1:
-        raise AnchorError(path, f"std::tuple<Tensor, Tensor> {name}(...) {{...}}", f"{len(defs)} definitions found")
-    f = defs[0]
-    if len(f.params) != 7:
-        raise AnchorError(path, f"{name}(grad_output, input, grid, ..., output_mask)", f"parameters {f.params}")
-    inp, mask = f.params[1], f.params[6]
-    body = text[f.body_open : f.body_close + 1]
-    if "deterministicAlgorithms()" in body:
-        notes.append(f"{path}: {name} already allocates grad_input for deterministic mode")
-        return text
-    calls = list(re.finditer(rf"\bat::zeros_like\(\s*{re.escape(inp)}\b", body))
-    if len(calls) != 1:
-        raise AnchorError(path, f"at::zeros_like({inp}, ...) in {name}", f"{len(calls)} found")
-    call = calls[0]
-    close = _match(body, call.start() + len("at::zeros_like"), "(", ")")
-    args = body[call.end() - len(inp) : close]
-    start = _line_start(body, call.start())
-    ind = _indent_of(body, call.start())
-    head = body[start : call.start()].strip()
-    tail_end = _statement_end(body, call.start())
-    tail = body[close + 1 : tail_end].strip()
-    if head.startswith("?") or head.startswith(":"):
-        raise AnchorError(path, f"at::zeros_like({inp}, ...) in {name}", "already part of a conditional")
-    cond = f"globalContext().deterministicAlgorithms() && {mask}[0]"
-    statement = (
-        f"{_allocation_comment(ind, dims)}"
-        f"{ind}{head + ' ' if head else ''}{cond}\n"
-        f"{ind}    ? at::empty_like({args})\n"
-        f"{ind}    : at::zeros_like({args}){tail}\n"
-    )
-    body = body[:start] + statement + body[tail_end:]
-    return text[: f.body_open] + body + text[f.body_close + 1 :]
-
-
-def edit_grad_input_allocation(path: str, text: str, notes: List[str]) -> str:
-    """Both CUDA backwards allocate grad_input without a fill where the deterministic path writes
-    it all (with torch.utils.deterministic.fill_uninitialized_memory on, at::empty_like still
-    fills it, once)."""
-    for dims in DIMS:
-        text = _allocate_grad_input(path, text, dims, notes)
-    if "#include <ATen/ops/" in text:
-        text = _add_include(path, text, "ATen/ops/empty_like.h", after=("ATen/ops/",))
-    if "#include <ATen/Context.h>" not in text:
-        text = _add_include(path, text, "ATen/Context.h", after=("ATen/native/cuda/GridSampler.h", "ATen/"))
-    return text
 
 
 def _code_only(text: str) -> str:
@@ -1333,7 +1266,7 @@ def edits(tree: Path, replace_existing: bool, tests_only: bool) -> Tuple[Tuple[s
     if tests_only:
         return tests
     cu = functools.partial(edit_gridsampler_cu, replace_existing=replace_existing)
-    return ((CU, cu), (CUDA_CPP, edit_grad_input_allocation), (CUDNN, edit_cudnn),
+    return ((CU, cu), (CUDNN, edit_cudnn),
             (INIT, edit_init_doc), *tests)
 
 
@@ -1510,11 +1443,6 @@ def commit_message(pl: Plan) -> str:
             "the input size. Non-finite grid coordinates never form an "
             "index. With only the grid gradient requested the existing kernel runs, without an "
             "alert: it has a single writer per element.", 72)]
-    if CUDA_CPP in changed:
-        parts += ["", textwrap.fill(
-            "grid_sampler_2d_backward_cuda and grid_sampler_3d_backward_cuda allocate grad_input "
-            "with empty_like instead of zeros_like where the deterministic backward writes all of "
-            "it (deterministic mode, grad_input requested).", 72)]
     if CUDNN in changed:
         parts += ["", textwrap.fill(
             "cudnn_grid_sampler_backward, after its argument checks, delegates to "
