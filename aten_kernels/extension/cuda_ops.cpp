@@ -51,7 +51,6 @@ gsd::LaunchShape launch_with_knobs(
 
 } // namespace
 
-template <int kDims>
 at::Tensor grid_gradient_cuda(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -60,35 +59,9 @@ at::Tensor grid_gradient_cuda(
     int64_t padding_mode,
     bool align_corners) {
   const c10::cuda::CUDAGuard device_guard(input.device());
-  const at::Tensor grad_grid =
-      std::get<1>(allocate_gradients(input, grid, {false, true}));
-  grid_only::launch_cuda_grid_gradient(
-      {at::Tensor(),
-       grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       {false, true}});
-  return grad_grid;
+  return grid_gradient_by<grid_only::launch_cuda_grid_gradient>(
+      grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
 }
-
-template at::Tensor grid_gradient_cuda<2>(
-    const at::Tensor&,
-    const at::Tensor&,
-    const at::Tensor&,
-    int64_t,
-    int64_t,
-    bool);
-template at::Tensor grid_gradient_cuda<3>(
-    const at::Tensor&,
-    const at::Tensor&,
-    const at::Tensor&,
-    int64_t,
-    int64_t,
-    bool);
 
 template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
@@ -107,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
       ? at::native::grid_sampler_2d_backward_cuda
       : at::native::grid_sampler_3d_backward_cuda;
   if (auto result =
-          unless_grad_input_requested<stock, grid_gradient_cuda<kDims>>(
+          unless_grad_input_requested<stock, grid_gradient_cuda>(
               grad_output,
               input,
               grid,

@@ -100,7 +100,32 @@ using GridGradientFn = at::Tensor (*)(
     int64_t padding_mode,
     bool align_corners);
 
-template <int kDims>
+// grad_grid of a grid-only call (checked arguments of either rank), as
+// allocate_gradients allocates it, written in full by `pass`, the pass's
+// executor on one device.
+template <void (*pass)(const at::native::GridSamplerBackwardCall&)>
+at::Tensor grid_gradient_by(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  const at::Tensor grad_grid =
+      std::get<1>(allocate_gradients(input, grid, {false, true}));
+  pass(
+      {at::Tensor(),
+       grad_grid,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners,
+       {false, true}});
+  return grad_grid;
+}
+
 at::Tensor grid_gradient_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -204,7 +229,6 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
 }
 
 #ifdef DETGRID_WITH_CUDA
-template <int kDims>
 at::Tensor grid_gradient_cuda(
     const at::Tensor& grad_output,
     const at::Tensor& input,

@@ -20,7 +20,6 @@
 
 namespace detgrid {
 
-template <int kDims>
 at::Tensor grid_gradient_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -28,19 +27,8 @@ at::Tensor grid_gradient_cpu(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
-  const at::Tensor grad_grid =
-      std::get<1>(allocate_gradients(input, grid, {false, true}));
-  grid_gradient_executor(
-      {at::Tensor(),
-       grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
-       {false, true}});
-  return grad_grid;
+  return grid_gradient_by<grid_gradient_executor>(
+      grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
 }
 
 template <int kDims>
@@ -58,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
   constexpr AtenBackwardFn stock = kDims == 2
       ? at::native::grid_sampler_2d_backward_cpu
       : at::native::grid_sampler_3d_backward_cpu;
-  if (auto result = unless_grad_input_requested<stock, grid_gradient_cpu<kDims>>(
+  if (auto result = unless_grad_input_requested<stock, grid_gradient_cpu>(
           grad_output,
           input,
           grid,
@@ -283,8 +271,8 @@ std::string backward_route_name(
 }
 
 // detgrid::_grid_gradient: the grid-gradient pass a grid-only call takes on
-// the detgrid route, for checked arguments of either rank.
-template <GridGradientFn grid_gradient_2d, GridGradientFn grid_gradient_3d>
+// the detgrid route, after the backward's checks.
+template <GridGradientFn grid_gradient>
 at::Tensor checked_grid_gradient(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -292,11 +280,13 @@ at::Tensor checked_grid_gradient(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
-  const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
-      spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
-  const GridGradientFn grid_gradient =
-      spatial_dims == 2 ? grid_gradient_2d : grid_gradient_3d;
+      input.dim() - 2,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode);
   return grid_gradient(
       grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
 }
@@ -435,12 +425,9 @@ TORCH_LIBRARY(detgrid, m) {
 template <
     BackwardWithOptionsFn backward_2d,
     BackwardWithOptionsFn backward_3d,
-    GridGradientFn grid_gradient_2d,
-    GridGradientFn grid_gradient_3d>
+    GridGradientFn grid_gradient>
 void impl_backward(torch::Library& m) {
-  m.impl(
-      "_grid_gradient",
-      TORCH_FN((checked_grid_gradient<grid_gradient_2d, grid_gradient_3d>)));
+  m.impl("_grid_gradient", TORCH_FN(checked_grid_gradient<grid_gradient>));
   m.impl(
       "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_2d>));
   m.impl(
@@ -454,20 +441,12 @@ void impl_backward(torch::Library& m) {
 }
 
 TORCH_LIBRARY_IMPL(detgrid, CPU, m) {
-  impl_backward<
-      backward_cpu<2>,
-      backward_cpu<3>,
-      grid_gradient_cpu<2>,
-      grid_gradient_cpu<3>>(m);
+  impl_backward<backward_cpu<2>, backward_cpu<3>, grid_gradient_cpu>(m);
 }
 
 #ifdef DETGRID_WITH_CUDA
 TORCH_LIBRARY_IMPL(detgrid, CUDA, m) {
-  impl_backward<
-      backward_cuda<2>,
-      backward_cuda<3>,
-      grid_gradient_cuda<2>,
-      grid_gradient_cuda<3>>(m);
+  impl_backward<backward_cuda<2>, backward_cuda<3>, grid_gradient_cuda>(m);
 }
 #endif
 
