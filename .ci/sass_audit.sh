@@ -80,7 +80,8 @@ audit release --loops --cubin "$work/release/kernels.cubin" "${machine_code[@]}"
   | grep -E "^FAIL|^sass audit|^machine code|^family |^reduce kernels|^setup=" || status=1
 
 # ExactCuda.cu includes GridSamplerDeterministic.cu whole; --exact audits only
-# the exact stages' kernels, the others were audited above. One line per
+# the extension's own kernels (the exact stages' and the grid-gradient
+# pass's), the others were audited above. One line per
 # reduce: per-record=N regs=R; per ScatterTerms: per-term=N atomics=A regs=R.
 echo "sass audit: building ExactCuda.cu (accumulate=\"exact\") for sm_90"
 build exact "$root/aten_kernels/extension/exact/ExactCuda.cu"

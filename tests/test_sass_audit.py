@@ -28,10 +28,14 @@ SCATTER = (EXACT_NAMESPACE
            + "26scatter_exact_terms_kernelIN7detgrid5exact12ScatterTermsILi4ELi2EfiiEEiiEEvT_T0_T1_")
 SPARSE = (EXACT_NAMESPACE
           + "21sum_runs_exact_kernelIN7detgrid5exact17ReduceExactSparseILi4ELi2EfiiEEiiEEvT_T0_T1_")
+GRID_GRADIENT = (
+    EXACT_NAMESPACE + "33grid_sampler_grid_gradient_kernelIN7detgrid9grid_only16GridGradientPass"
+    "ILi2EN2at6native26grid_sampler_deterministic12BackwardArgsIN3c104HalfEiLi2EEEEEiEEvT_T0_")
 POINT_PASS_IN_EXACT_UNIT = (
     EXACT_NAMESPACE + "33grid_sampler_point_records_kernelINS0_26grid_sampler_deterministic9PointPass"
     "ILi2ENS3_12BackwardArgsIN3c108BFloat16ElLi3EEEEElEEvT_T0_")
 EXACT_SUM = "/src/extension/exact/ExactSum.cuh"
+GRID_PASS = "/src/extension/GridGradientPass.cuh"
 ATOMICS_HEADER = "/usr/local/cuda/include/device_atomic_functions.hpp"
 
 
@@ -223,8 +227,8 @@ class TestSassAudit(TestCase):
         rows[0].setup = rows[1].setup = 80
         self.assertEqual(sass_audit.setup_violations(rows), [])
 
-    def test_exact_scope_holds_the_exact_stages_alone(self):
-        for name in (SCATTER, SPARSE):
+    def test_exact_scope_holds_the_extensions_own_stages_alone(self):
+        for name in (SCATTER, SPARSE, GRID_GRADIENT):
             self.assertRegex(name, sass_audit.EXACT.kernel)
             self.assertNotRegex(name, sass_audit.PIPELINE.kernel)
         # Audited in the release build, not again in the exact one.
@@ -243,6 +247,14 @@ class TestSassAudit(TestCase):
         self.assertEqual(len(sass_audit.ftz_violations(functions, sass_audit.EXACT)), 1)
         # The pipeline's scope knows neither the kernel nor the file.
         self.assertEqual(sass_audit.fused_violations(functions, lines), [])
+
+    def test_fused_multiply_add_in_the_grid_gradient_pass_is_refused(self):
+        sass = _sass(_listing(["FFMA R1, R2, R3, R4"], {}, {0: (GRID_PASS, 30)}),
+                     name=GRID_GRADIENT)
+        lines = _Lines({(GRID_PASS, 30): "  sum = sum + value * weight;"})
+        found = sass_audit.fused_violations(sass_audit.parse_sass(sass), lines, sass_audit.EXACT)
+        self.assertEqual(len(found), 1)
+        self.assertIn("GridGradientPass.cuh:30", found[0])
 
     def test_exact_kernels_may_not_spill(self):
         log = textwrap.dedent(f"""\
@@ -297,7 +309,7 @@ class TestSassAudit(TestCase):
         self.assertTrue(lines[0].startswith("FAIL (stack frames or spills): "), lines)
         self.assertIn("per-term=4 (0 calls) atomics=1 regs=30  scatter_exact_terms_kernel<"
                       "ScatterTerms<4, 2, float, int, int>, int, int>", out)
-        self.assertEqual(lines[-1], "sass audit: 1 detgrid exact kernels, 5 instructions; "
+        self.assertEqual(lines[-1], "sass audit: 1 detgrid extension kernels, 5 instructions; "
                                     "1 problem(s)")
 
     def test_an_exact_loop_not_found_is_printed_not_dropped(self):

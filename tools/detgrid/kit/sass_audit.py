@@ -3,7 +3,8 @@
 Four checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
 function of compiler output so that CI can run it without a GPU (with
 --exact, on a build of aten_kernels/extension/exact/ExactCuda.cu, of the
-exact accumulation's kernels only: see EXACT):
+extension's own kernels only, the exact accumulation's and the
+grid-gradient pass's: see EXACT):
 
 * resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
   except those --allow-spills names (CI names none);
@@ -78,16 +79,21 @@ GENERIC_RUNNERS = ("for_each_kernel", "for_each_row_kernel")
 KERNEL_BUDGET = 128
 TEXT_BUDGET = 3 * 2**20
 
-# The exact accumulation's kernels: those whose stage (the kernel's first
-# template argument) is one of detgrid::exact's. ExactCuda.cu includes
-# GridSamplerDeterministic.cu whole, so its build also holds the pipeline's
-# kernels (in ExactCuda.cu's anonymous namespace): they are the release
-# build's and audited there, not twice. The exact stages inline the
-# pipeline's arithmetic (mul_rn, divide), so its sources count as ours too.
+# The extension's own kernels (--exact): the exact accumulation's, those
+# whose stage (the kernel's first template argument) is one of
+# detgrid::exact's, and the grid-gradient pass's
+# (detgrid::grid_only::GridGradientPass, the same build). ExactCuda.cu
+# includes GridSamplerDeterministic.cu whole, so its build also holds the
+# pipeline's kernels (in ExactCuda.cu's anonymous namespace): they are the
+# release build's and audited there, not twice. These stages inline the
+# pipeline's arithmetic (mul_rn, divide, the grid gradient), so its sources
+# count as ours too.
 EXACT_STAGES = ("FindGradOutputBound", "ScatterTerms", "ReduceExactDense", "ReduceExactSparse",
                 "RoundSums")
-EXACT = Scope(re.compile(r"IN7detgrid5exact\d+(" + "|".join(EXACT_STAGES) + r")I"),
-              OUR_SOURCES + ("ExactSum.cuh", "ExactBackward.cuh", "ExactCuda.cu"))
+EXACT = Scope(re.compile(r"IN7detgrid(?:5exact\d+(" + "|".join(EXACT_STAGES)
+                         + r")|9grid_only16GridGradientPass)I"),
+              OUR_SOURCES + ("ExactSum.cuh", "ExactBackward.cuh", "ExactCuda.cu",
+                             "GridGradientPass.cuh", "GridGradientCuda.cuh"))
 # The exact stages that loop over terms (ScatterTerms, one per thread
 # invocation) or over an element's records (the reduces).
 EXACT_LOOP_STAGES = ("ScatterTerms", "ReduceExactDense", "ReduceExactSparse")
@@ -685,7 +691,7 @@ def main(argv=None) -> int:
         else:
             print_reduce_loops(reduces)
     failed = sum(map(len, problems.values()))
-    print(f"sass audit: {len(ours)} detgrid {'exact ' if args.exact else ''}kernels, "
+    print(f"sass audit: {len(ours)} detgrid {'extension ' if args.exact else ''}kernels, "
           f"{sum(len(functions[n].instructions) for n in ours)} instructions; "
           f"{failed} problem(s)")
     return 1 if failed else 0
