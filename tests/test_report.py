@@ -29,6 +29,8 @@ IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NA
             "GIT_COMMITTER_EMAIL": "t@t"}
 # A maintainer asked for a comment of a few lines and a PR body fix_issue.md does not call spam.
 ISSUE_WORDS, PR_WORDS = 150, 400
+# The rows of the PR's side-by-side with #196856 (issue 41, item 8)
+SIDE_BY_SIDE_ROWS = ("Key + id", "Chunk", "Partials", "Workspace", "grad_grid", "Half sums across chunks")
 MACHINE_CODE = {"arch": "sm_90", "kernels": 192, "text_bytes": 4404019}
 
 SYNTHETIC_PATCH = """\
@@ -121,6 +123,22 @@ def in_view(text):
     return re.sub(r"<details>.*?</details>", "", re.sub(r"<!--.*?-->", "", text, flags=re.S), flags=re.S)
 
 
+def words_in_view(text):
+    """The limits' measure as the issue states it: word-character runs once HTML comments and
+    <details> blocks are removed (written here independently of R.visible_words)."""
+    return len(re.findall(r"\w+", in_view(text)))
+
+
+def side_by_side(pr):
+    """The rows of the table under "Beside #196856", in view: {row label: (ours, #196856's)}."""
+    rows = {}
+    for line in (section(in_view(pr), "Beside #196856") or "").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and not all(c and set(c) <= set("-") for c in cells):
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
 class TestReportBodies(TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
@@ -154,12 +172,14 @@ class TestReportBodies(TestCase):
         self.assertEqual(R.WORD_LIMITS, {"ISSUE.md": ISSUE_WORDS, "PR.md": PR_WORDS})
         for report in self.evidence_variants():
             for name, text in bodies(report).items():
-                self.assertLessEqual(R.visible_words(text), R.WORD_LIMITS[name], name)
+                self.assertLessEqual(words_in_view(text), R.WORD_LIMITS[name], name)
+                self.assertEqual(R.visible_words(text), words_in_view(text), name)
 
     def test_word_count_leaves_out_collapsed_details_and_comments(self):
         self.assertEqual(R.visible_words("> one two\n<!-- three -->\n<details>four five</details>\n| six |"), 3)
         self.assertEqual(R.visible_words("<details open><summary>a b</summary>\n\nc\n</details> d"), 1)
-        self.assertEqual(R.visible_words("**Bold.** `x.y(1)` - >\n```sh\nrun it\n```"), 4)
+        # code counts by its runs of word characters, a fence's language name included
+        self.assertEqual(R.visible_words("**Bold.** `x.y(1)` - >\n```sh\nrun it\n```"), 7)
 
     def test_run_reports_each_body_against_its_limit(self):
         self.assertEqual(R.render_length("ISSUE.md", "a b"), "2 words in view, limit 150")
@@ -177,10 +197,32 @@ class TestReportBodies(TestCase):
                 self.assertIsNone(PLACEHOLDERS.search(text), name)
 
     def test_196856_is_cited_only_as_its_thread_states_it(self):
-        for name, text in bodies(stub_report(self.tmp)[0]).items():
-            self.assertIn("#196856 (open when checked on 2026-12-01) is also sort-based, for 2-D and 3-D", text, name)
+        issue, pr = bodies(stub_report(self.tmp)[0]).values()
+        self.assertIn("#196856 (open on 2026-12-01) also sorts", in_view(issue))
+        self.assertIn("#196856 (open when checked on 2026-12-01) is also sort-based:", in_view(pr))
+        for name, text in (("ISSUE.md", issue), ("PR.md", pr)):
             for unsupported in ("GB300", "2.00x", "2046ae1a", "on main"):
                 self.assertNotIn(unsupported, text, name)
+
+    def test_pr_sets_its_design_beside_196856_row_by_row(self):
+        pr = R.render_pr(stub_report(self.tmp)[0])
+        rows = side_by_side(pr)
+        self.assertEqual(tuple(r for r in rows if r), SIDE_BY_SIDE_ROWS)
+        self.assertEqual(rows[""], ("this PR", "#196856 as stored"))
+        for what, (ours, theirs) in rows.items():
+            self.assertTrue(ours and theirs, what)
+        self.assertEqual(rows["Key + id"], ("4/8 + 4 bytes, per point or tap", "8 + 8 bytes, per tap"))
+        self.assertEqual(rows["Chunk"][1], "≤ 2^20 records")
+        self.assertEqual(rows["Half sums across chunks"], ("float carry, rounded once", "rounded at each chunk"))
+        self.assertIn("stock's kernel", rows["grad_grid"][1])
+        self.assertIn("64 MiB", rows["Workspace"][0] + rows["Workspace"][1])
+        # design facts only: no speed claim either way
+        table = section(in_view(pr), "Beside #196856")
+        self.assertIsNone(re.search(r"(?i)faster|slower|speed|\d+(\.\d+)?x\b|\bms\b|time", table), table)
+        # where each column comes from, and that neither was timed, is in the appendix
+        appendix = pr[pr.index("<details>") :]
+        self.assertIn("read 2026-12-05", appendix)
+        self.assertIn("Neither implementation has been timed against the other.", appendix)
 
     def test_no_body_cites_the_cpu_segfault_issue(self):
         # #24823 is a CPU-kernel bug; citing it on a CUDA change misleads the reader
@@ -193,33 +235,50 @@ class TestReportBodies(TestCase):
         self.assertRegex(issue, r"The installed torch 9\.9\.9\+test's `use_deterministic_algorithms` docstring "
                          r"lists CUDA grid_sample (under \*throw\*|as deterministic|in neither list) \(read by this report\)")
 
-    def test_issue_is_what_fails_the_proposal_the_status_and_one_question(self):
-        issue = R.render_issue(stub_report(self.tmp)[0])
-        agent = in_view(issue[issue.index("### Agent report"):])
-        labels = ["**What fails.**", "**Proposal.**", "**Status.**", "**Question.**"]
-        self.assertEqual([agent.index(label) for label in labels], sorted(agent.index(label) for label in labels))
-        self.assertNotIn("###", agent[len("### Agent report"):])
-        self.assertEqual(agent.count("?"), 1)
-        self.assertIn("go into #196856 as a conformance suite?", agent)
-        proposal = re.search(r"\*\*Proposal\.\*\* (.*)", agent).group(1)
-        for point in ("Sort", "by destination", "no float atomics", "bitwise reproducible",
-                      "only grad_grid keep today's kernel"):
-            self.assertIn(point, proposal)
-        self.assertEqual(proposal.count(". "), 0, "the proposal is one sentence")
+    def test_issue_carries_what_fails_a_repro_the_expected_behaviour_and_the_proposal(self):
+        for report in self.evidence_variants():
+            issue = R.render_issue(report)
+            agent = in_view(issue[issue.index("### Agent report"):])
+            labels = ["**What fails.**", "**Repro.**", "**Expected.**", "**Proposal.**", "**Status.**",
+                      "**Question.**"]
+            self.assertEqual([agent.index(label) for label in labels], sorted(agent.index(label) for label in labels))
+            self.assertNotIn("###", agent[len("### Agent report"):])
+            self.assertEqual(agent.count("?"), 1)
+            self.assertIn("should this kit's tests join it?", agent)
+            self.assertIn("> ```python\n> " + R.REPRO.replace("\n", "\n> ") + "\n> ```", issue)
+            self.assertIn("No error; the same grad_input bits on every run.", agent)
+            proposal = re.search(r"\*\*Proposal\.\*\* (.*)", agent).group(1)
+            for point in ("Sort", "by destination", "no float atomics", "bitwise reproducible",
+                          "only grad_grid keep today's kernel"):
+                self.assertIn(point, proposal)
+            self.assertEqual(proposal.count(". "), 0, "the proposal is one sentence")
 
-    def test_issue_keeps_the_repro_collapsed(self):
+    def test_issue_repro_runs_where_the_backward_is_deterministic(self):
+        # on CPU the same code must run without error (stock's CPU backward never alerts): the
+        # repro is valid code, and on CUDA only the alert stops it
+        import torch
+
+        before = (torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled())
+        self.addCleanup(torch.use_deterministic_algorithms, before[0], warn_only=before[1])
+        self.assertEqual(R.REPRO.count('device="cuda"'), 1)
+        exec(compile(R.REPRO.replace('device="cuda"', 'device="cpu"'), "REPRO", "exec"), {})
+
+    def test_issue_shows_the_repro_and_collapses_the_evidence(self):
         issue = R.render_issue(stub_report(self.tmp)[0])
         self.assertEqual(issue.count("<details>"), 1)
         details = issue[issue.index("<details>") :]
-        self.assertIn("F.grid_sample(x, grid, align_corners=False).sum().backward()", details)
-        self.assertNotIn("sum().backward()", in_view(issue))
+        self.assertIn("> RuntimeError: " + R.ALERT_TEXT, details)
+        self.assertIn("show_fix claim 0", details)
+        self.assertIn(".sum().backward()", in_view(issue))
+        self.assertNotIn("You can turn off determinism", in_view(issue))
 
     def test_pr_has_the_template_checklist(self):
         checklist = section(R.render_pr(stub_report(self.tmp)[0]), "Checklist")
-        for item in ("`lintrunner -a`", "tests added", "upstream tests run on a GPU", "benchmarks on a GPU",
-                     "docs", "BC-breaking"):
+        # the template's lint box, and the docs this change edits
+        for item in ("`lintrunner -a`", "docs"):
             self.assertRegex(checklist, rf"- \[[ x]\] {re.escape(item)}")
-        self.assertIn("- [ ] upstream tests run on a GPU", checklist)
+        self.assertIn("- [ ] `lintrunner -a` (not run)", checklist)
 
     def test_every_body_holds_generated_text_in_a_quote_after_human_notes(self):
         for report in self.evidence_variants():
@@ -229,7 +288,7 @@ class TestReportBodies(TestCase):
                 self.assertLess(human, agent, name)
                 quoted = text[agent:].splitlines()[2:]
                 self.assertTrue(quoted and all(line.startswith(">") for line in quoted if line), name)
-                self.assertIn("> **AI-generated.** Everything in this quote was written by an AI", text, name)
+                self.assertIn("> **AI-generated:** an AI assistant wrote everything in this quote", text, name)
                 self.assertIn("AI_POLICY.md", text, name)
 
     def test_bodies_are_drafts_until_the_notes_are_filled(self):
@@ -251,33 +310,31 @@ class TestReportBodies(TestCase):
     def test_test_plan_claims_no_cpu_run_upstream_test(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
         plan = section(pr, "Test plan")
-        self.assertIn("The added ones are `@onlyCUDA`; the patch carries no CPU-run test.", plan)
+        self.assertIn("Not run: they need a CUDA build and a GPU; the added tests are `@onlyCUDA`.", plan)
         self.assertIn("python test/test_nn.py -k grid_sample\n", plan)
         self.assertNotRegex(pr, r"(?i)testable on CPU|CPU-only CI")
 
     def test_test_plan_offers_the_tests_as_a_conformance_suite(self):
         plan = section(R.render_pr(stub_report(self.tmp)[0]), "Test plan")
-        self.assertIn("`detgrid patch --tests-only` writes them as a patch of their own: a conformance suite "
-                      "any deterministic implementation can run.", plan)
+        self.assertIn("`detgrid patch --tests-only` writes them as a conformance suite.", plan)
 
     def test_pr_follows_the_fix_issue_template(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
         self.assertLess(pr.index("Fixes #68959"), pr.index("### Human notes"))
-        headings = ["Summary", "Test plan", "Benchmarks", "BC-breaking", "Checklist"]
+        headings = ["Summary", "Beside #196856", "Test plan", "Benchmarks", "BC-breaking", "Checklist"]
         self.assertEqual(re.findall(r"^> #### (.*)$", pr, re.M), headings)
 
     def test_bc_statement_is_accurate(self):
         bc = section(R.render_pr(stub_report(self.tmp)[0]), "BC-breaking")
-        for part in ("No API change.", "Outside deterministic mode nothing changes.", "`warn_only=True`",
-                     "up to floating-point rounding, not bit for bit", "Forward results and the forward's "
-                     "route do not change."):
+        for part in ("No API change.", "Outside deterministic mode, and in the forward, nothing changes.",
+                     "`warn_only=True`", "up to floating-point rounding, not bit for bit"):
             self.assertIn(part, bc)
 
     def test_bc_statement_names_what_changes_for_users(self):
         bc = section(R.render_pr(stub_report(self.tmp)[0]), "BC-breaking")
         self.assertIn("`warn_only=True` now takes the sort path instead of warning and running the atomic kernel", bc)
         self.assertIn("may be slower", bc)
-        self.assertIn("a workspace bounded at 64 MiB per call, from the caching allocator", bc)
+        self.assertIn("≤ 64 MiB of workspace per call, from the caching allocator", bc)
         self.assertIn("grad_grid: the existing kernel's arithmetic in every dtype", bc)
         self.assertNotIn("128.5", bc)
         self.assertNotIn("no longer picks cuDNN", R.render_pr(stub_report(self.tmp + "/2")[0]))
@@ -318,8 +375,8 @@ class TestReportBodies(TestCase):
         self.assertIn("`show_fix.py`: exit 1, **FAILED**", in_view(pr))
         self.assertEqual([r.name for r in report.failed], ["show_fix.py"])
         status = re.search(r"\*\*Status\.\*\* (.*)", R.render_issue(report)).group(1)
-        self.assertIn("did not all hold: `show_fix.py` FAILED", status)
-        self.assertNotIn("did not all hold", R.render_issue(stub_report(self.tmp + "/2")[0]))
+        self.assertIn("Repro scripts failing: `show_fix.py` FAILED", status)
+        self.assertNotIn("failing", R.render_issue(stub_report(self.tmp + "/2")[0]))
 
     def test_script_without_json_output_is_an_error_with_its_stderr(self):
         report, _ = stub_report(self.tmp, {"show_fix.py": (2, "", "Traceback\nImportError: boom\n")})
@@ -336,14 +393,14 @@ class TestReportBodies(TestCase):
                           "torch": "9.9.9", "error_message": message,
                           "claims": [{"claim": "raises", "status": "pass", "detail": ""}]})
         issue = R.render_issue(stub_report(self.tmp, {"show_error.py": (0, out, "")})[0])
-        self.assertIn("raises `RuntimeError: " + first + "`", in_view(issue))
+        self.assertIn("`RuntimeError: " + first + "`", in_view(issue))
         self.assertNotIn("A captured tail", in_view(issue))
         self.assertIn("captured by `python repro/show_error.py` on Some GPU (torch 9.9.9), verbatim", issue)
         self.assertIn("> RuntimeError: " + message, issue)
 
     def test_without_cuda_the_error_is_cited_from_the_source(self):
         issue = R.render_issue(stub_report(self.tmp)[0])
-        self.assertIn("raises `RuntimeError: " + R.first_sentence(R.ALERT_TEXT) + "`", in_view(issue))
+        self.assertIn("`RuntimeError: " + R.first_sentence(R.ALERT_TEXT) + "`", in_view(issue))
         self.assertIn("not captured on this machine", issue)
         self.assertIn("v2.6.0's `aten/src/ATen/Context.cpp`", issue)
         self.assertIn("> RuntimeError: " + R.ALERT_TEXT, issue)
@@ -351,8 +408,9 @@ class TestReportBodies(TestCase):
     def test_without_gpu_results_both_bodies_say_never_run_on_a_gpu(self):
         report = stub_report(self.tmp)[0]
         self.assertIsNone(report.bench)
-        for name, text in bodies(report).items():
-            self.assertIn("Never run on a GPU (no GPU results in the kit's `benchmarks/results/`).", in_view(text), name)
+        issue, pr = bodies(report).values()
+        self.assertIn("**Status.** Never run on a GPU.", in_view(issue))
+        self.assertIn("Never run on a GPU (no GPU results in the kit's `benchmarks/results/`).", in_view(pr))
 
     def test_newest_gpu_benchmark_results_give_a_summary_and_a_table_in_the_appendix(self):
         report = stub_report(self.tmp)[0]
@@ -388,7 +446,9 @@ class TestReportBodies(TestCase):
         for name, text in bodies(report).items():
             self.assertIn("Never run on a GPU", text, name)
             self.assertNotIn("| zoom |", text, name)
-        self.assertIn("- [ ] benchmarks on a GPU", R.render_pr(report))
+        pr = R.render_pr(report)
+        self.assertTrue(section(pr, "Benchmarks").startswith("Never run on a GPU"))
+        self.assertNotRegex(pr, r"\[x\] [^\n]*benchmark")
 
     def test_machine_code_is_cited_only_from_the_kits_count(self):
         self.assertIsNone(stub_report(self.tmp)[0].machine_code)
@@ -397,8 +457,9 @@ class TestReportBodies(TestCase):
         (kit / "benchmarks").mkdir()
         (kit / "benchmarks" / "machine_code.json").write_text(json.dumps(MACHINE_CODE))
         report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
-        self.assertIn("The new kernels' sm_90 machine code: 192 kernels, 4.20 MiB of `.text` "
-                      "(`benchmarks/machine_code.json`).", section(R.render_pr(report), "Summary"))
+        pr = R.render_pr(report)
+        self.assertIn("sm_90 machine code: 192 kernels, 4.20 MiB of `.text`.", section(pr, "Summary"))
+        self.assertIn("Machine code: `benchmarks/machine_code.json`.", pr[pr.index("<details>") :])
 
     def test_unreadable_machine_code_count_fails_in_one_line_before_any_script_runs(self):
         for text in ("{not json", json.dumps({"arch": "sm_90", "kernels": 1}), json.dumps([1, 2]),
@@ -459,7 +520,7 @@ class TestReportBodies(TestCase):
         self.assertIn("`detgrid patch --check` on", R.render_pr(report))
         report.checkout.notes.append("test/test_nn.py: test_x expects a CUDA kernel named 'k', ... will fail until")
         pr = R.render_pr(report)
-        self.assertIn("- Known to fail as written: 1 upstream test(s) (the appendix says which).", in_view(pr))
+        self.assertIn("- 1 upstream test(s) known to fail as written (appendix).", in_view(pr))
         self.assertIn("test/test_nn.py: test_x expects a CUDA kernel named 'k'", pr[pr.index("<details>"):])
         self.assertFalse((tree / "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu").exists())
         self.assertEqual(subprocess.run(["git", "-C", str(tree), "status", "--porcelain"],
@@ -547,6 +608,14 @@ class TestBadArguments(TestCase):
 
 
 class TestCommittedReport(TestCase):
+    def test_committed_bodies_are_within_their_word_limits(self):
+        # on any machine: the files a maintainer reads, by the issue's measure
+        for name, limit in (("ISSUE.md", ISSUE_WORDS), ("PR.md", PR_WORDS)):
+            text = (ROOT / name).read_text(encoding="utf-8")
+            self.assertLessEqual(words_in_view(text), limit, name)
+        rows = side_by_side((ROOT / "PR.md").read_text(encoding="utf-8"))
+        self.assertEqual(tuple(r for r in rows if r), SIDE_BY_SIDE_ROWS)
+
     def test_committed_bodies_match_a_fresh_render(self):
         for name in R.BODIES:
             self.assertTrue((ROOT / name).is_file(), f"{name} missing: run `detgrid report` and commit it")

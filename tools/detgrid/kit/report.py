@@ -6,10 +6,11 @@ machine-code count, the patch's stats, ``detgrid patch --check`` on a checkout) 
 ``render_issue()`` and ``render_pr()`` turn it into ``ISSUE.md`` and ``PR.md``.
 
 A maintainer reads both in a minute, so each has a word limit (``WORD_LIMITS``, counted by
-``visible_words``): ISSUE.md is a few lines (what fails, the proposal, the status, one question),
-PR.md follows PyTorch's fix_issue template (``Fixes``, a one-paragraph summary, test plan,
-benchmarks, BC-breaking, checklist). Everything else (the repro, the scripts' claims, the patch's
-files, the environment) is collapsed in ``<details>``, which the limits do not count.
+``visible_words``): ISSUE.md carries an issue's four parts (what fails, a repro, the expected
+behaviour, the proposal) and a status line; PR.md follows PyTorch's fix_issue template (``Fixes``,
+a one-paragraph summary, test plan, benchmarks, BC-breaking, checklist) with a side-by-side with
+#196856 after the summary. Everything else (the full error, the scripts' claims, the patch's files,
+the environment) is collapsed in ``<details>``, which the limits do not count.
 
 Claims are measured here or cited with what was checked and when; what could not be gathered (no
 GPU, tests not run, no benchmark results) is said as such. Per PyTorch's ``AI_POLICY.md`` every
@@ -383,10 +384,10 @@ def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root:
 
 # --------------------------------------------------------------------------- rendering helpers
 
-# #196856 as its stored thread showed it on this date (kit research notes, shared/UPSTREAM.md);
-# nothing else about it is claimed.
+# #196856's state as its stored thread showed it on this date (kit research notes,
+# shared/UPSTREAM.md); its design is in SIDE_BY_SIDE.
 CHECKED_ON = "2026-12-01"
-PR_196856 = f"#196856 (open when checked on {CHECKED_ON}) is also sort-based, for 2-D and 3-D"
+PR_196856 = f"#196856 (open when checked on {CHECKED_ON})"
 # Context::alertNotDeterministic's message in v2.6.0 (aten/src/ATen/Context.cpp), for the 2-D op
 ALERT_TEXT = (
     "grid_sampler_2d_backward_cuda does not have a deterministic implementation, but you set "
@@ -395,36 +396,33 @@ ALERT_TEXT = (
     "application. You can also file an issue at https://github.com/pytorch/pytorch/issues to help "
     "us prioritize adding deterministic support for this operation.")
 # The contract of the deterministic path's memory, as GridSamplerDeterministic.cu states it.
-WORKSPACE = "a workspace bounded at 64 MiB per call, from the caching allocator"
+WORKSPACE = "≤ 64 MiB of workspace per call, from the caching allocator"
 
-AI_DISCLOSURE = ("**AI-generated.** Everything in this quote was written by an AI assistant "
-                 "(PyTorch's `AI_POLICY.md`).")
+AI_DISCLOSURE = "**AI-generated:** an AI assistant wrote everything in this quote (PyTorch's `AI_POLICY.md`)."
 NOTES_PLACEHOLDER = ("<!-- The submitter's own words: what you reviewed and ran yourself, and why "
                      "you believe the change is right. `detgrid report --notes FILE` puts FILE here; "
                      "until then this body is a draft. -->")
-DRAFT_BANNER = "**DRAFT, not for {what}:** no human notes yet (`detgrid report --notes FILE`)."
+# How to fill the notes is in the notes section's placeholder, right below the banner.
+DRAFT_BANNER = "**DRAFT, not for {what}:** no human notes yet."
 
-SNIPPET = """\
+# The issue's repro, in view: the smallest call that reaches the alert (any CUDA backward
+# with grad_input requested does). tests/test_report.py runs it on CPU, where it must not raise.
+REPRO = """\
 import torch
-import torch.nn.functional as F
-
 torch.use_deterministic_algorithms(True)
-x = torch.randn(2, 8, 32, 32, device="cuda", requires_grad=True)
-theta = torch.tensor([[0.25, 0.0, 0.0], [0.0, 0.25, 0.0]], device="cuda").expand(2, 2, 3)
-grid = F.affine_grid(theta, (2, 8, 128, 128), align_corners=False)  # zoom-in: many samples per pixel
-F.grid_sample(x, grid, align_corners=False).sum().backward()  # RuntimeError on CUDA"""
+x = torch.rand(1, 1, 2, 2, device="cuda", requires_grad=True)
+torch.nn.functional.grid_sample(x, x.new_zeros(1, 2, 2, 2), align_corners=False).sum().backward()"""
 
 
 def visible_words(text: str) -> int:
-    """The words a reader sees without opening anything, which the word limits count: HTML
-    comments, whole ``<details>`` blocks (their summary included) and code fences' marker lines
-    (with their language names) left out; every other whitespace-separated token that holds a
-    letter or digit counted, code included. Markdown's markers alone (``>``, ``|``, ``-``,
-    ``**``) are not words."""
+    r"""The words a reader sees without opening anything, which the word limits count:
+    ``len(re.findall(r"\w+", text))`` once HTML comments and whole ``<details>`` blocks (their
+    summary included) are removed. Code counts by its runs of word characters (``x.y(1)`` is three
+    words, a fence's language name one); Markdown's markers alone (``>``, ``|``, ``-``, ``**``)
+    are none."""
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
     text = re.sub(r"<details\b.*?</details>", " ", text, flags=re.S)
-    text = re.sub(r"^[> ]*`{3,}[^`\n]*$", " ", text, flags=re.M)
-    return sum(1 for token in text.split() if re.search(r"[0-9A-Za-z]", token))
+    return len(re.findall(r"\w+", text))
 
 
 def _fence(text: str, lang: str = "") -> str:
@@ -526,8 +524,7 @@ def render_repro_failures(report: Report) -> str:
     bad = report.failed
     if not bad:
         return ""
-    return ("This report's repro scripts did not all hold: "
-            + "; ".join(f"`{r.name}` {r.status}" for r in bad) + ".")
+    return "Repro scripts failing: " + "; ".join(f"`{r.name}` {r.status}" for r in bad) + "."
 
 
 def render_claims(run: ScriptRun) -> str:
@@ -570,16 +567,21 @@ def render_bench_table(report: Report) -> str:
     return "\n".join(rows) + plot
 
 
-def render_tests(report: Report) -> str:
+def render_tests(report: Report, source: bool = True) -> str:
+    """The kit's suite as --junit summarised it; ``source`` adds the junit file's name."""
     t = report.tests
     if t is None:
         return "not run by this report (pass `--junit FILE` from `pytest --junitxml FILE`)"
+    where = f" (junit `{os.path.basename(t.source)}`)" if source else ""
     return (f"{t.tests} tests, {t.passed} passed, {t.failures} failed, {t.errors} errors, "
-            f"{t.skipped} skipped in {t.time_s:.1f} s (junit `{os.path.basename(t.source)}`)")
+            f"{t.skipped} skipped in {t.time_s:.1f} s{where}")
 
 
 def render_patch_line(report: Report) -> str:
-    parts = [f"`{s.path}`: {len(s.files)} files, +{s.added} −{s.removed}" for s in report.patches]
+    """The change's size in view: each patch but the tests-only ones, which are a subset of the
+    full patch (every patch's files are in the appendix)."""
+    parts = [f"`{s.path}`: {len(s.files)} files, +{s.added} −{s.removed}" for s in report.patches
+             if not s.base_label.endswith("-tests")]
     if not parts:
         return "No patch in `patches/` yet (`detgrid patch --pytorch PATH` writes one)."
     return "; ".join(parts) + "."
@@ -590,8 +592,7 @@ def render_machine_code(report: Report) -> str:
     m = report.machine_code
     if m is None:
         return ""
-    return (f"The new kernels' {m.arch} machine code: {m.kernels} kernels, "
-            f"{m.text_bytes / 2**20:.2f} MiB of `.text` (`{m.path}`).")
+    return f"{m.arch} machine code: {m.kernels} kernels, {m.text_bytes / 2**20:.2f} MiB of `.text`."
 
 
 def render_checkout(report: Report) -> str:
@@ -599,8 +600,8 @@ def render_checkout(report: Report) -> str:
     if c is None:
         return "`detgrid patch --check`: not run by this report (no `--pytorch PATH`)."
     lint = "clean" if not c.lint else "; ".join(c.lint)
-    verdict = c.check.split(" (", 1)[0]  # the file list is in the appendix
-    return f"`detgrid patch --check` on `{c.path}` ({c.base_label}): {verdict}. Grep linters on the new files: {lint}."
+    verdict = c.check.split(" (", 1)[0]  # the path and the file list are in the appendix
+    return f"`detgrid patch --check` ({c.base_label}): {verdict}; grep linters: {lint}."
 
 
 def render_installed_doc(report: Report) -> str:
@@ -627,23 +628,31 @@ def mask_volatile(text: str) -> str:
 
 # --------------------------------------------------------------------------- ISSUE.md
 
-PROPOSAL = ("Sort grad_input's contributions by destination and sum each element in one fixed "
-            "order, with no float atomics, so the gradient is bitwise reproducible; calls that need "
-            "only grad_grid keep today's kernel.")
-QUESTION = (f"{PR_196856}. Should this kit's tests (strided inputs, 64-bit indexing, several "
-            "chunks, sparse grids) go into #196856 as a conformance suite?")
+EXPECTED = "No error; the same grad_input bits on every run."
+PROPOSAL = ("Sort grad_input's contributions by destination and sum each in a fixed order, no float "
+            "atomics, so it is bitwise reproducible; calls needing only grad_grid keep today's kernel.")
+QUESTION = f"#196856 (open on {CHECKED_ON}) also sorts: should this kit's tests join it?"
 
 
 def render_failure(report: Report) -> str:
     message, _ = stock_error(report)
-    return (f"Under `torch.use_deterministic_algorithms(True)` the CUDA backward of `F.grid_sample` "
-            f"raises `RuntimeError: {first_sentence(message)}` (5-D: `grid_sampler_3d_backward_cuda`).")
+    return f"CUDA backward: `RuntimeError: {first_sentence(message)}`"
+
+
+def render_gpu_brief(report: Report) -> str:
+    """The issue's status: whether the CUDA kernels have run on a GPU and were correct there (the
+    timings are the PR's)."""
+    b = gpu_results(report)
+    if b is None:
+        return "Never run on a GPU."
+    measured = [r for r in b.data.get("workloads", []) if r.get("status") == "measured"]
+    wrong = sum(1 for r in measured if not r.get("correct"))
+    return f"Run on {b.data.get('device_name')}: {len(measured)} workloads, {wrong} incorrect."
 
 
 def render_issue_details(report: Report) -> str:
     message, source = stock_error(report)
-    return render_details("Repro, the full error, this report's runs, the environment", "\n\n".join([
-        _fence(SNIPPET, "python"),
+    return render_details("The full error, this report's runs, the environment", "\n\n".join([
         f"The error, {source}:",
         _fence("RuntimeError: " + message),
         render_installed_doc(report),
@@ -653,12 +662,14 @@ def render_issue_details(report: Report) -> str:
 
 
 def render_issue(report: Report) -> str:
-    """A comment on #68959, a few lines long: what fails, the proposal, the status, one question;
-    the evidence collapsed."""
+    """A comment on #68959 with an issue's four parts in view (what fails, a repro, the expected
+    behaviour, the proposal), then the status and one question; the evidence collapsed."""
     agent = "\n\n".join([
         f"**What fails.** {render_failure(report)}",
+        "**Repro.**\n\n" + _fence(REPRO, "python"),
+        f"**Expected.** {EXPECTED}",
         f"**Proposal.** {PROPOSAL}",
-        " ".join(filter(None, ["**Status.**", render_gpu_status(report), render_repro_failures(report)])),
+        " ".join(filter(None, ["**Status.**", render_gpu_brief(report), render_repro_failures(report)])),
         f"**Question.** {QUESTION}",
         render_issue_details(report),
     ])
@@ -672,14 +683,51 @@ def render_summary(report: Report) -> str:
     """fix_issue.md's one paragraph."""
     return " ".join(part for part in [
         ("In deterministic mode the CUDA backward of `grid_sampler_2d`/`grid_sampler_3d` (and "
-         "cuDNN's, which delegates to it) computes grad_input without float atomics: it sorts "
-         "contributions by destination and sums each element once, in an order fixed by shapes and "
-         "grid values, so the gradient is bitwise reproducible. Calls needing only grad_grid keep "
-         "the existing kernel; the forward is unchanged."),
+         "cuDNN's, which delegates to it) sums grad_input without float atomics: contributions "
+         "sorted by destination, each element summed once in an order fixed by shapes and grid "
+         "values, so bitwise reproducible. Calls needing only grad_grid keep the existing kernel."),
         render_patch_line(report),
         render_machine_code(report),
-        f"{PR_196856}; the two have not been compared.",
     ] if part)
+
+
+# #196856 beside this change, row by row: its side as its stored description and code show it
+# (an earlier version of its branch, read on SIDE_BY_SIDE_READ; shared/UPSTREAM.md, "#196856's
+# code, as stored"), ours as GridSamplerDeterministic*.cuh and the README's "How it works" state
+# it. Facts of design only: neither has been timed against the other.
+SIDE_BY_SIDE_READ = "2026-12-05"
+SIDE_BY_SIDE = (
+    ("Key + id", "4/8 + 4 bytes, per point or tap", "8 + 8 bytes, per tap"),
+    ("Chunk", "4096-point tiles within 64 MiB", "≤ 2^20 records"),
+    ("Partials", "≤ 256 records, within a tile", "256 records, segments > 256 only"),
+    ("Workspace", "≤ 64 MiB per call", "partials ≤ 64 MiB, else none"),
+    ("grad_grid", "point pass, stock's arithmetic", "stock's kernel, atomics removed"),
+    ("Half sums across chunks", "float carry, rounded once", "rounded at each chunk"),
+)
+
+
+# The same comparison in full, for the appendix: where each side's facts come from.
+SIDE_BY_SIDE_SOURCES = (
+    f"#196856's column is read from its stored description and code, an earlier version of its "
+    f"branch (read {SIDE_BY_SIDE_READ}): int64 keys and int64 record ids, an int64 grad_output "
+    "offset per point and a scalar_t weight per record (two for bicubic); chunks of at most 2^20 "
+    "records; segments longer than 256 records split into 256-record partials when their payload "
+    "fits 64 MiB, reduced in order; each chunk adds into the zero-filled grad_input in scalar_t; "
+    "grad_grid from the existing kernel with its atomic part removed. This PR's column: "
+    "GridSamplerDeterministic.cuh and its pipeline (the README's \"How it works\"): int32 or int64 "
+    "keys, whichever holds the key space, int32 record ids, an int32 or int64 grad_output offset "
+    "per point and an opmath_type weight per tap; a key per point (its cell) for bilinear and trilinear "
+    "sampling with a dense reduction, else per tap; chunks of whole 4096-point tiles sized so all "
+    "buffers, CUB's scratch estimated, stay within 64 MiB; partials of at most 256 records that "
+    "never cross a tile, added in order; half and bfloat16 sums that span chunks held in a float "
+    "carry and rounded once. Neither implementation has been timed against the other.")
+
+
+def render_side_by_side() -> str:
+    """#196856's design beside ours, as a table (SIDE_BY_SIDE); no speed either way."""
+    rows = ["| | this PR | #196856 as stored |", "|---|---|---|"]
+    rows += [f"| {what} | {ours} | {theirs} |" for what, ours, theirs in SIDE_BY_SIDE]
+    return "\n".join([f"{PR_196856} is also sort-based:", "", *rows])
 
 
 def render_test_plan(report: Report) -> str:
@@ -688,34 +736,32 @@ def render_test_plan(report: Report) -> str:
         _fence("python test/test_nn.py -k grid_sample\n"
                "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
         "",
-        ("Not run here: they need a CUDA build and a GPU. The added ones are "
-         "`@onlyCUDA`; the patch carries no CPU-run test. `detgrid patch --tests-only` writes them "
-         "as a patch of their own: a conformance suite any deterministic implementation can run."),
+        ("Not run: they need a CUDA build and a GPU; the added tests are `@onlyCUDA`. "
+         "`detgrid patch --tests-only` writes them as a conformance suite."),
         "",
-        f"- {render_checkout(report)}",
-        *([f"- Known to fail as written: {len(known)} upstream test(s) (the appendix says which)."]
-          if known else []),
-        f"- The kit's suite: {render_tests(report)}.",
+        # what was not run is said in the appendix; what ran is here
+        *([f"- {render_checkout(report)}"] if report.checkout else []),
+        *([f"- {len(known)} upstream test(s) known to fail as written (appendix)."] if known else []),
+        *([f"- The kit's suite: {render_tests(report, source=False)}."] if report.tests else []),
         f"- {render_repro_line(report)}",
     ])
 
 
 def render_repro_line(report: Report) -> str:
     """The repro scripts' outcomes in one line; a script without claims shows its stderr's end."""
-    return "Repro scripts (`python repro/NAME --json`): " + "; ".join(render_claims(r) for r in report.repro) + "."
+    return "Repro scripts: " + "; ".join(render_claims(r) for r in report.repro) + "."
 
 
 # What changes for users (fix_issue.md's BC section): the modes that change route and the memory
 # contract. grad_grid keeps the existing kernel's arithmetic in every dtype.
 BC_STATEMENT = "\n".join([
-    ("- No API change. Outside deterministic mode nothing changes. Forward results and the "
-     "forward's route do not change."),
+    "- No API change. Outside deterministic mode, and in the forward, nothing changes.",
     ("- `warn_only=True` now takes the sort path instead of warning and running the atomic "
      "kernel: gradients equal the old ones up to floating-point rounding, not bit for bit, and "
-     "the sort adds work, so it may be slower (see Benchmarks)."),
+     "may be slower."),
     f"- Memory: {WORKSPACE}.",
-    ("- grad_grid: the existing kernel's arithmetic in every dtype (scalar_t sums, "
-     "`scalar_t(size) / 2`), whether or not grad_input is requested."),
+    ("- grad_grid: the existing kernel's arithmetic in every dtype, whether or not grad_input is "
+     "requested."),
 ])
 
 
@@ -726,18 +772,21 @@ def _box(done: bool) -> str:
 def render_checklist(report: Report) -> str:
     return "\n".join([
         f"- {_box(False)} `lintrunner -a` (not run)",
-        f"- {_box(True)} tests added (`test/test_nn.py`)",
-        f"- {_box(False)} upstream tests run on a GPU",
-        f"- {_box(gpu_results(report) is not None)} benchmarks on a GPU",
-        f"- {_box(True)} docs (the `use_deterministic_algorithms` docstring, reproducibility notes)",
-        f"- {_box(True)} BC-breaking statement",
+        f"- {_box(True)} docs (docstring, notes page)",
     ])
 
 
 def render_appendix(report: Report) -> str:
     parts = [render_claims_list(run) for run in report.repro]
     if report.checkout:
-        parts.append(f"`detgrid patch --check`: {report.checkout.check}.")
+        parts.append(f"`detgrid patch --check` on `{report.checkout.path}`: {report.checkout.check}.")
+    else:
+        parts.append(render_checkout(report))
+    if report.tests is None:
+        parts.append(f"The kit's suite: {render_tests(report)}.")
+    parts.append(f"Beside #196856: {SIDE_BY_SIDE_SOURCES}")
+    if report.machine_code:
+        parts.append(f"Machine code: `{report.machine_code.path}`.")
     if report.checkout and report.checkout.notes:
         parts.append("`detgrid patch --check`'s notes on the checkout:\n\n"
                      + "\n".join(f"- {_cell(n)}" for n in report.checkout.notes))
@@ -750,7 +799,8 @@ def render_appendix(report: Report) -> str:
     if table:
         parts.append("Benchmarks:\n\n" + table)
     parts.append(render_collect_env(report))
-    return render_details("Appendix: the repro scripts' claims, the patch's files, the environment",
+    return render_details("Appendix: the repro scripts' claims, the sources of the side-by-side, the "
+                          "patch's files, the environment",
                           "\n\n".join(parts))
 
 
@@ -760,6 +810,7 @@ def render_pr(report: Report) -> str:
     appendix."""
     agent = "\n".join([
         "#### Summary", "", render_summary(report), "",
+        "#### Beside #196856", "", render_side_by_side(), "",
         "#### Test plan", "", render_test_plan(report), "",
         "#### Benchmarks", "", render_gpu_status(report), "",
         "#### BC-breaking", "", BC_STATEMENT, "",
