@@ -30,9 +30,9 @@ PADDING_NAMES = {ZEROS: "zeros", BORDER: "border", REFLECTION: "reflection"}
 # Taps per point of grid_sampler_2d; taps_per_point() for any rank.
 TAPS_PER_POINT = {BILINEAR: 4, NEAREST: 1, BICUBIC: 16}
 TAPS_PER_AXIS = {BILINEAR: 2, NEAREST: 1, BICUBIC: 4}
-# grid_sampler_3d has no bicubic mode (stock rejects it for 5-D input).
-# 5-D bicubic is tricubic; stock has it from torch 2.15 (see
-# STOCK_HAS_TRICUBIC), detgrid on every torch.
+# 5-D bicubic is tricubic: stock has it from torch 2.15 (see
+# STOCK_HAS_TRICUBIC; earlier releases refuse 5-D bicubic input), detgrid on
+# every torch, on CPU and CUDA alike.
 MODES_3D = (BILINEAR, NEAREST, BICUBIC)
 # Every (spatial dims, interpolation mode) grid_sample supports.
 SAMPLERS = tuple((2, mode) for mode in MODES) + tuple((3, mode) for mode in MODES_3D)

@@ -454,7 +454,7 @@ class TestGpuCheckWorkloads(TestCase):
         cases = workloads.sanitizer_cases("all")
         names = [c.name for c in cases]
         self.assertEqual(len(names), len(set(names)))
-        for dim, combos in ((2, 9), (3, 6)):
+        for dim, combos in ((2, 9), (3, 9)):
             ranked = [c for c in cases if c.dim == dim]
             for c in ranked:
                 self.assertEqual((c.input.dim(), c.grid.shape[-1]), (dim + 2, dim), c.name)
@@ -521,14 +521,13 @@ class TestGpuCheckWorkloads(TestCase):
             self.assertIn((False, torch.float16), kinds, dim)
 
     def test_executor_cases_per_rank(self):
-        # 5-D bicubic (tricubic) input is refused on CUDA, as stock refuses it.
-        for dim, count, expected_modes in ((2, 24, {0, 1, 2}), (3, 16, {0, 1})):
+        for dim, count in ((2, 24), (3, 24)):
             cases = workloads.executor_cases(torch.float64, dim=dim)
             self.assertEqual(len(cases), count)
             self.assertEqual({c.dim for c in cases}, {dim})
             self.assertEqual({c.input.dtype for c in cases}, {torch.float64})
             modes = {c.interpolation_mode for c in cases}
-            self.assertEqual(modes, expected_modes)
+            self.assertEqual(modes, {0, 1, 2})  # 5-D bicubic is tricubic
             self.assertEqual(len({(c.interpolation_mode, c.padding_mode, c.align_corners)
                                   for c in cases}), 6 * len(modes))
             self.assertTrue(any(not bool(c.grid.isfinite().all()) for c in cases), dim)
@@ -537,17 +536,16 @@ class TestGpuCheckWorkloads(TestCase):
         names = {c.name for c in workloads.executor_cases(torch.float32, dim=3)}
         self.assertIn("3d_trilinear_border_ac", names)
         self.assertIn("3d_nearest_zeros_zoom", names)
-        self.assertIn("3d_trilinear_reflection_special", names)
-        self.assertFalse(any("tricubic" in name for name in names))
+        self.assertIn("3d_tricubic_reflection_special", names)
 
     def test_non_finite_grad_output_cases_make_nans_in_both_gradients(self):
         # Where NaNs come from arithmetic, the GPU's bits differ from the
         # host's: these cases are what makes the device == host rows test
         # the NaN rule (detgrid.kit.bitwise).
-        for dim, modes in ((2, 3), (3, 2)):
+        for dim in (2, 3):
             cases = [c for c in gpucheck.executor_row_cases("float32", dim)
                      if c.name.endswith("_non_finite_grad_output")]
-            self.assertEqual(len(cases), modes, dim)
+            self.assertEqual(len(cases), 3, dim)
             for case in cases:
                 self.assertFalse(bool(case.grad_output.isfinite().all()), case.name)
                 grad_input, grad_grid = workloads.run_detgrid(case)
@@ -651,11 +649,11 @@ class TestGpuCheckHostRuns(TestCase):
             self.assertEqual(repeat["stock"]["grad_input_distinct"], 1)  # CPU stock is too
             self.assertEqual(len(repeat["input_shape"]), repeat["dim"] + 2)
         self.assertEqual([(k["dim"], k["distinct"]) for k in result["knobs"]], [(2, 1), (3, 1)])
-        # executor_cases (24 in 2-D, 16 in 3-D: no tricubic on CUDA) and their
-        # zoom-in cases with a non-finite grad_output (one per mode).
+        # executor_cases (24 per rank) and their 3 zoom-in cases with a
+        # non-finite grad_output.
         self.assertEqual([(r["dtype"], r["dim"], r["cases"]) for r in result["executor"]],
-                         [("float32", 2, 27), ("float32", 3, 18), ("float64", 2, 27),
-                          ("float64", 3, 18)])
+                         [("float32", 2, 27), ("float32", 3, 27), ("float64", 2, 27),
+                          ("float64", 3, 27)])
         for row in result["executor"]:
             self.assertEqual(row["bitwise_equal"], row["cases"], row)
             self.assertEqual(row["errors"], [])

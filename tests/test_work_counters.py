@@ -279,6 +279,15 @@ class TestWorkCounters(TestCase):
             _counters((1, 1, 32768, 65536), (4, 4), key_bits=32)
         with self.assertRaisesRegex(RuntimeError, "index_bits must be 0 \\(automatic\\), 32 or 64"):
             _counters((1, 1, 8, 8), (4, 4), index_bits=16)
+        # Tricubic sampling is built with 64-bit index math only: planned so
+        # where 32 bits would fit, and refused when forced.
+        tricubic = _counters((1, 1, 4, 4, 4), (2, 2, 2), mode=BICUBIC)
+        self.assertEqual(tricubic, _counters((1, 1, 4, 4, 4), (2, 2, 2), mode=BICUBIC,
+                                             index_bits=64))
+        with self.assertRaisesRegex(
+                RuntimeError, "^grid_sampler_3d_backward \\(deterministic\\): index_bits=32, "
+                "but 3-D bicubic sampling runs with 64-bit index math only$"):
+            _counters((1, 1, 4, 4, 4), (2, 2, 2), mode=BICUBIC, index_bits=32)
 
 
 instantiate_parametrized_tests(TestWorkCounters)

@@ -1,8 +1,9 @@
 // Host executors of the deterministic grid_sampler_2d/3d backward.
 //
-// Both run the one pipeline of ATen/native/cuda/GridSamplerDeterministic
-// Pipeline.cuh, the code the CUDA launcher runs, with the same stage order
-// and the same key and index types; only the primitives differ:
+// Both run run_deterministic_backward() of ATen/native/cuda/GridSampler
+// DeterministicPipeline.cuh, the function the CUDA launcher runs, for every
+// interpolation mode (the same ones), with the same stage order and the
+// same key and index types; only the primitives differ:
 // at::parallel_for where CUDA launches a grid-stride kernel, std::stable_sort
 // where CUDA calls CUB's stable radix sort, a sequential scan for CUB's. The
 // result therefore follows the canonical order documented in the .cu file,
@@ -82,21 +83,6 @@ void fill_point_taps(
   }
 }
 
-// The pipeline with every interpolation mode it has, 3-D bicubic
-// (tricubic) included, which stock's backward rejects and the CUDA unit
-// does not build: the host keeps it so that its golden digests stand.
-template <typename Executor>
-void run_backward_every_mode(
-    const Executor& ex,
-    const at::native::GridSamplerBackwardCall& call,
-    const gsd::BackwardPlan& plan) {
-  gsd::with_backward_args(ex, call, plan, [&](const auto& args, auto* grad_input) {
-    gsd::dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
-      gsd::reduce_grad_input<decltype(taps)::value>(ex, args, grad_input, plan);
-    });
-  });
-}
-
 } // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> point_taps(
@@ -151,7 +137,7 @@ void grid_sampler_backward_executor(
   check_grain_size(grain_size);
   check_rank(call.input);
   const HostExecutor executor{grain_size > 0 ? grain_size : kDefaultGrainSize};
-  run_backward_every_mode(executor, call, plan);
+  gsd::run_deterministic_backward(executor, call, plan);
 }
 
 void grid_gradient_executor(const at::native::GridSamplerBackwardCall& call) {
@@ -164,7 +150,7 @@ int64_t longest_fold(
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
   check_rank(call.input);
   int64_t longest = 0;
-  run_backward_every_mode(
+  gsd::run_deterministic_backward(
       FoldLengthExecutor{{kDefaultGrainSize}, &longest}, call, plan);
   return longest;
 }
@@ -182,7 +168,7 @@ WorkCounters count_backward_work(
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
   check_rank(call.input);
   WorkCounters counters;
-  run_backward_every_mode(CountingExecutor{&counters}, call, plan);
+  gsd::run_deterministic_backward(CountingExecutor{&counters}, call, plan);
   return counters;
 }
 

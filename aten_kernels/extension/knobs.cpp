@@ -135,8 +135,16 @@ BackwardPlan plan_with_knobs(
         "accumulate=\"exact\" sorts 32-bit keys: key_bits must be 0 or 32, got 64");
     knobs.key_bits = 32;
   }
+  // 3-D bicubic sampling is built with 64-bit index math only.
+  TORCH_CHECK(
+      knobs.index_bits != 32 ||
+          gsd::has_32bit_index_math(
+              static_cast<int>(problem.taps_per_axis),
+              static_cast<int>(problem.dims)),
+      op,
+      "index_bits=32, but 3-D bicubic sampling runs with 64-bit index math only");
   const bool index_32bit = use_32_bits(
-      knobs.index_bits, problem.index_fits_32bit, "index_bits", op);
+      knobs.index_bits, gsd::index_32bit_for(problem), "index_bits", op);
   // Callers plan only calls that request grad_input (grad_grid alone runs
   // stock's kernel).
   TORCH_INTERNAL_ASSERT(call.output_mask[0]);

@@ -111,8 +111,8 @@ constexpr int64_t kMaxGridRows = 65535;
 
 // Threads per block the kernels are built for, with one resident block per
 // SM as the occupancy floor. Point passes keep every tap of a point in
-// registers (16 in bicubic sampling), so they are built for at most
-// kPointPassBlockSize threads: ptxas may then give them up to 255
+// registers (16 in bicubic sampling, 64 in tricubic), so they are built for
+// at most kPointPassBlockSize threads: ptxas may then give them up to 255
 // registers, and it spills nothing. The other stages fit in kMaxBlockSize.
 constexpr int kPointPassBlockSize = 256;
 
@@ -414,8 +414,9 @@ struct CudaExecutor {
 };
 
 // The shape check of check_grid_sampler_3d, whose signature differs between
-// versions (with or without the interpolation mode); 5-D bicubic input is
-// refused by dispatch_stock_taps in the pipeline.
+// versions (with or without the interpolation mode). 5-D bicubic input is
+// sampled tricubically, as grid_sampler_3d does from torch 2.15; releases
+// before it refuse that in their forward.
 void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
   TORCH_CHECK(
       input.dim() == 5 && input.dim() == grid.dim(),

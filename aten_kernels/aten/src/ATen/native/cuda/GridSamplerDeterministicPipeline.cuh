@@ -869,6 +869,8 @@ struct ReduceDenseChannelsFastest {
 
 // A chunk's grad_output, channels last: row p (a point of the chunk) holds
 // its channels contiguously, and gathered_offsets[p] = p * channels is where.
+// scalar_t is what an element is copied as (CopiedAs), which changes none
+// of its bits.
 template <typename scalar_t, typename index_t>
 struct GatherChannelsLast {
   const scalar_t* grad_output;
@@ -895,6 +897,17 @@ struct GatherChannelsLast {
     }
   }
 };
+
+// What GatherChannelsLast copies an element of scalar_t as: Half and
+// BFloat16 as the uint16_t that is each one's only member, so that one
+// kernel per index width copies both; other types as themselves.
+template <typename scalar_t>
+using CopiedAs =
+    std::conditional_t<sizeof(scalar_t) == sizeof(uint16_t), uint16_t, scalar_t>;
+static_assert(
+    std::is_standard_layout_v<c10::Half> && sizeof(c10::Half) == 2 &&
+        std::is_standard_layout_v<c10::BFloat16> && sizeof(c10::BFloat16) == 2,
+    "Half and BFloat16 must be one uint16_t each to be copied as one");
 
 // Sparse reduction, step 3: one thread per (channel row c, run j): lanes take
 // consecutive runs of one channel, whose sorted records are contiguous. The
@@ -1142,6 +1155,18 @@ struct BackwardPlan {
   LaunchShape launch;
 };
 
+// Whether the sampler with taps_per_axis taps per axis in dims spatial
+// dimensions is built with 32-bit index math as well as 64-bit. All are but
+// 3-D bicubic (tricubic): its point pass, 64 taps per point, is several
+// times the size of any other, and it is built once per dtype, with the
+// 64-bit index math that addresses a problem of any size, which keeps the
+// CUDA unit within its machine-code budget. Its calls also fold hot
+// destinations serially (HotFold runs with 32-bit indices only), with the
+// same bits.
+constexpr bool has_32bit_index_math(int taps_per_axis, int dims) {
+  return !(taps_per_axis == 4 && dims == 3);
+}
+
 // table_entries itself is a key: it marks records that land nowhere.
 inline bool keys_fit_32bit(int64_t table_entries) {
   return table_entries < std::numeric_limits<int32_t>::max();
@@ -1318,7 +1343,7 @@ void reduce_grad_input(
   // as many as fit the chunk's unsorted keys and ids beside its slots' group
   // ends and running sums; 0 where no key can be hot (it runs not at all).
   const int64_t partials_per_group = kTilePoints / kRecordsPerPartial *
-      // A bicubic point's taps may pad onto one pixel, all 16 of them.
+      // A bicubic point's taps may pad onto one pixel, all of them.
       (kTaps == 4 ? kTapsPerPoint : 1);
   auto hot_slots_of = [&](int64_t count) {
     return (count * items_per_point + hot_key_limit) / (hot_key_limit + 1);
@@ -1369,15 +1394,16 @@ void reduce_grad_input(
           as<int32_t>(sorted_ids), num_items, end_bit);
     }
     if (copy) {
+      using element_t = CopiedAs<scalar_t>;
       ex.for_each_row(
           static_cast<index_t>(count),
           channels,
-          GatherChannelsLast<scalar_t, index_t>{
-              args.grad_output.data,
+          GatherChannelsLast<element_t, index_t>{
+              reinterpret_cast<const element_t*>(args.grad_output.data),
               as<index_t>(gout_offsets),
               args.grad_output.stride_c,
               channels,
-              as<scalar_t>(gathered),
+              as<element_t>(gathered),
               as<index_t>(gathered_offsets)});
     }
     if (dense) {
@@ -1556,10 +1582,15 @@ void reduce_grad_input(
     }
     if constexpr (kReducedPrecision) {
       if (float_carry && !dense) {
+        // With 64-bit index math whatever the call's: one pass over the
+        // block's memory, built once per dtype.
+        const ElementBlock<int64_t> wide_block{
+            block.row_begin, block.row_end, block.col_begin, block.col_end};
         ex.for_each_row(
-            static_cast<index_t>(block.row_end - block.row_begin),
-            block.width(),
-            RoundCarry<scalar_t, index_t>{sums, grad_input, block, image_size});
+            static_cast<int64_t>(block.row_end - block.row_begin),
+            static_cast<int64_t>(block.width()),
+            RoundCarry<scalar_t, int64_t>{
+                sums, grad_input, wide_block, static_cast<int64_t>(image_size)});
       }
     }
   }
@@ -1569,6 +1600,7 @@ void reduce_grad_input(
 // What the planner reads of a backward call: shapes, strides and element
 // sizes, never data.
 struct BackwardProblem {
+  int64_t dims; // spatial: 2 for a 4-D input, 3 for a 5-D one
   int64_t taps_per_axis;
   int64_t taps_per_point;
   int64_t num_points;
@@ -1600,6 +1632,7 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
       static_cast<GridSamplerInterpolation>(call.interpolation_mode));
   const int64_t batch = call.input.size(0);
   BackwardProblem problem{
+      dims,
       taps,
       ipow(static_cast<int>(taps), static_cast<int>(dims)),
       batch,
@@ -1741,36 +1774,27 @@ inline BackwardPlan plan_keyed(
   return plan;
 }
 
-// The default plan: 32-bit keys and index math wherever they fit, one sort
-// item per point wherever bilinear or trilinear sampling reduces densely
-// (one per tap otherwise), chunks as large as the workspace allows.
+// Whether 32-bit index math may run the problem: where it fits, and the
+// sampler is built with it (has_32bit_index_math).
+inline bool index_32bit_for(const BackwardProblem& problem) {
+  return problem.index_fits_32bit &&
+      has_32bit_index_math(
+          static_cast<int>(problem.taps_per_axis), static_cast<int>(problem.dims));
+}
+
+// The default plan: 32-bit keys and index math wherever they fit (index
+// math where the sampler is built with it, too), one sort item per point
+// wherever bilinear or trilinear sampling reduces densely (one per tap
+// otherwise), chunks as large as the workspace allows.
 inline BackwardPlan plan_backward(const BackwardProblem& problem) {
+  const bool index_32bit = index_32bit_for(problem);
   if (problem.taps_per_axis == 2) {
-    BackwardPlan plan =
-        plan_keyed(problem, Keying::PerCell, problem.index_fits_32bit);
+    BackwardPlan plan = plan_keyed(problem, Keying::PerCell, index_32bit);
     if (plan.chunks.dense) {
       return plan;
     }
   }
-  return plan_keyed(problem, Keying::PerTap, problem.index_fits_32bit);
-}
-
-// Calls fn(std::integral_constant<int, taps per axis>) for the call's
-// interpolation mode, among those stock's backward accepts: 3-D (5-D input)
-// bicubic sampling is rejected by check_grid_sampler_3d, so it is not built.
-template <int kDims, typename Fn>
-void dispatch_stock_taps(GridSamplerInterpolation mode, const Fn& fn) {
-  if constexpr (kDims == 3) {
-    TORCH_CHECK(
-        mode != GridSamplerInterpolation::Bicubic,
-        "grid_sampler_3d_backward (deterministic): bicubic interpolation "
-        "needs 4-D input");
-  }
-  dispatch_taps_per_axis(mode, [&](auto taps_per_axis) {
-    if constexpr (kDims == 2 || decltype(taps_per_axis)::value != 4) {
-      fn(taps_per_axis);
-    }
-  });
+  return plan_keyed(problem, Keying::PerTap, index_32bit);
 }
 
 // Calls fn(scalar_t(), index_t(), std::integral_constant<int, kDims>()) with
@@ -1854,16 +1878,31 @@ void with_backward_args(
 // grid_sampler_3d (5-D input) on `ex`, for checked arguments with grad_input
 // requested, as `plan` says: writes every element of a contiguous
 // grad_input, grad_grid when output_mask[1], and zeroes a defined grad_grid
-// otherwise.
+// otherwise. Every interpolation mode of either rank, 3-D bicubic
+// (tricubic, which grid_sampler_3d has from torch 2.15) included, with
+// 64-bit index math only there (has_32bit_index_math). The CUDA launcher
+// and the host executors run this one function.
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
     const BackwardPlan& plan) {
+  const auto mode =
+      static_cast<GridSamplerInterpolation>(call.interpolation_mode);
+  const int dims = static_cast<int>(call.input.dim()) - 2;
+  TORCH_CHECK(
+      !plan.index_32bit || has_32bit_index_math(taps_per_axis(mode), dims),
+      "grid_sampler_3d_backward (deterministic): 3-D bicubic sampling runs "
+      "with 64-bit index math only, but the plan asks for 32-bit");
   with_backward_args(ex, call, plan, [&](const auto& args, auto* grad_input) {
-    constexpr int kDims = std::decay_t<decltype(args)>::dims;
-    dispatch_stock_taps<kDims>(args.interpolation_mode, [&](auto taps) {
-      reduce_grad_input<decltype(taps)::value>(ex, args, grad_input, plan);
+    using Args = std::decay_t<decltype(args)>;
+    dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
+      constexpr int kTaps = decltype(taps)::value;
+      if constexpr (
+          has_32bit_index_math(kTaps, Args::dims) ||
+          !std::is_same_v<typename Args::index_type, int32_t>) {
+        reduce_grad_input<kTaps>(ex, args, grad_input, plan);
+      }
     });
   });
 }
