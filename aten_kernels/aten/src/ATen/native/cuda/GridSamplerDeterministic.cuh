@@ -892,6 +892,18 @@ C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
   }
 }
 
+// values[i] for an i known only at run time (i < kTaps), by selects: a
+// register array indexed at run time would be placed in local memory.
+template <typename V, int kTaps>
+C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
+  V value = values[0];
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 1; k < kTaps; ++k) {
+    value = i == k ? values[k] : value;
+  }
+  return value;
+}
+
 // d loss / d grid of one point, single writer, in the grid's coordinate
 // order (x first), with the arithmetic of stock's backward kernels, which
 // already write grad_grid once per point: scalar_t sums over channels in
@@ -925,31 +937,53 @@ C10_HOST_DEVICE inline void point_grid_gradient(
     for (int k = 0; k < kDims; ++k) {
       sum[k] = static_cast<T>(0);
     }
+    // The terms of the s-th tap stock visits. Its axes' values are picked by
+    // selects, which fold to constants where the loop below unrolls and keep
+    // the taps in registers where it does not.
+    auto add_terms = [&](index_t c, T gout, int s) {
+      const int t = stock_grid_tap<kTaps, kDims>(s);
+      int digit[kDims];
+      bool inside = true;
+      Spatial<int64_t, kDims> position;
+      GRID_SAMPLER_DET_UNROLL
+      for (int a = 0; a < kDims; ++a) {
+        digit[a] = Taps::tap_along(t, a);
+        inside = inside && select_tap(taps.axis[a].in_bounds, digit[a]);
+        position.v[a] = select_tap(taps.axis[a].index, digit[a]);
+      }
+      if (kTaps == 2 && !inside) {
+        return;
+      }
+      const T value = inside ? static_cast<T>(input.at(n, c, position))
+                             : static_cast<T>(0);
+      GRID_SAMPLER_DET_UNROLL
+      for (int k = 0; k < kDims; ++k) {
+        const int along = kDims - 1 - k;
+        T term = mul_s<scalar_t>(
+            value, select_tap(taps.axis[along].dweight, digit[along]));
+        GRID_SAMPLER_DET_UNROLL
+        for (int a = kDims - 1; a >= 0; --a) {
+          if (a != along) {
+            term = mul_s<scalar_t>(
+                term, select_tap(taps.axis[a].weight, digit[a]));
+          }
+        }
+        sum[k] = add_s<scalar_t>(sum[k], mul_s<scalar_t>(term, gout));
+      }
+    };
     for (index_t c = 0; c < channels; ++c) {
       const T gout = static_cast<T>(grad_output.at(n, c, out_position));
-      GRID_SAMPLER_DET_UNROLL
-      for (int s = 0; s < Taps::count; ++s) {
-        const int t = stock_grid_tap<kTaps, kDims>(s);
-        const bool inside = taps.in_bounds(t);
-        if (kTaps == 2 && !inside) {
-          continue;
+      if constexpr (kTaps == 4 && kDims == 3) {
+        // Tricubic: 64 taps, each three terms; unrolled, they would make its
+        // point pass the largest kernel of the unit by a third again.
+        GRID_SAMPLER_DET_ROLLED
+        for (int s = 0; s < Taps::count; ++s) {
+          add_terms(c, gout, s);
         }
-        const T value = inside
-            ? static_cast<T>(input.at(n, c, taps.position(t)))
-            : static_cast<T>(0);
+      } else {
         GRID_SAMPLER_DET_UNROLL
-        for (int k = 0; k < kDims; ++k) {
-          const int along = kDims - 1 - k;
-          T term = mul_s<scalar_t>(
-              value, taps.axis[along].dweight[Taps::tap_along(t, along)]);
-          GRID_SAMPLER_DET_UNROLL
-          for (int a = kDims - 1; a >= 0; --a) {
-            if (a != along) {
-              term = mul_s<scalar_t>(
-                  term, taps.axis[a].weight[Taps::tap_along(t, a)]);
-            }
-          }
-          sum[k] = add_s<scalar_t>(sum[k], mul_s<scalar_t>(term, gout));
+        for (int s = 0; s < Taps::count; ++s) {
+          add_terms(c, gout, s);
         }
       }
     }
