@@ -30,6 +30,7 @@ from detgrid_testing import (
     HAS_DETGRID_CUDA,
     MODE_NAMES,
     SAMPLERS,
+    STOCK_HAS_TRICUBIC,
     ZEROS,
     DetgridTestCase,
     assert_bitwise_equal,
@@ -39,6 +40,7 @@ from detgrid_testing import (
     make_zoom_problem,
     same_bits,
     sampler_name,
+    skip_unless_stock_samples,
     stock_backward,
 )
 
@@ -58,7 +60,9 @@ def _device_form_name(device):
 
 def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
                        align_corners=False, input_grad=True, grid_grad=True):
-    """(input.grad, grid.grad) of F.grid_sample through autograd."""
+    """(input.grad, grid.grad) of F.grid_sample through autograd (skipped
+    where this torch's forward has no 5-D bicubic)."""
+    skip_unless_stock_samples(inp.dim() - 2, mode)
     inp = inp.detach().clone().requires_grad_(input_grad)
     grid = grid.detach().clone().requires_grad_(grid_grad)
     out = F.grid_sample(inp, grid, mode=MODE_NAMES[mode], padding_mode=padding_mode,
@@ -126,6 +130,25 @@ class TestSwitchOnCPU(DetgridTestCase):
             grads = _grid_sample_grads(*args, BILINEAR, input_grad=False)
         self.assertIsNone(grads[0])
         assert_bitwise_equal(self, grads[1], stock[1], "grid.grad")
+
+    def test_enabled_aten_backward_refuses_5d_bicubic_where_stock_does(self):
+        # Before torch 2.15 stock rejects 5-D bicubic input; a routed aten
+        # call is refused the same way, while detgrid's own operator samples
+        # tricubically on every torch.
+        args = make_problem(1, 2, 3, 4, 2, 2, D=3, out_D=2)
+
+        def aten_call():
+            return torch.ops.aten.grid_sampler_3d_backward(*args, BICUBIC, ZEROS, False,
+                                                           [True, True])
+
+        with detgrid.enabled(("cpu",)), DeterministicGuard(True):
+            if STOCK_HAS_TRICUBIC:
+                self.assertEqual(aten_call()[0].shape, args[1].shape)
+            else:
+                with self.assertRaisesRegex(RuntimeError, "bicubic"):
+                    aten_call()
+        self.assertEqual(detgrid_backward(*args, BICUBIC, ZEROS, False)[0].shape,
+                         args[1].shape)
 
     @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
     def test_enabled_backward_without_determinism_runs_stock(self, dims):

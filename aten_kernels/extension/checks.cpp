@@ -107,6 +107,15 @@ void check_backward_inputs(
       padding_mode);
 }
 
+void check_as_stock_backward(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode) {
+  if (input.dim() == 5) {
+    at::native::check_grid_sampler_3d(input, grid, interpolation_mode);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> allocate_gradients(
     const at::Tensor& input,
     const at::Tensor& grid,

@@ -27,6 +27,14 @@ void check_backward_inputs(
     int64_t interpolation_mode,
     int64_t padding_mode);
 
+// The check of stock's own backward that detgrid's operators relax: 5-D
+// bicubic input, which torch rejects before 2.15 (its forward does too). A
+// routed aten call is refused where stock's would be.
+void check_as_stock_backward(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode);
+
 // grad_input / grad_grid with stock's sizes and contiguous strides;
 // undefined when not asked. Every element of them is written by detgrid's
 // kernels, so they are allocated without the fill that at::empty gives in
@@ -217,6 +225,7 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
         align_corners,
         output_mask);
   }
+  check_as_stock_backward(input, grid, interpolation_mode);
   DETGRID_RECORD_ROUTED(input.dim() - 2, grad_output, input, grid);
   return deterministic(
       grad_output,
