@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/GridSamplerUtils.h>
+#include <torch/version.h>
 #ifdef DETGRID_WITH_CUDA
 #include <ATen/cuda/EmptyTensor.h>
 #endif
@@ -111,7 +112,13 @@ void check_as_stock_backward(
     const at::Tensor& input,
     const at::Tensor& grid,
     int64_t interpolation_mode) {
-  if (input.dim() == 5) {
+  // torch 2.15 samples 5-D input bicubically, forward and backward. Before
+  // it, check_grid_sampler_3d with the mode is stock's own refusal; from it
+  // on that overload is kept for out-of-tree backends and still refuses, so
+  // it is called only where stock's backward calls it.
+  constexpr bool kStockHasTricubic = TORCH_VERSION_MAJOR > 2 ||
+      (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15);
+  if (!kStockHasTricubic && input.dim() == 5) {
     at::native::check_grid_sampler_3d(input, grid, interpolation_mode);
   }
 }
