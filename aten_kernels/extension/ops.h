@@ -144,9 +144,9 @@ at::Tensor grid_gradient_cpu(
 
 // What detgrid's backward gives a call that does not request grad_input:
 // nothing for a call that requests nothing; grad_grid from stock's kernel
-// where backward_route gives a deterministic call to stock, from detgrid's
-// grid-gradient pass otherwise (both with stock's arithmetic); nullopt when
-// grad_input is requested, for the pipeline to compute.
+// where backward_route gives a deterministic call to stock (CPU), from
+// detgrid's grid-gradient pass, with stock's CUDA arithmetic, otherwise;
+// nullopt when grad_input is requested, for the pipeline to compute.
 template <AtenBackwardFn stock, GridGradientFn grid_gradient>
 std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
     const at::Tensor& grad_output,
