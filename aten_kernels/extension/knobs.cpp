@@ -39,6 +39,11 @@ void check_knob_ranges(
       "serial_fold must be 0 (hot destinations in parallel) or 1, got ",
       knobs.serial_fold);
   TORCH_CHECK(
+      knobs.reduce == 0 || knobs.reduce == 1,
+      op,
+      "reduce must be 0 (automatic) or 1 (sparse), got ",
+      knobs.reduce);
+  TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
       "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
@@ -75,6 +80,42 @@ bool use_32_bits(int64_t bits, bool fits, const char* name, const std::string& o
   return bits == 32 || (bits == 0 && fits);
 }
 
+// The chunks of the sparse reduction, sized as plan_reduction sizes them
+// where no dense table fits: a table with more entries than a chunk has
+// records never does.
+gsd::ChunkPlan sparse_chunks(
+    const BackwardProblem& problem,
+    bool key_32bit,
+    bool index_32bit,
+    int64_t chunk_points) {
+  if (chunk_points != 0) {
+    return gsd::with_carry({chunk_points, false}, problem);
+  }
+  const int64_t no_table = problem.num_points * problem.taps_per_point + 1;
+  auto within = [&](int64_t workspace_bytes) {
+    return gsd::with_carry(
+        gsd::plan_chunks(
+            problem.num_points,
+            problem.taps_per_point,
+            no_table,
+            gsd::chunk_bytes_per_point(
+                problem.taps_per_point,
+                problem.taps_per_point,
+                key_32bit ? 4 : 8,
+                problem.opmath_bytes,
+                index_32bit ? 4 : 8),
+            0,
+            workspace_bytes),
+        problem);
+  };
+  const gsd::ChunkPlan chunks = within(gsd::kWorkspaceBytes);
+  if (chunks.carry_elements == 0) {
+    return chunks;
+  }
+  return within(
+      gsd::kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes);
+}
+
 // The plan for records keyed by `keying` under the knobs; nullopt where
 // per-cell keys cannot run as asked (64-bit keys while key_bits forces 32,
 // or chunks too small for a dense table), so that per-tap keys run instead.
@@ -95,9 +136,12 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
   const bool channels_fastest = knobs.gather == 0
       ? gsd::prefers_channels_fastest(problem.channels)
       : knobs.gather == 2;
-  if (knobs.chunk_points == 0) {
+  if (knobs.reduce == 1) {
+    plan.chunks = sparse_chunks(
+        problem, plan.key_32bit, index_32bit, knobs.chunk_points);
+  } else if (knobs.chunk_points == 0) {
     plan.chunks = gsd::plan_reduction(
-        problem, keying, plan.key_32bit, index_32bit, channels_fastest);
+        problem, plan.key_32bit, index_32bit, channels_fastest, keying);
   } else {
     // A chunk size of the caller's is not held to the workspace budget.
     const bool dense = gsd::dense_table_fits(

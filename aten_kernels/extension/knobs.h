@@ -35,6 +35,9 @@ struct BackwardOptions {
   // 1: every destination folds its records serially, hot ones too
   // (BackwardPlan::hot_fold).
   int64_t serial_fold = 0;
+  // 1: the sparse reduction everywhere, as the stack's levels before the
+  // dense reduce run.
+  int64_t reduce = 0;
 };
 
 // accumulate's ends; 1, between them, is the sorted exact variant.

@@ -100,7 +100,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t keying,
     int64_t gather,
     int64_t accumulate,
-    int64_t serial_fold) {
+    int64_t serial_fold,
+    int64_t reduce) {
   return backward(
       grad_output,
       input,
@@ -119,7 +120,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           keying,
           gather,
           accumulate,
-          serial_fold});
+          serial_fold,
+          reduce});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -197,7 +199,8 @@ std::vector<int64_t> backward_work_counters(
     int64_t keying,
     int64_t gather,
     int64_t accumulate,
-    int64_t serial_fold) {
+    int64_t serial_fold,
+    int64_t reduce) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
@@ -232,6 +235,7 @@ std::vector<int64_t> backward_work_counters(
   knobs.gather = gather;
   knobs.accumulate = accumulate;
   knobs.serial_fold = serial_fold;
+  knobs.reduce = reduce;
   const auto plan = plan_with_knobs(call, knobs);
   const WorkCounters counters = accumulate == kAccumulateOrdered
       ? count_backward_work(call, plan)
@@ -389,21 +393,21 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather, int accumulate, int serial_fold) "
-      "-> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
+      "int reduce) -> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather, int accumulate, int serial_fold) "
-      "-> (Tensor, Tensor)");
+      "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
+      "int reduce) -> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int key_bits, int index_bits, int keying, int gather, int accumulate, "
-      "int serial_fold) -> int[]",
+      "int serial_fold, int reduce) -> int[]",
       &backward_work_counters);
   m.def(
       "_grid_gradient(Tensor grad_output, Tensor input, Tensor grid, "

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from detgrid import buildinfo
+from detgrid.kit import stack
 
 buildinfo.check()  # refuses, in one line, a build made for another torch
 import detgrid._C  # noqa: E402,F401  (registers torch.ops.detgrid)
@@ -93,6 +94,16 @@ def _backward(name: str):
     return backward
 
 
+def _level_knobs(level: str, **given: int) -> Dict[str, int]:
+    """The knobs that run the prefix of the stack ending at `level`, with the ones given
+    (nonzero) taking their own values; ValueError in one line for an unknown level."""
+    try:
+        knobs = stack.level_options(level)
+    except stack.StackError as e:
+        raise ValueError(str(e)) from None
+    return {name: value or knobs.get(name, 0) for name, value in given.items()}
+
+
 def _backward_with_options(name: str):
     op = getattr(torch.ops.detgrid, f"_{name}_with_options")
 
@@ -115,13 +126,18 @@ def _backward_with_options(name: str):
         gather: int = 0,
         accumulate: Mode = "ordered",
         serial_fold: int = 0,
+        reduce: int = 0,
+        level: str = stack.TOP,
     ) -> Gradients:
+        knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
+                             gather=gather, serial_fold=serial_fold, reduce=reduce)
         return op(grad_output, input, grid,
                   *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask),
-                  chunk_points, block_size, max_blocks, grain_size, key_bits, index_bits,
-                  keying, gather, _mode_number(name, "accumulate", accumulate),
-                  serial_fold)
+                  chunk_points, block_size, max_blocks, grain_size, knobs["key_bits"],
+                  knobs["index_bits"], knobs["keying"], knobs["gather"],
+                  _mode_number(name, "accumulate", accumulate), knobs["serial_fold"],
+                  knobs["reduce"])
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -139,7 +155,14 @@ def _backward_with_options(name: str):
     channels on; serial_fold=1 makes every destination fold its records in
     one thread, where by default a dense chunk first folds in parallel the
     tiles of each destination one of whose keys holds more than 4096 records
-    (4096 / 2^dims when keyed per cell).
+    (4096 / 2^dims when keyed per cell); reduce=1 reduces sparsely (runs of
+    one destination) where the default reduces over a dense segment table
+    wherever it fits.
+
+    level (detgrid.kit.stack.LEVEL_NAMES) runs what that prefix of the
+    upstream stack runs: "core" is the first patch of patches/stack/, the
+    default the whole stack. It sets the knobs of the later levels' choices
+    (a knob given as well takes its own value).
 
     accumulate (ACCUMULATE_MODES) is the one knob that changes results:
     "exact" and "exact_atomic" sum grad_input's terms exactly, in integers,
@@ -176,6 +199,8 @@ def work_counters(
     gather: int = 0,
     accumulate: Mode = "ordered",
     serial_fold: int = 0,
+    reduce: int = 0,
+    level: str = stack.TOP,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
 
@@ -203,10 +228,14 @@ def work_counters(
     interpolation_mode, padding_mode, align_corners, output_mask = _aten_arguments(
         f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
         output_mask)
+    knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
+                         gather=gather, serial_fold=serial_fold, reduce=reduce)
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-        output_mask, chunk_points, key_bits, index_bits, keying, gather,
-        _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate), serial_fold)
+        output_mask, chunk_points, knobs["key_bits"], knobs["index_bits"], knobs["keying"],
+        knobs["gather"],
+        _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate),
+        knobs["serial_fold"], knobs["reduce"])
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]

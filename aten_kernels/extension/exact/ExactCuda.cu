@@ -1,5 +1,5 @@
-// The CUDA side of accumulate="exact", and the extension's one CUDA
-// translation unit. The CUDA executor is private to
+// The CUDA side of accumulate="exact" and of the knobs' plans, and the
+// extension's one CUDA translation unit. The CUDA executor is private to
 // GridSamplerDeterministic.cu (upstream has no other user for it), so this
 // translation unit includes that file whole, and the extension compiles it
 // in that file's place: one executor and one set of kernels for both ways
@@ -161,5 +161,20 @@ template void launch_cuda_exact_backward<3>(
     const at::native::GridSamplerBackwardCall&,
     const gsd::BackwardPlan&,
     bool);
+
+template <int kDims>
+void launch_cuda_backward_with_plan(
+    const at::native::GridSamplerBackwardCall& call,
+    const gsd::BackwardPlan& plan) {
+  at::native::check_input_and_grid<kDims>(call);
+  at::native::run_on_current_stream(call, plan);
+}
+
+template void launch_cuda_backward_with_plan<2>(
+    const at::native::GridSamplerBackwardCall&,
+    const gsd::BackwardPlan&);
+template void launch_cuda_backward_with_plan<3>(
+    const at::native::GridSamplerBackwardCall&,
+    const gsd::BackwardPlan&);
 
 } // namespace detgrid::exact

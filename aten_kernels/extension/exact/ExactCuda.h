@@ -1,5 +1,7 @@
 #pragma once
-// accumulate="exact" on CUDA (ExactCuda.cu).
+// The extension's CUDA entry points beside the launchers of
+// GridSamplerDeterministic.h (ExactCuda.cu): a plan of the knobs', and
+// accumulate="exact".
 
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
@@ -13,5 +15,12 @@ void launch_cuda_exact_backward(
     const at::native::GridSamplerBackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     bool atomic);
+
+// run_deterministic_backward with `plan` on the current stream, after the
+// same checks; upstream's launchers always run plan_backward()'s plan.
+template <int kDims>
+void launch_cuda_backward_with_plan(
+    const at::native::GridSamplerBackwardCall& call,
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan);
 
 } // namespace detgrid::exact

@@ -502,10 +502,12 @@ def work_counters(case: Case) -> Dict[str, int]:
 
 
 def full_size_work_counters(workload: "Workload",
-                            accumulate: str = "ordered") -> Dict[str, int]:
+                            accumulate: str = "ordered",
+                            level: Optional[str] = None) -> Dict[str, int]:
     """work_counters of the workload at full size (scale 1), with the layout
     build() gives it, without allocating it, for the accumulation named
-    (a key of detgrid.ops.ACCUMULATE_MODES)."""
+    (a key of detgrid.ops.ACCUMULATE_MODES), at a level of the upstream
+    stack (detgrid.kit.stack; the whole stack by default)."""
     in_shape, grid_shape = workload.shapes()
     n, c = in_shape[:2]
     inp = torch.empty((1 if workload.expanded_batch else n,) + in_shape[1:],
@@ -523,7 +525,7 @@ def full_size_work_counters(workload: "Workload",
         padding_mode=PADDINGS[workload.padding],
         align_corners=workload.align_corners,
         output_mask=workload.output_mask,
-        options={"accumulate": accumulate},
+        options={"accumulate": accumulate, **({"level": level} if level else {})},
     )
     return work_counters(case)
 

@@ -44,16 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from detgrid.kit import patch_apply
+from detgrid.kit import patch_apply, stack
 
 KIT_ROOT = Path(__file__).resolve().parents[3]
-KERNEL_DIR = "aten/src/ATen/native/cuda"
-KERNEL_FILES = (
-    "GridSamplerDeterministic.h",
-    "GridSamplerDeterministic.cuh",
-    "GridSamplerDeterministicPipeline.cuh",
-    "GridSamplerDeterministic.cu",
-)
+KERNEL_DIR = stack.KERNEL_DIR
+KERNEL_FILES = stack.kernel_files()  # the whole stack's; stack.kernel_files(level) a prefix's
 DET_HEADER = "GridSamplerDeterministic.h"
 DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
@@ -1341,27 +1336,31 @@ def _all_test_sources(text: str) -> Dict[str, str]:
     return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
 
 
-def _plan_kernel_files(kit: Path, tree: Path, p: Plan) -> None:
-    for name in KERNEL_FILES:
-        rel = f"{KERNEL_DIR}/{name}"
+def _plan_kernel_files(kit: Path, tree: Path, p: Plan, upto: str) -> None:
+    try:
+        sources = stack.kernel_sources(kit, upto)
+    except stack.StackError as e:
+        raise NotUsable(f"aten_kernels/{KERNEL_DIR}", str(e)) from None
+    for rel, text in sources.items():
         dst = tree / rel
         p.old[rel] = dst.read_bytes() if dst.exists() else None
-        p.new[rel] = (kit / "aten_kernels" / rel).read_bytes()
+        p.new[rel] = text.encode("utf-8")
         if p.old[rel] is not None and p.old[rel] != p.new[rel]:
             p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
     check_kit_header(f"aten_kernels/{KERNEL_DIR}/{DET_HEADER}", p.new[f"{KERNEL_DIR}/{DET_HEADER}"])
 
 
 def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False,
-         tests_only: bool = False) -> Plan:
+         tests_only: bool = False, upto: str = stack.TOP) -> Plan:
     """Every edit, in memory; nothing is written. ``replace_existing``: replace a deterministic
     path the checkout has already (refused otherwise). ``tests_only``: only the tests (the alert
     tests expecting no alert, the tests added to test_nn.py), for any deterministic backward to
-    be run against."""
+    be run against. ``upto``: the kernel of the stack's prefix ending at that level
+    (detgrid.kit.stack), the whole stack by default."""
     tree = Path(tree)
     p = Plan(base=detect_base(tree), tests_only=tests_only)
     if not tests_only:
-        _plan_kernel_files(kit_root(kit), tree, p)
+        _plan_kernel_files(kit_root(kit), tree, p, upto)
     for rel, fn in edits(tree, replace_existing, tests_only):
         if not (tree / rel).is_file():
             raise AnchorError(rel, rel, "file missing")
@@ -1592,6 +1591,8 @@ def refuse_bad_combination(args: argparse.Namespace) -> None:
     if args.tests_only and args.replace_existing_deterministic_path:
         raise UsageError("--tests-only changes only the tests; --replace-existing-deterministic-path "
                          "has nothing to replace there")
+    if args.tests_only and args.upto != stack.TOP:
+        raise UsageError("--tests-only changes only the tests; --upto picks a level of the kernel")
 
 
 def _refuse_dirty(tree: Path, pl: Plan, allow_dirty: bool) -> Optional[str]:
@@ -1634,7 +1635,7 @@ def _run(args: argparse.Namespace) -> int:
         if done:
             print(f"recovered: {done}")
     pl = plan(tree, replace_existing=args.replace_existing_deterministic_path,
-              tests_only=args.tests_only)
+              tests_only=args.tests_only, upto=args.upto)
     for n in pl.notes:
         print(f"note: {n}")
     if args.check:
@@ -1682,6 +1683,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    "tests added to test/test_nn.py), as a commit and patch of their own: a "
                    "conformance suite for any deterministic grid_sample backward; no kernel, no "
                    "dispatch")
+    p.add_argument("--upto", metavar="LEVEL", default=stack.TOP, choices=stack.LEVEL_NAMES,
+                   help="apply the upstream stack up to this level (patches/stack/): "
+                   f"{', '.join(stack.LEVEL_NAMES)}; default the whole stack")
     p.add_argument("--out", metavar="FILE",
                    help="patch file (default patches/<base>.patch in the kit, "
                    "patches/<base>-tests.patch with --tests-only)")

@@ -57,8 +57,11 @@ class Scope:
 # Kernels of ours: everything in GridSamplerDeterministic.cu's anonymous
 # namespace (CUB's kernels live in at_cuda_detail and are not audited).
 OUR_KERNEL = re.compile(r"GridSamplerDeterministic_cu")
-OUR_SOURCES = ("GridSamplerDeterministic.cuh", "GridSamplerDeterministicPipeline.cuh",
-               "GridSamplerDeterministic.cu")
+OUR_SOURCES = (
+    "GridSamplerDeterministic.cuh", "GridSamplerDeterministicPipeline.cuh",
+    "GridSamplerDeterministic.cu", "GridSamplerDeterministicDense.cuh",
+    "GridSamplerDeterministicCells.cuh", "GridSamplerDeterministicChannelsFastest.cuh",
+    "GridSamplerDeterministicHotFold.cuh")
 PIPELINE = Scope(OUR_KERNEL, OUR_SOURCES)
 
 # The unit's kernels, one per stage, each named after what it computes.

@@ -9,32 +9,39 @@
 // per chunk of points (whole tiles of kTilePoints points):
 //   1. grid_sampler_point_records_kernel, one thread per point: source
 //      coordinates once, the grid gradient (single writer), the weight of
-//      every tap, the point's grad_output offset, and its sort items: for
-//      bilinear and trilinear sampling with a dense reduction, one per
-//      point, keyed by its cell (the position of its lowest tap, plus one);
-//      otherwise one per tap, keyed by the destination (n, y, x) or
-//      (n, z, y, x) of grad_input; "nowhere" when nothing lands in bounds.
+//      every tap, the point's grad_output offset, and one sort item per tap,
+//      keyed by the destination (n, y, x) or (n, z, y, x) of grad_input, or
+//      "nowhere" when the tap is out of bounds.
+// [stack: index32]
 //      Keys are 32 bits wide where the key space fits, else 64.
+// [end stack: index32]
+// [stack: cells]
+//      Bilinear and trilinear sampling with a dense reduction sort one item
+//      per point instead, keyed by its cell (the position of its lowest tap,
+//      plus one): see GridSamplerDeterministicCells.cuh.
+// [end stack: cells]
 //   2. stable radix sort of the items by key (at::cuda::cub), so each key's
 //      records are in ascending record id (point * taps + tap).
 //   3. reduce: the single writer of each grad_input element folds its
-//      records in the canonical order; no atomics. Dense when the table of
-//      keys has no more entries than a chunk has records
-//      (mark_segment_bounds_kernel, then one thread per (destination,
-//      channel) of the images the chunk's points lie in: the first chunk to
-//      reach an image writes its zeros, so there is no memset). Keyed per
-//      cell, a destination merges its 2^dims neighbouring cells in ascending
-//      point id, which is its per-tap order exactly: a point's taps are
-//      distinct pixels. From 16 channels the threads take channels fastest
-//      (sum_segments_channels_fastest_kernel), reading a channels-last copy
-//      of the chunk's grad_output unless its channel stride is 1 already.
-//      A destination with a hot key (more than 4096 records, 4096 / 2^dims
-//      for a cell) is folded by fold_hot_destinations_kernel instead: its
-//      tiles' partials in parallel, then their sum in order, which gives
-//      the serial fold's bits without its latency (32-bit indices).
-//      Sparse otherwise (sum_runs_kernel): a zero fill, runs of one
+//      records in the canonical order; no atomics. A zero fill, runs of one
 //      destination found from head flags and a CUB scan, then one thread per
-//      (run, channel).
+//      (run, channel) (sum_runs_kernel).
+// [stack: dense]
+//      Dense instead where the table of keys has no more entries than a
+//      chunk has records (mark_segment_bounds_kernel, then one thread per
+//      (destination, channel) of the images the chunk's points lie in: see
+//      GridSamplerDeterministicDense.cuh).
+// [end stack: dense]
+// [stack: channels-fastest]
+//      From 16 channels the dense reduce's threads take channels fastest
+//      (sum_segments_channels_fastest_kernel; see
+//      GridSamplerDeterministicChannelsFastest.cuh).
+// [end stack: channels-fastest]
+// [stack: hot-fold]
+//      A destination with a hot key (more than 4096 records) is folded by
+//      fold_hot_destinations_kernel instead: its tiles' partials in
+//      parallel, then their sum in order (GridSamplerDeterministicHotFold.cuh).
+// [end stack: hot-fold]
 //
 // Invariants:
 // (a) Canonical order. grad_input[n][c][position] is
@@ -162,12 +169,14 @@ __global__ void grid_sampler_point_records_kernel(
   grid_stride_loop(pass, count);
 }
 
+// [stack: dense]
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void mark_segment_bounds_kernel(
     const MarkDestinationSegments stage,
     int32_t count) {
   grid_stride_loop(stage, count);
 }
+// [end stack: dense]
 
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void mark_run_heads_kernel(const MarkRunHeads stage, int32_t count) {
@@ -181,6 +190,7 @@ __global__ void record_run_starts_kernel(
   grid_stride_loop(stage, count);
 }
 
+// [stack: channels-fastest]
 template <typename Stage, typename row_t, typename col_t>
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void gather_grad_output_channels_last_kernel(
@@ -189,7 +199,9 @@ __global__ void gather_grad_output_channels_last_kernel(
     col_t cols) {
   grid_stride_rows(stage, rows, cols);
 }
+// [end stack: channels-fastest]
 
+// [stack: hot-fold]
 template <typename Stage>
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void fold_hot_destinations_kernel(
@@ -198,7 +210,9 @@ __global__ void fold_hot_destinations_kernel(
     int32_t cols) {
   grid_stride_rows(stage, rows, cols);
 }
+// [end stack: hot-fold]
 
+// [stack: dense]
 template <typename Reduce, typename row_t, typename col_t>
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void sum_segments_per_destination_kernel(
@@ -207,7 +221,9 @@ __global__ void sum_segments_per_destination_kernel(
     col_t cols) {
   grid_stride_rows(reduce, rows, cols);
 }
+// [end stack: dense]
 
+// [stack: channels-fastest]
 template <typename Reduce, typename count_t>
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
 __global__ void sum_segments_channels_fastest_kernel(
@@ -215,6 +231,7 @@ __global__ void sum_segments_channels_fastest_kernel(
     count_t count) {
   grid_stride_loop(reduce, count);
 }
+// [end stack: channels-fastest]
 
 template <typename Reduce, typename row_t, typename col_t>
 C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
@@ -245,12 +262,14 @@ struct StageKernel<PointPass<kTaps, Args>> {
       &grid_sampler_point_records_kernel<PointPass<kTaps, Args>, count_t>;
 };
 
+// [stack: dense]
 template <>
 struct StageKernel<MarkDestinationSegments> {
   static constexpr int kMaxThreads = kMaxBlockSize;
   template <typename count_t>
   static constexpr auto kernel = &mark_segment_bounds_kernel;
 };
+// [end stack: dense]
 
 template <>
 struct StageKernel<MarkRunHeads> {
@@ -266,6 +285,7 @@ struct StageKernel<RecordRunStarts> {
   static constexpr auto kernel = &record_run_starts_kernel;
 };
 
+// [stack: channels-fastest]
 template <typename scalar_t, typename index_t>
 struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
   template <typename row_t, typename col_t>
@@ -274,20 +294,26 @@ struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
       row_t,
       col_t>;
 };
+// [end stack: channels-fastest]
 
+// [stack: hot-fold]
 template <typename Fold>
 struct StageKernel<HotFold<Fold>> {
   template <typename row_t, typename col_t>
   static constexpr auto kernel = &fold_hot_destinations_kernel<HotFold<Fold>>;
 };
+// [end stack: hot-fold]
 
+// [stack: dense]
 template <typename Fold>
 struct StageKernel<ReduceDense<Fold>> {
   template <typename row_t, typename col_t>
   static constexpr auto kernel =
       &sum_segments_per_destination_kernel<ReduceDense<Fold>, row_t, col_t>;
 };
+// [end stack: dense]
 
+// [stack: channels-fastest]
 template <typename Fold>
 struct StageKernel<ReduceDenseChannelsFastest<Fold>> {
   static constexpr int kMaxThreads = kMaxBlockSize;
@@ -297,6 +323,7 @@ struct StageKernel<ReduceDenseChannelsFastest<Fold>> {
           ReduceDenseChannelsFastest<Fold>,
           count_t>;
 };
+// [end stack: channels-fastest]
 
 template <typename scalar_t, typename index_t>
 struct StageKernel<ReduceSparse<scalar_t, index_t>> {
@@ -454,25 +481,6 @@ void launch_cuda_backward(const GridSamplerBackwardCall& call) {
 }
 
 } // namespace
-
-namespace grid_sampler_deterministic {
-
-template <int kDims>
-void launch_cuda_backward_with_plan(
-    const GridSamplerBackwardCall& call,
-    const BackwardPlan& plan) {
-  check_input_and_grid<kDims>(call);
-  run_on_current_stream(call, plan);
-}
-
-template void launch_cuda_backward_with_plan<2>(
-    const GridSamplerBackwardCall&,
-    const BackwardPlan&);
-template void launch_cuda_backward_with_plan<3>(
-    const GridSamplerBackwardCall&,
-    const BackwardPlan&);
-
-} // namespace grid_sampler_deterministic
 
 void launch_grid_sampler_2d_backward_deterministic_kernel(
     const TensorBase& grad_input,

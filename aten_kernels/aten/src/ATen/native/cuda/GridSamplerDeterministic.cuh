@@ -26,10 +26,11 @@
 // while its bilinear backward's clip_coordinates_set_grad keeps NaN, and its
 // bicubic backward, built on the forward's helpers, would scatter NaN
 // coefficients onto an edge pixel. No choice is faithful to all of them;
-// detgrid takes the bilinear backward's, for every mode.
+// this backward takes the bilinear backward's, for every mode.
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/native/GridSamplerUtils.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
@@ -1096,6 +1097,7 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 //     (num_destinations) when the tap is out of bounds, so it sorts after
 //     every real destination. Record r of a chunk is tap r % taps of the
 //     chunk's point r / taps, and r is its sort payload.
+// [stack: cells]
 //   PerCell (bilinear and trilinear only): one record per point, keyed by
 //     its cell, the position of its lowest tap plus one along every axis
 //     (lowest taps range over -1 .. size - 1), numbered n * cells_per_image
@@ -1108,38 +1110,42 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 //     ascending point number gives d's records in PerTap order exactly.
 //     Bicubic taps are padded one by one and may coincide, so bicubic
 //     sampling is always PerTap; nearest has one tap, its own cell.
-// Record ids are point * taps + tap under both keyings. Beside the keys lie
+// [end stack: cells]
+// Record ids are point * taps + tap. Beside the keys lie
 // what the reduce needs of a record without any integer division: the
 // weight of every tap by record id, and per point the offset of
 // grad_output[n][0][position].
-enum class Keying { PerTap, PerCell };
+enum class Keying { PerTap, PerCell }; // [stack: cells replaces: enum class Keying { PerTap };]
 
-// Sort keys of a chunk, 32 or 64 bits wide as the key space needs. The
-// width is a run-time choice: a uniform branch per store or load costs
-// nothing beside a record's other work, where a template parameter would
-// double every kernel that touches keys.
+// Sort keys of a chunk, 64 bits wide.
+// [stack: index32]
+// Or 32 where the key space fits. The width is a run-time choice: a uniform
+// branch per store or load costs nothing beside a record's other work,
+// where a template parameter would double every kernel that touches keys.
+// [end stack: index32]
 struct ChunkKeys {
   void* data;
-  bool wide;
+  bool wide; // [stack: index32]
 
   template <typename key_t>
   C10_HOST_DEVICE key_t* as() const {
     return static_cast<key_t*>(data);
   }
   C10_HOST_DEVICE int64_t operator[](int32_t i) const {
-    return wide ? as<int64_t>()[i] : as<int32_t>()[i];
+    return wide ? as<int64_t>()[i] : as<int32_t>()[i]; // [stack: index32 replaces: return as<int64_t>()[i];]
   }
 };
 
 template <typename T, typename index_t>
 struct ChunkRecords {
   ChunkKeys keys;
-  Keying keying;
+  Keying keying; // [stack: cells]
   int32_t* record_ids;
   T* weights;
   index_t* gout_offsets;
 };
 
+// [stack: cells]
 // The PerCell key of a point's taps (see Keying).
 template <typename key_t, typename T, int kDims, typename index_t>
 C10_HOST_DEVICE inline key_t cell_key(
@@ -1178,6 +1184,8 @@ C10_HOST_DEVICE inline void emit_cell_record(
     chunk.weights[first_record + t] = taps.template sample_weight<scalar_t>(t);
   }
 }
+
+// [end stack: cells]
 
 // The PerTap records of point `chunk_point`: per tap, its destination's key
 // (or nowhere), its record id and its weight, in one loop: split in two,
@@ -1220,6 +1228,7 @@ C10_HOST_DEVICE inline void emit_records(
     index_t n,
     index_t chunk_point,
     const ChunkRecords<T, index_t>& chunk) {
+  // [stack: cells]
   if constexpr (kTaps == 2) {
     if (chunk.keying == Keying::PerCell) {
       if (chunk.keys.wide) {
@@ -1230,11 +1239,14 @@ C10_HOST_DEVICE inline void emit_records(
       return;
     }
   }
-  if (chunk.keys.wide) {
-    emit_tap_records<int64_t>(args, taps, n, chunk_point, chunk);
-  } else {
+  // [end stack: cells]
+  // [stack: index32]
+  if (!chunk.keys.wide) {
     emit_tap_records<int32_t>(args, taps, n, chunk_point, chunk);
+    return;
   }
+  // [end stack: index32]
+  emit_tap_records<int64_t>(args, taps, n, chunk_point, chunk);
 }
 
 // The taps of point `point` (numbered as in BackwardArgs), and where it
@@ -1328,116 +1340,6 @@ struct SortedRecordIds {
   }
 };
 
-// The sorted records [begin, end) of one key of a dense reduction, side by
-// side so that a destination's reduce loads both in one access.
-struct alignas(8) SegmentBounds {
-  int32_t begin;
-  int32_t end;
-};
-
-// PerCell: the records of destination d, merged from its kWays = 2^kDims
-// neighbouring cells. Way k is the cell at d's position plus the k-th
-// corner of the unit cube (row-major, x fastest); that cell's points reach d
-// through tap kWays - 1 - k. Each way's sorted point numbers ascend, and a
-// point lies in one cell only, so the smallest head is the next record.
-// Heads live in registers: every loop over the ways unrolls. When all ways
-// are exhausted front() is kExhausted, above every tile end, so a fold's
-// tile test ends the partial and in_partial() need only count.
-template <int kWays>
-struct MergedCellRecords {
-  static constexpr uint32_t kExhausted = 0xffffffffu;
-  const int32_t* point_ids;
-  int32_t next[kWays];
-  int32_t end[kWays];
-  uint32_t head[kWays]; // record id of way k's next record, or kExhausted
-  uint32_t current;
-  int32_t partial_left = 0;
-
-  C10_HOST_DEVICE MergedCellRecords(
-      const int32_t* sorted_point_ids,
-      const SegmentBounds* segments,
-      int32_t base_cell,
-      const int32_t (&way_offsets)[kWays])
-      : point_ids(sorted_point_ids) {
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kWays; ++k) {
-      const SegmentBounds bounds = segments[base_cell + way_offsets[k]];
-      next[k] = bounds.begin;
-      end[k] = bounds.end;
-      load_head(k);
-    }
-    find_current();
-  }
-  // The merge of the given sorted ranges of the ways' point numbers.
-  C10_HOST_DEVICE MergedCellRecords(
-      const int32_t* sorted_point_ids,
-      const SegmentBounds (&ranges)[kWays])
-      : point_ids(sorted_point_ids) {
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kWays; ++k) {
-      next[k] = ranges[k].begin;
-      end[k] = ranges[k].end;
-      load_head(k);
-    }
-    find_current();
-  }
-  // The record id at `position` of a way whose records reach the
-  // destination through `tap`, or kExhausted at its end.
-  C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
-      const {
-    // Reads an id either way (index 0 past the end: a chunk has at least
-    // one sorted point), so that the load needs no branch.
-    const bool valid = position < limit;
-    const uint32_t id = static_cast<uint32_t>(point_ids[valid ? position : 0]);
-    return valid ? id * kWays + tap : kExhausted;
-  }
-  C10_HOST_DEVICE void load_head(int k) {
-    head[k] = head_at(next[k], end[k], kWays - 1 - k);
-  }
-  C10_HOST_DEVICE void find_current() {
-    current = head[0];
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 1; k < kWays; ++k) {
-      current = head[k] < current ? head[k] : current;
-    }
-  }
-  C10_HOST_DEVICE bool done() const {
-    return current == kExhausted;
-  }
-  C10_HOST_DEVICE void start_partial(int32_t records) {
-    partial_left = records;
-  }
-  C10_HOST_DEVICE bool in_partial() const {
-    return partial_left > 0;
-  }
-  C10_HOST_DEVICE uint32_t front() const {
-    return current;
-  }
-  // The way that holds the current record is known from its tap (its low
-  // bits), so a pop gathers that way's cursor with selects, loads one id
-  // and scatters the cursor back: one load per record, not one per way.
-  C10_HOST_DEVICE void pop() {
-    --partial_left;
-    const uint32_t tap = current & (kWays - 1);
-    const int way = kWays - 1 - static_cast<int>(tap);
-    int32_t position = next[0];
-    int32_t limit = end[0];
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 1; k < kWays; ++k) {
-      position = k == way ? next[k] : position;
-      limit = k == way ? end[k] : limit;
-    }
-    ++position;
-    const uint32_t way_head = head_at(position, limit, tap);
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kWays; ++k) {
-      next[k] = k == way ? position : next[k];
-      head[k] = k == way ? way_head : head[k];
-    }
-    find_current();
-  }
-};
-
 // The canonical order of one grad_input element, channel c. `records`
 // yields the chunk's record ids of one destination in ascending order; the
 // contribution of record r is
@@ -1494,5 +1396,125 @@ C10_HOST_DEVICE inline T fold_records(
   }
   return acc;
 }
+
+// What the reduce reads of a sorted chunk: the record ids in sorted order,
+// and by record id the weights and, by point, the grad_output offsets;
+// 2^tap_bits taps per point.
+template <typename scalar_t, typename index_t>
+struct SortedRecords {
+  const int32_t* ids;
+  const at::opmath_type<scalar_t>* weights;
+  const index_t* gout_offsets;
+  const scalar_t* grad_output;
+  index_t gout_stride_c;
+  int tap_bits;
+
+  // One wide multiply-add: the product is formed in 64 bits rather than
+  // sign-extended after.
+  C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
+    return grad_output + static_cast<int64_t>(c) * gout_stride_c;
+  }
+  template <typename RecordIds, typename T>
+  C10_HOST_DEVICE T fold(RecordIds records, const scalar_t* gout_channel, T acc)
+      const {
+    return fold_records(
+        records, weights, gout_offsets, gout_channel, tap_bits, acc);
+  }
+};
+
+// Division by a divisor fixed at launch, by a multiply and a shift for
+// 32-bit indices (IntDivider; dividends are below 2^31 there), a plain
+// division for 64-bit ones. Per-element index math divides only with these.
+template <typename index_t>
+using Divider = at::cuda::detail::IntDivider<std::make_unsigned_t<index_t>>;
+
+template <typename index_t>
+C10_HOST_DEVICE inline index_t divide(index_t n, const Divider<index_t>& by) {
+  return static_cast<index_t>(
+      by.div(static_cast<std::make_unsigned_t<index_t>>(n)));
+}
+
+template <typename index_t>
+Divider<index_t> divider(int64_t divisor) {
+  return Divider<index_t>(static_cast<std::make_unsigned_t<index_t>>(divisor));
+}
+
+// A block of grad_input's elements, viewed as rows (n, c), n * C + c, of
+// destinations_per_image columns s each: rows [row_begin, row_end) by
+// columns [col_begin, col_end). A reduce reads and writes only the elements
+// of its block.
+template <typename index_t>
+struct ElementBlock {
+  index_t row_begin;
+  index_t row_end;
+  index_t col_begin;
+  index_t col_end;
+
+  C10_HOST_DEVICE bool holds(index_t row, index_t s) const {
+    return row >= row_begin && row < row_end && s >= col_begin && s < col_end;
+  }
+  C10_HOST_DEVICE index_t width() const {
+    return col_end - col_begin;
+  }
+  C10_HOST_DEVICE index_t numel() const {
+    return (row_end - row_begin) * width();
+  }
+};
+
+// The place of element (row, s) of a block in a buffer that holds the block
+// alone: row * width + s - origin, one multiply-add per element.
+template <typename index_t>
+struct BlockOffsets {
+  index_t width;
+  index_t origin;
+
+  explicit BlockOffsets(const ElementBlock<index_t>& block)
+      : width(block.width()),
+        origin(block.row_begin * block.width() + block.col_begin) {}
+  C10_HOST_DEVICE index_t operator()(index_t row, index_t s) const {
+    return row * width + s - origin;
+  }
+};
+
+// Where a reduce finds the running sums of earlier chunks and puts its
+// results. Sums are opmath values laid out as the block (ElementBlock::
+// offset): grad_input itself for float and double (whose block is all of
+// it), a float carry for Half/BFloat16 while an element's records span
+// chunks. `sums_in` is read for the images that earlier chunks reached;
+// results go to `sums_out`, or, where that is null, rounded to grad_input.
+template <typename scalar_t, typename index_t>
+struct ReduceOutput {
+  using T = at::opmath_type<scalar_t>;
+  scalar_t* grad_input;
+  const T* sums_in;
+  T* sums_out;
+  ElementBlock<index_t> block;
+  BlockOffsets<index_t> offset;
+  index_t destinations_per_image;
+
+  ReduceOutput(
+      scalar_t* grad_input,
+      const T* sums_in,
+      T* sums_out,
+      const ElementBlock<index_t>& block,
+      index_t destinations_per_image)
+      : grad_input(grad_input),
+        sums_in(sums_in),
+        sums_out(sums_out),
+        block(block),
+        offset(block),
+        destinations_per_image(destinations_per_image) {}
+
+  C10_HOST_DEVICE T running_sum(index_t row, index_t s) const {
+    return sums_in[offset(row, s)];
+  }
+  C10_HOST_DEVICE void write(index_t row, index_t s, T sum) const {
+    if (sums_out != nullptr) {
+      sums_out[offset(row, s)] = sum;
+    } else {
+      grad_input[row * destinations_per_image + s] = static_cast<scalar_t>(sum);
+    }
+  }
+};
 
 } // namespace at::native::grid_sampler_deterministic

@@ -26,10 +26,13 @@
 
 #include <ATen/native/cuda/GridSamplerDeterministic.cuh>
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
+#include <ATen/native/cuda/GridSamplerDeterministicDense.cuh> // [stack: dense]
+#include <ATen/native/cuda/GridSamplerDeterministicCells.cuh> // [stack: cells]
+#include <ATen/native/cuda/GridSamplerDeterministicChannelsFastest.cuh> // [stack: channels-fastest]
+#include <ATen/native/cuda/GridSamplerDeterministicHotFold.cuh> // [stack: hot-fold]
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/native/CanUse32BitIndexMath.h>
 #include <c10/core/Allocator.h>
 
@@ -51,30 +54,6 @@ struct PointPass {
 
   C10_HOST_DEVICE void operator()(index_t i) const {
     process_point<kTaps>(args, first_point + i, i, chunk);
-  }
-};
-
-// Dense reduction, step 1: segments[k] bounds the sorted records of key k,
-// a destination (PerTap) or a cell (PerCell); both were zero-filled before,
-// so an untouched key has an empty range. One thread per sorted record,
-// O(records): only the first and the last record of each key write.
-struct MarkDestinationSegments {
-  ChunkKeys keys;
-  int32_t count;
-  int64_t nowhere;
-  SegmentBounds* segments;
-
-  C10_HOST_DEVICE void operator()(int32_t i) const {
-    const int64_t d = keys[i];
-    if (d == nowhere) {
-      return;
-    }
-    if (i == 0 || keys[i - 1] != d) {
-      segments[d].begin = i;
-    }
-    if (i == count - 1 || keys[i + 1] != d) {
-      segments[d].end = i + 1;
-    }
   }
 };
 
@@ -108,806 +87,6 @@ struct RecordRunStarts {
     }
   }
 };
-
-// What the reduce reads of a sorted chunk: the record ids in sorted order,
-// and by record id the weights and, by point, the grad_output offsets;
-// 2^tap_bits taps per point.
-template <typename scalar_t, typename index_t>
-struct SortedRecords {
-  const int32_t* ids;
-  const at::opmath_type<scalar_t>* weights;
-  const index_t* gout_offsets;
-  const scalar_t* grad_output;
-  index_t gout_stride_c;
-  int tap_bits;
-
-  // One wide multiply-add: the product is formed in 64 bits rather than
-  // sign-extended after.
-  C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
-    return grad_output + static_cast<int64_t>(c) * gout_stride_c;
-  }
-  template <typename RecordIds, typename T>
-  C10_HOST_DEVICE T fold(RecordIds records, const scalar_t* gout_channel, T acc)
-      const {
-    return fold_records(
-        records, weights, gout_offsets, gout_channel, tap_bits, acc);
-  }
-};
-
-// The first position in [begin, end) of ascending ids whose id is at least
-// `bound` (end if none is).
-C10_HOST_DEVICE inline int32_t first_id_at_least(
-    const int32_t* ids,
-    int32_t begin,
-    int32_t end,
-    uint32_t bound) {
-  while (begin < end) {
-    const int32_t middle = begin + (end - begin) / 2;
-    if (static_cast<uint32_t>(ids[middle]) < bound) {
-      begin = middle + 1;
-    } else {
-      end = middle;
-    }
-  }
-  return begin;
-}
-
-
-// Where the dense reduce finds one destination's records, from the segment
-// bounds of step 1. PerTap: the destination's own segment.
-template <typename index_t>
-struct DestinationSegments {
-  // Keys per destination: its own.
-  static constexpr int kWays = 1;
-  const int32_t* ids;
-  const SegmentBounds* segments;
-  index_t destinations_per_image;
-
-  C10_HOST_DEVICE SortedRecordIds of(index_t n, index_t s) const {
-    const SegmentBounds bounds = segments[n * destinations_per_image + s];
-    return SortedRecordIds{ids, bounds.begin, bounds.end};
-  }
-
-  // What the hot fold (HotFold) needs of the keys. The ids are record ids,
-  // 2^tap_bits per point; a destination's one key is its own.
-  static C10_HOST_DEVICE int tile_bits(int tap_bits) {
-    return tap_bits + kTilePointsLog2;
-  }
-  C10_HOST_DEVICE const int32_t* sorted_ids() const {
-    return ids;
-  }
-  C10_HOST_DEVICE int64_t key_of(index_t n, index_t s, int /*way*/) const {
-    return int64_t{n} * destinations_per_image + s;
-  }
-  C10_HOST_DEVICE bool
-  destination_of(int64_t key, int /*way*/, index_t& n, index_t& s) const {
-    n = static_cast<index_t>(key / destinations_per_image);
-    s = static_cast<index_t>(key - int64_t{n} * destinations_per_image);
-    return true;
-  }
-  C10_HOST_DEVICE SortedRecordIds
-  records_in(const SegmentBounds (&ranges)[kWays]) const {
-    return SortedRecordIds{ids, ranges[0].begin, ranges[0].end};
-  }
-};
-
-// Division by a divisor fixed at launch, by a multiply and a shift for
-// 32-bit indices (IntDivider; dividends are below 2^31 there), a plain
-// division for 64-bit ones. Per-element index math divides only with these.
-template <typename index_t>
-using Divider = at::cuda::detail::IntDivider<std::make_unsigned_t<index_t>>;
-
-template <typename index_t>
-C10_HOST_DEVICE inline index_t divide(index_t n, const Divider<index_t>& by) {
-  return static_cast<index_t>(
-      by.div(static_cast<std::make_unsigned_t<index_t>>(n)));
-}
-
-template <typename index_t>
-Divider<index_t> divider(int64_t divisor) {
-  return Divider<index_t>(static_cast<std::make_unsigned_t<index_t>>(divisor));
-}
-
-// PerCell: the segments of the destination's 2^kDims neighbouring cells,
-// merged. Dense tables hold at most 2^31 cells, so cell numbers are int32.
-template <typename index_t, int kDims>
-struct CellSegments {
-  static constexpr int kWays = 1 << kDims;
-  const int32_t* point_ids;
-  const SegmentBounds* segments;
-  int32_t cells_per_image;
-  // Row-major strides of the cells of an image, whose every axis is one
-  // longer than the input's.
-  int32_t cell_stride[kDims];
-  // by_axis[a] divides by the input's size along axis a (a > 0).
-  Divider<index_t> by_axis[kDims];
-
-  // The cell at destination s of an image: s, plus one cell for every row
-  // before s (cell rows are one longer), plus in 3-D one row of cells for
-  // every plane before s. With the input's sizes (D, H, W):
-  // s + s / W + (s / (H * W)) * (W + 1), which needs no remainder.
-  C10_HOST_DEVICE int32_t cell_of(index_t s) const {
-    index_t outer = divide(s, by_axis[kDims - 1]);
-    int32_t cell = static_cast<int32_t>(s + outer);
-    for (int a = kDims - 2; a > 0; --a) {
-      outer = divide(outer, by_axis[a]);
-      cell += static_cast<int32_t>(outer) * cell_stride[a];
-    }
-    return cell;
-  }
-
-  // Cell-number offset of way k's corner (MergedCellRecords). The x step
-  // is the literal 1, so ways k and k + 1 load side by side.
-  C10_HOST_DEVICE int32_t way_offset(int k) const {
-    int32_t offset = k & 1;
-    for (int a = 0; a < kDims - 1; ++a) {
-      offset += ((k >> (kDims - 1 - a)) & 1) * cell_stride[a];
-    }
-    return offset;
-  }
-
-  // Cell number of the lowest corner of destination s of image n.
-  C10_HOST_DEVICE int32_t base_cell(index_t n, index_t s) const {
-    return static_cast<int32_t>(n) * cells_per_image + cell_of(s);
-  }
-
-  C10_HOST_DEVICE MergedCellRecords<kWays> of(index_t n, index_t s) const {
-    int32_t way_offsets[kWays];
-    for (int k = 0; k < kWays; ++k) {
-      way_offsets[k] = way_offset(k);
-    }
-    return MergedCellRecords<kWays>(
-        point_ids, segments, base_cell(n, s), way_offsets);
-  }
-
-  // What the hot fold (HotFold) needs of the keys. The ids are point
-  // numbers, whatever the taps; way k of destination (n, s) is the cell
-  // base_cell(n, s) + way_offset(k).
-  static C10_HOST_DEVICE int tile_bits(int /*tap_bits*/) {
-    return kTilePointsLog2;
-  }
-  C10_HOST_DEVICE const int32_t* sorted_ids() const {
-    return point_ids;
-  }
-  C10_HOST_DEVICE int64_t key_of(index_t n, index_t s, int way) const {
-    return base_cell(n, s) + way_offset(way);
-  }
-  // The destination whose way `way` cell `key` is, if there is one: the
-  // cell's corner, in its image and within the input.
-  C10_HOST_DEVICE bool
-  destination_of(int64_t key, int way, index_t& n, index_t& s) const {
-    const int64_t base = key - way_offset(way);
-    if (base < 0 || base / cells_per_image != key / cells_per_image) {
-      return false;
-    }
-    n = static_cast<index_t>(base / cells_per_image);
-    int32_t cell = static_cast<int32_t>(base - int64_t{n} * cells_per_image);
-    int64_t position = 0;
-    for (int a = 0; a < kDims; ++a) {
-      // The cells along axis a: one more than the input's size.
-      const int32_t cells =
-          (a == 0 ? cells_per_image : cell_stride[a - 1]) / cell_stride[a];
-      const int32_t coordinate = cell / cell_stride[a];
-      cell -= coordinate * cell_stride[a];
-      if (coordinate >= cells - 1) {
-        return false;
-      }
-      position = position * (cells - 1) + coordinate;
-    }
-    s = static_cast<index_t>(position);
-    return true;
-  }
-  C10_HOST_DEVICE MergedCellRecords<kWays>
-  records_in(const SegmentBounds (&ranges)[kWays]) const {
-    return MergedCellRecords<kWays>(point_ids, ranges);
-  }
-};
-
-template <typename index_t, int kDims>
-CellSegments<index_t, kDims> make_cell_segments(
-    const int32_t* point_ids,
-    const SegmentBounds* bounds,
-    const Spatial<index_t, kDims>& inp_size) {
-  CellSegments<index_t, kDims> segments{point_ids, bounds, 1, {}, {}};
-  for (int a = kDims - 1; a >= 0; --a) {
-    segments.cell_stride[a] = segments.cells_per_image;
-    segments.cells_per_image *= static_cast<int32_t>(inp_size.v[a]) + 1;
-    segments.by_axis[a] = divider<index_t>(inp_size.v[a]);
-  }
-  return segments;
-}
-
-// A block of grad_input's elements, viewed as rows (n, c), n * C + c, of
-// destinations_per_image columns s each: rows [row_begin, row_end) by
-// columns [col_begin, col_end). A reduce reads and writes only the elements
-// of its block.
-template <typename index_t>
-struct ElementBlock {
-  index_t row_begin;
-  index_t row_end;
-  index_t col_begin;
-  index_t col_end;
-
-  C10_HOST_DEVICE bool holds(index_t row, index_t s) const {
-    return row >= row_begin && row < row_end && s >= col_begin && s < col_end;
-  }
-  C10_HOST_DEVICE index_t width() const {
-    return col_end - col_begin;
-  }
-  C10_HOST_DEVICE index_t numel() const {
-    return (row_end - row_begin) * width();
-  }
-};
-
-// The place of element (row, s) of a block in a buffer that holds the block
-// alone: row * width + s - origin, one multiply-add per element.
-template <typename index_t>
-struct BlockOffsets {
-  index_t width;
-  index_t origin;
-
-  explicit BlockOffsets(const ElementBlock<index_t>& block)
-      : width(block.width()),
-        origin(block.row_begin * block.width() + block.col_begin) {}
-  C10_HOST_DEVICE index_t operator()(index_t row, index_t s) const {
-    return row * width + s - origin;
-  }
-};
-
-// Where a reduce finds the running sums of earlier chunks and puts its
-// results. Sums are opmath values laid out as the block (ElementBlock::
-// offset): grad_input itself for float and double (whose block is all of
-// it), a float carry for Half/BFloat16 while an element's records span
-// chunks. `sums_in` is read for the images that earlier chunks reached;
-// results go to `sums_out`, or, where that is null, rounded to grad_input.
-template <typename scalar_t, typename index_t>
-struct ReduceOutput {
-  using T = at::opmath_type<scalar_t>;
-  scalar_t* grad_input;
-  const T* sums_in;
-  T* sums_out;
-  ElementBlock<index_t> block;
-  BlockOffsets<index_t> offset;
-  index_t destinations_per_image;
-
-  ReduceOutput(
-      scalar_t* grad_input,
-      const T* sums_in,
-      T* sums_out,
-      const ElementBlock<index_t>& block,
-      index_t destinations_per_image)
-      : grad_input(grad_input),
-        sums_in(sums_in),
-        sums_out(sums_out),
-        block(block),
-        offset(block),
-        destinations_per_image(destinations_per_image) {}
-
-  C10_HOST_DEVICE T running_sum(index_t row, index_t s) const {
-    return sums_in[offset(row, s)];
-  }
-  C10_HOST_DEVICE void write(index_t row, index_t s, T sum) const {
-    if (sums_out != nullptr) {
-      sums_out[offset(row, s)] = sum;
-    } else {
-      grad_input[row * destinations_per_image + s] = static_cast<scalar_t>(sum);
-    }
-  }
-};
-
-// Dense reduction, step 2: what both thread orders below share. The single
-// writer of element (n, c, s) folds the records of destination (n, s) for
-// channel c, its row being n * C + c. Images before first_fresh_image hold
-// running sums of earlier chunks; images from it on start from zero.
-// Untouched elements are written (their zeros, or running sums rounded into
-// grad_input) from image first_written_image on, and left as they are
-// before it.
-template <typename Segments, typename scalar_t, typename index_t>
-struct DenseFold {
-  using T = at::opmath_type<scalar_t>;
-  using scalar_type = scalar_t;
-  using index_type = index_t;
-  SortedRecords<scalar_t, index_t> records;
-  Segments segments;
-  ReduceOutput<scalar_t, index_t> out;
-  index_t channels;
-  index_t destinations_per_image;
-  index_t first_fresh_image;
-  index_t first_written_image;
-
-  C10_HOST_DEVICE T initial_sum(index_t n, index_t row, index_t s) const {
-    return n < first_fresh_image ? out.running_sum(row, s) : static_cast<T>(0);
-  }
-
-  C10_HOST_DEVICE void fold_into(
-      index_t n,
-      index_t row,
-      index_t s,
-      const scalar_t* gout_channel) const {
-    const auto ids = segments.of(n, s);
-    if (ids.done() && n < first_written_image) {
-      return;
-    }
-    out.write(row, s, records.fold(ids, gout_channel, initial_sum(n, row, s)));
-  }
-};
-
-// The parallel fold of hot destinations. One thread folds every record of a
-// (destination, channel) pair, so a destination with a million records (a
-// constant grid puts every point on one pixel) would cost its threads a
-// million dependent loads and adds. A partial never straddles a tile, so the
-// tiles of a hot destination are folded in parallel, and their partials are
-// then added in order: the same partials and the same additions as
-// fold_records makes, so the same bits.
-//
-// A key (a destination's own segment, or one of its cells) is hot when it
-// holds more than key_limit = kHotRecords / kWays records, and a destination
-// is hot when one of its keys is; its hot way of least index owns it. A hot
-// key beginning at sorted position b has slot b / (key_limit + 1), which no
-// other hot key shares, and a hot destination has a group per tile from the
-// tile of its first record to that of its last. Per dense chunk:
-//   kMarkSegments   a thread per sorted record, as MarkDestinationSegments,
-//                   but a hot key gets the empty bounds {end, end}, so that
-//                   the reduce folds none of its records, and the thread of
-//                   its last record counts the groups of the destinations
-//                   it owns into its slot.
-//   (an inclusive sum of the slots' groups numbers the groups)
-//   kStorePartials  a thread per (channel, group) stores its group's
-//                   partials, and one per (channel, hot destination) its
-//                   running sum, which the reduce may overwrite.
-//   (the dense reduce)
-//   kAddPartials    a thread per (channel, hot destination) adds the stored
-//                   partials to the running sum, in order, and writes the
-//                   element; where its groups did not fit `pool_groups`, it
-//                   folds the destination's records serially instead.
-// A destination with no hot key folds at most kHotRecords records in the
-// reduce; a hot one at most a tile's in kStorePartials and its partials in
-// kAddPartials. Everything is found from the sorted keys, by binary search
-// where a bound was hidden, with no atomics: the groups' numbering is a
-// function of the sorted keys alone. The tables live in the chunk's unsorted
-// keys and ids, which are dead after the sort, and the slots' counts beside
-// the segment table, whose zero fill clears them.
-constexpr int32_t kHotRecords = 4096;
-// The most bytes of slot counts a chunk needs: a chunk item takes 24 bytes
-// of the workspace at least (chunk_bytes_per_point), and a hot key more
-// than kHotRecords / 8 items.
-constexpr int64_t kHotSlotBytes =
-    (kWorkspaceBytes / 24 / (kHotRecords / 8 + 1) + 1) *
-    int64_t{sizeof(int32_t)};
-
-enum class HotStep : int8_t { kMarkSegments, kStorePartials, kAddPartials };
-
-template <typename Fold>
-struct HotFold {
-  using Segments = decltype(Fold::segments);
-  using T = typename Fold::T;
-  using index_t = typename Fold::index_type;
-  using scalar_t = typename Fold::scalar_type;
-  static constexpr int kWays = Segments::kWays;
-  // Above every record id: the bound of a destination's whole range.
-  static constexpr uint32_t kEveryId = std::numeric_limits<uint32_t>::max();
-  static_assert(
-      std::is_same_v<index_t, int32_t>,
-      "hot destinations fold in parallel with 32-bit indices only");
-  Fold fold;
-  MarkDestinationSegments marks; // the sorted keys, and the table
-  HotStep step;
-  int tile_bits;
-  int32_t key_limit; // a key with more records is hot
-  int32_t num_slots;
-  int32_t* slot_groups; // zero-filled with the table
-  int32_t* slot_ends; // inclusive sums of slot_groups
-  int32_t pool_groups;
-  int32_t partials_per_group;
-  T* partials; // [channel][group][partial]
-  int32_t* partial_counts; // [group]
-  T* running_sums; // [channel][hot destination]
-
-  struct Row {
-    index_t channel;
-    const scalar_t* gout_channel;
-  };
-
-  C10_HOST_DEVICE Row row(index_t c) const {
-    return Row{c, fold.records.gout_channel(c)};
-  }
-
-  C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
-    switch (step) {
-      case HotStep::kMarkSegments:
-        mark_segments(i);
-        return;
-      case HotStep::kStorePartials:
-        store_partials(row, i);
-        return;
-      case HotStep::kAddPartials:
-        add_partials(row, i);
-        return;
-    }
-  }
-
-  // Hot destinations are numbered slot * kWays + way, for the way of their
-  // owner.
-  C10_HOST_DEVICE int32_t max_hot_destinations() const {
-    return num_slots * kWays;
-  }
-  C10_HOST_DEVICE int32_t total_groups() const {
-    return slot_ends[num_slots - 1];
-  }
-
-  // The sorted position of key k's first record (or of the first greater
-  // key), and whether k is hot.
-  C10_HOST_DEVICE int32_t key_begin(int64_t k) const {
-    int32_t low = 0;
-    int32_t high = marks.count;
-    while (low < high) {
-      const int32_t middle = low + (high - low) / 2;
-      if (marks.keys[middle] < k) {
-        low = middle + 1;
-      } else {
-        high = middle;
-      }
-    }
-    return low;
-  }
-  C10_HOST_DEVICE bool is_hot(int64_t k, int32_t begin) const {
-    return begin + key_limit < marks.count && marks.keys[begin + key_limit] == k;
-  }
-
-  // The hot key of slot `slot`, if it has one: a hot key beginning in the
-  // slot holds its last position, being longer than the slot.
-  C10_HOST_DEVICE bool hot_key_of(int32_t slot, int64_t& key) const {
-    const int32_t last = std::min(
-        (slot + 1) * (key_limit + 1) - 1, marks.count - 1);
-    key = marks.keys[last];
-    if (key == marks.nowhere) {
-      return false;
-    }
-    const int32_t begin = key_begin(key);
-    return begin / (key_limit + 1) == slot && is_hot(key, begin);
-  }
-
-  // The destination that hot key `key` is way `way` of, where that way
-  // owns it: none of its ways before is hot.
-  C10_HOST_DEVICE bool
-  owned_destination(int64_t key, int way, index_t& n, index_t& s) const {
-    if (!fold.segments.destination_of(key, way, n, s)) {
-      return false;
-    }
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < way; ++w) {
-      const int64_t other = fold.segments.key_of(n, s, w);
-      if (is_hot(other, key_begin(other))) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  // Where destination (n, s)'s records are, found from the keys (the table
-  // hides a hot key's bounds): way w's sorted positions whose ids are in
-  // [first_id, end_id), and the tiles of its first and last record.
-  C10_HOST_DEVICE SegmentBounds way_range(
-      index_t n,
-      index_t s,
-      int way,
-      uint32_t first_id,
-      uint32_t end_id) const {
-    const int64_t key = fold.segments.key_of(n, s, way);
-    const int32_t begin = key_begin(key);
-    const int32_t end = key_begin(key + 1);
-    const int32_t* ids = fold.segments.sorted_ids();
-    return SegmentBounds{
-        first_id_at_least(ids, begin, end, first_id),
-        first_id_at_least(ids, begin, end, end_id)};
-  }
-  struct TileSpan {
-    int32_t first;
-    int32_t last;
-  };
-  C10_HOST_DEVICE TileSpan tiles_of(index_t n, index_t s) const {
-    const int32_t* ids = fold.segments.sorted_ids();
-    TileSpan tiles{std::numeric_limits<int32_t>::max(), -1};
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < kWays; ++w) {
-      const int64_t key = fold.segments.key_of(n, s, w);
-      const int32_t begin = key_begin(key);
-      const int32_t end = key_begin(key + 1);
-      if (begin < end) {
-        tiles.first = std::min(tiles.first, ids[begin] >> tile_bits);
-        tiles.last = std::max(tiles.last, ids[end - 1] >> tile_bits);
-      }
-    }
-    return tiles;
-  }
-  C10_HOST_DEVICE int32_t groups_of(index_t n, index_t s) const {
-    const TileSpan tiles = tiles_of(n, s);
-    return tiles.last - tiles.first + 1;
-  }
-  // Destination (n, s)'s records whose ids are in [first_id, end_id), in
-  // the canonical order. The searches run in a loop, and their results go
-  // to the ways' ranges by selects, which keeps the ranges in registers.
-  C10_HOST_DEVICE auto
-  records_in(index_t n, index_t s, uint32_t first_id, uint32_t end_id) const {
-    SegmentBounds ranges[kWays] = {};
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < kWays; ++w) {
-      const SegmentBounds range = way_range(n, s, w, first_id, end_id);
-      GRID_SAMPLER_DET_UNROLL
-      for (int k = 0; k < kWays; ++k) {
-        ranges[k] = k == w ? range : ranges[k];
-      }
-    }
-    return fold.segments.records_in(ranges);
-  }
-
-  // Hot destination h, if slot h / kWays's hot key owns it through way
-  // h % kWays; and the number of its first group.
-  struct HotDestination {
-    bool valid;
-    index_t n;
-    index_t s;
-    int32_t first_group;
-  };
-  C10_HOST_DEVICE HotDestination hot_destination(int32_t h) const {
-    HotDestination hot{false, 0, 0, 0};
-    const int32_t slot = h / kWays;
-    const int way = h - slot * kWays;
-    int64_t key;
-    if (!hot_key_of(slot, key) || !owned_destination(key, way, hot.n, hot.s)) {
-      return hot;
-    }
-    hot.valid = true;
-    hot.first_group = slot == 0 ? 0 : slot_ends[slot - 1];
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < way; ++w) {
-      index_t n;
-      index_t s;
-      if (owned_destination(key, w, n, s)) {
-        hot.first_group += groups_of(n, s);
-      }
-    }
-    return hot;
-  }
-
-  // kMarkSegments: sorted record i.
-  C10_HOST_DEVICE void mark_segments(int32_t i) const {
-    const int64_t key = marks.keys[i];
-    const bool first = i == 0 || marks.keys[i - 1] != key;
-    const bool last = i == marks.count - 1 || marks.keys[i + 1] != key;
-    if (key == marks.nowhere || !(first || last)) {
-      return;
-    }
-    const bool hot = first
-        ? is_hot(key, i)
-        : i >= key_limit && marks.keys[i - key_limit] == key;
-    if (!hot) {
-      marks(i);
-      return;
-    }
-    if (!last) {
-      return;
-    }
-    marks.segments[key] = SegmentBounds{i + 1, i + 1};
-    int32_t groups = 0;
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < kWays; ++w) {
-      index_t n;
-      index_t s;
-      if (owned_destination(key, w, n, s)) {
-        groups += groups_of(n, s);
-      }
-    }
-    slot_groups[key_begin(key) / (key_limit + 1)] = groups;
-  }
-
-  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t group) const {
-    return partials +
-        (int64_t{channel} * pool_groups + group) * int64_t{partials_per_group};
-  }
-  C10_HOST_DEVICE T& running_sum(index_t channel, int32_t h) const {
-    return running_sums[int64_t{channel} * max_hot_destinations() + h];
-  }
-
-  // The hot destination and tile of group g (< total_groups()).
-  C10_HOST_DEVICE void
-  group_tile(int32_t g, index_t& n, index_t& s, int32_t& tile) const {
-    int32_t low = 0;
-    int32_t high = num_slots - 1;
-    while (low < high) {
-      const int32_t middle = low + (high - low) / 2;
-      if (slot_ends[middle] > g) {
-        high = middle;
-      } else {
-        low = middle + 1;
-      }
-    }
-    int32_t first = low == 0 ? 0 : slot_ends[low - 1];
-    int64_t key;
-    hot_key_of(low, key);
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < kWays; ++w) {
-      if (owned_destination(key, w, n, s)) {
-        const TileSpan tiles = tiles_of(n, s);
-        const int32_t groups = tiles.last - tiles.first + 1;
-        if (g < first + groups) {
-          tile = tiles.first + (g - first);
-          return;
-        }
-        first += groups;
-      }
-    }
-  }
-
-  // kStorePartials: group i's partials for channel c, and hot destination
-  // i's running sum.
-  C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
-    if (i < std::min(total_groups(), pool_groups)) {
-      index_t n;
-      index_t s;
-      int32_t tile;
-      group_tile(i, n, s, tile);
-      auto in_tile = records_in(
-          n,
-          s,
-          static_cast<uint32_t>(tile) << tile_bits,
-          static_cast<uint32_t>(tile + 1) << tile_bits);
-      T* partial = partials_of(row.channel, i);
-      int32_t stored = 0;
-      while (!in_tile.done()) {
-        partial[stored++] = next_partial(
-            in_tile,
-            fold.records.weights,
-            fold.records.gout_offsets,
-            row.gout_channel,
-            fold.records.tap_bits);
-      }
-      if (row.channel == 0) {
-        partial_counts[i] = stored;
-      }
-    }
-    if (i < max_hot_destinations()) {
-      const HotDestination hot = hot_destination(i);
-      const index_t element_row = hot.n * fold.channels + row.channel;
-      if (hot.valid && fold.out.block.holds(element_row, hot.s)) {
-        running_sum(row.channel, i) =
-            fold.initial_sum(hot.n, element_row, hot.s);
-      }
-    }
-  }
-
-  // kAddPartials: hot destination h's element of channel c.
-  C10_HOST_DEVICE void add_partials(const Row& row, int32_t h) const {
-    const HotDestination hot = hot_destination(h);
-    const index_t element_row = hot.n * fold.channels + row.channel;
-    if (!hot.valid || !fold.out.block.holds(element_row, hot.s)) {
-      return;
-    }
-    const int32_t groups = groups_of(hot.n, hot.s);
-    T sum = running_sum(row.channel, h);
-    if (hot.first_group + groups <= pool_groups) {
-      for (int32_t g = hot.first_group; g < hot.first_group + groups; ++g) {
-        const T* partial = partials_of(row.channel, g);
-        for (int32_t k = 0; k < partial_counts[g]; ++k) {
-          sum = add_rn(sum, partial[k]);
-        }
-      }
-    } else {
-      // Its groups did not all fit: its records, serially.
-      sum = fold.records.fold(
-          records_in(hot.n, hot.s, 0, kEveryId),
-          row.gout_channel,
-          sum);
-    }
-    fold.out.write(element_row, hot.s, sum);
-  }
-};
-
-// Destinations fastest: thread (row first_row + r, column first_col + s'),
-// so a warp's lanes take consecutive destinations of one channel: their
-// segment bounds load coalesced, their writes are contiguous, and
-// neighbouring destinations' sorted records lie side by side.
-template <typename Fold>
-struct ReduceDense {
-  using index_t = typename Fold::index_type;
-  Fold fold;
-  index_t first_row;
-  index_t first_col;
-
-  struct Row {
-    index_t n;
-    index_t row;
-    const typename Fold::scalar_type* gout_channel;
-  };
-
-  C10_HOST_DEVICE Row row(index_t r) const {
-    const index_t row = first_row + r;
-    const index_t n = row / fold.channels;
-    const index_t c = row - n * fold.channels;
-    return Row{n, row, fold.records.gout_channel(c)};
-  }
-
-  C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
-    fold.fold_into(row.n, row.row, first_col + s, row.gout_channel);
-  }
-};
-
-// Channels fastest: thread i takes pair p = first_pair + i, destination
-// p / channels and channel p % channels, so a warp's lanes fold the same
-// records (the merge and the loads of ids, weights and offsets are the same
-// for all of them) and read grad_output at consecutive channels of one
-// point: contiguous when its channel stride is 1, which GatherChannelsLast
-// provides when grad_output's own is not. Sweeps whole images, so it runs
-// only where the block is all of grad_input. A 1-D launch: as a row per
-// image (n without a division), sm_90 code recomputed values in the fold's
-// record loop that it could no longer keep in registers (57 instructions
-// per record instead of 46).
-template <typename Fold>
-struct ReduceDenseChannelsFastest {
-  using index_t = typename Fold::index_type;
-  Fold fold;
-  // The pairs of the images before the first one swept.
-  index_t first_pair;
-  Divider<index_t> by_channels;
-  Divider<index_t> by_image_size;
-
-  ReduceDenseChannelsFastest(const Fold& fold, index_t first_image)
-      : fold(fold),
-        first_pair(first_image * fold.channels * fold.destinations_per_image),
-        by_channels(divider<index_t>(fold.channels)),
-        by_image_size(divider<index_t>(fold.destinations_per_image)) {}
-
-  C10_HOST_DEVICE void operator()(index_t i) const {
-    const index_t destination = divide(first_pair + i, by_channels);
-    const index_t c = first_pair + i - destination * fold.channels;
-    const index_t n = divide(destination, by_image_size);
-    const index_t s = destination - n * fold.destinations_per_image;
-    fold.fold_into(
-        n, n * fold.channels + c, s, fold.records.gout_channel(c));
-  }
-};
-
-// A chunk's grad_output, channels last: row p (a point of the chunk) holds
-// its channels contiguously, and gathered_offsets[p] = p * channels is where.
-// scalar_t is what an element is copied as (CopiedAs), which changes none
-// of its bits.
-template <typename scalar_t, typename index_t>
-struct GatherChannelsLast {
-  const scalar_t* grad_output;
-  const index_t* gout_offsets;
-  index_t stride_c;
-  index_t channels;
-  scalar_t* gathered;
-  index_t* gathered_offsets;
-
-  struct Row {
-    index_t point;
-    index_t source;
-  };
-
-  C10_HOST_DEVICE Row row(index_t p) const {
-    return Row{p, gout_offsets[p]};
-  }
-
-  C10_HOST_DEVICE void operator()(const Row& row, index_t c) const {
-    const index_t target = row.point * channels;
-    gathered[target + c] = grad_output[row.source + c * stride_c];
-    if (c == 0) {
-      gathered_offsets[row.point] = target;
-    }
-  }
-};
-
-// What GatherChannelsLast copies an element of scalar_t as: Half and
-// BFloat16 as the uint16_t that is each one's only member, so that one
-// kernel per index width copies both; other types as themselves.
-template <typename scalar_t>
-using CopiedAs =
-    std::conditional_t<sizeof(scalar_t) == sizeof(uint16_t), uint16_t, scalar_t>;
-static_assert(
-    std::is_standard_layout_v<c10::Half> && sizeof(c10::Half) == 2 &&
-        std::is_standard_layout_v<c10::BFloat16> && sizeof(c10::BFloat16) == 2,
-    "Half and BFloat16 must be one uint16_t each to be copied as one");
 
 // Sparse reduction, step 3: one thread per (channel row c, run j): lanes take
 // consecutive runs of one channel, whose sorted records are contiguous. The
@@ -1014,55 +193,48 @@ T* as(const c10::DataPtr& data) {
 }
 
 // The numbering a chunk relies on. Its record ids (point * taps + tap) are
-// int32 in the sort payloads and segment tables, and uint32 in fold_records'
-// tile ends and in MergedCellRecords, whose kExhausted must lie above every
-// record id and tile end. A chunk is whole tiles, so its record count is a
-// multiple of a tile's records and no tile end exceeds it: at most
-// kMaxChunkRecords records per chunk keeps all of them below 2^31. A dense
-// table has no more entries than a chunk has records, so its cell numbers
-// (n * cells_per_image + cell) are int32 too.
+// int32 in the sort payloads, and uint32 in fold_records' tile ends. A chunk
+// is whole tiles, so its record count is a multiple of a tile's records and
+// no tile end exceeds it: at most kMaxChunkRecords records per chunk keeps
+// all of them below 2^31.
 constexpr int64_t kMaxChunkRecords = std::numeric_limits<int32_t>::max();
+// [stack: cells]
+// MergedCellRecords' kExhausted must lie above every record id and tile end,
+// and a dense table has no more entries than a chunk has records, so its
+// cell numbers (n * cells_per_image + cell) are int32 too.
 static_assert(
     kMaxChunkRecords < int64_t{MergedCellRecords<4>::kExhausted},
     "kExhausted must exceed every record id and tile end");
+// [end stack: cells]
 // The default chunk is sized by kWorkspaceBytes, which a record's key and
 // payload (8 bytes at least) fill long before kMaxChunkRecords.
 static_assert(
     kWorkspaceBytes / (2 * int64_t{sizeof(int32_t)}) < kMaxChunkRecords,
     "the workspace budget must bound a chunk below kMaxChunkRecords");
 
-// Two ways to reach every grad_input element, with the same sums. Dense:
-// a table of segment bounds over every key (destination or cell), then one
-// thread per element of the images the chunk's points lie in, the first
-// chunk to reach an image writing its zeros too (no memset).
-// Sparse (PerTap only): a zero fill, then one thread per (run of one
-// destination's records, channel). Dense is chosen when its table has no
-// more entries than a chunk has taps, so that a pass over every element
-// costs no more than folding the chunk's records, and when it fits the
-// workspace beside the chunk; sparse otherwise. Either way the work and the
-// workspace are bounded by a chunk, not by the size of the input.
+// The reduction of a chunk: a zero fill, then one thread per (run of one
+// destination's records, channel). Its work and workspace are bounded by a
+// chunk, not by the size of the input.
+// [stack: dense]
+// Dense where its table has no more entries than a chunk has taps, so that
+// a pass over every element costs no more than folding the chunk's records,
+// and where it fits the workspace beside the chunk (see
+// GridSamplerDeterministicDense.cuh).
+// [end stack: dense]
 struct ChunkPlan {
   int64_t chunk_points; // whole tiles
-  bool dense;
+  bool dense; // [stack: dense]
+  // [stack: channels-fastest]
   // Dense only: ReduceDenseChannelsFastest, reading a GatherChannelsLast copy
   // of each chunk's grad_output when copy_grad_output.
   bool channels_fastest = false;
   bool copy_grad_output = false;
+  // [end stack: channels-fastest]
   // Half/BFloat16 over several chunks: the float carry's size in elements
   // (see plan_carry); 0 where sums need no carry.
   int64_t carry_elements = 0;
 };
 
-// Channels fastest pays from this many channels on: at fp32, 16 lanes on
-// one point read 64 contiguous bytes (two 32-byte sectors) where 16 lanes on
-// 16 destinations read 16 sectors, and the lanes share one merge. Below it a
-// warp spans more destinations than it saves sectors, and its writes,
-// strided by the image size, cost a sector per lane either way.
-constexpr int64_t kChannelsFastestFrom = 16;
-
-inline bool prefers_channels_fastest(int64_t channels) {
-  return channels >= kChannelsFastestFrom;
-}
 
 // Bytes of workspace per point of a chunk: sort keys and payloads, in and
 // out, and CUB's scratch, which holds one more copy of both (the radix sort
@@ -1082,50 +254,43 @@ inline int64_t chunk_bytes_per_point(
 // with the number of items far more slowly than its copy of them.
 constexpr int64_t kSortScratchSlack = int64_t{1} << 20;
 
-// Whether a dense reduction may run on chunks of chunk_points points: its
-// table of keys has no more entries than a chunk has records, which keeps a
-// pass over every element as cheap as folding the chunk, and every cell
-// number within a chunk's int32 record numbering.
-inline bool dense_table_fits(
-    int64_t table_entries,
-    int64_t num_points,
-    int64_t chunk_points,
-    int64_t taps_per_point) {
-  return table_entries <= std::min(num_points, chunk_points) * taps_per_point;
-}
-
-// Points per chunk and the reduction: as many whole tiles as fit
-// kWorkspaceBytes with the dense table, if dense, beside them, and
-// dense_bytes_per_point more per point in a dense reduction. Chunks
-// must be whole tiles, or the chunk size would change the partials and so
-// the result; a chunk's sort items are counted in int32.
+// Points per chunk: as many whole tiles as fit the workspace. Chunks must be
+// whole tiles, or the chunk size would change the partials and so the
+// result; a chunk's sort items are counted in int32.
+// [stack: dense]
+// A dense reduction takes its table beside them.
+// [end stack: dense]
+// [stack: channels-fastest]
+// And dense_bytes_per_point more per point (a channels-last copy).
+// [end stack: channels-fastest]
 inline ChunkPlan plan_chunks(
-    int64_t num_points,
-    int64_t taps_per_point,
-    int64_t table_entries,
+    int64_t num_points, // [stack: dense]
+    int64_t taps_per_point, // [stack: dense]
+    int64_t table_entries, // [stack: dense]
     int64_t bytes_per_point,
-    int64_t dense_bytes_per_point,
+    int64_t dense_bytes_per_point, // [stack: channels-fastest]
     int64_t workspace_bytes = kWorkspaceBytes) {
-  auto dense_with = [&](int64_t chunk_points) {
-    return dense_table_fits(
-        table_entries, num_points, chunk_points, taps_per_point);
-  };
   auto tiles_within = [&](int64_t bytes, int64_t per_point) {
     return std::max<int64_t>(bytes, 0) / (per_point * kTilePoints);
   };
   // Less the fixed bytes of a chunk: the extra record id and the run count.
   const int64_t budget =
       workspace_bytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
+  // [stack: dense]
   const int64_t table_bytes =
-      table_entries * 2 * int64_t{sizeof(int32_t)} + kHotSlotBytes;
+      table_entries * 2 * int64_t{sizeof(int32_t)} + kHotSlotBytes; // [stack: hot-fold replaces: table_entries * 2 * int64_t{sizeof(int32_t)};]
   const int64_t dense_tiles = tiles_within(
-      budget - table_bytes, bytes_per_point + dense_bytes_per_point);
-  if (dense_tiles > 0 && dense_with(dense_tiles * kTilePoints)) {
+      budget - table_bytes,
+      bytes_per_point + dense_bytes_per_point); // [stack: channels-fastest replaces: bytes_per_point);]
+  if (dense_tiles > 0 &&
+      dense_table_fits(
+          table_entries, num_points, dense_tiles * kTilePoints, taps_per_point)) {
     return {dense_tiles * kTilePoints, true};
   }
-  return {
-      std::max<int64_t>(tiles_within(budget, bytes_per_point), 1) * kTilePoints,
-      false};
+  // [end stack: dense]
+  const int64_t tiles =
+      std::max<int64_t>(tiles_within(budget, bytes_per_point), 1);
+  return {tiles * kTilePoints, false}; // [stack: dense replaces: return {tiles * kTilePoints};]
 }
 
 // Threads per block and a cap on blocks per launch of the CUDA executor's
@@ -1144,17 +309,20 @@ struct LaunchShape {
 // pipeline's limits (which it asserts) gives the same bits, because the
 // canonical order depends on none of them.
 struct BackwardPlan {
-  bool index_32bit = true;
+  bool index_32bit = true; // [stack: index32]
   Keying keying = Keying::PerTap;
-  bool key_32bit = true;
-  ChunkPlan chunks{kTilePoints, false};
+  bool key_32bit = true; // [stack: index32]
+  ChunkPlan chunks{kTilePoints, false}; // [stack: dense replaces: ChunkPlan chunks{kTilePoints};]
+  // [stack: hot-fold]
   // Dense chunks fold hot destinations' tiles in parallel (HotFold) where
   // the tables fit; off, every destination folds serially, with the same
   // bits.
   bool hot_fold = true;
+  // [end stack: hot-fold]
   LaunchShape launch;
 };
 
+// [stack: index32]
 // Whether the sampler with taps_per_axis taps per axis in dims spatial
 // dimensions is built with 32-bit index math as well as 64-bit. All are but
 // 3-D bicubic (tricubic): its point pass, 64 taps per point, is several
@@ -1171,6 +339,7 @@ constexpr bool has_32bit_index_math(int taps_per_axis, int dims) {
 inline bool keys_fit_32bit(int64_t table_entries) {
   return table_entries < std::numeric_limits<int32_t>::max();
 }
+// [end stack: index32]
 
 // The blocks of grad_input's elements that a float carry of
 // carry_elements holds one at a time: runs of whole rows (n, c) where a row
@@ -1233,11 +402,13 @@ void reduce_grad_input(
   constexpr int kTapsPerPoint = ipow(kTaps, kDims);
   constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
   const ChunkPlan& chunking = plan.chunks;
+  // [stack: cells]
   const bool per_cell = plan.keying == Keying::PerCell;
   TORCH_INTERNAL_ASSERT(!per_cell || (kTaps == 2 && chunking.dense));
+  // [end stack: cells]
 
   const int64_t chunk_points = chunking.chunk_points;
-  const bool dense = chunking.dense;
+  const bool dense = chunking.dense; // [stack: dense]
   const int64_t num_points = args.num_points();
   const index_t channels = args.channels;
   const index_t image_size = args.destinations_per_image();
@@ -1247,20 +418,23 @@ void reduce_grad_input(
     ex.zero(grad_input, numel * sizeof(scalar_t));
     return;
   }
-  const int64_t items_per_point = per_cell ? 1 : kTapsPerPoint;
-  const int64_t key_bytes = plan.key_32bit ? 4 : 8;
+  const int64_t items_per_point = per_cell ? 1 : kTapsPerPoint; // [stack: cells replaces: const int64_t items_per_point = kTapsPerPoint;]
+  const int64_t key_bytes = plan.key_32bit ? 4 : 8; // [stack: index32 replaces: const int64_t key_bytes = 8;]
   const int64_t points_per_chunk = std::min(num_points, chunk_points);
   const int64_t capacity = points_per_chunk * items_per_point;
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
   const int64_t table_entries =
-      per_cell ? args.num_cells() : static_cast<int64_t>(args.num_destinations());
+      per_cell ? args.num_cells() : static_cast<int64_t>(args.num_destinations()); // [stack: cells replaces: static_cast<int64_t>(args.num_destinations());]
   // The numbering limits of kMaxChunkRecords, which plan_chunks keeps.
   TORCH_INTERNAL_ASSERT(
       chunk_points % kTilePoints == 0 &&
-      chunk_points * kTapsPerPoint <= kMaxChunkRecords &&
-      (!dense || table_entries <= chunk_points * kTapsPerPoint));
+      chunk_points * kTapsPerPoint <= kMaxChunkRecords);
+  // [stack: dense]
+  TORCH_INTERNAL_ASSERT(
+      !dense || table_entries <= chunk_points * kTapsPerPoint);
+  // [end stack: dense]
   // 32-bit keys that cannot hold the key space would collide.
-  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
+  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries)); // [stack: index32]
   // A float carry holds the sums of Half/BFloat16 elements whose records
   // span chunks; with one chunk every sum is rounded as it is made.
   const bool float_carry = chunking.carry_elements > 0;
@@ -1269,8 +443,10 @@ void reduce_grad_input(
       (kReducedPrecision && chunk_points < num_points && numel > 0));
   const CarryBlocks<index_t> blocks(
       args.batch * channels, image_size, chunking.carry_elements);
+  // [stack: channels-fastest]
   // Threads that take channels fastest sweep whole images.
   TORCH_INTERNAL_ASSERT(!chunking.channels_fastest || blocks.count() == 1);
+  // [end stack: channels-fastest]
 
   // After the sort the unsorted keys and ids are dead until the next chunk's
   // point pass, so the sparse reduce keeps its int32 bookkeeping there
@@ -1281,6 +457,7 @@ void reduce_grad_input(
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
+  // [stack: hot-fold]
   // Dense chunks whose keys may be hot fold those in parallel (HotFold),
   // with 32-bit indices only, which keeps the unit within its machine-code
   // budget: larger calls fold serially, with the same bits. Beside the
@@ -1292,16 +469,21 @@ void reduce_grad_input(
       std::is_same_v<index_t, int32_t> && capacity > hot_key_limit;
   const int64_t hot_slots =
       hot_capable ? capacity / (hot_key_limit + 1) + 1 : 0;
+  // [end stack: hot-fold]
+  // [stack: dense]
   // Dense: the segment table, one fill per chunk.
   const int64_t table_bytes = table_entries * sizeof(SegmentBounds) +
-      hot_slots * static_cast<int64_t>(sizeof(int32_t));
+      hot_slots * static_cast<int64_t>(sizeof(int32_t)); // [stack: hot-fold replaces: 0;]
   const auto segments = ex.allocate(dense ? table_bytes : 0);
-  const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t));
+  // [end stack: dense]
+  const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t)); // [stack: dense replaces: const auto num_runs = ex.allocate(sizeof(int32_t));]
+  // [stack: channels-fastest]
   const bool copy = chunking.copy_grad_output;
   const auto gathered =
       ex.allocate(copy ? points_per_chunk * channels * sizeof(scalar_t) : 0);
   const auto gathered_offsets =
       ex.allocate(copy ? points_per_chunk * sizeof(index_t) : 0);
+  // [end stack: channels-fastest]
   const auto carry_storage =
       ex.allocate(float_carry ? chunking.carry_elements * sizeof(T) : 0);
   // Where sums live between chunks: grad_input itself when it holds opmath
@@ -1310,35 +492,35 @@ void reduce_grad_input(
                                     : reinterpret_cast<T*>(grad_input);
 
   const ChunkRecords<T, index_t> chunk{
-      ChunkKeys{keys.get(), !plan.key_32bit},
-      plan.keying,
+      ChunkKeys{keys.get(), !plan.key_32bit}, // [stack: index32 replaces: ChunkKeys{keys.get()},]
+      plan.keying, // [stack: cells]
       as<int32_t>(ids),
       as<T>(weights),
       as<index_t>(gout_offsets)};
-  const ChunkKeys sorted_chunk_keys{sorted_keys.get(), !plan.key_32bit};
+  const ChunkKeys sorted_chunk_keys{sorted_keys.get(), !plan.key_32bit}; // [stack: index32 replaces: const ChunkKeys sorted_chunk_keys{sorted_keys.get()};]
   constexpr int kTapBits = log2_taps_per_point(kTaps, kDims);
-  const SortedRecords<scalar_t, index_t> sorted = copy
-      ? SortedRecords<scalar_t, index_t>{
-            as<int32_t>(sorted_ids),
-            as<T>(weights),
-            as<index_t>(gathered_offsets),
-            as<scalar_t>(gathered),
-            1,
-            kTapBits}
-      : SortedRecords<scalar_t, index_t>{
-            as<int32_t>(sorted_ids),
-            as<T>(weights),
-            as<index_t>(gout_offsets),
-            args.grad_output.data,
-            args.grad_output.stride_c,
-            kTapBits};
-  SegmentBounds* const segment_table = as<SegmentBounds>(segments);
+  SortedRecords<scalar_t, index_t> sorted{
+      as<int32_t>(sorted_ids),
+      as<T>(weights),
+      as<index_t>(gout_offsets),
+      args.grad_output.data,
+      args.grad_output.stride_c,
+      kTapBits};
+  // [stack: channels-fastest]
+  if (copy) {
+    sorted.gout_offsets = as<index_t>(gathered_offsets);
+    sorted.grad_output = as<scalar_t>(gathered);
+    sorted.gout_stride_c = 1;
+  }
+  // [end stack: channels-fastest]
+  SegmentBounds* const segment_table = as<SegmentBounds>(segments); // [stack: dense]
   int32_t* const bookkeeping_a = as<int32_t>(ids);
   int32_t* const bookkeeping_b = static_cast<int32_t*>(keys.get());
   const int end_bit = bits_for(table_entries);
   const int64_t points_per_image = args.points_per_image();
   const int64_t num_chunks = (num_points + chunk_points - 1) / chunk_points;
 
+  // [stack: hot-fold]
   // The hot fold's groups of stored partials for a chunk of `count` points:
   // as many as fit the chunk's unsorted keys and ids beside its slots' group
   // ends and running sums; 0 where no key can be hot (it runs not at all).
@@ -1365,17 +547,34 @@ void reduce_grad_input(
              std::numeric_limits<int32_t>::max() /
                  (channels * partials_per_group)}));
   };
-  auto marks_of = [&](int32_t num_items) {
-    return MarkDestinationSegments{
-        sorted_chunk_keys, num_items, table_entries, segment_table};
-  };
   auto run_hot_step = [&](auto hot, HotStep step, int64_t rows, int64_t cols) {
     hot.step = step;
     ex.for_each_row(static_cast<int32_t>(rows), static_cast<int32_t>(cols), hot);
   };
+  // [end stack: hot-fold]
+  // [stack: dense]
+  auto marks_of = [&](int32_t num_items) {
+    return MarkDestinationSegments{
+        sorted_chunk_keys, num_items, table_entries, segment_table};
+  };
+  // [end stack: dense]
+
+  auto sort_items = [&](int32_t num_items) {
+    // [stack: index32]
+    if (plan.key_32bit) {
+      ex.stable_sort_pairs(
+          as<int32_t>(keys), as<int32_t>(sorted_keys), as<int32_t>(ids),
+          as<int32_t>(sorted_ids), num_items, end_bit);
+      return;
+    }
+    // [end stack: index32]
+    ex.stable_sort_pairs(
+        as<int64_t>(keys), as<int64_t>(sorted_keys), as<int32_t>(ids),
+        as<int32_t>(sorted_ids), num_items, end_bit);
+  };
 
   // One chunk's records, sorted, with the bookkeeping its reduce reads:
-  // segment bounds (dense) or runs of one destination (sparse).
+  // runs of one destination.
   auto point_pass_and_sort = [&](const Args& point_args, int64_t first_point,
                                  int64_t count) {
     const int32_t num_items = static_cast<int32_t>(count * items_per_point);
@@ -1384,15 +583,8 @@ void reduce_grad_input(
         static_cast<index_t>(count),
         PointPass<kTaps, Args>{
             point_args, chunk, static_cast<index_t>(first_point)});
-    if (plan.key_32bit) {
-      ex.stable_sort_pairs(
-          as<int32_t>(keys), as<int32_t>(sorted_keys), as<int32_t>(ids),
-          as<int32_t>(sorted_ids), num_items, end_bit);
-    } else {
-      ex.stable_sort_pairs(
-          as<int64_t>(keys), as<int64_t>(sorted_keys), as<int32_t>(ids),
-          as<int32_t>(sorted_ids), num_items, end_bit);
-    }
+    sort_items(num_items);
+    // [stack: channels-fastest]
     if (copy) {
       using element_t = CopiedAs<scalar_t>;
       ex.for_each_row(
@@ -1406,14 +598,20 @@ void reduce_grad_input(
               as<element_t>(gathered),
               as<index_t>(gathered_offsets)});
     }
+    // [end stack: channels-fastest]
+    // [stack: dense]
+    // Dense: the segment bounds of every key instead.
     if (dense) {
-      // Where the hot fold runs, its first step marks the segments.
       ex.zero(segment_table, table_bytes);
-      if (hot_pool_groups(count) == 0) {
-        ex.for_each(num_items, marks_of(num_items));
+      // [stack: hot-fold]
+      if (hot_pool_groups(count) > 0) {
+        return; // the hot fold's first step marks the segments
       }
+      // [end stack: hot-fold]
+      ex.for_each(num_items, marks_of(num_items));
       return;
     }
+    // [end stack: dense]
     ex.for_each(num_items, MarkRunHeads{sorted_chunk_keys, bookkeeping_a});
     ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_items);
     ex.for_each(
@@ -1426,13 +624,14 @@ void reduce_grad_input(
             as<int32_t>(num_runs)});
   };
 
+  // [stack: dense]
   // The dense reduce of rows [row_from, row_to) of `out`'s block, after a
   // chunk of `count` points.
   auto reduce_dense = [&](const ReduceOutput<scalar_t, index_t>& out,
                           int64_t row_from,
                           int64_t row_to,
-                          int64_t first_fresh_image,
-                          int64_t count) {
+                          int64_t count, // [stack: hot-fold]
+                          int64_t first_fresh_image) {
     auto sweep = [&](const auto& segments_of) {
       using Fold = DenseFold<std::decay_t<decltype(segments_of)>, scalar_t, index_t>;
       const Fold fold{
@@ -1446,19 +645,22 @@ void reduce_grad_input(
               ? 0
               : static_cast<index_t>(first_fresh_image)};
       auto reduce = [&] {
+        // [stack: channels-fastest]
         if (chunking.channels_fastest) {
           ex.for_each(
               static_cast<index_t>((row_to - row_from) * image_size),
               ReduceDenseChannelsFastest<Fold>(
                   fold, static_cast<index_t>(row_from / channels)));
-        } else {
-          ex.for_each_row(
-              static_cast<index_t>(row_to - row_from),
-              out.block.width(),
-              ReduceDense<Fold>{
-                  fold, static_cast<index_t>(row_from), out.block.col_begin});
+          return;
         }
+        // [end stack: channels-fastest]
+        ex.for_each_row(
+            static_cast<index_t>(row_to - row_from),
+            out.block.width(),
+            ReduceDense<Fold>{
+                fold, static_cast<index_t>(row_from), out.block.col_begin});
       };
+      // [stack: hot-fold]
       if constexpr (std::is_same_v<index_t, int32_t>) {
         const int64_t pool_groups = hot_pool_groups(count);
         if (pool_groups > 0) {
@@ -1495,15 +697,32 @@ void reduce_grad_input(
           return;
         }
       }
+      // [end stack: hot-fold]
       reduce();
     };
+    // [stack: cells]
     if constexpr (kTaps == 2) {
       if (per_cell) {
         sweep(make_cell_segments(sorted.ids, segment_table, args.inp_size));
         return;
       }
     }
+    // [end stack: cells]
     sweep(DestinationSegments<index_t>{sorted.ids, segment_table, image_size});
+  };
+  // [end stack: dense]
+
+  // Sparse: every element of a block starts at zero; chunks then touch only
+  // the destinations they have records for.
+  auto zero_sums = [&](const ElementBlock<index_t>& block) {
+    // [stack: dense]
+    if (dense) {
+      return; // the first chunk to reach an image writes its zeros
+    }
+    // [end stack: dense]
+    ex.zero(
+        float_carry ? static_cast<void*>(sums) : static_cast<void*>(grad_input),
+        float_carry ? block.numel() * sizeof(T) : numel * sizeof(scalar_t));
   };
 
   // Each block of grad_input takes the chunks of the points of its images;
@@ -1524,32 +743,26 @@ void reduce_grad_input(
         first_block_image * points_per_image / chunk_points;
     const int64_t end_chunk =
         (end_block_image * points_per_image - 1) / chunk_points + 1;
-    if (!dense) {
-      // Sparse: every element starts at zero; chunks then touch only the
-      // destinations they have records for.
-      ex.zero(
-          float_carry ? static_cast<void*>(sums) : static_cast<void*>(grad_input),
-          float_carry ? block.numel() * sizeof(T) : numel * sizeof(scalar_t));
-    }
+    zero_sums(block);
     // Images from first_fresh_image on hold no running sums yet.
-    int64_t first_fresh_image = first_block_image;
+    int64_t first_fresh_image = first_block_image; // [stack: dense]
     for (int64_t k = first_chunk; k < end_chunk; ++k) {
       const int64_t first_point = k * chunk_points;
       const int64_t count = std::min(chunk_points, num_points - first_point);
-      const bool last = k == end_chunk - 1;
       point_pass_and_sort(
           k < chunks_with_grid_gradient ? records_only : args, first_point, count);
       chunks_with_grid_gradient = std::max(chunks_with_grid_gradient, k + 1);
       // Sums are read where earlier chunks left them, and written there but
       // by a float carry's last dense chunk, which rounds the whole block
       // into grad_input.
-      const bool round_now = float_carry && dense && last;
+      const bool round_now = float_carry && dense && k == end_chunk - 1; // [stack: dense]
       const ReduceOutput<scalar_t, index_t> out(
           grad_input,
           kReducedPrecision && !float_carry ? nullptr : sums,
-          kReducedPrecision && (!float_carry || round_now) ? nullptr : sums,
+          kReducedPrecision && (!float_carry || round_now) ? nullptr : sums, // [stack: dense replaces: kReducedPrecision && !float_carry ? nullptr : sums,]
           block,
           image_size);
+      // [stack: dense]
       if (dense) {
         // Points are numbered image by image, so this chunk's records land
         // in images [first_image, end_image) only: a dense reduce sweeps
@@ -1562,26 +775,27 @@ void reduce_grad_input(
             round_now ? int64_t{block.row_begin}
                       : std::max<int64_t>(first_image * channels, block.row_begin),
             std::min<int64_t>(end_image * channels, block.row_end),
-            first_fresh_image,
-            count);
+            count, // [stack: hot-fold]
+            first_fresh_image);
         first_fresh_image = end_image;
-      } else {
-        ex.for_each_row(
-            channels,
-            static_cast<int32_t>(count * items_per_point),
-            ReduceSparse<scalar_t, index_t>{
-                sorted,
-                sorted_chunk_keys,
-                bookkeeping_a,
-                as<int32_t>(num_runs),
-                table_entries,
-                out,
-                channels,
-                divider<index_t>(image_size)});
+        continue;
       }
+      // [end stack: dense]
+      ex.for_each_row(
+          channels,
+          static_cast<int32_t>(count * items_per_point),
+          ReduceSparse<scalar_t, index_t>{
+              sorted,
+              sorted_chunk_keys,
+              bookkeeping_a,
+              as<int32_t>(num_runs),
+              table_entries,
+              out,
+              channels,
+              divider<index_t>(image_size)});
     }
     if constexpr (kReducedPrecision) {
-      if (float_carry && !dense) {
+      if (float_carry && !dense) { // [stack: dense replaces: if (float_carry) {]
         // With 64-bit index math whatever the call's: one pass over the
         // block's memory, built once per dtype.
         const ElementBlock<int64_t> wide_block{
@@ -1607,10 +821,10 @@ struct BackwardProblem {
   int64_t channels;
   int64_t num_destinations;
   int64_t num_cells;
-  int64_t grad_output_stride_c;
+  int64_t grad_output_stride_c; // [stack: channels-fastest]
   int64_t scalar_bytes;
   int64_t opmath_bytes;
-  bool index_fits_32bit;
+  bool index_fits_32bit; // [stack: index32]
 
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
   int64_t table_entries(Keying keying) const {
@@ -1618,12 +832,14 @@ struct BackwardProblem {
   }
 };
 
+// [stack: index32]
 inline bool fits_32bit_indexing(const GridSamplerBackwardCall& call) {
   return fits_32bit_indexing(call.input) && fits_32bit_indexing(call.grid) &&
       fits_32bit_indexing(call.grad_output) &&
       (!call.output_mask[0] || fits_32bit_indexing(call.grad_input)) &&
       fits_32bit_indexing(call.grad_grid);
 }
+// [end stack: index32]
 
 // For a call of checked arguments.
 inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
@@ -1639,11 +855,11 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
       call.input.size(1),
       batch,
       batch,
-      call.grad_output.stride(1),
+      call.grad_output.stride(1), // [stack: channels-fastest]
       static_cast<int64_t>(call.input.element_size()),
       static_cast<int64_t>(
           c10::elementSize(at::toOpMathType(call.input.scalar_type()))),
-      fits_32bit_indexing(call)};
+      fits_32bit_indexing(call)}; // [stack: index32 replaces: };]
   for (int64_t a = 0; a < dims; ++a) {
     problem.num_points *= call.grid.size(1 + a);
     problem.num_destinations *= call.input.size(2 + a);
@@ -1652,6 +868,7 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
   return problem;
 }
 
+// [stack: channels-fastest]
 // The thread order of a dense reduce, and the channels-last copy it reads
 // when its threads take channels fastest over a grad_output whose channel
 // stride is not 1. A sparse reduce has one order.
@@ -1664,45 +881,51 @@ inline ChunkPlan with_thread_order(
       chunks.channels_fastest && problem.grad_output_stride_c > 1;
   return chunks;
 }
+// [end stack: channels-fastest]
 
 // Chunks sized to `workspace_bytes` for records keyed by `keying`, with
 // keys and index math of the given widths.
 inline ChunkPlan plan_reduction_within(
     const BackwardProblem& problem,
     Keying keying,
-    bool key_32bit,
-    bool index_32bit,
-    bool channels_fastest,
+    bool key_32bit, // [stack: index32]
+    bool index_32bit, // [stack: index32]
+    bool channels_fastest, // [stack: channels-fastest]
     int64_t workspace_bytes) {
-  const int64_t index_bytes = index_32bit ? 4 : 8;
-  auto chunks_with = [&](bool copy) {
+  const int64_t index_bytes = index_32bit ? 4 : 8; // [stack: index32 replaces: const int64_t index_bytes = 8;]
+  const int64_t key_bytes = key_32bit ? 4 : 8; // [stack: index32 replaces: const int64_t key_bytes = 8;]
+  auto chunks_with = [&](bool copy) { // [stack: channels-fastest replaces: auto chunks_with = [&] {]
     return plan_chunks(
-        problem.num_points,
-        problem.taps_per_point,
-        problem.table_entries(keying),
+        problem.num_points, // [stack: dense]
+        problem.taps_per_point, // [stack: dense]
+        problem.table_entries(keying), // [stack: dense]
         chunk_bytes_per_point(
             keying == Keying::PerTap ? problem.taps_per_point : 1,
             problem.taps_per_point,
-            key_32bit ? 4 : 8,
+            key_bytes,
             problem.opmath_bytes,
             index_bytes),
-        copy ? problem.channels * problem.scalar_bytes + index_bytes : 0,
+        copy ? problem.channels * problem.scalar_bytes + index_bytes : 0, // [stack: channels-fastest]
         workspace_bytes);
   };
-  const bool copy = channels_fastest && problem.grad_output_stride_c > 1;
-  const ChunkPlan chunks =
-      with_thread_order(chunks_with(copy), channels_fastest, problem);
-  if (copy && chunks.chunk_points < problem.num_points) {
-    // The copy's bytes never split a problem that fits one chunk without
-    // them (every extra chunk is a sort and a sweep more): the reduce then
-    // reads grad_output where it lies.
-    ChunkPlan uncopied = chunks_with(false);
-    if (uncopied.dense && uncopied.chunk_points >= problem.num_points) {
-      uncopied.channels_fastest = true;
-      return uncopied;
+  // [stack: channels-fastest]
+  if (channels_fastest) {
+    const bool copy = problem.grad_output_stride_c > 1;
+    const ChunkPlan chunks = with_thread_order(chunks_with(copy), true, problem);
+    if (copy && chunks.chunk_points < problem.num_points) {
+      // The copy's bytes never split a problem that fits one chunk without
+      // them (every extra chunk is a sort and a sweep more): the reduce then
+      // reads grad_output where it lies.
+      ChunkPlan uncopied = chunks_with(false);
+      if (uncopied.dense && uncopied.chunk_points >= problem.num_points) {
+        uncopied.channels_fastest = true;
+        return uncopied;
+      }
     }
+    return chunks;
   }
-  return chunks;
+  // [end stack: channels-fastest]
+  return chunks_with(false); // [stack: channels-fastest replaces: return chunks_with();]
 }
 
 // The most a float carry takes of the workspace.
@@ -1710,70 +933,75 @@ constexpr int64_t kCarryBytes = kWorkspaceBytes / 2;
 
 // The float carry of Half/BFloat16 sums over several chunks: all of
 // grad_input where it fits kCarryBytes, else blocks of it
-// (reduce_grad_input repeats the chunks of a block's images for each), whose
-// rows the threads then take destinations fastest.
+// (reduce_grad_input repeats the chunks of a block's images for each).
 inline ChunkPlan with_carry(ChunkPlan chunks, const BackwardProblem& problem) {
   const int64_t numel = problem.num_destinations * problem.channels;
   const bool needed = problem.scalar_bytes < problem.opmath_bytes &&
       chunks.chunk_points < problem.num_points && numel > 0;
   chunks.carry_elements =
       needed ? std::min(numel, kCarryBytes / problem.opmath_bytes) : 0;
+  // [stack: channels-fastest]
+  // Blocks of rows are taken destinations fastest.
   if (needed && chunks.carry_elements < numel) {
     chunks.channels_fastest = false;
     chunks.copy_grad_output = false;
   }
+  // [end stack: channels-fastest]
   return chunks;
 }
 
 // Chunks sized to the workspace, a float carry included.
 inline ChunkPlan plan_reduction(
     const BackwardProblem& problem,
-    Keying keying,
-    bool key_32bit,
-    bool index_32bit,
-    bool channels_fastest) {
-  auto within = [&](int64_t workspace_bytes, bool channels_fastest) {
+    bool key_32bit, // [stack: index32]
+    bool index_32bit, // [stack: index32]
+    bool channels_fastest, // [stack: channels-fastest]
+    Keying keying) {
+  auto within = [&](int64_t workspace_bytes, bool channels_fastest) { // [stack: channels-fastest replaces: auto within = [&](int64_t workspace_bytes) {]
     return with_carry(
         plan_reduction_within(
             problem,
             keying,
-            key_32bit,
-            index_32bit,
-            channels_fastest,
+            key_32bit, // [stack: index32]
+            index_32bit, // [stack: index32]
+            channels_fastest, // [stack: channels-fastest]
             workspace_bytes),
         problem);
   };
-  const ChunkPlan chunks = within(kWorkspaceBytes, channels_fastest);
+  const ChunkPlan chunks = within(kWorkspaceBytes, channels_fastest); // [stack: channels-fastest replaces: const ChunkPlan chunks = within(kWorkspaceBytes);]
   if (chunks.carry_elements == 0) {
     return chunks;
   }
-  // Several chunks of Half/BFloat16: the carry takes its share first, and
-  // where it holds grad_input in blocks, the threads take destinations
+  // Several chunks of Half/BFloat16: the carry takes its share first.
+  // [stack: channels-fastest]
+  // Where it holds grad_input in blocks, the threads take destinations
   // fastest (so the chunks need no channels-last copy).
   const bool blocked =
       chunks.carry_elements < problem.num_destinations * problem.channels;
+  // [end stack: channels-fastest]
   return within(
-      kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes,
-      channels_fastest && !blocked);
+      kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes, // [stack: channels-fastest replaces: kWorkspaceBytes - chunks.carry_elements * problem.opmath_bytes);]
+      channels_fastest && !blocked); // [stack: channels-fastest]
 }
 
 inline BackwardPlan plan_keyed(
     const BackwardProblem& problem,
-    Keying keying,
-    bool index_32bit) {
+    bool index_32bit, // [stack: index32]
+    Keying keying) {
   BackwardPlan plan;
-  plan.index_32bit = index_32bit;
+  plan.index_32bit = index_32bit; // [stack: index32]
   plan.keying = keying;
-  plan.key_32bit = keys_fit_32bit(problem.table_entries(keying));
+  plan.key_32bit = keys_fit_32bit(problem.table_entries(keying)); // [stack: index32]
   plan.chunks = plan_reduction(
       problem,
-      keying,
-      plan.key_32bit,
-      index_32bit,
-      prefers_channels_fastest(problem.channels));
+      plan.key_32bit, // [stack: index32]
+      index_32bit, // [stack: index32]
+      prefers_channels_fastest(problem.channels), // [stack: channels-fastest]
+      keying);
   return plan;
 }
 
+// [stack: index32]
 // Whether 32-bit index math may run the problem: where it fits, and the
 // sampler is built with it (has_32bit_index_math).
 inline bool index_32bit_for(const BackwardProblem& problem) {
@@ -1781,29 +1009,38 @@ inline bool index_32bit_for(const BackwardProblem& problem) {
       has_32bit_index_math(
           static_cast<int>(problem.taps_per_axis), static_cast<int>(problem.dims));
 }
+// [end stack: index32]
 
-// The default plan: 32-bit keys and index math wherever they fit (index
-// math where the sampler is built with it, too), one sort item per point
-// wherever bilinear or trilinear sampling reduces densely (one per tap
-// otherwise), chunks as large as the workspace allows.
+// The default plan: one sort item per tap, chunks as large as the workspace
+// allows.
+// [stack: index32]
+// 32-bit keys and index math wherever they fit (index math where the
+// sampler is built with it, too).
+// [end stack: index32]
+// [stack: cells]
+// One sort item per point wherever bilinear or trilinear sampling reduces
+// densely.
+// [end stack: cells]
 inline BackwardPlan plan_backward(const BackwardProblem& problem) {
-  const bool index_32bit = index_32bit_for(problem);
+  const bool index_32bit = index_32bit_for(problem); // [stack: index32]
+  // [stack: cells]
   if (problem.taps_per_axis == 2) {
-    BackwardPlan plan = plan_keyed(problem, Keying::PerCell, index_32bit);
+    BackwardPlan plan = plan_keyed(problem, index_32bit, Keying::PerCell);
     if (plan.chunks.dense) {
       return plan;
     }
   }
-  return plan_keyed(problem, Keying::PerTap, index_32bit);
+  // [end stack: cells]
+  return plan_keyed(problem, index_32bit, Keying::PerTap); // [stack: index32 replaces: return plan_keyed(problem, Keying::PerTap);]
 }
 
 // Calls fn(scalar_t(), index_t(), std::integral_constant<int, kDims>()) with
-// the call's dtype, the index type (int32_t where index_32bit) and its
-// spatial dimensionality (2 for a 4-D input, 3 for a 5-D one).
+// the call's dtype, the index type (int64_t; int32_t where index_32bit) and
+// its spatial dimensionality (2 for a 4-D input, 3 for a 5-D one).
 template <typename Fn>
 void dispatch_backward_types(
     const GridSamplerBackwardCall& call,
-    bool index_32bit,
+    bool index_32bit, // [stack: index32]
     const Fn& fn) {
   AT_DISPATCH_FLOATING_TYPES_AND2(
       ScalarType::Half,
@@ -1812,11 +1049,13 @@ void dispatch_backward_types(
       "grid_sampler_backward_deterministic",
       [&] {
         auto with_index = [&](auto dims) {
+          // [stack: index32]
           if (index_32bit) {
             fn(scalar_t(), int32_t(), dims);
-          } else {
-            fn(scalar_t(), int64_t(), dims);
+            return;
           }
+          // [end stack: index32]
+          fn(scalar_t(), int64_t(), dims);
         };
         if (call.input.dim() == 4) {
           with_index(std::integral_constant<int, 2>{});
@@ -1833,15 +1072,19 @@ template <typename Executor, typename Fn>
 void with_backward_args(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
-    const BackwardPlan& plan,
+    const BackwardPlan& plan, // [stack: index32]
     const Fn& fn) {
   // A call for grad_grid alone has one writer per element and no alert: it
   // runs the stock kernel.
   TORCH_INTERNAL_ASSERT(call.output_mask[0]);
+  // [stack: index32]
   // 32-bit index math over larger tensors would address out of bounds.
   TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
+  // [end stack: index32]
   dispatch_backward_types(
-      call, plan.index_32bit, [&](auto scalar, auto index, auto dims) {
+      call,
+      plan.index_32bit, // [stack: index32]
+      [&](auto scalar, auto index, auto dims) {
         using scalar_t = decltype(scalar);
         using index_t = decltype(index);
         constexpr int kDims = decltype(dims)::value;
@@ -1887,6 +1130,7 @@ void run_deterministic_backward(
     const Executor& ex,
     const GridSamplerBackwardCall& call,
     const BackwardPlan& plan) {
+  // [stack: index32]
   const auto mode =
       static_cast<GridSamplerInterpolation>(call.interpolation_mode);
   const int dims = static_cast<int>(call.input.dim()) - 2;
@@ -1894,27 +1138,22 @@ void run_deterministic_backward(
       !plan.index_32bit || has_32bit_index_math(taps_per_axis(mode), dims),
       "grid_sampler_3d_backward (deterministic): 3-D bicubic sampling runs "
       "with 64-bit index math only, but the plan asks for 32-bit");
-  with_backward_args(ex, call, plan, [&](const auto& args, auto* grad_input) {
-    using Args = std::decay_t<decltype(args)>;
+  // [end stack: index32]
+  with_backward_args(ex, call, plan, [&](const auto& args, auto* grad_input) { // [stack: index32 replaces: with_backward_args(ex, call, [&](const auto& args, auto* grad_input) {]
+    using Args = std::decay_t<decltype(args)>; // [stack: index32]
     dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
       constexpr int kTaps = decltype(taps)::value;
+      // [stack: index32]
       if constexpr (
-          has_32bit_index_math(kTaps, Args::dims) ||
-          !std::is_same_v<typename Args::index_type, int32_t>) {
-        reduce_grad_input<kTaps>(ex, args, grad_input, plan);
-      }
+          !has_32bit_index_math(kTaps, Args::dims) &&
+          std::is_same_v<typename Args::index_type, int32_t>) {
+        return; // not built; refused above
+      } else
+      // [end stack: index32]
+      reduce_grad_input<kTaps>(ex, args, grad_input, plan);
     });
   });
 }
-
-// The CUDA launch of run_deterministic_backward for a 4-D (kDims 2) or 5-D
-// (kDims 3) input with a given plan, after the checks of GridSampler.cpp's
-// native functions (GridSamplerDeterministic.cu). The launchers of
-// GridSamplerDeterministic.h run plan_backward()'s plan.
-template <int kDims>
-void launch_cuda_backward_with_plan(
-    const GridSamplerBackwardCall& call,
-    const BackwardPlan& plan);
 
 } // namespace at::native::grid_sampler_deterministic
 

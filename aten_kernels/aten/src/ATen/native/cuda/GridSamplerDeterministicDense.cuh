@@ -1,0 +1,161 @@
+#pragma once
+// Speed step of the deterministic grid_sampler backward: the dense reduce.
+// Where a chunk's table of keys has no more entries than the chunk has
+// records, the reduce need not find runs with a scan: a segment table
+// bounds each key's sorted records, and one thread per grad_input element of
+// the chunk's images folds its destination's segment (no zero fill: the
+// first chunk to reach an image writes its untouched elements). The records
+// and their order are the core's, so the sums are the same bits.
+
+#include <ATen/native/cuda/GridSamplerDeterministic.cuh>
+
+namespace at::native::grid_sampler_deterministic {
+
+// The sorted records [begin, end) of one key of a dense reduction, side by
+// side so that a destination's reduce loads both in one access.
+struct alignas(8) SegmentBounds {
+  int32_t begin;
+  int32_t end;
+};
+
+// Dense reduction, step 1: segments[k] bounds the sorted records of key k,
+// a destination (PerTap) or a cell (PerCell); both were zero-filled before,
+// so an untouched key has an empty range. One thread per sorted record,
+// O(records): only the first and the last record of each key write.
+struct MarkDestinationSegments {
+  ChunkKeys keys;
+  int32_t count;
+  int64_t nowhere;
+  SegmentBounds* segments;
+
+  C10_HOST_DEVICE void operator()(int32_t i) const {
+    const int64_t d = keys[i];
+    if (d == nowhere) {
+      return;
+    }
+    if (i == 0 || keys[i - 1] != d) {
+      segments[d].begin = i;
+    }
+    if (i == count - 1 || keys[i + 1] != d) {
+      segments[d].end = i + 1;
+    }
+  }
+};
+
+// Where the dense reduce finds one destination's records, from the segment
+// bounds of step 1. PerTap: the destination's own segment.
+template <typename index_t>
+struct DestinationSegments {
+  // Keys per destination: its own.
+  static constexpr int kWays = 1;
+  const int32_t* ids;
+  const SegmentBounds* segments;
+  index_t destinations_per_image;
+
+  C10_HOST_DEVICE SortedRecordIds of(index_t n, index_t s) const {
+    const SegmentBounds bounds = segments[n * destinations_per_image + s];
+    return SortedRecordIds{ids, bounds.begin, bounds.end};
+  }
+
+  // What the hot fold (HotFold) needs of the keys. The ids are record ids,
+  // 2^tap_bits per point; a destination's one key is its own.
+  static C10_HOST_DEVICE int tile_bits(int tap_bits) {
+    return tap_bits + kTilePointsLog2;
+  }
+  C10_HOST_DEVICE const int32_t* sorted_ids() const {
+    return ids;
+  }
+  C10_HOST_DEVICE int64_t key_of(index_t n, index_t s, int /*way*/) const {
+    return int64_t{n} * destinations_per_image + s;
+  }
+  C10_HOST_DEVICE bool
+  destination_of(int64_t key, int /*way*/, index_t& n, index_t& s) const {
+    n = static_cast<index_t>(key / destinations_per_image);
+    s = static_cast<index_t>(key - int64_t{n} * destinations_per_image);
+    return true;
+  }
+  C10_HOST_DEVICE SortedRecordIds
+  records_in(const SegmentBounds (&ranges)[kWays]) const {
+    return SortedRecordIds{ids, ranges[0].begin, ranges[0].end};
+  }
+};
+
+// Dense reduction, step 2: what both thread orders below share. The single
+// writer of element (n, c, s) folds the records of destination (n, s) for
+// channel c, its row being n * C + c. Images before first_fresh_image hold
+// running sums of earlier chunks; images from it on start from zero.
+// Untouched elements are written (their zeros, or running sums rounded into
+// grad_input) from image first_written_image on, and left as they are
+// before it.
+template <typename Segments, typename scalar_t, typename index_t>
+struct DenseFold {
+  using T = at::opmath_type<scalar_t>;
+  using scalar_type = scalar_t;
+  using index_type = index_t;
+  SortedRecords<scalar_t, index_t> records;
+  Segments segments;
+  ReduceOutput<scalar_t, index_t> out;
+  index_t channels;
+  index_t destinations_per_image;
+  index_t first_fresh_image;
+  index_t first_written_image;
+
+  C10_HOST_DEVICE T initial_sum(index_t n, index_t row, index_t s) const {
+    return n < first_fresh_image ? out.running_sum(row, s) : static_cast<T>(0);
+  }
+
+  C10_HOST_DEVICE void fold_into(
+      index_t n,
+      index_t row,
+      index_t s,
+      const scalar_t* gout_channel) const {
+    const auto ids = segments.of(n, s);
+    if (ids.done() && n < first_written_image) {
+      return;
+    }
+    out.write(row, s, records.fold(ids, gout_channel, initial_sum(n, row, s)));
+  }
+};
+
+// Destinations fastest: thread (row first_row + r, column first_col + s'),
+// so a warp's lanes take consecutive destinations of one channel: their
+// segment bounds load coalesced, their writes are contiguous, and
+// neighbouring destinations' sorted records lie side by side.
+template <typename Fold>
+struct ReduceDense {
+  using index_t = typename Fold::index_type;
+  Fold fold;
+  index_t first_row;
+  index_t first_col;
+
+  struct Row {
+    index_t n;
+    index_t row;
+    const typename Fold::scalar_type* gout_channel;
+  };
+
+  C10_HOST_DEVICE Row row(index_t r) const {
+    const index_t row = first_row + r;
+    const index_t n = row / fold.channels;
+    const index_t c = row - n * fold.channels;
+    return Row{n, row, fold.records.gout_channel(c)};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, index_t s) const {
+    fold.fold_into(row.n, row.row, first_col + s, row.gout_channel);
+  }
+};
+
+// Whether a dense reduction may run on chunks of chunk_points points: its
+// table of keys has no more entries than a chunk has records, which keeps a
+// pass over every element as cheap as folding the chunk, and every cell
+// number within a chunk's int32 record numbering.
+inline bool dense_table_fits(
+    int64_t table_entries,
+    int64_t num_points,
+    int64_t chunk_points,
+    int64_t taps_per_point) {
+  return table_entries <= std::min(num_points, chunk_points) * taps_per_point;
+}
+
+} // namespace at::native::grid_sampler_deterministic

@@ -1,0 +1,401 @@
+#pragma once
+// Speed step of the deterministic grid_sampler backward: hot destinations,
+// whose records would make one thread's fold long, are folded tile by tile
+// in parallel, and their tiles' partials then added in order: the same
+// partials and additions as the serial fold, so the same bits.
+
+#include <ATen/native/cuda/GridSamplerDeterministicDense.cuh>
+
+namespace at::native::grid_sampler_deterministic {
+
+// The first position in [begin, end) of ascending ids whose id is at least
+// `bound` (end if none is).
+C10_HOST_DEVICE inline int32_t first_id_at_least(
+    const int32_t* ids,
+    int32_t begin,
+    int32_t end,
+    uint32_t bound) {
+  while (begin < end) {
+    const int32_t middle = begin + (end - begin) / 2;
+    if (static_cast<uint32_t>(ids[middle]) < bound) {
+      begin = middle + 1;
+    } else {
+      end = middle;
+    }
+  }
+  return begin;
+}
+
+
+// The parallel fold of hot destinations. One thread folds every record of a
+// (destination, channel) pair, so a destination with a million records (a
+// constant grid puts every point on one pixel) would cost its threads a
+// million dependent loads and adds. A partial never straddles a tile, so the
+// tiles of a hot destination are folded in parallel, and their partials are
+// then added in order: the same partials and the same additions as
+// fold_records makes, so the same bits.
+//
+// A key (a destination's own segment, or one of its cells) is hot when it
+// holds more than key_limit = kHotRecords / kWays records, and a destination
+// is hot when one of its keys is; its hot way of least index owns it. A hot
+// key beginning at sorted position b has slot b / (key_limit + 1), which no
+// other hot key shares, and a hot destination has a group per tile from the
+// tile of its first record to that of its last. Per dense chunk:
+//   kMarkSegments   a thread per sorted record, as MarkDestinationSegments,
+//                   but a hot key gets the empty bounds {end, end}, so that
+//                   the reduce folds none of its records, and the thread of
+//                   its last record counts the groups of the destinations
+//                   it owns into its slot.
+//   (an inclusive sum of the slots' groups numbers the groups)
+//   kStorePartials  a thread per (channel, group) stores its group's
+//                   partials, and one per (channel, hot destination) its
+//                   running sum, which the reduce may overwrite.
+//   (the dense reduce)
+//   kAddPartials    a thread per (channel, hot destination) adds the stored
+//                   partials to the running sum, in order, and writes the
+//                   element; where its groups did not fit `pool_groups`, it
+//                   folds the destination's records serially instead.
+// A destination with no hot key folds at most kHotRecords records in the
+// reduce; a hot one at most a tile's in kStorePartials and its partials in
+// kAddPartials. Everything is found from the sorted keys, by binary search
+// where a bound was hidden, with no atomics: the groups' numbering is a
+// function of the sorted keys alone. The tables live in the chunk's unsorted
+// keys and ids, which are dead after the sort, and the slots' counts beside
+// the segment table, whose zero fill clears them.
+constexpr int32_t kHotRecords = 4096;
+// The most bytes of slot counts a chunk needs: a chunk item takes 24 bytes
+// of the workspace at least (chunk_bytes_per_point), and a hot key more
+// than kHotRecords / 8 items.
+constexpr int64_t kHotSlotBytes =
+    (kWorkspaceBytes / 24 / (kHotRecords / 8 + 1) + 1) *
+    int64_t{sizeof(int32_t)};
+
+enum class HotStep : int8_t { kMarkSegments, kStorePartials, kAddPartials };
+
+template <typename Fold>
+struct HotFold {
+  using Segments = decltype(Fold::segments);
+  using T = typename Fold::T;
+  using index_t = typename Fold::index_type;
+  using scalar_t = typename Fold::scalar_type;
+  static constexpr int kWays = Segments::kWays;
+  // Above every record id: the bound of a destination's whole range.
+  static constexpr uint32_t kEveryId = std::numeric_limits<uint32_t>::max();
+  static_assert(
+      std::is_same_v<index_t, int32_t>,
+      "hot destinations fold in parallel with 32-bit indices only");
+  Fold fold;
+  MarkDestinationSegments marks; // the sorted keys, and the table
+  HotStep step;
+  int tile_bits;
+  int32_t key_limit; // a key with more records is hot
+  int32_t num_slots;
+  int32_t* slot_groups; // zero-filled with the table
+  int32_t* slot_ends; // inclusive sums of slot_groups
+  int32_t pool_groups;
+  int32_t partials_per_group;
+  T* partials; // [channel][group][partial]
+  int32_t* partial_counts; // [group]
+  T* running_sums; // [channel][hot destination]
+
+  struct Row {
+    index_t channel;
+    const scalar_t* gout_channel;
+  };
+
+  C10_HOST_DEVICE Row row(index_t c) const {
+    return Row{c, fold.records.gout_channel(c)};
+  }
+
+  C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
+    switch (step) {
+      case HotStep::kMarkSegments:
+        mark_segments(i);
+        return;
+      case HotStep::kStorePartials:
+        store_partials(row, i);
+        return;
+      case HotStep::kAddPartials:
+        add_partials(row, i);
+        return;
+    }
+  }
+
+  // Hot destinations are numbered slot * kWays + way, for the way of their
+  // owner.
+  C10_HOST_DEVICE int32_t max_hot_destinations() const {
+    return num_slots * kWays;
+  }
+  C10_HOST_DEVICE int32_t total_groups() const {
+    return slot_ends[num_slots - 1];
+  }
+
+  // The sorted position of key k's first record (or of the first greater
+  // key), and whether k is hot.
+  C10_HOST_DEVICE int32_t key_begin(int64_t k) const {
+    int32_t low = 0;
+    int32_t high = marks.count;
+    while (low < high) {
+      const int32_t middle = low + (high - low) / 2;
+      if (marks.keys[middle] < k) {
+        low = middle + 1;
+      } else {
+        high = middle;
+      }
+    }
+    return low;
+  }
+  C10_HOST_DEVICE bool is_hot(int64_t k, int32_t begin) const {
+    return begin + key_limit < marks.count && marks.keys[begin + key_limit] == k;
+  }
+
+  // The hot key of slot `slot`, if it has one: a hot key beginning in the
+  // slot holds its last position, being longer than the slot.
+  C10_HOST_DEVICE bool hot_key_of(int32_t slot, int64_t& key) const {
+    const int32_t last = std::min(
+        (slot + 1) * (key_limit + 1) - 1, marks.count - 1);
+    key = marks.keys[last];
+    if (key == marks.nowhere) {
+      return false;
+    }
+    const int32_t begin = key_begin(key);
+    return begin / (key_limit + 1) == slot && is_hot(key, begin);
+  }
+
+  // The destination that hot key `key` is way `way` of, where that way
+  // owns it: none of its ways before is hot.
+  C10_HOST_DEVICE bool
+  owned_destination(int64_t key, int way, index_t& n, index_t& s) const {
+    if (!fold.segments.destination_of(key, way, n, s)) {
+      return false;
+    }
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < way; ++w) {
+      const int64_t other = fold.segments.key_of(n, s, w);
+      if (is_hot(other, key_begin(other))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Where destination (n, s)'s records are, found from the keys (the table
+  // hides a hot key's bounds): way w's sorted positions whose ids are in
+  // [first_id, end_id), and the tiles of its first and last record.
+  C10_HOST_DEVICE SegmentBounds way_range(
+      index_t n,
+      index_t s,
+      int way,
+      uint32_t first_id,
+      uint32_t end_id) const {
+    const int64_t key = fold.segments.key_of(n, s, way);
+    const int32_t begin = key_begin(key);
+    const int32_t end = key_begin(key + 1);
+    const int32_t* ids = fold.segments.sorted_ids();
+    return SegmentBounds{
+        first_id_at_least(ids, begin, end, first_id),
+        first_id_at_least(ids, begin, end, end_id)};
+  }
+  struct TileSpan {
+    int32_t first;
+    int32_t last;
+  };
+  C10_HOST_DEVICE TileSpan tiles_of(index_t n, index_t s) const {
+    const int32_t* ids = fold.segments.sorted_ids();
+    TileSpan tiles{std::numeric_limits<int32_t>::max(), -1};
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      const int64_t key = fold.segments.key_of(n, s, w);
+      const int32_t begin = key_begin(key);
+      const int32_t end = key_begin(key + 1);
+      if (begin < end) {
+        tiles.first = std::min(tiles.first, ids[begin] >> tile_bits);
+        tiles.last = std::max(tiles.last, ids[end - 1] >> tile_bits);
+      }
+    }
+    return tiles;
+  }
+  C10_HOST_DEVICE int32_t groups_of(index_t n, index_t s) const {
+    const TileSpan tiles = tiles_of(n, s);
+    return tiles.last - tiles.first + 1;
+  }
+  // Destination (n, s)'s records whose ids are in [first_id, end_id), in
+  // the canonical order. The searches run in a loop, and their results go
+  // to the ways' ranges by selects, which keeps the ranges in registers.
+  C10_HOST_DEVICE auto
+  records_in(index_t n, index_t s, uint32_t first_id, uint32_t end_id) const {
+    SegmentBounds ranges[kWays] = {};
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      const SegmentBounds range = way_range(n, s, w, first_id, end_id);
+      GRID_SAMPLER_DET_UNROLL
+      for (int k = 0; k < kWays; ++k) {
+        ranges[k] = k == w ? range : ranges[k];
+      }
+    }
+    return fold.segments.records_in(ranges);
+  }
+
+  // Hot destination h, if slot h / kWays's hot key owns it through way
+  // h % kWays; and the number of its first group.
+  struct HotDestination {
+    bool valid;
+    index_t n;
+    index_t s;
+    int32_t first_group;
+  };
+  C10_HOST_DEVICE HotDestination hot_destination(int32_t h) const {
+    HotDestination hot{false, 0, 0, 0};
+    const int32_t slot = h / kWays;
+    const int way = h - slot * kWays;
+    int64_t key;
+    if (!hot_key_of(slot, key) || !owned_destination(key, way, hot.n, hot.s)) {
+      return hot;
+    }
+    hot.valid = true;
+    hot.first_group = slot == 0 ? 0 : slot_ends[slot - 1];
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < way; ++w) {
+      index_t n;
+      index_t s;
+      if (owned_destination(key, w, n, s)) {
+        hot.first_group += groups_of(n, s);
+      }
+    }
+    return hot;
+  }
+
+  // kMarkSegments: sorted record i.
+  C10_HOST_DEVICE void mark_segments(int32_t i) const {
+    const int64_t key = marks.keys[i];
+    const bool first = i == 0 || marks.keys[i - 1] != key;
+    const bool last = i == marks.count - 1 || marks.keys[i + 1] != key;
+    if (key == marks.nowhere || !(first || last)) {
+      return;
+    }
+    const bool hot = first
+        ? is_hot(key, i)
+        : i >= key_limit && marks.keys[i - key_limit] == key;
+    if (!hot) {
+      marks(i);
+      return;
+    }
+    if (!last) {
+      return;
+    }
+    marks.segments[key] = SegmentBounds{i + 1, i + 1};
+    int32_t groups = 0;
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      index_t n;
+      index_t s;
+      if (owned_destination(key, w, n, s)) {
+        groups += groups_of(n, s);
+      }
+    }
+    slot_groups[key_begin(key) / (key_limit + 1)] = groups;
+  }
+
+  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t group) const {
+    return partials +
+        (int64_t{channel} * pool_groups + group) * int64_t{partials_per_group};
+  }
+  C10_HOST_DEVICE T& running_sum(index_t channel, int32_t h) const {
+    return running_sums[int64_t{channel} * max_hot_destinations() + h];
+  }
+
+  // The hot destination and tile of group g (< total_groups()).
+  C10_HOST_DEVICE void
+  group_tile(int32_t g, index_t& n, index_t& s, int32_t& tile) const {
+    int32_t low = 0;
+    int32_t high = num_slots - 1;
+    while (low < high) {
+      const int32_t middle = low + (high - low) / 2;
+      if (slot_ends[middle] > g) {
+        high = middle;
+      } else {
+        low = middle + 1;
+      }
+    }
+    int32_t first = low == 0 ? 0 : slot_ends[low - 1];
+    int64_t key;
+    hot_key_of(low, key);
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      if (owned_destination(key, w, n, s)) {
+        const TileSpan tiles = tiles_of(n, s);
+        const int32_t groups = tiles.last - tiles.first + 1;
+        if (g < first + groups) {
+          tile = tiles.first + (g - first);
+          return;
+        }
+        first += groups;
+      }
+    }
+  }
+
+  // kStorePartials: group i's partials for channel c, and hot destination
+  // i's running sum.
+  C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
+    if (i < std::min(total_groups(), pool_groups)) {
+      index_t n;
+      index_t s;
+      int32_t tile;
+      group_tile(i, n, s, tile);
+      auto in_tile = records_in(
+          n,
+          s,
+          static_cast<uint32_t>(tile) << tile_bits,
+          static_cast<uint32_t>(tile + 1) << tile_bits);
+      T* partial = partials_of(row.channel, i);
+      int32_t stored = 0;
+      while (!in_tile.done()) {
+        partial[stored++] = next_partial(
+            in_tile,
+            fold.records.weights,
+            fold.records.gout_offsets,
+            row.gout_channel,
+            fold.records.tap_bits);
+      }
+      if (row.channel == 0) {
+        partial_counts[i] = stored;
+      }
+    }
+    if (i < max_hot_destinations()) {
+      const HotDestination hot = hot_destination(i);
+      const index_t element_row = hot.n * fold.channels + row.channel;
+      if (hot.valid && fold.out.block.holds(element_row, hot.s)) {
+        running_sum(row.channel, i) =
+            fold.initial_sum(hot.n, element_row, hot.s);
+      }
+    }
+  }
+
+  // kAddPartials: hot destination h's element of channel c.
+  C10_HOST_DEVICE void add_partials(const Row& row, int32_t h) const {
+    const HotDestination hot = hot_destination(h);
+    const index_t element_row = hot.n * fold.channels + row.channel;
+    if (!hot.valid || !fold.out.block.holds(element_row, hot.s)) {
+      return;
+    }
+    const int32_t groups = groups_of(hot.n, hot.s);
+    T sum = running_sum(row.channel, h);
+    if (hot.first_group + groups <= pool_groups) {
+      for (int32_t g = hot.first_group; g < hot.first_group + groups; ++g) {
+        const T* partial = partials_of(row.channel, g);
+        for (int32_t k = 0; k < partial_counts[g]; ++k) {
+          sum = add_rn(sum, partial[k]);
+        }
+      }
+    } else {
+      // Its groups did not all fit: its records, serially.
+      sum = fold.records.fold(
+          records_in(hot.n, hot.s, 0, kEveryId),
+          row.gout_channel,
+          sum);
+    }
+    fold.out.write(element_row, hot.s, sum);
+  }
+};
+
+} // namespace at::native::grid_sampler_deterministic
