@@ -4,6 +4,7 @@ with #196856 (tests/fixtures/*/README.md say what they mirror).
 The real-tree tests skip, with the reason, when the tree is not cached and Debian cannot be reached.
 """
 
+import ast
 import collections
 import contextlib
 import io
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 from itertools import product
 from pathlib import Path
@@ -107,6 +109,9 @@ def func_body(text, ret, name):
 
 # the CUDA backwards that allocate grad_input: the patch leaves this file as it is
 CUDA_CPP = "aten/src/ATen/native/cuda/GridSampler.cpp"
+# #191915's checks, as main's launchers call them (tests/fixtures/upstream_main/README.md)
+CHECKS_191915 = {2: "check_grid_sampler_2d_backward(input, grid, grad_output);\n",
+                 3: "check_grid_sampler_3d_backward(input, grid, grad_output, interpolation_mode);\n"}
 
 
 def assert_one_decision_per_call(tc, tree, pristine):
@@ -701,6 +706,46 @@ class TestPatchMain(FixtureTree):
         assert_one_decision_per_call(self, self.tree, self.fixture)
         self.assert_noop()
 
+    def test_191915_checks_stay_ahead_of_the_dispatch(self):
+        # the fixture is main with #191915: one backward check per launcher, declared in its
+        # GridSamplerUtils.h, in place of check_grid_sampler_common + _2d/_3d
+        header = (self.tree / "aten/src/ATen/native/GridSamplerUtils.h").read_text()
+        pristine = (self.tree / P.CU).read_text()
+        for dims, check in CHECKS_191915.items():
+            self.assertIn(f"inline void check_grid_sampler_{dims}d_backward(", header)
+            body = func_body(pristine, r"\bvoid", P.LAUNCHERS[dims])
+            self.assertEqual(body.count(check), 1)
+            self.assertNotIn("check_grid_sampler_common(", body)
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--check")
+        self.assertEqual(rc, 0, stderr)
+        self.assertIn("applies: 10 files", stdout)
+        self.patch_ok()
+        cu = (self.tree / P.CU).read_text()
+        for dims, check in CHECKS_191915.items():
+            body, before = (func_body(t, r"\bvoid", P.LAUNCHERS[dims]) for t in (cu, pristine))
+            branch = body.index("if (globalContext().deterministicAlgorithms() && output_mask[0]) {")
+            # the check runs, unchanged, before the deterministic path can return
+            self.assertEqual(body.count(check), 1)
+            self.assertLess(body.index(check), branch)
+            self.assertEqual(body[: body.index(check)], before[: before.index(check)])
+        # the header the checks come from keeps its bytes and its include
+        changed = git(self.tree, "diff", "--name-only", "HEAD~1", "HEAD").split()
+        self.assertNotIn("aten/src/ATen/native/GridSamplerUtils.h", changed)
+        self.assertIn("#include <ATen/native/GridSamplerUtils.h>", cu)
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--check")
+        self.assertEqual(rc, 0, stderr)
+        self.assertIn("already applied", stdout)
+        self.assert_noop()
+
+    def test_check_after_the_alert_is_refused(self):
+        # the deterministic branch returns where the alert was: a check below it would be skipped
+        check = CHECKS_191915[3]
+        alert = 'globalContext().alertNotDeterministic("grid_sampler_3d_backward_cuda");\n'
+        self.edit(P.CU, f"  {check}", "")
+        self.edit(P.CU, f"  {alert}", f"  {alert}  {check}")
+        self.assert_refused(P.CU, "check_grid_sampler_3d_backward(...) in launch_grid_sampler_3d_backward_kernel",
+                            "runs after the nondeterministic alert", "that path would skip the check")
+
     def test_grad_input_allocation_of_any_shape_is_left_as_it_is(self):
         # the patch reads nothing in cuda/GridSampler.cpp: a shape no edit of it could anchor
         # on (a conditional allocation) applies, and the file keeps its bytes
@@ -720,6 +765,33 @@ class TestPatchMain(FixtureTree):
         self.assertEqual(nn.count("def test_grid_sample_backward_deterministic_gradgradcheck("), 1)
         self.assertNotIn("skipTest", nn)  # decided here, not when the test runs
         self.assertNotIn("no derivative of grid_sampler_2d_backward", stdout)
+
+    def test_gradgradcheck_runs_the_second_order_through_the_deterministic_path(self):
+        # #177487's derivative is there: the added gradgradcheck differentiates the backward on
+        # CUDA in deterministic mode, with grad_input requested (output_mask[0], the deterministic
+        # branch) and without warn_only, so a launcher still on the atomicAdd kernel raises its
+        # alert and the test fails
+        self.patch_ok()
+        nn = (self.tree / P.TEST_NN).read_text()
+        name = "test_grid_sample_backward_deterministic_gradgradcheck"
+        cls = nn.index("class TestNNDeviceType(")
+        [(start, end)] = [(s, e) for n, s, e in P._test_methods(nn, cls, len(nn)) if n == name]
+        method = ast.parse(textwrap.dedent(nn[start:end])).body[0]
+        self.assertEqual([ast.unparse(d) for d in method.decorator_list], ["onlyCUDA"])
+        self.assertEqual([a.arg for a in method.args.args], ["self", "device"])
+        guarded = [w for w in ast.walk(method) if isinstance(w, ast.With)
+                   and ast.unparse(w.items[0].context_expr) == "DeterministicGuard(True)"]
+        self.assertEqual(len(guarded), 1)
+        calls = [c for stmt in guarded[0].body for c in ast.walk(stmt)
+                 if isinstance(c, ast.Call) and ast.unparse(c.func) == "torch.autograd.gradgradcheck"]
+        self.assertEqual([ast.unparse(c.args[1]) for c in calls], ["(input, grid)"])
+        self.assertEqual([ast.unparse(k) for k in calls[0].keywords], ["nondet_tol=0"])
+        source = ast.unparse(method)
+        self.assertNotIn("warn_only", source)
+        self.assertIn("torch.randn(1, 2, 4, 4, device=device, dtype=torch.double, requires_grad=True)", source)
+        self.assertIn("grid.requires_grad_()", source)
+        # align_corners=False: never cuDNN's route (it needs True), the launcher's branch itself
+        self.assertIn("F.grid_sample(input, grid, padding_mode=padding_mode, align_corners=False)", source)
 
     def test_gradgradcheck_is_left_out_without_a_double_backward(self):
         text = (self.tree / P.DERIVATIVES).read_text()

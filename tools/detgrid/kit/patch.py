@@ -13,8 +13,11 @@ What the change is, and why each edit has its shape:
 - ``GridSampler.cu``: in both backward launchers, the deterministic branch (deterministic mode
   with grad_input requested) replaces the alert; grid-only calls keep the existing kernel, which
   has one writer per element for them, so nothing that reaches the atomicAdd in deterministic mode
-  is left to alert about. A checkout with a deterministic branch of its own (e.g. #196856's) is
-  refused unless ``--replace-existing-deterministic-path`` asks to replace it with ours. The
+  is left to alert about. The branch goes where the alert was, after the launcher's argument
+  checks (on main ``check_grid_sampler_{2d,3d}_backward``, which validate grad_output's sizes too,
+  #191915); a check after the alert, which the branch would skip, is refused. A checkout with a
+  deterministic branch of its own (e.g. #196856's) is refused unless
+  ``--replace-existing-deterministic-path`` asks to replace it with ours. The
   launcher reads ``deterministicAlgorithms()`` once per call and nothing else depends on it:
   ``cuda/GridSampler.cpp`` is not edited, so grad_input is zero-filled as stock does in every mode
   (a thread that flips the flag mid-call cannot hand the atomicAdd kernel unzeroed memory);
@@ -345,6 +348,14 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
     if alert is None:
         raise AnchorError(path, f'alertNotDeterministic("{caller}")',
                           f"not found in the body of {launcher}")
+    # The branch returns where the alert was: every argument check of the launcher (main's
+    # check_grid_sampler_<dims>d_backward validates grad_output's sizes, #191915) must run
+    # before it, or the deterministic path would skip it.
+    late = re.search(r"\b(check_grid_sampler\w*)\s*\(", _code_only(body[alert.end() :]))
+    if late:
+        raise AnchorError(path, f"{late.group(1)}(...) in {launcher}",
+                          "runs after the nondeterministic alert, where the deterministic branch "
+                          "goes: that path would skip the check")
     block = _det_block(alert.group("ind"), alert.group("ctx"), det, a)
     body = body[: alert.start()] + block + body[alert.end() :]
     return text[: f.body_open] + body + text[f.body_close + 1 :]
