@@ -19,7 +19,6 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
-from detgrid import ops
 from detgrid.bench import workloads
 from detgrid.kit import stack, stack_patches, upstream_tree
 from golden import corpus

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from detgrid import buildinfo
-from detgrid.kit import stack
+from detgrid import levels
 
 buildinfo.check()  # refuses, in one line, a build made for another torch
 import detgrid._C  # noqa: E402,F401  (registers torch.ops.detgrid)
@@ -98,8 +98,8 @@ def _level_knobs(level: str, **given: int) -> Dict[str, int]:
     """The knobs that run the prefix of the stack ending at `level`, with the ones given
     (nonzero) taking their own values; ValueError in one line for an unknown level."""
     try:
-        knobs = stack.level_options(level)
-    except stack.StackError as e:
+        knobs = levels.level_options(level)
+    except levels.StackError as e:
         raise ValueError(str(e)) from None
     return {name: value or knobs.get(name, 0) for name, value in given.items()}
 
@@ -127,7 +127,7 @@ def _backward_with_options(name: str):
         accumulate: Mode = "ordered",
         serial_fold: int = 0,
         reduce: int = 0,
-        level: str = stack.TOP,
+        level: str = levels.TOP,
     ) -> Gradients:
         knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
                              gather=gather, serial_fold=serial_fold, reduce=reduce)
@@ -159,7 +159,7 @@ def _backward_with_options(name: str):
     one destination) where the default reduces over a dense segment table
     wherever it fits.
 
-    level (detgrid.kit.stack.LEVEL_NAMES) runs what that prefix of the
+    level (detgrid.levels.LEVEL_NAMES) runs what that prefix of the
     upstream stack runs: "core" is the first patch of patches/stack/, the
     default the whole stack. It sets the knobs of the later levels' choices
     (a knob given as well takes its own value).
@@ -200,7 +200,7 @@ def work_counters(
     accumulate: Mode = "ordered",
     serial_fold: int = 0,
     reduce: int = 0,
-    level: str = stack.TOP,
+    level: str = levels.TOP,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
 

@@ -7,7 +7,7 @@ toolchain, which setup.py also loads by path, and sourcetree), and the
 checks CI and the GPU check run as modules: intree_compile, sass_audit,
 gpucheck and gpucheck_report.
 
-Of the kit, `import detgrid` imports only stack (the levels of the upstream
-stack, which detgrid.ops' level= runs), and this file imports nothing: setup.py, `python3 tools/detgrid/kit/gpucheck.py` and the tests
+Nothing here is imported by `import detgrid`, and this file imports
+nothing: setup.py, `python3 tools/detgrid/kit/gpucheck.py` and the tests
 load single modules of the kit without the extension.
 """
