@@ -289,11 +289,13 @@ class TestPatchRealTree(TestCase):
         cu = (tree / P.CU).read_text()
         for dims in P.DIMS:
             body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
-            branch = ("if (globalContext().deterministicAlgorithms() && output_mask[0]) {\n"
+            # grad_input by the deterministic launcher, then the existing kernel for grad_grid
+            # alone (output_mask[0] cleared): one writer per grad_grid element
+            branch = ("if (output_mask[0] && globalContext().deterministicAlgorithms()) {\n"
                       f"    {P.DET_LAUNCHERS[dims]}(\n"
-                      "        grad_input, grad_grid, grad_output, input, grid,\n"
-                      "        interpolation_mode, padding_mode, align_corners,\n"
-                      "        output_mask);\n    return;\n  }\n")
+                      "        grad_input, grad_output, input, grid,\n"
+                      "        interpolation_mode, padding_mode, align_corners);\n"
+                      "    output_mask[0] = false;\n  }\n")
             self.assertEqual(body.count(branch), 1, body[:1500])
             # after the shape checks, before the atomicAdd kernel is launched
             self.assertLess(body.index(f"check_grid_sampler_{dims}d("), body.index(branch))
@@ -532,11 +534,11 @@ class TestPatch196856(FixtureTree):
         self.assertNotIn("grid_sampler_3d_backward_det(", cu)
         self.assertEqual(cu.count("deterministicAlgorithms()"), 2)
         assert_one_decision_per_call(self, self.tree, FIXTURE_196856)
-        self.assertIn(f"{P.DET_LAUNCHERS[2]}(\n        grad_in, grad_grid_out, gout, self, coords,", cu)
+        self.assertIn(f"{P.DET_LAUNCHERS[2]}(\n        grad_in, gout, self, coords,", cu)
         # 3D: renamed parameters, and upstream's if/else collapsed into our branch + its else body
-        self.assertIn("if (at::globalContext().deterministicAlgorithms() && mask[0]) {\n"
-                      f"    {P.DET_LAUNCHERS[3]}(\n        grad_volume, grad_coords, gout, volume, coords,\n"
-                      "        interp, padding, corners,\n        mask);\n    return;\n  }\n"
+        self.assertIn("if (mask[0] && at::globalContext().deterministicAlgorithms()) {\n"
+                      f"    {P.DET_LAUNCHERS[3]}(\n        grad_volume, gout, volume, coords,\n"
+                      "        interp, padding, corners);\n    mask[0] = false;\n  }\n"
                       "  if (gout.numel() > 0) { /* the atomicAdd kernel */ }\n}", cu)
         self.assertNotIn("alertNotDeterministic", cu)
         # the replaced branches' header is no longer included; ours is, once
@@ -694,7 +696,7 @@ class TestPatchMain(FixtureTree):
         cu = (self.tree / P.CU).read_text()
         for dims in P.DIMS:
             body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
-            self.assertIn("if (globalContext().deterministicAlgorithms() && output_mask[0]) {\n"
+            self.assertIn("if (output_mask[0] && globalContext().deterministicAlgorithms()) {\n"
                           f"    {P.DET_LAUNCHERS[dims]}(", body)
             self.assertNotIn("alertNotDeterministic", body)
             # the comments say what the code does, nothing about where it came from
@@ -724,7 +726,7 @@ class TestPatchMain(FixtureTree):
         cu = (self.tree / P.CU).read_text()
         for dims, check in CHECKS_191915.items():
             body, before = (func_body(t, r"\bvoid", P.LAUNCHERS[dims]) for t in (cu, pristine))
-            branch = body.index("if (globalContext().deterministicAlgorithms() && output_mask[0]) {")
+            branch = body.index("if (output_mask[0] && globalContext().deterministicAlgorithms()) {")
             # the check runs, unchanged, before the deterministic path can return
             self.assertEqual(body.count(check), 1)
             self.assertLess(body.index(check), branch)

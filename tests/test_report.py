@@ -335,7 +335,7 @@ class TestReportBodies(TestCase):
         self.assertIn("`warn_only=True` now takes the sort path instead of warning and running the atomic kernel", bc)
         self.assertIn("may be slower", bc)
         self.assertIn("≤ 64 MiB of workspace per call, from the caching allocator", bc)
-        self.assertIn("grad_grid: the existing kernel's arithmetic in every dtype", bc)
+        self.assertIn("grad_grid: the existing kernel's own, today's bits in every dtype", bc)
         self.assertNotIn("128.5", bc)
         self.assertNotIn("no longer picks cuDNN", R.render_pr(stub_report(self.tmp + "/2")[0]))
 

@@ -31,7 +31,9 @@ def _meta_problem(input_shape, grid_spatial, dtype=torch.float32):
     return grad_output, inp, grid
 
 
-def _counters(input_shape, grid_spatial, mode=BILINEAR, mask=(True, True),
+# grad_input alone unless a test asks for more: the pipeline's own counts (grad_grid is one
+# more launch, test_grad_grid_is_one_launch_before_the_chunks).
+def _counters(input_shape, grid_spatial, mode=BILINEAR, mask=(True, False),
               dtype=torch.float32, **knobs):
     return ops.work_counters(*_meta_problem(input_shape, grid_spatial, dtype), mode, ZEROS,
                              False, list(mask), **knobs)
@@ -165,6 +167,18 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["key_bits"], 16)  # keys 0..40000
         self.assertEqual(c["workspace_bytes"],
                          2 * 256 * 4 + (257 + 256) * 4 + 256 * 4 + 64 * 4 + 4)
+
+    def test_grad_grid_is_one_launch_before_the_chunks(self):
+        # Upstream, stock's kernel makes grad_grid after the deterministic grad_input; the
+        # extension's grid-gradient pass does, before the first chunk: one launch, outside
+        # the per-chunk count, and nothing else changes.
+        for mode in (BILINEAR, "bicubic"):
+            with self.subTest(mode=mode):
+                alone = _counters((2, 3, 8, 8), (16, 16), mode=mode)
+                both = _counters((2, 3, 8, 8), (16, 16), mode=mode, mask=(True, True))
+                self.assertEqual(both["launches"], alone["launches"] + 1)
+                self.assertEqual({k: v for k, v in both.items() if k != "launches"},
+                                 {k: v for k, v in alone.items() if k != "launches"})
 
     def test_grid_gradient_alone_is_one_pass_without_workspace(self):
         # On CUDA a deterministic call for grad_grid alone takes the

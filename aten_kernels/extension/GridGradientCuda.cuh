@@ -34,7 +34,7 @@ struct StageKernel<detgrid::grid_only::GridGradientPass<kTaps, Args>> {
 namespace detgrid::grid_only {
 
 void launch_cuda_grid_gradient(
-    const at::native::GridSamplerBackwardCall& call) {
+    const detgrid::BackwardCall& call) {
   const at::native::CudaExecutor executor{
       at::native::make_launch_config(gsd::LaunchShape{}),
       at::cuda::getCurrentCUDAStream()};

@@ -1,19 +1,176 @@
 #pragma once
-// The grid gradient alone, for a call that requests grad_grid and not
-// grad_input, written once over an executor (the pipeline's), so that the
-// host runs what CUDA runs.
+// grad_grid in stock's arithmetic, written once over an executor (the
+// pipeline's), so that the host runs what CUDA runs.
 //
-// Why the extension needs it: stock's CUDA kernel already writes grad_grid
-// once per point, but every released torch alerts in
+// Why the extension needs it: upstream, deterministic mode leaves grad_grid
+// to stock's kernel, which asked for grad_grid alone has one writer per
+// element (GridSampler.cu runs it after the deterministic grad_input). The
+// extension cannot call that kernel: every released torch alerts in
 // launch_grid_sampler_{2d,3d}_backward_kernel before it looks at
-// output_mask, so in deterministic mode stock cannot serve such a call (see
-// routing.h). Upstream needs none of this: there the deterministic branch
-// comes before the alert, and stock's kernel keeps serving these calls.
-// The arithmetic is stock's (point_grid_gradient), the same the point pass
-// uses when grad_input is requested too, so grad_grid's bits never depend on
-// output_mask[0].
+// output_mask. So the extension computes grad_grid here, with the
+// arithmetic of stock's kernel, for every call that requests it, with or
+// without grad_input, and its bits never depend on output_mask[0].
+
+#include "BackwardCall.h"
 
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
+
+// As GRID_SAMPLER_DET_UNROLL and _ROLLED, which the pipeline's headers
+// undefine at their end.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define DETGRID_UNROLL _Pragma("unroll")
+#define DETGRID_ROLLED _Pragma("unroll 1")
+#else
+#define DETGRID_UNROLL
+#define DETGRID_ROLLED
+#endif
+
+namespace at::native::grid_sampler_deterministic {
+
+// The pipeline's arguments and a view of grad_grid.
+template <typename scalar_t, typename index_t, int kDims>
+struct GridGradientArgs : BackwardArgs<scalar_t, index_t, kDims> {
+  View<scalar_t, index_t, kDims> grad_grid;
+};
+
+// The tap stock's backward visits s-th when it forms the grid gradient.
+// Bilinear and trilinear: record order (nw, ne, sw, se; tnw .. bse).
+// Bicubic: the x offset outermost (`for i: for j:` over x_coeffs[i] and
+// y_coeffs[j]), so axis a's digit of s has weight kTaps^a (the outermost
+// axis varies fastest); for 3-D this extends the 2-D loops, x outermost.
+template <int kTaps, int kDims>
+C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
+  if constexpr (kTaps != 4) {
+    return s;
+  } else {
+    int t = 0;
+    for (int a = 0; a < kDims; ++a) {
+      const int digit = (s >> (2 * a)) & 3;
+      t |= digit << (2 * (kDims - 1 - a));
+    }
+    return t;
+  }
+}
+
+// values[i] for an i known only at run time (i < kTaps), by selects: a
+// register array indexed at run time would be placed in local memory.
+template <typename V, int kTaps>
+C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
+  V value = values[0];
+  DETGRID_UNROLL
+  for (int k = 1; k < kTaps; ++k) {
+    value = i == k ? values[k] : value;
+  }
+  return value;
+}
+
+// d loss / d grid of one point, single writer, in the grid's coordinate
+// order (x first), with the arithmetic of stock's backward kernels, which
+// already write grad_grid once per point: scalar_t sums over channels in
+// ascending order and over taps in stock's order (stock_grid_tap), each term
+// ((value * d weight along the coordinate's axis) * the other axes' weights,
+// x first) * grad_output in scalar_t, and the sum times stock's scalar_t
+// multiplier (see unnormalize). Bilinear and trilinear skip a tap out of
+// bounds; bicubic reads 0 for it (get_value_bounded) and adds its term.
+// Residual: stock's fp32 and fp64 builds may contract a term's last multiply
+// into the add (one FMA); every operation here is rounded on its own.
+template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
+C10_HOST_DEVICE inline void point_grid_gradient(
+    const PointTaps<T, kTaps, kDims>& taps,
+    View<const scalar_t, index_t, kDims> input,
+    View<const scalar_t, index_t, kDims> grad_output,
+    index_t n,
+    const Spatial<index_t, kDims>& out_position,
+    index_t channels,
+    T (&grad)[kDims]) {
+  using Taps = PointTaps<T, kTaps, kDims>;
+  if constexpr (kTaps == 1) {
+    // Nearest sampling is piecewise constant: the grid gradient is zero, and
+    // written without reading grad_output, so an Inf there cannot make NaN.
+    DETGRID_UNROLL
+    for (int k = 0; k < kDims; ++k) {
+      grad[k] = static_cast<T>(0);
+    }
+  } else {
+    T sum[kDims];
+    DETGRID_UNROLL
+    for (int k = 0; k < kDims; ++k) {
+      sum[k] = static_cast<T>(0);
+    }
+    // The terms of the s-th tap stock visits. Its axes' values are picked by
+    // selects, which fold to constants where the loop below unrolls and keep
+    // the taps in registers where it does not.
+    auto add_terms = [&](index_t c, T gout, int s) {
+      const int t = stock_grid_tap<kTaps, kDims>(s);
+      int digit[kDims];
+      bool inside = true;
+      Spatial<int64_t, kDims> position;
+      DETGRID_UNROLL
+      for (int a = 0; a < kDims; ++a) {
+        digit[a] = Taps::tap_along(t, a);
+        inside = inside && select_tap(taps.axis[a].in_bounds, digit[a]);
+        position.v[a] = select_tap(taps.axis[a].index, digit[a]);
+      }
+      if (kTaps == 2 && !inside) {
+        return;
+      }
+      const T value = inside ? static_cast<T>(input.at(n, c, position))
+                             : static_cast<T>(0);
+      DETGRID_UNROLL
+      for (int k = 0; k < kDims; ++k) {
+        const int along = kDims - 1 - k;
+        T term = mul_s<scalar_t>(
+            value, select_tap(taps.axis[along].dweight, digit[along]));
+        DETGRID_UNROLL
+        for (int a = kDims - 1; a >= 0; --a) {
+          if (a != along) {
+            term = mul_s<scalar_t>(
+                term, select_tap(taps.axis[a].weight, digit[a]));
+          }
+        }
+        sum[k] = add_s<scalar_t>(sum[k], mul_s<scalar_t>(term, gout));
+      }
+    };
+    for (index_t c = 0; c < channels; ++c) {
+      const T gout = static_cast<T>(grad_output.at(n, c, out_position));
+      if constexpr (kTaps == 4 && kDims == 3) {
+        // Tricubic: 64 taps, each three terms; unrolled, they would make its
+        // point pass the largest kernel of the unit by a third again.
+        DETGRID_ROLLED
+        for (int s = 0; s < Taps::count; ++s) {
+          add_terms(c, gout, s);
+        }
+      } else {
+        DETGRID_UNROLL
+        for (int s = 0; s < Taps::count; ++s) {
+          add_terms(c, gout, s);
+        }
+      }
+    }
+    DETGRID_UNROLL
+    for (int k = 0; k < kDims; ++k) {
+      grad[k] = mul_s<scalar_t>(taps.axis[kDims - 1 - k].mult, sum[k]);
+    }
+  }
+}
+
+// Writes the grid gradient of one point.
+template <typename scalar_t, typename index_t, int kDims, typename T, int kTaps>
+C10_HOST_DEVICE inline void write_grid_gradient(
+    const GridGradientArgs<scalar_t, index_t, kDims>& args,
+    const PointTaps<T, kTaps, kDims>& taps,
+    index_t n,
+    const Spatial<index_t, kDims>& out_position) {
+  T grad[kDims];
+  point_grid_gradient(
+      taps, args.input, args.grad_output, n, out_position, args.channels, grad);
+  DETGRID_UNROLL
+  for (int k = 0; k < kDims; ++k) {
+    args.grad_grid.at(n, k, out_position) = static_cast<scalar_t>(grad[k]);
+  }
+}
+
+} // namespace at::native::grid_sampler_deterministic
 
 namespace detgrid::grid_only {
 
@@ -35,33 +192,33 @@ struct GridGradientPass {
 };
 
 // Writes every element of call.grad_grid (defined and contiguous) for a
-// call of checked arguments with output_mask {false, true}; grad_input is
-// not touched. Nearest sampling's grid gradient is zero: a fill, no pass.
+// call of checked arguments with output_mask[1]; grad_input is not
+// touched. Nearest sampling's grid gradient is zero: a fill, no pass.
 template <typename Executor>
-void run_grid_gradient_pass(
-    const Executor& ex,
-    const at::native::GridSamplerBackwardCall& call) {
-  TORCH_INTERNAL_ASSERT(!call.output_mask[0] && call.output_mask[1]);
+void run_grid_gradient_pass(const Executor& ex, const BackwardCall& call) {
+  TORCH_INTERNAL_ASSERT(call.output_mask[1]);
   TORCH_INTERNAL_ASSERT(call.grad_grid.is_contiguous());
   if (call.grad_grid.numel() == 0) {
     return;
   }
   gsd::dispatch_backward_types(
       call,
-      gsd::fits_32bit_indexing(call),
+      gsd::fits_32bit_indexing(call) &&
+          gsd::fits_32bit_indexing(call.grad_grid),
       [&](auto scalar, auto index, auto dims) {
         using scalar_t = decltype(scalar);
         using index_t = decltype(index);
         constexpr int kDims = decltype(dims)::value;
-        const auto args = gsd::make_backward_args<scalar_t, index_t, kDims>(
-            call.grad_grid,
-            call.grad_output,
-            call.input,
-            call.grid,
-            call.interpolation_mode,
-            call.padding_mode,
-            call.align_corners,
-            /*grid_grad_requested=*/true);
+        const gsd::GridGradientArgs<scalar_t, index_t, kDims> args{
+            gsd::make_backward_args<scalar_t, index_t, kDims>(
+                call.grad_output,
+                call.input,
+                call.grid,
+                call.interpolation_mode,
+                call.padding_mode,
+                call.align_corners),
+            gsd::grid_view<index_t, kDims>(
+                call.grad_grid.data_ptr<scalar_t>(), call.grad_grid.strides())};
         gsd::dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
           constexpr int kTaps = decltype(taps)::value;
           if constexpr (kTaps == 1) {
@@ -75,4 +232,24 @@ void run_grid_gradient_pass(
       });
 }
 
+// The extension's whole backward on `ex`: grad_grid by the pass above where
+// requested, then grad_input by `grad_input_pass` (the pipeline, or the
+// exact accumulation), as upstream's launcher runs the deterministic
+// grad_input and stock's grad_grid. The grid pass comes first so that the
+// work counters' per-chunk launches stay the pipeline's.
+template <typename Executor, typename GradInputPass>
+void run_backward(
+    const Executor& ex,
+    const BackwardCall& call,
+    const GradInputPass& grad_input_pass) {
+  TORCH_INTERNAL_ASSERT(call.output_mask[0]);
+  if (call.output_mask[1]) {
+    run_grid_gradient_pass(ex, call);
+  }
+  grad_input_pass();
+}
+
 } // namespace detgrid::grid_only
+
+#undef DETGRID_UNROLL
+#undef DETGRID_ROLLED

@@ -131,22 +131,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> point_taps(
 }
 
 void grid_sampler_backward_executor(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     int64_t grain_size) {
   check_grain_size(grain_size);
   check_rank(call.input);
   const HostExecutor executor{grain_size > 0 ? grain_size : kDefaultGrainSize};
-  gsd::run_deterministic_backward(executor, call, plan);
+  grid_only::run_backward(executor, call, [&] {
+    gsd::run_deterministic_backward(executor, call, plan);
+  });
 }
 
-void grid_gradient_executor(const at::native::GridSamplerBackwardCall& call) {
+void grid_gradient_executor(const detgrid::BackwardCall& call) {
   check_rank(call.input);
   grid_only::run_grid_gradient_pass(HostExecutor{kDefaultGrainSize}, call);
 }
 
 int64_t longest_fold(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
   check_rank(call.input);
   int64_t longest = 0;
@@ -156,7 +158,7 @@ int64_t longest_fold(
 }
 
 WorkCounters count_grid_gradient_work(
-    const at::native::GridSamplerBackwardCall& call) {
+    const detgrid::BackwardCall& call) {
   check_rank(call.input);
   WorkCounters counters;
   grid_only::run_grid_gradient_pass(CountingExecutor{&counters}, call);
@@ -164,11 +166,14 @@ WorkCounters count_grid_gradient_work(
 }
 
 WorkCounters count_backward_work(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
   check_rank(call.input);
   WorkCounters counters;
-  gsd::run_deterministic_backward(CountingExecutor{&counters}, call, plan);
+  const CountingExecutor executor{&counters};
+  grid_only::run_backward(executor, call, [&] {
+    gsd::run_deterministic_backward(executor, call, plan);
+  });
   return counters;
 }
 

@@ -1,5 +1,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
+#include "BackwardCall.h"
+
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
 #include <array>
@@ -8,20 +10,22 @@
 
 namespace detgrid {
 
-// Contract of at::native::launch_grid_sampler_{2d,3d}_backward_deterministic_
-// kernel, for the call's CPU tensors (2-D for a 4-D input, 3-D for a 5-D one): writes every
-// element of a contiguous grad_input when output_mask[0], and grad_grid when
-// output_mask[1]. The caller checks the arguments as for those, and makes
-// the plan; grain_size is at::parallel_for's (0 for the default).
+// The extension's backward for the call's CPU tensors (2-D for a 4-D input,
+// 3-D for a 5-D one), grad_input requested: grad_input as
+// at::native::launch_grid_sampler_{2d,3d}_backward_deterministic_kernel
+// writes it (every element, contiguous), and grad_grid when output_mask[1]
+// by the grid-gradient pass (GridGradientPass.cuh). The caller checks the
+// arguments as for those, and makes the plan; grain_size is
+// at::parallel_for's (0 for the default).
 void grid_sampler_backward_executor(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     int64_t grain_size = 0);
 
 // The grid gradient alone (GridGradientPass.cuh) on the host: writes every
 // element of a contiguous grad_grid for checked CPU arguments with
-// output_mask {false, true}.
-void grid_gradient_executor(const at::native::GridSamplerBackwardCall& call);
+// output_mask[1].
+void grid_gradient_executor(const detgrid::BackwardCall& call);
 
 // What one call of the CUDA pipeline does, counted exactly by running the
 // pipeline with an executor that runs nothing: the tensors need only their
@@ -51,30 +55,30 @@ struct WorkCounters {
 // What the grid-gradient pass launches for a call with output_mask
 // {false, true}, counted as count_backward_work counts.
 WorkCounters count_grid_gradient_work(
-    const at::native::GridSamplerBackwardCall& call);
+    const detgrid::BackwardCall& call);
 
 WorkCounters count_backward_work(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan);
 
 // The most records, or stored partials, one thread of the pipeline's
 // reduces folds in sequence for this call, measured by running it on the
 // host (grad_input requested; the data of the grid decide it).
 int64_t longest_fold(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan);
 
 // accumulate="exact" (aten_kernels/extension/exact/): the same contracts,
 // with order-free sums; atomic selects the variant without a sort, which
 // needs a plan keyed per tap.
 void grid_sampler_backward_exact_executor(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     bool atomic,
     int64_t grain_size = 0);
 
 WorkCounters count_exact_backward_work(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     bool atomic);
 

@@ -91,15 +91,15 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     return *result;
   }
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
-  const at::native::GridSamplerBackwardCall call{
-      grad_input,
+  const detgrid::BackwardCall call{
+      {grad_input,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners},
       grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
       output_mask};
   // The launchers of GridSamplerDeterministic.h run the default plan; the
   // knobs' plan reaches the same CUDA pipeline through the extension's CUDA

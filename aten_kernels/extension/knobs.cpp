@@ -13,7 +13,7 @@ using gsd::BackwardProblem;
 using gsd::Keying;
 
 // The prefix of every knob error, as the pipeline's own errors name the op.
-std::string op_prefix(const at::native::GridSamplerBackwardCall& call) {
+std::string op_prefix(const detgrid::BackwardCall& call) {
   return call.input.dim() == 4 ? "grid_sampler_2d_backward (deterministic): "
                                : "grid_sampler_3d_backward (deterministic): ";
 }
@@ -164,7 +164,7 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
 } // namespace
 
 BackwardPlan plan_with_knobs(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const BackwardOptions& requested) {
   const BackwardProblem problem = gsd::describe_backward(call);
   const std::string op = op_prefix(call);

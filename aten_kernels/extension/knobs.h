@@ -4,6 +4,8 @@
 // extension alone lets a caller override its choices, to prove that none of
 // them changes a bit of the result.
 
+#include "BackwardCall.h"
+
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
 #include <cstdint>
@@ -49,7 +51,7 @@ constexpr int64_t kAccumulateExactAtomic = 2;
 // again; a knob out of range is a one-line error. The launch shape stays the
 // default (see launch_with_knobs).
 at::native::grid_sampler_deterministic::BackwardPlan plan_with_knobs(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const BackwardOptions& knobs);
 
 } // namespace detgrid

@@ -111,7 +111,7 @@ using GridGradientFn = at::Tensor (*)(
 // grad_grid of a grid-only call (checked arguments of either rank), as
 // allocate_gradients allocates it, written in full by `pass`, the pass's
 // executor on one device.
-template <void (*pass)(const at::native::GridSamplerBackwardCall&)>
+template <void (*pass)(const detgrid::BackwardCall&)>
 at::Tensor grid_gradient_by(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -122,14 +122,14 @@ at::Tensor grid_gradient_by(
   const at::Tensor grad_grid =
       std::get<1>(allocate_gradients(input, grid, {false, true}));
   pass(
-      {at::Tensor(),
+      {{at::Tensor(),
+        grad_output,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners},
        grad_grid,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners,
        {false, true}});
   return grad_grid;
 }

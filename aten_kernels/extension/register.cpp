@@ -57,15 +57,15 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
     return *result;
   }
   auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
-  const at::native::GridSamplerBackwardCall call{
-      grad_input,
+  const detgrid::BackwardCall call{
+      {grad_input,
+       grad_output,
+       input,
+       grid,
+       interpolation_mode,
+       padding_mode,
+       align_corners},
       grad_grid,
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
       output_mask};
   const auto plan = plan_with_knobs(call, options);
   if (options.accumulate == kAccumulateOrdered) {
@@ -159,7 +159,7 @@ int64_t longest_fold_of(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& grid,
-    const at::native::GridSamplerBackwardCall& shells,
+    const detgrid::BackwardCall& shells,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     int64_t accumulate) {
   if (accumulate != kAccumulateOrdered || !grid.is_cpu()) {
@@ -168,15 +168,15 @@ int64_t longest_fold_of(
   // As GridSampler.cpp allocates it: contiguous, not zeroed.
   const at::Tensor grad_input = at::empty(
       input.sizes(), at::TensorOptions().dtype(input.scalar_type()));
-  const at::native::GridSamplerBackwardCall call{
-      grad_input,
+  const detgrid::BackwardCall call{
+      {grad_input,
+       grad_output,
+       input,
+       grid,
+       shells.interpolation_mode,
+       shells.padding_mode,
+       shells.align_corners},
       at::Tensor(),
-      grad_output,
-      input,
-      grid,
-      shells.interpolation_mode,
-      shells.padding_mode,
-      shells.align_corners,
       {true, false}};
   return longest_fold(call, plan);
 }
@@ -209,15 +209,15 @@ std::vector<int64_t> backward_work_counters(
   const at::Tensor grad_output_shell = shell_like(grad_output);
   const at::Tensor input_shell = shell_like(input);
   const at::Tensor grid_shell = shell_like(grid);
-  const at::native::GridSamplerBackwardCall call{
-      grad_input_shell,
+  const detgrid::BackwardCall call{
+      {grad_input_shell,
+       grad_output_shell,
+       input_shell,
+       grid_shell,
+       interpolation_mode,
+       padding_mode,
+       align_corners},
       grad_grid_shell,
-      grad_output_shell,
-      input_shell,
-      grid_shell,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
       output_mask};
   if (!output_mask[0]) {
     // On CUDA a deterministic call for grad_grid alone takes the

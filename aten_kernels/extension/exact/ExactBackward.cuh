@@ -435,16 +435,14 @@ void reduce_grad_input_exact(
   };
   // One chunk of points [first_point, first_point + count) into a block's
   // slices: the point pass, then the scatter, or the sort and a reduce.
-  auto reduce_chunk = [&](const Args& point_args,
-                          const BlockLayout<index_t>& layout,
+  auto reduce_chunk = [&](const BlockLayout<index_t>& layout,
                           int64_t first_point,
                           int64_t count) {
     const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
-        gsd::PointPass<kTaps, Args>{
-            point_args, chunk, static_cast<index_t>(first_point)});
+        gsd::PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});
     if (atomic) {
       ex.for_each_row(
           layout.channels,
@@ -515,10 +513,6 @@ void reduce_grad_input_exact(
             gsd::as<int32_t>(num_runs)});
   };
 
-  // Only the first block of an image's channels computes its points' grid
-  // gradient; the others re-run the point pass for the records alone.
-  Args records_only = args;
-  records_only.grad_grid.data = nullptr;
   for (int64_t first_image = 0; first_image < args.batch;
        first_image += blocks.images) {
     const int64_t end_image =
@@ -538,8 +532,7 @@ void reduce_grad_input_exact(
            first_point += chunk_points) {
         const int64_t count =
             std::min(chunk_points, end_image * points_per_image - first_point);
-        reduce_chunk(
-            first_channel == 0 ? args : records_only, layout, first_point, count);
+        reduce_chunk(layout, first_point, count);
       }
       ex.for_each(
           static_cast<index_t>((end_image - first_image) * layout.channels * image_size),
@@ -551,24 +544,18 @@ void reduce_grad_input_exact(
   }
 }
 
-// The backward with accumulate="exact" on `ex`, for checked arguments whose
-// gradients the caller allocated as output_mask asks (grad_grid undefined
-// when not requested), following `plan`'s index width, keying and chunks
-// (its keys must be 32-bit); atomic: the atomic variant, which needs a plan
-// keyed per tap.
+// grad_input with accumulate="exact" on `ex`, for checked arguments,
+// following `plan`'s index width, keying and chunks (its keys must be
+// 32-bit); atomic: the atomic variant, which needs a plan keyed per tap.
 template <typename Executor>
 void run_exact_backward(
     const Executor& ex,
     const at::native::GridSamplerBackwardCall& call,
     const gsd::BackwardPlan& plan,
     bool atomic) {
-  TORCH_INTERNAL_ASSERT(call.output_mask[0]);
   if (call.grad_input.numel() == 0) {
-    // No sums to make (no channels): the ordered path's grid gradient.
-    gsd::run_deterministic_backward(ex, call, plan);
-    return;
+    return; // no sums to make
   }
-  TORCH_INTERNAL_ASSERT(call.output_mask[1] || !call.grad_grid.defined());
   TORCH_INTERNAL_ASSERT(!plan.index_32bit || gsd::fits_32bit_indexing(call));
   TORCH_INTERNAL_ASSERT(!atomic || plan.keying == gsd::Keying::PerTap);
   // Built for 32-bit keys only (plan_with_knobs plans them).
@@ -579,14 +566,12 @@ void run_exact_backward(
         using index_t = decltype(index);
         constexpr int kDims = decltype(dims)::value;
         const auto args = gsd::make_backward_args<scalar_t, index_t, kDims>(
-            call.grad_grid,
             call.grad_output,
             call.input,
             call.grid,
             call.interpolation_mode,
             call.padding_mode,
-            call.align_corners,
-            call.output_mask[1]);
+            call.align_corners);
         TORCH_CHECK(
             call.grad_input.is_contiguous(),
             decltype(args)::op_name(),

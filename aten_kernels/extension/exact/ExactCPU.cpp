@@ -2,6 +2,7 @@
 // (ExactBackward.cuh), with at::parallel_for's threads taking the atomic
 // variant's std::atomic_ref additions in whatever order they come.
 
+#include "../GridGradientPass.cuh"
 #include "../GridSamplerDeterministicCPU.h"
 #include "../HostExecutors.h"
 #include "ExactBackward.cuh"
@@ -9,23 +10,28 @@
 namespace detgrid {
 
 void grid_sampler_backward_exact_executor(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     bool atomic,
     int64_t grain_size) {
   check_grain_size(grain_size);
   check_rank(call.input);
   const HostExecutor executor{grain_size > 0 ? grain_size : kDefaultGrainSize};
-  exact::run_exact_backward(executor, call, plan, atomic);
+  grid_only::run_backward(executor, call, [&] {
+    exact::run_exact_backward(executor, call, plan, atomic);
+  });
 }
 
 WorkCounters count_exact_backward_work(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     bool atomic) {
   check_rank(call.input);
   WorkCounters counters;
-  exact::run_exact_backward(CountingExecutor{&counters}, call, plan, atomic);
+  const CountingExecutor executor{&counters};
+  grid_only::run_backward(executor, call, [&] {
+    exact::run_exact_backward(executor, call, plan, atomic);
+  });
   return counters;
 }
 

@@ -143,38 +143,45 @@ namespace detgrid::exact {
 
 template <int kDims>
 void launch_cuda_exact_backward(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const gsd::BackwardPlan& plan,
     bool atomic) {
   at::native::check_input_and_grid<kDims>(call);
   const at::native::CudaExecutor executor{
       at::native::make_launch_config(plan.launch),
       at::cuda::getCurrentCUDAStream()};
-  run_exact_backward(executor, call, plan, atomic);
+  grid_only::run_backward(executor, call, [&] {
+    run_exact_backward(executor, call, plan, atomic);
+  });
 }
 
 template void launch_cuda_exact_backward<2>(
-    const at::native::GridSamplerBackwardCall&,
+    const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
     bool);
 template void launch_cuda_exact_backward<3>(
-    const at::native::GridSamplerBackwardCall&,
+    const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
     bool);
 
 template <int kDims>
 void launch_cuda_backward_with_plan(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const gsd::BackwardPlan& plan) {
   at::native::check_input_and_grid<kDims>(call);
-  at::native::run_on_current_stream(call, plan);
+  const at::native::CudaExecutor executor{
+      at::native::make_launch_config(plan.launch),
+      at::cuda::getCurrentCUDAStream()};
+  grid_only::run_backward(executor, call, [&] {
+    gsd::run_deterministic_backward(executor, call, plan);
+  });
 }
 
 template void launch_cuda_backward_with_plan<2>(
-    const at::native::GridSamplerBackwardCall&,
+    const detgrid::BackwardCall&,
     const gsd::BackwardPlan&);
 template void launch_cuda_backward_with_plan<3>(
-    const at::native::GridSamplerBackwardCall&,
+    const detgrid::BackwardCall&,
     const gsd::BackwardPlan&);
 
 } // namespace detgrid::exact

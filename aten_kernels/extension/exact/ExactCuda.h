@@ -3,6 +3,8 @@
 // GridSamplerDeterministic.h (ExactCuda.cu): a plan of the knobs', and
 // accumulate="exact".
 
+#include "../BackwardCall.h"
+
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
 namespace detgrid::exact {
@@ -12,7 +14,7 @@ namespace detgrid::exact {
 // (kDims 3) input.
 template <int kDims>
 void launch_cuda_exact_backward(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     bool atomic);
 
@@ -20,7 +22,7 @@ void launch_cuda_exact_backward(
 // same checks; upstream's launchers always run plan_backward()'s plan.
 template <int kDims>
 void launch_cuda_backward_with_plan(
-    const at::native::GridSamplerBackwardCall& call,
+    const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan);
 
 } // namespace detgrid::exact

@@ -294,22 +294,22 @@ def _calls(code: str) -> List[str]:
 
 def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
     """The dispatch that replaces a launcher's alert. Only grad_input is accumulated with
-    atomicAdd: deterministic mode takes the deterministic path when grad_input is requested and
-    leaves grid-only calls to the existing kernel, which has one writer per grad_grid element.
-    Deterministic mode (warn_only included) then never reaches the atomicAdd: no alert is left."""
+    atomicAdd: in deterministic mode the deterministic path makes grad_input, and the existing
+    kernel then runs for grad_grid alone (output_mask[0] cleared), with one writer per grad_grid
+    element, so grad_grid keeps the existing kernel's bits. Deterministic mode (warn_only
+    included) then never reaches the atomicAdd: no alert is left."""
+    mask = a["output_mask"]
     return (
         f"{ind}// See Note [Enabling Deterministic Operations]\n"
         f"{ind}// The kernel below accumulates grad_input with atomicAdd, in an order that\n"
-        f"{ind}// varies from run to run. With grad_input requested, deterministic mode\n"
-        f"{ind}// computes both gradients in GridSamplerDeterministic.cu instead, which\n"
-        f"{ind}// writes every element of grad_input once. Without it, the kernel below\n"
-        f"{ind}// has one writer per grad_grid element: deterministic, so no alert.\n"
-        f"{ind}if ({ctx}.deterministicAlgorithms() && {a['output_mask']}[0]) {{\n"
+        f"{ind}// varies from run to run. In deterministic mode grad_input comes from\n"
+        f"{ind}// GridSamplerDeterministic.cu instead, which writes each element once, and\n"
+        f"{ind}// the kernel below computes grad_grid alone: one writer per element.\n"
+        f"{ind}if ({mask}[0] && {ctx}.deterministicAlgorithms()) {{\n"
         f"{ind}  {det}(\n"
-        f"{ind}      {a['grad_input']}, {a['grad_grid']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
-        f"{ind}      {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']},\n"
-        f"{ind}      {a['output_mask']});\n"
-        f"{ind}  return;\n"
+        f"{ind}      {a['grad_input']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
+        f"{ind}      {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']});\n"
+        f"{ind}  {mask}[0] = false;\n"
         f"{ind}}}\n"
     )
 

@@ -685,7 +685,7 @@ def render_summary(report: Report) -> str:
         ("In deterministic mode the CUDA backward of `grid_sampler_2d`/`grid_sampler_3d` (and "
          "cuDNN's, which delegates to it) sums grad_input without float atomics: contributions "
          "sorted by destination, each element summed once in an order fixed by shapes and grid "
-         "values, so bitwise reproducible. Calls needing only grad_grid keep the existing kernel."),
+         "values, so bitwise reproducible. grad_grid stays the existing kernel's."),
         render_patch_line(report),
         render_machine_code(report),
     ] if part)
@@ -701,7 +701,7 @@ SIDE_BY_SIDE = (
     ("Chunk", "4096-point tiles within 64 MiB", "≤ 2^20 records"),
     ("Partials", "≤ 256 records, within a tile", "256 records, segments > 256 only"),
     ("Workspace", "≤ 64 MiB per call", "partials ≤ 64 MiB, else none"),
-    ("grad_grid", "point pass, stock's arithmetic", "stock's kernel, atomics removed"),
+    ("grad_grid", "stock's kernel, for grad_grid alone", "stock's kernel, atomics removed"),
     ("Half sums across chunks", "float carry, rounded once", "rounded at each chunk"),
 )
 
@@ -753,15 +753,14 @@ def render_repro_line(report: Report) -> str:
 
 
 # What changes for users (fix_issue.md's BC section): the modes that change route and the memory
-# contract. grad_grid keeps the existing kernel's arithmetic in every dtype.
+# contract. grad_grid is the existing kernel's, run for grad_grid alone.
 BC_STATEMENT = "\n".join([
     "- No API change. Outside deterministic mode, and in the forward, nothing changes.",
     ("- `warn_only=True` now takes the sort path instead of warning and running the atomic "
      "kernel: gradients equal the old ones up to floating-point rounding, not bit for bit, and "
      "may be slower."),
     f"- Memory: {WORKSPACE}.",
-    ("- grad_grid: the existing kernel's arithmetic in every dtype, whether or not grad_input is "
-     "requested."),
+    "- grad_grid: the existing kernel's own, today's bits in every dtype.",
 ])
 
 

@@ -1,15 +1,15 @@
 // Deterministic CUDA backward of grid_sampler_2d and grid_sampler_3d:
-// grad_input without floating-point atomics. Called only when grad_input is
-// requested: a call for grad_grid alone has one writer per element and runs
-// the existing kernel.
+// grad_input without floating-point atomics. grad_grid stays the existing
+// kernel's (GridSampler.cu runs it for grad_grid alone after this), which
+// has one writer per element, so deterministic mode changes nothing of it.
 //
 // Pipeline (GridSamplerDeterministicPipeline.cuh, written once over an
 // executor; this file holds the CUDA executor: one named kernel per stage,
 // launched on the current stream, at::cuda::cub, the caching allocator),
 // per chunk of points (whole tiles of kTilePoints points):
 //   1. grid_sampler_point_records_kernel, one thread per point: source
-//      coordinates once, the grid gradient (single writer), the weight of
-//      every tap, the point's grad_output offset, and one sort item per tap,
+//      coordinates once, the weight of every tap, the point's grad_output
+//      offset, and one sort item per tap,
 //      keyed by the destination (n, y, x) or (n, z, y, x) of grad_input, or
 //      "nowhere" when the tap is out of bounds.
 // [stack: index32]
@@ -51,8 +51,7 @@
 //     (n, position) in ascending record id, and a partial is a run of at most
 //     kRecordsPerPartial of them that does not cross a tile boundary. Sums
 //     are in opmath_type (float for Half/BFloat16), rounded once to the
-//     output dtype. grad_grid of a point sums channels in ascending order and
-//     taps in the existing kernel's order (see (d)). Every operation is explicitly rounded, so the
+//     output dtype. Every operation is explicitly rounded, so the
 //     order is a pure function of the shapes and the grid values: it does
 //     not depend on GPU model, SM count, block size, chunk size (chunks are
 //     whole tiles and carry the running sum), stream or free memory.
@@ -73,24 +72,18 @@
 //     +-2^40 (beyond it only a zeros-padded point lies, outside the image);
 //     bicubic pads each tap position in floating point, whatever the
 //     coordinate's size, and converts it only within int's range. A point
-//     with a non-finite coordinate contributes nothing to grad_input and gets
-//     a zero grad_grid (the existing backward's rule); Border padding still
-//     clamps +-Inf to the border first, as the existing kernels do.
+//     with a non-finite coordinate contributes nothing to grad_input (the
+//     existing backward's rule for bilinear and nearest); Border padding
+//     still clamps +-Inf to the border first, as the existing kernels do.
 // (d) Fidelity. Taps and weights are those the existing CUDA backward forms,
 //     in every dtype, reflection's saturating int flip count included: for
 //     Half/BFloat16 the unnormalized coordinate is rounded to scalar_t, and
 //     clipping, reflection, the bilinear weights and their product, the
 //     cubic coefficients and the bicubic tap positions are scalar_t
 //     arithmetic, rounded after every operation as c10::Half/BFloat16 do.
-//     grad_grid is the existing kernel's arithmetic: per point, scalar_t
-//     sums over channels and over taps in its order of terms
-//     ((value * d weight) * the other axes' weights) * grad_output, times
-//     its scalar_t multiplier (scalar_t(size) / 2 or scalar_t(size - 1) / 2,
-//     times the padding's 1, -1 or 0); whether grad_input is requested
-//     changes none of it. Residual: the existing kernel's fp32/fp64 build may
-//     contract unnormalize's (coord + 1) * size - 1, and a grid-gradient
-//     term's last multiply and add, into one FMA each, which moves a float
-//     result by about an ulp before any rounding to scalar_t.
+//     Residual: the existing kernel's fp32/fp64 build may contract
+//     unnormalize's (coord + 1) * size - 1 into one FMA, which moves a float
+//     coordinate by about an ulp.
 
 #define TORCH_ASSERT_NO_OPERATORS
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
@@ -484,46 +477,38 @@ void launch_cuda_backward(const GridSamplerBackwardCall& call) {
 
 void launch_grid_sampler_2d_backward_deterministic_kernel(
     const TensorBase& grad_input,
-    const TensorBase& grad_grid,
     const TensorBase& grad_output,
     const TensorBase& input,
     const TensorBase& grid,
     int64_t interpolation_mode,
     int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask) {
+    bool align_corners) {
   launch_cuda_backward<2>(
       {grad_input,
-       grad_grid,
        grad_output,
        input,
        grid,
        interpolation_mode,
        padding_mode,
-       align_corners,
-       output_mask});
+       align_corners});
 }
 
 void launch_grid_sampler_3d_backward_deterministic_kernel(
     const TensorBase& grad_input,
-    const TensorBase& grad_grid,
     const TensorBase& grad_output,
     const TensorBase& input,
     const TensorBase& grid,
     int64_t interpolation_mode,
     int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask) {
+    bool align_corners) {
   launch_cuda_backward<3>(
       {grad_input,
-       grad_grid,
        grad_output,
        input,
        grid,
        interpolation_mode,
        padding_mode,
-       align_corners,
-       output_mask});
+       align_corners});
 }
 
 } // namespace at::native

@@ -42,16 +42,18 @@
 #include <type_traits>
 
 // Loops over axes and taps must unroll on the GPU, or their small arrays
-// spill to local memory; the host compiler has no such pragma.
+// spill to local memory; the host compiler has no such pragma. Undefined at
+// the end of GridSamplerDeterministicPipeline.cuh, which uses it too.
+// [stack: hot-fold]
 // GRID_SAMPLER_DET_ROLLED keeps a loop of a rare path rolled, where
-// unrolling would multiply its code, not speed it up. Both are undefined at
-// the end of GridSamplerDeterministicPipeline.cuh, which uses them too.
+// unrolling would multiply its code, not speed it up.
+// [end stack: hot-fold]
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define GRID_SAMPLER_DET_UNROLL _Pragma("unroll")
-#define GRID_SAMPLER_DET_ROLLED _Pragma("unroll 1")
+#define GRID_SAMPLER_DET_ROLLED _Pragma("unroll 1") // [stack: hot-fold]
 #else
 #define GRID_SAMPLER_DET_UNROLL
-#define GRID_SAMPLER_DET_ROLLED
+#define GRID_SAMPLER_DET_ROLLED // [stack: hot-fold]
 #endif
 
 namespace at::native::grid_sampler_deterministic {
@@ -874,127 +876,6 @@ View<scalar_t, index_t, kDims> grid_view(
   return view;
 }
 
-// The tap stock's backward visits s-th when it forms the grid gradient.
-// Bilinear and trilinear: record order (nw, ne, sw, se; tnw .. bse).
-// Bicubic: the x offset outermost (`for i: for j:` over x_coeffs[i] and
-// y_coeffs[j]), so axis a's digit of s has weight kTaps^a (the outermost
-// axis varies fastest); for 3-D this extends the 2-D loops, x outermost.
-template <int kTaps, int kDims>
-C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
-  if constexpr (kTaps != 4) {
-    return s;
-  } else {
-    int t = 0;
-    for (int a = 0; a < kDims; ++a) {
-      const int digit = (s >> (2 * a)) & 3;
-      t |= digit << (2 * (kDims - 1 - a));
-    }
-    return t;
-  }
-}
-
-// values[i] for an i known only at run time (i < kTaps), by selects: a
-// register array indexed at run time would be placed in local memory.
-template <typename V, int kTaps>
-C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
-  V value = values[0];
-  GRID_SAMPLER_DET_UNROLL
-  for (int k = 1; k < kTaps; ++k) {
-    value = i == k ? values[k] : value;
-  }
-  return value;
-}
-
-// d loss / d grid of one point, single writer, in the grid's coordinate
-// order (x first), with the arithmetic of stock's backward kernels, which
-// already write grad_grid once per point: scalar_t sums over channels in
-// ascending order and over taps in stock's order (stock_grid_tap), each term
-// ((value * d weight along the coordinate's axis) * the other axes' weights,
-// x first) * grad_output in scalar_t, and the sum times stock's scalar_t
-// multiplier (see unnormalize). Bilinear and trilinear skip a tap out of
-// bounds; bicubic reads 0 for it (get_value_bounded) and adds its term.
-// Residual: stock's fp32 and fp64 builds may contract a term's last multiply
-// into the add (one FMA); every operation here is rounded on its own.
-template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
-C10_HOST_DEVICE inline void point_grid_gradient(
-    const PointTaps<T, kTaps, kDims>& taps,
-    View<const scalar_t, index_t, kDims> input,
-    View<const scalar_t, index_t, kDims> grad_output,
-    index_t n,
-    const Spatial<index_t, kDims>& out_position,
-    index_t channels,
-    T (&grad)[kDims]) {
-  using Taps = PointTaps<T, kTaps, kDims>;
-  if constexpr (kTaps == 1) {
-    // Nearest sampling is piecewise constant: the grid gradient is zero, and
-    // written without reading grad_output, so an Inf there cannot make NaN.
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kDims; ++k) {
-      grad[k] = static_cast<T>(0);
-    }
-  } else {
-    T sum[kDims];
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kDims; ++k) {
-      sum[k] = static_cast<T>(0);
-    }
-    // The terms of the s-th tap stock visits. Its axes' values are picked by
-    // selects, which fold to constants where the loop below unrolls and keep
-    // the taps in registers where it does not.
-    auto add_terms = [&](index_t c, T gout, int s) {
-      const int t = stock_grid_tap<kTaps, kDims>(s);
-      int digit[kDims];
-      bool inside = true;
-      Spatial<int64_t, kDims> position;
-      GRID_SAMPLER_DET_UNROLL
-      for (int a = 0; a < kDims; ++a) {
-        digit[a] = Taps::tap_along(t, a);
-        inside = inside && select_tap(taps.axis[a].in_bounds, digit[a]);
-        position.v[a] = select_tap(taps.axis[a].index, digit[a]);
-      }
-      if (kTaps == 2 && !inside) {
-        return;
-      }
-      const T value = inside ? static_cast<T>(input.at(n, c, position))
-                             : static_cast<T>(0);
-      GRID_SAMPLER_DET_UNROLL
-      for (int k = 0; k < kDims; ++k) {
-        const int along = kDims - 1 - k;
-        T term = mul_s<scalar_t>(
-            value, select_tap(taps.axis[along].dweight, digit[along]));
-        GRID_SAMPLER_DET_UNROLL
-        for (int a = kDims - 1; a >= 0; --a) {
-          if (a != along) {
-            term = mul_s<scalar_t>(
-                term, select_tap(taps.axis[a].weight, digit[a]));
-          }
-        }
-        sum[k] = add_s<scalar_t>(sum[k], mul_s<scalar_t>(term, gout));
-      }
-    };
-    for (index_t c = 0; c < channels; ++c) {
-      const T gout = static_cast<T>(grad_output.at(n, c, out_position));
-      if constexpr (kTaps == 4 && kDims == 3) {
-        // Tricubic: 64 taps, each three terms; unrolled, they would make its
-        // point pass the largest kernel of the unit by a third again.
-        GRID_SAMPLER_DET_ROLLED
-        for (int s = 0; s < Taps::count; ++s) {
-          add_terms(c, gout, s);
-        }
-      } else {
-        GRID_SAMPLER_DET_UNROLL
-        for (int s = 0; s < Taps::count; ++s) {
-          add_terms(c, gout, s);
-        }
-      }
-    }
-    GRID_SAMPLER_DET_UNROLL
-    for (int k = 0; k < kDims; ++k) {
-      grad[k] = mul_s<scalar_t>(taps.axis[kDims - 1 - k].mult, sum[k]);
-    }
-  }
-}
-
 // Everything one stage needs to know about a backward call with kDims
 // spatial dimensions. Points are numbered n * out_numel + (row-major output
 // position), destinations (the spatial elements of grad_input)
@@ -1010,7 +891,6 @@ struct BackwardArgs {
   View<const scalar_t, index_t, kDims> input;
   View<const scalar_t, index_t, kDims> grad_output;
   View<const scalar_t, index_t, kDims> grid;
-  View<scalar_t, index_t, kDims> grad_grid; // data == nullptr: not requested
   index_t batch;
   index_t channels;
   Spatial<index_t, kDims> inp_size;
@@ -1056,14 +936,12 @@ struct BackwardArgs {
 // The arguments of one call; every tensor may have any strides.
 template <typename scalar_t, typename index_t, int kDims>
 BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
-    const TensorBase& grad_grid,
     const TensorBase& grad_output,
     const TensorBase& input,
     const TensorBase& grid,
     int64_t interpolation_mode,
     int64_t padding_mode,
-    bool align_corners,
-    bool grid_grad_requested) {
+    bool align_corners) {
   BackwardArgs<scalar_t, index_t, kDims> args;
   args.input = image_view<index_t, kDims>(
       input.const_data_ptr<scalar_t>(), input.strides());
@@ -1071,10 +949,6 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
       grad_output.const_data_ptr<scalar_t>(), grad_output.strides());
   args.grid = grid_view<index_t, kDims>(
       grid.const_data_ptr<scalar_t>(), grid.strides());
-  args.grad_grid = grid_grad_requested
-      ? grid_view<index_t, kDims>(
-            grad_grid.data_ptr<scalar_t>(), grad_grid.strides())
-      : View<scalar_t, index_t, kDims>{nullptr, 0, 0, {}};
   args.batch = static_cast<index_t>(input.size(0));
   args.channels = static_cast<index_t>(input.size(1));
   GRID_SAMPLER_DET_UNROLL
@@ -1275,26 +1149,9 @@ locate_point_taps(
       args.align_corners);
 }
 
-// Writes the grid gradient of one point (args.grad_grid must be requested).
-template <typename scalar_t, typename index_t, int kDims, typename T, int kTaps>
-C10_HOST_DEVICE inline void write_grid_gradient(
-    const BackwardArgs<scalar_t, index_t, kDims>& args,
-    const PointTaps<T, kTaps, kDims>& taps,
-    index_t n,
-    const Spatial<index_t, kDims>& out_position) {
-  T grad[kDims];
-  point_grid_gradient(
-      taps, args.input, args.grad_output, n, out_position, args.channels, grad);
-  GRID_SAMPLER_DET_UNROLL
-  for (int k = 0; k < kDims; ++k) {
-    args.grad_grid.at(n, k, out_position) = static_cast<scalar_t>(grad[k]);
-  }
-}
-
-// Point pass for one point: its records (see Keying), and its grid gradient
-// (single writer) when requested. kTaps (taps per axis) must match
-// args.interpolation_mode; dispatch_taps_per_axis picks it. `chunk_point` is
-// the point's number within its chunk.
+// Point pass for one point: its records (see Keying). kTaps (taps per axis)
+// must match args.interpolation_mode; dispatch_taps_per_axis picks it.
+// `chunk_point` is the point's number within its chunk.
 template <int kTaps, typename scalar_t, typename index_t, int kDims>
 C10_HOST_DEVICE inline void process_point(
     const BackwardArgs<scalar_t, index_t, kDims>& args,
@@ -1307,9 +1164,6 @@ C10_HOST_DEVICE inline void process_point(
       locate_point_taps<kTaps>(args, point, &n, &out_position);
   emit_records(args, taps, n, chunk_point, chunk);
   chunk.gout_offsets[chunk_point] = args.grad_output.offset(n, 0, out_position);
-  if (args.grad_grid.data != nullptr) {
-    write_grid_gradient(args, taps, n, out_position);
-  }
 }
 
 // The record ids of one destination in ascending order, as a fold reads

@@ -43,8 +43,7 @@
 
 namespace at::native::grid_sampler_deterministic {
 
-// Point pass: the records of points [first_point, first_point + count), and
-// their grid gradient when requested.
+// Point pass: the records of points [first_point, first_point + count).
 template <int kTaps, typename Args>
 struct PointPass {
   using index_t = typename Args::index_type;
@@ -362,11 +361,8 @@ struct CarryBlocks {
   int64_t blocks_per_row() const {
     return (cols + cols_per_block - 1) / cols_per_block;
   }
-  // At least one, so that an empty grad_input still gets its point passes
-  // (which make grad_grid) from the one empty block.
   int64_t count() const {
-    return std::max<int64_t>(
-        1, ((rows + rows_per_block - 1) / rows_per_block) * blocks_per_row());
+    return ((rows + rows_per_block - 1) / rows_per_block) * blocks_per_row();
   }
   ElementBlock<index_t> block(int64_t b) const {
     const int64_t per_row = std::max<int64_t>(1, blocks_per_row());
@@ -413,8 +409,9 @@ void reduce_grad_input(
   const index_t channels = args.channels;
   const index_t image_size = args.destinations_per_image();
   const index_t numel = args.batch * channels * image_size;
-  if (num_points == 0) {
-    // Nothing lands anywhere; below, every chunk has points.
+  if (num_points == 0 || numel == 0) {
+    // Nothing lands anywhere; below, every chunk has points and every block
+    // elements.
     ex.zero(grad_input, numel * sizeof(scalar_t));
     return;
   }
@@ -518,7 +515,6 @@ void reduce_grad_input(
   int32_t* const bookkeeping_b = static_cast<int32_t*>(keys.get());
   const int end_bit = bits_for(table_entries);
   const int64_t points_per_image = args.points_per_image();
-  const int64_t num_chunks = (num_points + chunk_points - 1) / chunk_points;
 
   // [stack: hot-fold]
   // The hot fold's groups of stored partials for a chunk of `count` points:
@@ -575,14 +571,12 @@ void reduce_grad_input(
 
   // One chunk's records, sorted, with the bookkeeping its reduce reads:
   // runs of one destination.
-  auto point_pass_and_sort = [&](const Args& point_args, int64_t first_point,
-                                 int64_t count) {
+  auto point_pass_and_sort = [&](int64_t first_point, int64_t count) {
     const int32_t num_items = static_cast<int32_t>(count * items_per_point);
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
-        PointPass<kTaps, Args>{
-            point_args, chunk, static_cast<index_t>(first_point)});
+        PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});
     sort_items(num_items);
     // [stack: channels-fastest]
     if (copy) {
@@ -725,20 +719,12 @@ void reduce_grad_input(
         float_carry ? block.numel() * sizeof(T) : numel * sizeof(scalar_t));
   };
 
-  // Each block of grad_input takes the chunks of the points of its images;
-  // where a chunk serves two blocks, the first one computes its points'
-  // grid gradient and the second re-runs its point pass for the records.
-  Args records_only = args;
-  records_only.grad_grid.data = nullptr;
-  int64_t chunks_with_grid_gradient = 0;
+  // Each block of grad_input takes the chunks of the points of its images
+  // (a chunk that serves two blocks runs twice).
   for (int64_t b = 0; b < blocks.count(); ++b) {
     const ElementBlock<index_t> block = blocks.block(b);
-    // The images whose rows the block holds; all of them where grad_input
-    // has no elements, whose one block holds no rows.
-    const bool empty = block.numel() == 0;
-    const int64_t first_block_image = empty ? 0 : block.row_begin / channels;
-    const int64_t end_block_image =
-        empty ? args.batch : (block.row_end - 1) / channels + 1;
+    const int64_t first_block_image = block.row_begin / channels;
+    const int64_t end_block_image = (block.row_end - 1) / channels + 1;
     const int64_t first_chunk =
         first_block_image * points_per_image / chunk_points;
     const int64_t end_chunk =
@@ -749,9 +735,7 @@ void reduce_grad_input(
     for (int64_t k = first_chunk; k < end_chunk; ++k) {
       const int64_t first_point = k * chunk_points;
       const int64_t count = std::min(chunk_points, num_points - first_point);
-      point_pass_and_sort(
-          k < chunks_with_grid_gradient ? records_only : args, first_point, count);
-      chunks_with_grid_gradient = std::max(chunks_with_grid_gradient, k + 1);
+      point_pass_and_sort(first_point, count);
       // Sums are read where earlier chunks left them, and written there but
       // by a float carry's last dense chunk, which rounds the whole block
       // into grad_input.
@@ -808,7 +792,6 @@ void reduce_grad_input(
       }
     }
   }
-  TORCH_INTERNAL_ASSERT(chunks_with_grid_gradient == num_chunks);
 }
 
 // What the planner reads of a backward call: shapes, strides and element
@@ -836,8 +819,7 @@ struct BackwardProblem {
 inline bool fits_32bit_indexing(const GridSamplerBackwardCall& call) {
   return fits_32bit_indexing(call.input) && fits_32bit_indexing(call.grid) &&
       fits_32bit_indexing(call.grad_output) &&
-      (!call.output_mask[0] || fits_32bit_indexing(call.grad_input)) &&
-      fits_32bit_indexing(call.grad_grid);
+      fits_32bit_indexing(call.grad_input);
 }
 // [end stack: index32]
 
@@ -1065,18 +1047,13 @@ void dispatch_backward_types(
       });
 }
 
-// For checked arguments with grad_input requested: calls
-// fn(args, grad_input) with the call's BackwardArgs and grad_input's data,
-// after zeroing a defined grad_grid that was not requested.
-template <typename Executor, typename Fn>
+// For checked arguments: calls fn(args, grad_input) with the call's
+// BackwardArgs and grad_input's data.
+template <typename Fn>
 void with_backward_args(
-    const Executor& ex,
     const GridSamplerBackwardCall& call,
     const BackwardPlan& plan, // [stack: index32]
     const Fn& fn) {
-  // A call for grad_grid alone has one writer per element and no alert: it
-  // runs the stock kernel.
-  TORCH_INTERNAL_ASSERT(call.output_mask[0]);
   // [stack: index32]
   // 32-bit index math over larger tensors would address out of bounds.
   TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
@@ -1089,39 +1066,25 @@ void with_backward_args(
         using index_t = decltype(index);
         constexpr int kDims = decltype(dims)::value;
         using Args = BackwardArgs<scalar_t, index_t, kDims>;
-        const TensorBase& grad_grid = call.grad_grid;
-        if (!call.output_mask[1] && grad_grid.defined() && grad_grid.numel() > 0) {
-          // Not asked for, so not computed (upstream #64977); a grid gradient
-          // the caller allocated anyway is zeroed rather than left
-          // uninitialized.
-          TORCH_CHECK(
-              grad_grid.is_contiguous(),
-              Args::op_name(),
-              " (deterministic): expected a contiguous grad_grid");
-          ex.zero(grad_grid.data_ptr(), grad_grid.nbytes());
-        }
         TORCH_CHECK(
             call.grad_input.is_contiguous(),
             Args::op_name(),
             " (deterministic): expected a contiguous grad_input");
         fn(make_backward_args<scalar_t, index_t, kDims>(
-               call.grad_grid,
                call.grad_output,
                call.input,
                call.grid,
                call.interpolation_mode,
                call.padding_mode,
-               call.align_corners,
-               call.output_mask[1]),
+               call.align_corners),
            call.grad_input.data_ptr<scalar_t>());
       });
 }
 
-// The deterministic backward of grid_sampler_2d (4-D input) or
-// grid_sampler_3d (5-D input) on `ex`, for checked arguments with grad_input
-// requested, as `plan` says: writes every element of a contiguous
-// grad_input, grad_grid when output_mask[1], and zeroes a defined grad_grid
-// otherwise. Every interpolation mode of either rank, 3-D bicubic
+// grad_input of the backward of grid_sampler_2d (4-D input) or
+// grid_sampler_3d (5-D input) on `ex`, for checked arguments, as `plan`
+// says: writes every element of a contiguous grad_input (grad_grid is the
+// existing kernel's, which has one writer per element). Every interpolation mode of either rank, 3-D bicubic
 // (tricubic, which grid_sampler_3d has from torch 2.15) included, with
 // 64-bit index math only there (has_32bit_index_math). The CUDA launcher
 // and the host executors run this one function.
@@ -1139,7 +1102,7 @@ void run_deterministic_backward(
       "grid_sampler_3d_backward (deterministic): 3-D bicubic sampling runs "
       "with 64-bit index math only, but the plan asks for 32-bit");
   // [end stack: index32]
-  with_backward_args(ex, call, plan, [&](const auto& args, auto* grad_input) { // [stack: index32 replaces: with_backward_args(ex, call, [&](const auto& args, auto* grad_input) {]
+  with_backward_args(call, plan, [&](const auto& args, auto* grad_input) { // [stack: index32 replaces: with_backward_args(call, [&](const auto& args, auto* grad_input) {]
     using Args = std::decay_t<decltype(args)>; // [stack: index32]
     dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
       constexpr int kTaps = decltype(taps)::value;
@@ -1158,4 +1121,4 @@ void run_deterministic_backward(
 } // namespace at::native::grid_sampler_deterministic
 
 #undef GRID_SAMPLER_DET_UNROLL
-#undef GRID_SAMPLER_DET_ROLLED
+#undef GRID_SAMPLER_DET_ROLLED // [stack: hot-fold]
