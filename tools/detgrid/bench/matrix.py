@@ -210,7 +210,7 @@ def _raw_detgrid_accumulating(accumulate: str) -> Callable[[Case], Any]:
 
     def call(case: Case) -> Any:
         return getattr(torch.ops.detgrid, f"_{case.op}_with_options")(
-            *case.args(), 0, 0, 0, 0, 0, 0, 0, 0, number, 0)
+            *case.args(), 0, 0, 0, 0, 0, 0, 0, 0, number, 0, 0)
 
     return call
 

@@ -775,6 +775,21 @@ def render_checklist(report: Report) -> str:
     ])
 
 
+# Why GridSamplerDeterministic.cuh has coordinate math of its own (issue 41.5): each such
+# function names, in one line, the helper of stock's it does not call, and why.
+COORDINATES_DIFFER = (
+    "Coordinate math: `GridSamplerDeterministic.cuh` does not call `GridSampler.cuh`'s helpers "
+    "(`grid_sampler_unnormalize`, `clip_coordinates`, `reflect_coordinates`, `compute_coordinates`, "
+    "`grid_sampler_compute_source_index`, `within_bounds_2d/3d`) or `UpSample.cuh`'s "
+    "`get_cubic_upsampling_coefficients`: they are `__device__` only, and the same functions must "
+    "run on a host executor that checks the kernel bit for bit. What differs: every operation is "
+    "rounded explicitly (no FMA contraction, where stock's fp32/fp64 build may fuse unnormalize's "
+    "`(coord + 1) * size - 1`); half and bfloat16 steps round to scalar_t as `c10::Half` does; "
+    "reflection's float-to-int flip count is the GPU's saturating conversion on both; a position "
+    "is bounds-checked in floating point before any conversion, so a non-finite coordinate "
+    "contributes nothing. Taps and weights equal stock's in every dtype, fp32 within that one FMA.")
+
+
 def render_appendix(report: Report) -> str:
     parts = [render_claims_list(run) for run in report.repro]
     if report.checkout:
@@ -784,6 +799,7 @@ def render_appendix(report: Report) -> str:
     if report.tests is None:
         parts.append(f"The kit's suite: {render_tests(report)}.")
     parts.append(f"Beside #196856: {SIDE_BY_SIDE_SOURCES}")
+    parts.append(COORDINATES_DIFFER)
     if report.machine_code:
         parts.append(f"Machine code: `{report.machine_code.path}`.")
     if report.checkout and report.checkout.notes:

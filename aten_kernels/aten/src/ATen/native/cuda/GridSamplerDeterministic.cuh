@@ -185,6 +185,7 @@ C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
 // scalar_t(size) / 2 in scalar_t (bfloat16 holds 257 as 256, so its
 // multiplier is 128). Stock computes the coordinate in float (double for
 // double) and returns it as scalar_t.
+// Not stock's unnormalize: __device__ only, and nvcc may fuse it to an FMA.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T unnormalize(
     T coord,
@@ -206,6 +207,7 @@ C10_HOST_DEVICE inline T unnormalize(
 
 // Clamps to [0, size - 1] (size - 1 as scalar_t holds it); the borders count
 // as outside for the gradient.
+// Not stock's clip_coordinates_set_grad: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
   const T upper = integer_s<scalar_t, T>(size - 1);
@@ -270,6 +272,7 @@ C10_HOST_DEVICE inline T span_quotient(T distance, T span, double inverse_span) 
 // 2^31 spans it saturates at INT_MAX (odd), and in float, between 2^24 and
 // 2^31 spans, the rounded quotient is even. fmod is exact and needs no
 // rounding. `inverse_period` is 1.0 / (twice_high - twice_low).
+// Not stock's reflect_coordinates: __device__ only; its int cast is UB here.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T reflect(
     T coord,
@@ -305,6 +308,7 @@ C10_HOST_DEVICE inline T reflect(
 // Pads a pixel coordinate as stock's compute_coordinates does (clip, or
 // reflect then clip), multiplying *mult by the derivative of the padding.
 // `inverse_period` is 1.0 / reflection_period(size, align_corners).
+// Not stock's compute_coordinates: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T pad_coordinate(
     T coord,
@@ -334,6 +338,7 @@ C10_HOST_DEVICE inline T pad_coordinate(
 // The padded source coordinate of bilinear and nearest sampling, as in
 // grid_sampler_compute_source_index_set_grad: the result may be NaN or out
 // of range; callers test it with is_safe_coordinate before using it.
+// Not stock's grid_sampler_compute_source_index: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T source_coordinate(
     T coord,
@@ -360,6 +365,7 @@ C10_HOST_DEVICE inline int64_t reflection_period(
 // in scalar_t arithmetic as stock's get_cubic_upsampling_coefficients and
 // get_cubic_coefficients_grad compute them (the backward instantiates both
 // with scalar_t).
+// Not stock's get_cubic_upsampling_coefficients: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
   const T one = static_cast<T>(1);
@@ -514,6 +520,7 @@ C10_HOST_DEVICE inline T cubic_tap_position(
 // int's range out of bounds, static_cast<int> truncates (so (-1, 0) is
 // pixel 0), within_bounds_2d tests the int. Only a position known to lie in
 // int's range is converted.
+// Not stock's within_bounds_2d: it tests an int; this refuses NaN first.
 template <typename T>
 C10_HOST_DEVICE inline bool tap_index(T position, int64_t size, int64_t* index) {
   *index = 0;
