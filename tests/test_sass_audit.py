@@ -414,6 +414,20 @@ class TestSassAudit(TestCase):
             self.assertIn(message, err)
             self.assertNotIn("m.json", after)
 
+    def test_level_and_level_json_need_cubin_and_each_other(self):
+        files = {"ptxas": "", "sass": _sass(""), "cubin": _cubin([(".text." + OURS, 256)])}
+        for flags, message in (
+                (["--level", "core"], "--level and --level-json need --cubin"),
+                (["--level-json", "{work}/core.json"], "--level and --level-json need --cubin"),
+                (["--cubin", "{cubin}", "--level-json", "{work}/core.json"],
+                 "--level-json needs --level")):
+            rc, _, err, after = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
+                                           *flags)
+            self.assertEqual(rc, 2)
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(message, err)
+            self.assertNotIn("core.json", after)
+
     def test_unreadable_input_is_a_one_line_error(self):
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr):
@@ -421,6 +435,198 @@ class TestSassAudit(TestCase):
         self.assertEqual(rc, 2)
         self.assertEqual(stderr.getvalue().count("\n"), 1)
         self.assertIn("cannot read /nonexistent/ptxas.txt", stderr.getvalue())
+
+
+def _fake_kit(kit, core_lines=10):
+    """A kit whose ATen files hold every level's files: the pipeline header includes the dense
+    level's header in a marked line and has a block of the hot-fold level; the core's .cuh
+    has ``core_lines`` lines."""
+    from detgrid.kit import stack
+
+    folder = Path(kit) / "aten_kernels" / stack.KERNEL_DIR
+    folder.mkdir(parents=True)
+    for name in stack.kernel_files(stack.TOP):
+        (folder / name).write_text(f"// {name}\n")
+    (folder / "GridSamplerDeterministic.cuh").write_text("int core;\n" * core_lines)
+    (folder / "GridSamplerDeterministicPipeline.cuh").write_text(
+        "#include <ATen/native/cuda/GridSamplerDeterministicDense.cuh> // [stack: dense]\n"
+        "int pipeline;\n"
+        "// [stack: hot-fold]\n"
+        "int hot;\n"
+        "// [end stack: hot-fold]\n")
+
+
+class TestLevels(TestCase):
+    """The stack's levels (issue 41): `cut` writes a level's ATen files, `levels` sets the
+    built levels' machine code and every level's lines against LEVEL_BUDGETS."""
+
+    def setUp(self):
+        from detgrid.kit import stack
+
+        self.top = stack.TOP
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-sass-levels-"))
+        self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
+
+    def _main(self, *argv):
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            rc = sass_audit.main(list(argv))
+        return rc, stdout.getvalue(), stderr.getvalue()
+
+    def _measure(self, level, kernels, text_bytes, spills=0):
+        """A --level-json file, as the audit of a build of that level writes it."""
+        (self.tmp / "measured").mkdir(exist_ok=True)
+        sass_audit.write_level_json(sass_audit.MachineCode("sm_90", kernels, text_bytes), level,
+                                    str(self.tmp / "measured" / f"{level}.json"), spills)
+
+    def test_cut_writes_the_core_as_patch_upto_writes_it(self):
+        from detgrid.kit import stack
+
+        _fake_kit(self.tmp / "kit")
+        rc, out, err = self._main("cut", "--kit", str(self.tmp / "kit"),
+                                  "--into", str(self.tmp / "src"), "--level", "core")
+        self.assertEqual(rc, 0, err)
+        include = self.tmp / "src" / "core" / "aten" / "src"
+        self.assertEqual(out, f"core {include} {10 + 1 + 1 + 1}\n")
+        folder = include / "ATen" / "native" / "cuda"
+        self.assertEqual(sorted(p.name for p in folder.iterdir()),
+                         sorted(stack.kernel_files("core")))
+        self.assertEqual((folder / "GridSamplerDeterministicPipeline.cuh").read_text(),
+                         "int pipeline;\n")
+
+    def test_cut_defaults_to_every_level_below_the_whole_stack(self):
+        from detgrid.kit import stack
+
+        _fake_kit(self.tmp / "kit")
+        rc, out, _ = self._main("cut", "--kit", str(self.tmp / "kit"), "--into", str(self.tmp))
+        self.assertEqual(rc, 0)
+        self.assertEqual([line.split()[0] for line in out.splitlines()],
+                         list(stack.LEVEL_NAMES[:-1]))
+        self.assertEqual(self._main("cut", "--top"), (0, f"{self.top}\n", ""))
+        rc, _, err = self._main("cut", "--kit", str(self.tmp / "kit"), "--into", str(self.tmp),
+                                "--level", "nonesuch")
+        self.assertEqual(rc, 2)
+        self.assertIn("unknown level 'nonesuch'", err)
+
+    def test_level_budgets_are_issue_41s(self):
+        core = sass_audit.LevelCode("core", 1200, sass_audit.MachineCode("sm_90", 40, 2**20))
+        top = sass_audit.LevelCode(self.top, 5000, sass_audit.MachineCode("sm_90", 128, 2 * 2**20))
+        self.assertEqual(sass_audit.level_budget_findings({"core": core, self.top: top}, self.top),
+                         [])
+        core = sass_audit.LevelCode("core", 1201, sass_audit.MachineCode("sm_90", 41, 2**20 + 1))
+        top = sass_audit.LevelCode(self.top, 5000,
+                                   sass_audit.MachineCode("sm_90", 129, 2 * 2**20 + 1))
+        self.assertEqual(
+            sass_audit.level_budget_findings({"core": core, self.top: top}, self.top),
+            ["core: 1201 lines > 1200", "core: 41 kernels > 40",
+             "core: 1.00 MiB of .text > 1.00 MiB", f"whole stack ({self.top}): 129 kernels > 128",
+             f"whole stack ({self.top}): 2.00 MiB of .text > 2.00 MiB"])
+        unbuilt = sass_audit.LevelCode("core", 10)
+        self.assertEqual(sass_audit.level_budget_findings({"core": unbuilt}, self.top),
+                         ["core: not built", f"whole stack ({self.top}): not measured"])
+
+    def test_over_budget_is_reported_and_recorded_not_failed(self):
+        _fake_kit(self.tmp / "kit", core_lines=1300)
+        self._measure("core", 37, 1237504, spills=1)
+        self._measure(self.top, 128, 2910080)
+        record = self.tmp / "machine_code.json"
+        rc, out, err = self._main("levels", "--kit", str(self.tmp / "kit"),
+                                  "--measured", str(self.tmp / "measured"),
+                                  "--machine-code-json", str(record))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("level core: 1303 lines, 37 kernels, 1.18 MiB of sm_90 .text (1237504 "
+                      "bytes); budget 1200 lines, 40 kernels, 1.00 MiB; 1 kernel(s) with a stack "
+                      "frame or spills\n", out)
+        self.assertIn("level dense: 1305 lines, not built", out)
+        self.assertIn(f"level whole stack ({self.top}): 1309 lines, 128 kernels, 2.78 MiB", out)
+        self.assertIn("over budget (issue 41): core: 1303 lines > 1200\n"
+                      "over budget (issue 41): core: 1.18 MiB of .text > 1.00 MiB\n"
+                      f"over budget (issue 41): whole stack ({self.top}): 2.78 MiB of .text > "
+                      "2.00 MiB\n"
+                      "levels budget (issue 41): OVER BUDGET, 3 finding(s); reported, not failed",
+                      out)
+        written = json.loads(record.read_text())
+        self.assertEqual((written["arch"], written["kernels"], written["text_bytes"]),
+                         ("sm_90", 128, 2910080))
+        self.assertEqual(written["levels"]["core"],
+                         {"lines": 1303, "kernels": 37, "text_bytes": 1237504,
+                          "spilling_kernels": 1})
+        self.assertEqual(written["levels"]["dense"],
+                         {"lines": 1305, "kernels": None, "text_bytes": None,
+                          "spilling_kernels": None})
+        self.assertEqual(written["budgets"]["core"],
+                         {"kernels": 40, "text_bytes": 2**20, "lines": 1200})
+        self.assertIs(written["budget_met"], False)
+        self.assertEqual(len(written["over_budget"]), 3)
+        # what `detgrid report` cites is the whole stack's count
+        (self.tmp / "benchmarks").mkdir()
+        (self.tmp / "benchmarks" / "machine_code.json").write_text(record.read_text())
+        code = report.read_machine_code(self.tmp)
+        self.assertEqual((code.arch, code.kernels, code.text_bytes), ("sm_90", 128, 2910080))
+        rc, out, _ = self._main("levels", "--kit", str(self.tmp / "kit"),
+                                "--measured", str(self.tmp / "measured"), "--strict")
+        self.assertEqual(rc, 1)
+        self.assertIn("OVER BUDGET, 3 finding(s); failed (--strict)", out)
+
+    def test_within_budget_is_met(self):
+        _fake_kit(self.tmp / "kit")
+        self._measure("core", 30, 2**20)
+        self._measure(self.top, 100, 2 * 2**20)
+        record = self.tmp / "machine_code.json"
+        rc, out, _ = self._main("levels", "--kit", str(self.tmp / "kit"), "--strict",
+                                "--measured", str(self.tmp / "measured"),
+                                "--machine-code-json", str(record))
+        self.assertEqual(rc, 0)
+        self.assertTrue(out.endswith("levels budget (issue 41): met\n"), out)
+        written = json.loads(record.read_text())
+        self.assertEqual((written["budget_met"], written["over_budget"]), (True, []))
+
+    def test_levels_needs_the_core_and_the_whole_stack_measured(self):
+        _fake_kit(self.tmp / "kit")
+        self._measure("core", 30, 2**20)
+        self._measure("nonesuch", 1, 1)
+        rc, out, err = self._main("levels", "--kit", str(self.tmp / "kit"),
+                                  "--measured", str(self.tmp / "measured"),
+                                  "--machine-code-json", str(self.tmp / "m.json"))
+        self.assertEqual((rc, out), (2, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"no level nonesuch; no measurement of {self.top}", err)
+        self.assertFalse((self.tmp / "m.json").exists())
+
+    def test_the_audit_of_a_level_writes_its_measurement(self):
+        files = {"ptxas": "", "sass": "\t.target\tsm_90\n" + _sass(_listing(["EXIT"], {})),
+                 "cubin": _cubin([(".text." + OURS, 4096), (".text." + CUB_KERNEL, 512)])}
+        rc, out, _, after = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
+                                       "--cubin", "{cubin}", "--level", "core",
+                                       "--level-json", "{work}/core.json")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("machine code (core): 2 kernels, 0.00 MiB of sm_90 .text (4608 bytes; "
+                      "budget 128 kernels, 3.00 MiB)", out)
+        self.assertEqual(json.loads(after["core.json"]), {"level": "core", "arch": "sm_90",
+                                                          "kernels": 2, "text_bytes": 4608,
+                                                          "spills": 0})
+
+    def test_a_levels_spills_can_be_reported_not_failed(self):
+        log = textwrap.dedent(f"""\
+            ptxas info    : Compiling entry function '{OURS}' for 'sm_90'
+            ptxas info    : Function properties for {OURS}
+                24 bytes stack frame, 24 bytes spill stores, 24 bytes spill loads
+            ptxas info    : Used 255 registers
+            """)
+        files = {"ptxas": log, "sass": "\t.target\tsm_90\n" + _sass(_listing(["EXIT"], {})),
+                 "cubin": _cubin([(".text." + OURS, 4096)])}
+        flags = ["--ptxas-log", "{ptxas}", "--sass", "{sass}", "--cubin", "{cubin}",
+                 "--level", "core", "--level-json", "{work}/core.json"]
+        rc, out, _, after = _run_audit(files, *flags, "--report-spills")
+        self.assertEqual(rc, 0, out)
+        self.assertTrue(out.startswith("REPORTED, not failed (stack frames or spills, core): "
+                                       "void at::native::"), out)
+        self.assertIn("24 B stack frame, 24 B spill stores, 24 B spill loads", out)
+        self.assertTrue(out.endswith("0 problem(s), 1 reported, not failed\n"), out)
+        self.assertEqual(json.loads(after["core.json"])["spills"], 1)
+        rc, out, _, _ = _run_audit(files, *flags)  # without it, a spill fails the audit
+        self.assertEqual(rc, 1)
+        self.assertTrue(out.startswith("FAIL (stack frames or spills): "), out)
 
 
 if __name__ == "__main__":
