@@ -3,7 +3,9 @@
 # detgrid.kit.upstream_tree) patched by this checkout's `detgrid patch`, then the
 # patched/new GridSampler .cu (nvcc 12.4) and .cpp (g++) files compiled to
 # objects against the tree's own headers, its own torchgen's generated headers
-# and its CMake-configured headers (see tools/detgrid/kit/intree_compile.py).
+# and its CMake-configured headers (see tools/detgrid/kit/intree_compile.py);
+# then the same tree patched with the stack's core alone (`detgrid patch
+# --upto core`), the units that read a file the core changes compiled again.
 # No GPU needed; nothing is linked or run. Fails (never skips) when the tree
 # or the toolchain cannot be had.
 #   PYTHON   python with detgrid's dependencies (default .venv/bin/python)

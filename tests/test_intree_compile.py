@@ -209,6 +209,93 @@ class TestReuse(TestCase):
         self.assertNotIn(str(w1), json.dumps(rec))
 
 
+class TestCore(TestCase):
+    """The second patch of the copy, with the stack's core alone (detgrid patch --upto core): which
+    units compile again, and the reset that makes the copy patchable again."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-intree-core-"))
+        self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
+
+    def git(self, *args):
+        import subprocess
+
+        env = dict(__import__("os").environ, **IC._GIT_IDENTITY)
+        return subprocess.run(["git", "-C", str(self.tree), *args], check=True, env=env,
+                              capture_output=True, text=True).stdout
+
+    def test_only_units_that_read_a_differing_file_compile_again(self):
+        tree, obj = self.tmp / "tree", self.tmp / "obj"
+        obj.mkdir()
+        (obj / "det.d").write_text(f"det.o: {tree}/det.cu \\\n  {tree}/dense.cuh {tree}/det.h\n")
+        (obj / "sampler.d").write_text(f"sampler.o: {tree}/sampler.cu {tree}/det.h\n")
+        (obj / "cudnn.d").write_text("cudnn.o: ../tree/cudnn.cpp ../tree/shared.h\n")  # relative
+        units = [("det.cu", "nvcc"), ("sampler.cu", "nvcc"), ("cudnn.cpp", "cuda-cpp"),
+                 ("failed.cu", "nvcc"), ("new.cu", "nvcc")]
+        depfiles = {"det.cu": obj / "det.d", "sampler.cu": obj / "sampler.d",
+                    "cudnn.cpp": obj / "cudnn.d", "new.cu": obj / "missing.d"}
+        # dense.cuh: only the whole stack has it; det.h is the same in both
+        again = IC.units_to_compile_again(units, ["dense.cuh"], depfiles, tree)
+        self.assertEqual(again, [("det.cu", "nvcc"), ("failed.cu", "nvcc"), ("new.cu", "nvcc")])
+        # a unit that differs itself, and one whose relative depfile path reads a differing file
+        again = IC.units_to_compile_again(units[:3], ["sampler.cu", "shared.h"], depfiles, tree)
+        self.assertEqual(again, [("sampler.cu", "nvcc"), ("cudnn.cpp", "cuda-cpp")])
+
+    def test_core_records_are_kept_apart_from_the_whole_stacks(self):
+        work = self.tmp / "w"
+        (work / "obj").mkdir(parents=True)
+        (work / "u.cu").write_text("int x;\n")
+        (work / "obj/u.d").write_text(f"u.o: {work}/u.cu\n")
+        cmd = [sys.executable, "-c", "pass", f"{work}/u.cu"]
+        reuse = IC.Reuse(self.tmp / "records", work)
+        reuse.store("a/u.cu@core", cmd, work / "obj/u.d")
+        self.assertTrue((self.tmp / "records" / "a__u.cu@core.json").is_file())
+        self.assertIsNone(reuse.hit("a/u.cu", cmd))
+        self.assertIsNotNone(reuse.hit("a/u.cu@core", cmd))
+
+    def test_repatch_resets_the_copy_to_its_base_first(self):
+        self.tree = self.tmp / "pytorch"
+        self.tree.mkdir()
+        (self.tree / "version.txt").write_text("2.6.0a0\n")
+        (self.tree / "GridSampler.cu").write_text("stock\n")
+        self.git("init", "-q")
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", "base")
+        self.git("tag", "v2.6.0")
+        # the whole stack's patch: a changed unit, two new files
+        (self.tree / "GridSampler.cu").write_text("dispatch\n")
+        (self.tree / "Det.cu").write_text("whole\n")
+        (self.tree / "Dense.cuh").write_text("dense\n")
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", "whole stack")
+        (self.tree / "stray.o").write_text("untracked\n")  # cleaned before the second patch
+        seen = {}
+
+        def core_patch(dest, tag, upto, out, log):
+            seen.update(upto=upto, tag=tag, files=sorted(p.name for p in dest.iterdir()
+                                                         if p.name != ".git"))
+            (dest / "GridSampler.cu").write_text("dispatch\n")
+            (dest / "Det.cu").write_text("core\n")
+            self.git("add", "-A")
+            self.git("commit", "-q", "-m", "core")
+            return ["Det.cu", "GridSampler.cu"]
+
+        with mock.patch.object(IC, "_detgrid_patch", side_effect=core_patch):
+            changed, differing = IC.repatch_upto(self.tree, "core", self.tmp / "core.patch")
+        self.assertEqual(seen, {"upto": "core", "tag": "v2.6.0",
+                                "files": ["GridSampler.cu", "version.txt"]})
+        self.assertEqual(changed, ["Det.cu", "GridSampler.cu"])
+        self.assertEqual(differing, ["Dense.cuh", "Det.cu"])
+
+    def test_no_core_is_an_option(self):
+        err = io.StringIO()
+        with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \
+                contextlib.redirect_stdout(io.StringIO()):
+            rc = IC.main(["--pytorch", tmp, "--no-core"])
+        self.assertEqual(rc, IC.EXIT_SETUP)
+        self.assertIn("no version.txt", err.getvalue())
+
+
 class TestToolchainParts(TestCase):
     def test_extract_includes_drops_the_package_prefix(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -15,7 +15,12 @@
    library (torch_cuda or torch_cpu), and checks that every header the patch created or changed
    was included by one of them. Nothing is linked or run. A unit whose flags, compiler and every
    file it read are byte-identical to an earlier successful compile is not compiled again
-   (records under ``<cache>/intree-compiled``; ``--no-reuse`` compiles everything).
+   (records under ``<cache>/intree-compiled``; ``--no-reuse`` compiles everything);
+5. then the stack's core alone (issue 41): resets the copy to v<version>, runs ``detgrid patch
+   --upto core`` on it and compiles again only the units whose first compile read a file that
+   differs between the two patched trees (``git diff`` of the two commits; in practice the
+   deterministic unit GridSamplerDeterministic.cu), the others' compiles standing for both; the
+   core's changed headers must be covered the same way. ``--no-core`` leaves this step out.
 
 The CUDA toolchain is the release the checkout's wheels were built with (CUDA 12.4 for v2.6.0),
 assembled once under ``<cache>/intree-cuda-<release>``. PyPI's ``nvidia-cuda-nvcc-cu12`` wheels
@@ -31,6 +36,7 @@ toolchain, the patch or the code generation could not be set up (the reason is p
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -46,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from detgrid.kit import apt, upstream_tree
+from detgrid.kit import apt, stack, upstream_tree
 
 EXIT_OK, EXIT_COMPILE, EXIT_SETUP = 0, 1, 2
 
@@ -416,8 +422,7 @@ EXTRA_DIRS = ("c10", "caffe2", "torchgen", "torch/csrc", "torch/headeronly")
 def copy_and_patch(tree: Path, dest: Path, log=print) -> List[str]:
     """A committed git copy of ``tree`` (what the patch and the compile read), patched by this
     kit's ``detgrid patch``; return the paths the patch created or changed."""
-    version = (Path(tree) / "version.txt").read_text().strip()
-    tag = "v" + re.sub(r"a0$", "", version)
+    tag = base_tag(tree)
     try:
         upstream_tree.fresh_git_copy(dest, source=Path(tree), tag=tag)
     except (OSError, RuntimeError) as e:
@@ -425,24 +430,56 @@ def copy_and_patch(tree: Path, dest: Path, log=print) -> List[str]:
     for rel in EXTRA_DIRS:
         if (Path(tree) / rel).is_dir():
             shutil.copytree(Path(tree) / rel, dest / rel, dirs_exist_ok=True)
-    genv = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-                GIT_COMMITTER_EMAIL="t@t")
+    genv = dict(os.environ, **_GIT_IDENTITY)
     for cmd in (["add", "-A"], ["commit", "-q", "--allow-empty", "-m", "headers for the compile"],
                 ["tag", "-f", tag]):
         _run(["git", "-C", dest, *cmd], f"git {cmd[0]} in the copy", env=genv)
+    return _detgrid_patch(dest, tag, None, dest.parent / "detgrid.patch", log)
+
+
+_GIT_IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                 "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def base_tag(copy: Path) -> str:
+    version = (Path(copy) / "version.txt").read_text().strip()
+    return "v" + re.sub(r"a0$", "", version)
+
+
+def _detgrid_patch(dest: Path, tag: str, upto: Optional[str], out: Path, log=print) -> List[str]:
+    """``detgrid patch`` of this checkout of the kit on the copy (at ``tag``), the whole stack or
+    (``upto``) its prefix ending at that level; the paths it created or changed."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(KIT_TOOLS), *filter(None, [os.environ.get("PYTHONPATH")])]))
     # the patch commits the change: give it an identity of its own in this throw-away copy
-    env.update({k: v for k, v in genv.items() if k.startswith("GIT_")})
-    r = subprocess.run([sys.executable, "-m", "detgrid", "patch", "--pytorch", str(dest),
-                        "--out", str(dest.parent / "detgrid.patch")],
+    env.update(_GIT_IDENTITY)
+    level = ["--upto", upto] if upto else []
+    r = subprocess.run([sys.executable, "-m", "detgrid", "patch", "--pytorch", str(dest), *level,
+                        "--out", str(out)],
                        capture_output=True, text=True, env=env)
     for line in (r.stdout + r.stderr).splitlines():
         log(f"  {line}")
     if r.returncode != 0:
-        raise SetupError(f"detgrid patch exited {r.returncode}")
+        raise SetupError(f"detgrid patch{' --upto ' + upto if upto else ''} exited {r.returncode}")
     diff = _run(["git", "-C", dest, "diff", "--name-only", tag, "HEAD"], "git diff")
     return sorted(line for line in diff.stdout.splitlines() if line.strip())
+
+
+def head(copy: Path) -> str:
+    return _run(["git", "-C", copy, "rev-parse", "HEAD"], "git rev-parse").stdout.strip()
+
+
+def repatch_upto(copy: Path, upto: str, out: Path, log=print) -> Tuple[List[str], List[str]]:
+    """The copy (patched with the whole stack, committed) reset to its base and patched again
+    with ``detgrid patch --upto upto``: (the paths that patch created or changed, the paths
+    whose content differs between the two patched trees)."""
+    tag = base_tag(copy)
+    whole = head(copy)
+    _run(["git", "-C", copy, "reset", "-q", "--hard", tag], "git reset in the copy")
+    _run(["git", "-C", copy, "clean", "-q", "-fd"], "git clean in the copy")
+    changed = _detgrid_patch(copy, tag, upto, out, log)
+    diff = _run(["git", "-C", copy, "diff", "--name-only", whole, "HEAD"], "git diff")
+    return changed, sorted(line for line in diff.stdout.splitlines() if line.strip())
 
 
 # --------------------------------------------------------------------------- torchgen
@@ -655,35 +692,45 @@ def _sha_file(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def _tool(kind: str) -> str:
+    return "nvcc" if kind == "nvcc" else f"g++ ({'torch_cuda' if kind == 'cuda-cpp' else 'torch_cpu'})"
+
+
 def compile_units(units: List[Tuple[str, str]], paths: Paths, std: str, jobs: int,
-                  changed: List[str], reuse: Reuse, log=print) -> Tuple[bool, List[Path]]:
+                  changed: List[str], reuse: Reuse, log=print,
+                  record_suffix: str = "") -> Tuple[bool, Dict[str, Path]]:
+    """Compile ``units``: (all compiled, {unit: its depfile} of those that compiled or were
+    reused). ``record_suffix`` keeps the records of another patch of the same units (the
+    core's: ``@core``) apart from the whole stack's."""
     paths.objects.mkdir(parents=True, exist_ok=True)
 
     def one(unit):
         rel, kind = unit
         cmd = compile_command(rel, kind, paths, std)
         t0 = time.time()
-        when = reuse.hit(rel, cmd)
+        when = reuse.hit(rel + record_suffix, cmd)
         if when:
             return rel, kind, cmd, None, when, time.time() - t0
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=paths.objects)
         dep = paths.objects / (rel.replace("/", "__") + ".d")
         if r.returncode == 0 and dep.is_file():
-            reuse.store(rel, cmd, dep)
+            reuse.store(rel + record_suffix, cmd, dep)
         return rel, kind, cmd, r, None, time.time() - t0
 
     ok = True
     reused = []
+    compiled = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         # the .cu units first: they take longest
         order = sorted(units, key=lambda u: u[1] != "nvcc")
         for rel, kind, cmd, r, when, dt in ex.map(one, order):
-            tool = "nvcc" if kind == "nvcc" else f"g++ ({'torch_cuda' if kind == 'cuda-cpp' else 'torch_cpu'})"
+            tool = _tool(kind)
             if r is None:
                 reused.append(rel)
                 log(f"OK      {tool}: {rel} (inputs, flags and compiler identical to a "
                     f"successful compile at {when}: not recompiled)")
             elif r.returncode == 0:
+                compiled.append(rel)
                 log(f"OK      {tool}: {rel} ({dt:.0f} s)")
                 for w in _warnings_in(r.stdout + r.stderr, changed):
                     log(f"        warning: {w}")
@@ -692,19 +739,80 @@ def compile_units(units: List[Tuple[str, str]], paths: Paths, std: str, jobs: in
                 log(f"FAILED  {tool}: {rel} ({dt:.0f} s)\n  command: {' '.join(cmd)}")
                 log("\n".join("  " + line for line in (r.stdout + r.stderr).strip().splitlines()[-60:]))
     # a reused unit's depfile is its record's: the headers it covers are the ones it read then
-    depfiles = [paths.objects / (rel.replace("/", "__") + ".d") for rel, _ in units if rel not in reused]
+    depfiles = {rel: paths.objects / (rel.replace("/", "__") + ".d") for rel in compiled}
     for rel in reused:
-        rec = json.loads(reuse._record(rel).read_text())
+        rec = json.loads(reuse._record(rel + record_suffix).read_text())
         dep = paths.objects / (rel.replace("/", "__") + ".reused.d")
         dep.write_text("reused: " + " ".join(reuse._denorm(p) for p in rec["deps"]) + "\n")
-        depfiles.append(dep)
+        depfiles[rel] = dep
     return ok, depfiles
+
+
+def units_to_compile_again(units: Iterable[Tuple[str, str]], differing: Iterable[str],
+                           depfiles: Mapping[str, Path], tree: Path) -> List[Tuple[str, str]]:
+    """The units of a second patch of the same tree (the core's) that its first compile (the
+    whole stack's) does not stand for: a unit that differs itself, one the first did not compile
+    successfully, and one whose first compile read a file of ``differing`` (the paths whose
+    content differs between the two patched trees, or that only one of them has)."""
+    differing = set(differing)
+    differ = {os.path.realpath(Path(tree) / rel) for rel in differing}
+    again = []
+    for rel, kind in units:
+        dep = depfiles.get(rel)
+        if rel in differing or dep is None or not Path(dep).is_file():
+            again.append((rel, kind))
+            continue
+        read = {os.path.realpath(p if os.path.isabs(p) else Path(dep).parent / p)
+                for p in parse_depfile(Path(dep).read_text())}
+        if read & differ:
+            again.append((rel, kind))
+    return again
+
+
+def compiled_units(changed: Iterable[str]) -> List[Tuple[str, str]]:
+    """(path, kind) of the changed files that are translation units."""
+    return [(c, k) for c in changed for k in [unit_kind(c)] if k in ("nvcc", "cpp", "cuda-cpp")]
+
+
+def compile_core(copy: Path, work: Path, paths: Paths, std: str, jobs: int,
+                 whole_depfiles: Mapping[str, Path], reuse: Reuse, log=print) -> int:
+    """Step 5: the copy patched with the stack's core alone (``detgrid patch --upto core``),
+    each unit whose whole-stack compile does not stand for the core's compiled again, the core's
+    changed headers covered. EXIT_OK or EXIT_COMPILE."""
+    core = stack.LEVEL_NAMES[0]
+    t0 = time.time()
+    changed, differing = repatch_upto(copy, core, work / f"detgrid-{core}.patch", log)
+    log(f"{core}: the copy reset and patched with `detgrid patch --upto {core}` "
+        f"({time.time() - t0:.0f} s); differing from the whole stack: {', '.join(differing)}")
+    units = compiled_units(changed)
+    headers = [c for c in changed if unit_kind(c) == "header"]
+    again = units_to_compile_again(units, differing, whole_depfiles, copy)
+    standing = {rel: whole_depfiles[rel] for rel, kind in units if (rel, kind) not in again}
+    for rel, kind in units:
+        if rel in standing:
+            log(f"OK      {_tool(kind)}: {rel} ({core}: its whole-stack compile read nothing "
+                "that differs, and stands)")
+    ok, depfiles = compile_units(again, dataclasses.replace(paths, objects=work / f"obj-{core}"),
+                                 std, jobs, changed, reuse, log, record_suffix=f"@{core}")
+    status = EXIT_OK if ok else EXIT_COMPILE
+    if ok:
+        lost = uncovered_headers(headers, copy, [*standing.values(), *depfiles.values()])
+        if lost:
+            log(f"FAILED  {core}: changed headers that no compiled unit includes: {', '.join(lost)}")
+            status = EXIT_COMPILE
+        else:
+            log(f"{core}: headers covered: {', '.join(headers) or '(none changed)'}")
+    log(f"{core}: {'compiled' if status == EXIT_OK else 'compile check FAILED'}: "
+        f"{len(again)} of its {len(units)} units needed a compile of their own "
+        f"({time.time() - t0:.0f} s)")
+    return status
 
 
 # --------------------------------------------------------------------------- main
 
 
-def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print) -> int:
+def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print,
+        core: bool = True) -> int:
     t_start = time.time()
     tree = Path(tree).resolve()
     if not (tree / "version.txt").is_file():
@@ -728,7 +836,7 @@ def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print) -> 
     build = work / "build"
     configure_headers(copy, build)
 
-    units = [(c, k) for c in changed for k in [unit_kind(c)] if k in ("nvcc", "cpp", "cuda-cpp")]
+    units = compiled_units(changed)
     headers = [c for c in changed if unit_kind(c) == "header"]
     if not units:
         raise SetupError("the patch changed no translation unit: nothing to compile")
@@ -738,14 +846,20 @@ def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print) -> 
     ok, depfiles = compile_units(units, paths, tc.cxx_std, jobs, changed, reuse, log)
     status = EXIT_OK if ok else EXIT_COMPILE
     if ok:
-        lost = uncovered_headers(headers, copy, depfiles)
+        lost = uncovered_headers(headers, copy, depfiles.values())
         if lost:
             log(f"FAILED  changed headers that no compiled unit includes: {', '.join(lost)}")
             status = EXIT_COMPILE
         else:
             log(f"headers covered: {', '.join(headers) or '(none changed)'}")
+    core_status = None
+    if core:
+        core_status = compile_core(copy, work, paths, tc.cxx_std, jobs, depfiles, reuse, log)
+        status = max(status, core_status)
     log(f"{'all compiled' if status == EXIT_OK else 'compile check FAILED'}: {len(units)} units "
-        f"against PyTorch {version}, nvcc {tc.cuda} ({time.time() - t_start:.0f} s)")
+        f"against PyTorch {version}, nvcc {tc.cuda}"
+        f"{'' if core_status is None else ', the whole stack and its core alone'}"
+        f" ({time.time() - t_start:.0f} s)")
     return status
 
 
@@ -755,7 +869,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
     ap.add_argument("--no-reuse", action="store_true",
                     help="compile every unit even if an identical compile succeeded before")
-    ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temporary directory)")
+    ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temporary "
+                    "directory); its copy is left patched with the core alone")
+    ap.add_argument("--no-core", action="store_true",
+                    help="compile the whole stack only, not also its core alone (detgrid patch "
+                    "--upto core)")
     args = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
     try:
@@ -764,9 +882,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if work.exists():
                 shutil.rmtree(work)
             work.mkdir(parents=True)
-            return run(Path(args.pytorch), work, args.jobs, not args.no_reuse, log)
+            return run(Path(args.pytorch), work, args.jobs, not args.no_reuse, log,
+                       core=not args.no_core)
         with tempfile.TemporaryDirectory(prefix="detgrid-intree-") as tmp:
-            return run(Path(args.pytorch), Path(tmp), args.jobs, not args.no_reuse, log)
+            return run(Path(args.pytorch), Path(tmp), args.jobs, not args.no_reuse, log,
+                       core=not args.no_core)
     except SetupError as e:
         print(f"intree compile check: cannot run: {e}", file=sys.stderr, flush=True)
         return EXIT_SETUP
