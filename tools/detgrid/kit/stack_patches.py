@@ -21,7 +21,11 @@ from detgrid.kit import stack
 
 STACK_DIR = Path("patches") / "stack"
 REGENERATE = "python -m detgrid.kit.stack_patches --write patches/stack"
-COUNTERS = ("launches", "launches_per_chunk", "items_sorted", "elements_swept", "workspace_bytes")
+COUNTERS = ("launches", "launches_per_chunk", "items_sorted", "elements_swept", "workspace_bytes",
+            "longest_fold")
+# longest_fold depends on where the points land, so it is measured by running the call on the
+# host, at the benchmark's "small" size (the others are exact at full size, from the shapes).
+FOLD_SIZE = "small"
 
 # What each level changes, for its commit message and body (the core's is the PR body).
 SUMMARIES: Dict[str, str] = {
@@ -102,6 +106,17 @@ def write_patches(out_dir: Path, name: str, email: str, kit: Optional[Path] = No
     return 0
 
 
+def _counters(workload, level: str) -> dict:
+    """Exact counters at full size, longest_fold measured at FOLD_SIZE on the host."""
+    from detgrid.bench import matrix, workloads
+
+    counters = workloads.full_size_work_counters(workload, "ordered", level=level)
+    case = workload.build(scale=matrix.size_scale(workload, FOLD_SIZE))
+    case.options = {**case.options, "level": level}
+    counters["longest_fold"] = workloads.work_counters(case)["longest_fold"]
+    return counters
+
+
 def counter_rows(level: str) -> List[dict]:
     """Per benchmark row: the counters at the level before ``level`` and at ``level``."""
     from detgrid.bench import workloads
@@ -111,8 +126,7 @@ def counter_rows(level: str) -> List[dict]:
     for workload in workloads.BENCH_WORKLOADS.values():
         if not workload.output_mask[0]:
             continue
-        pair = [workloads.full_size_work_counters(workload, "ordered", level=lv)
-                for lv in (before, level)]
+        pair = [_counters(workload, lv) for lv in (before, level)]
         rows.append({"name": workload.name, "before": pair[0], "after": pair[1]})
     return rows
 
@@ -128,11 +142,17 @@ def body(level: stack.Level, rows: List[dict]) -> str:
              "of grad_input hold with `level=\"" + level.name + "\"` and with the level before "
              "it (`tests/test_stack.py`).", "",
              f"**Counters** (`detgrid.ops.work_counters(..., level=...)`, {len(rows)} benchmark "
-             "rows at full size, before → after):", ""]
+             f"rows at full size, `longest_fold` on the host at the {FOLD_SIZE} size; "
+             "before → after):", ""]
     for counter in COUNTERS:
         moved = _changed(rows, counter)
         if not moved:
             lines.append(f"- `{counter}`: unchanged on every row.")
+            continue
+        if counter == "longest_fold":  # a latency: the worst row is what matters
+            top = [max(r[k][counter] for r in rows) for k in ("before", "after")]
+            lines.append(f"- `{counter}`: changes on {len(moved)} rows; the longest on any row "
+                         f"{top[0]:,} → {top[1]:,}.")
             continue
         total = [sum(r[k][counter] for r in rows) for k in ("before", "after")]
         lines.append(f"- `{counter}`: changes on {len(moved)} rows; summed over all rows "
