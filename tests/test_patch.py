@@ -709,6 +709,29 @@ class TestPatchMain(FixtureTree):
         assert_one_decision_per_call(self, self.tree, self.fixture)
         self.assert_noop()
 
+    def test_every_prefix_of_the_stack_applies_with_the_same_dispatch(self):
+        # `--upto LEVEL` changes only which kernel files go in, cut to that level; the dispatch,
+        # docs and tests are the core's at every level
+        dispatches = set()
+        for level in stack.LEVEL_NAMES:
+            with self.subTest(level=level):
+                tree = git_copy(self.fixture, self.tmp / level)
+                rc, stdout, stderr = run_patch("--pytorch", tree, "--upto", level, "--out",
+                                               self.tmp / f"{level}.patch")
+                self.assertEqual(rc, 0, stderr)
+                for rel, text in stack.kernel_sources(KERNELS.parents[5], level).items():
+                    self.assertEqual((tree / rel).read_text(), text, rel)
+                later = set(stack.kernel_files()) - set(stack.kernel_files(level))
+                self.assertEqual([n for n in later if (tree / P.KERNEL_DIR / n).exists()], [])
+                dispatches.add((tree / P.CU).read_text())
+        self.assertEqual(len(dispatches), 1)
+
+    def test_an_unknown_level_is_refused_in_one_line(self):
+        rc, _, stderr = run_patch("--pytorch", self.tree, "--upto", "fast")
+        self.assertEqual(rc, 2)
+        self.assertIn("invalid choice: 'fast'", stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+
     def test_191915_checks_stay_ahead_of_the_dispatch(self):
         # the fixture is main with #191915: one backward check per launcher, declared in its
         # GridSamplerUtils.h, in place of check_grid_sampler_common + _2d/_3d
