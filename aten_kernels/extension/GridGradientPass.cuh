@@ -52,18 +52,6 @@ C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
   }
 }
 
-// values[i] for an i known only at run time (i < kTaps), by selects: a
-// register array indexed at run time would be placed in local memory.
-template <typename V, int kTaps>
-C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
-  V value = values[0];
-  DETGRID_UNROLL
-  for (int k = 1; k < kTaps; ++k) {
-    value = i == k ? values[k] : value;
-  }
-  return value;
-}
-
 // d loss / d grid of one point, single writer, in the grid's coordinate
 // order (x first), with the arithmetic of stock's backward kernels, which
 // already write grad_grid once per point: scalar_t sums over channels in

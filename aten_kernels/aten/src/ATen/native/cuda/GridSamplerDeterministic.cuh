@@ -42,18 +42,16 @@
 #include <type_traits>
 
 // Loops over axes and taps must unroll on the GPU, or their small arrays
-// spill to local memory; the host compiler has no such pragma. Undefined at
-// the end of GridSamplerDeterministicPipeline.cuh, which uses it too.
-// [stack: hot-fold]
-// GRID_SAMPLER_DET_ROLLED keeps a loop of a rare path rolled, where
-// unrolling would multiply its code, not speed it up.
-// [end stack: hot-fold]
+// spill to local memory; the host compiler has no such pragma.
+// GRID_SAMPLER_DET_ROLLED keeps a loop rolled where unrolling would multiply
+// its code, not speed it up. Both are undefined at the end of
+// GridSamplerDeterministicPipeline.cuh, which uses them too.
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define GRID_SAMPLER_DET_UNROLL _Pragma("unroll")
-#define GRID_SAMPLER_DET_ROLLED _Pragma("unroll 1") // [stack: hot-fold]
+#define GRID_SAMPLER_DET_ROLLED _Pragma("unroll 1")
 #else
 #define GRID_SAMPLER_DET_UNROLL
-#define GRID_SAMPLER_DET_ROLLED // [stack: hot-fold]
+#define GRID_SAMPLER_DET_ROLLED
 #endif
 
 namespace at::native::grid_sampler_deterministic {
@@ -554,11 +552,25 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   const T base = std::floor(coord);
   cubic_weights<scalar_t>(
       sub_s<scalar_t>(coord, base), taps.weight, taps.dweight);
+  // One copy of the padding for the four taps (a rolled loop; padding is
+  // the bulk of a bicubic point pass's code), each result written by
+  // selects, as an array indexed at run time would live in local memory.
   GRID_SAMPLER_DET_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    taps.index[j] = 0;
+    taps.in_bounds[j] = false;
+  }
+  GRID_SAMPLER_DET_ROLLED
   for (int k = 0; k < 4; ++k) {
     const T position = cubic_tap_position<scalar_t>(
         base, k, size, padding_mode, align_corners, inverse_period);
-    taps.in_bounds[k] = tap_index(position, size, &taps.index[k]);
+    int64_t index;
+    const bool in_bounds = tap_index(position, size, &index);
+    GRID_SAMPLER_DET_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      taps.index[j] = j == k ? index : taps.index[j];
+      taps.in_bounds[j] = j == k ? in_bounds : taps.in_bounds[j];
+    }
   }
   return taps;
 }
@@ -774,6 +786,39 @@ struct PointTaps {
   }
 };
 
+// values[i] for an i known only at run time (i < kTaps), by selects: a
+// register array indexed at run time would be placed in local memory.
+template <typename V, int kTaps>
+C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
+  V value = values[0];
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 1; k < kTaps; ++k) {
+    value = i == k ? values[k] : value;
+  }
+  return value;
+}
+
+// The taps of one plane of a point's taps: those whose outermost digit is
+// `plane`, as taps 0 .. count / kTaps - 1 of the result (its outermost axis
+// holds the plane's tap in every entry). The same values, so the same bits.
+template <typename T, int kTaps, int kDims>
+C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> plane_of(
+    const PointTaps<T, kTaps, kDims>& taps,
+    int plane) {
+  PointTaps<T, kTaps, kDims> result = taps;
+  AxisTaps<T, kTaps>& outer = result.axis[0];
+  const int64_t index = select_tap(taps.axis[0].index, plane);
+  const bool in_bounds = select_tap(taps.axis[0].in_bounds, plane);
+  const T weight = select_tap(taps.axis[0].weight, plane);
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kTaps; ++k) {
+    outer.index[k] = index;
+    outer.in_bounds[k] = in_bounds;
+    outer.weight[k] = weight;
+  }
+  return result;
+}
+
 // grid_coord holds the point's grid coordinates in the grid's own order
 // (x first), converted to T from scalar_t; inp_size the input's spatial
 // sizes, outermost first.
@@ -787,16 +832,25 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   const std::integral_constant<int, kTaps> taps_per_axis_c;
   PointTaps<T, kTaps, kDims> taps;
   bool usable = true;
-  GRID_SAMPLER_DET_UNROLL
+  // One copy of an axis's coordinate math for all of them (a rolled loop:
+  // it is most of a point pass's code); operands and results move by
+  // selects, as arrays indexed at run time would live in local memory.
+  GRID_SAMPLER_DET_ROLLED
   for (int a = 0; a < kDims; ++a) {
-    taps.axis[a] = compute_axis_taps<scalar_t>(
+    const AxisTaps<T, kTaps> axis = compute_axis_taps<scalar_t>(
         taps_per_axis_c,
-        grid_coord[kDims - 1 - a],
-        static_cast<int64_t>(inp_size.v[a]),
+        select_tap(grid_coord, kDims - 1 - a),
+        static_cast<int64_t>(select_tap(inp_size.v, a)),
         padding_mode,
         align_corners,
-        inverse_periods.v[a]);
-    usable = usable && taps.axis[a].usable;
+        select_tap(inverse_periods.v, a));
+    GRID_SAMPLER_DET_UNROLL
+    for (int b = 0; b < kDims; ++b) {
+      if (b == a) {
+        taps.axis[b] = axis;
+      }
+    }
+    usable = usable && axis.usable;
   }
   // A point with one unusable coordinate has no tap in bounds at all.
   if (!usable) {
@@ -1069,8 +1123,9 @@ C10_HOST_DEVICE inline void emit_cell_record(
 // [end stack: cells]
 
 // The PerTap records of point `chunk_point`: per tap, its destination's key
-// (or nowhere), its record id and its weight, in one loop: split in two,
-// the 64 taps of tricubic sampling would outlive the registers.
+// (or nowhere), its record id and its weight, in one loop. Tricubic
+// sampling's 64 taps go one plane of 16 at a time (a rolled loop): unrolled,
+// they took four times the machine code and more registers than there are.
 template <
     typename key_t,
     typename scalar_t,
@@ -1089,14 +1144,28 @@ C10_HOST_DEVICE inline void emit_tap_records(
       static_cast<key_t>(n) * static_cast<key_t>(args.destinations_per_image());
   const key_t nowhere = static_cast<key_t>(args.num_destinations());
   key_t* const keys = chunk.keys.template as<key_t>();
-  GRID_SAMPLER_DET_UNROLL
-  for (int t = 0; t < taps.count; ++t) {
-    const int32_t r = first_record + t;
-    keys[r] = taps.in_bounds(t)
-        ? image_base + ravel<key_t>(taps.position(t), args.inp_size)
+  auto emit = [&](const PointTaps<T, kTaps, kDims>& from, int t, int32_t r) {
+    keys[r] = from.in_bounds(t)
+        ? image_base + ravel<key_t>(from.position(t), args.inp_size)
         : nowhere;
     chunk.record_ids[r] = r;
-    chunk.weights[r] = taps.template sample_weight<scalar_t>(t);
+    chunk.weights[r] = from.template sample_weight<scalar_t>(t);
+  };
+  if constexpr (kTaps == 4 && kDims == 3) {
+    constexpr int kPlaneTaps = PointTaps<T, kTaps, kDims>::count / kTaps;
+    GRID_SAMPLER_DET_ROLLED
+    for (int plane = 0; plane < kTaps; ++plane) {
+      const auto plane_taps = plane_of(taps, plane);
+      GRID_SAMPLER_DET_UNROLL
+      for (int t = 0; t < kPlaneTaps; ++t) {
+        emit(plane_taps, t, first_record + plane * kPlaneTaps + t);
+      }
+    }
+  } else {
+    GRID_SAMPLER_DET_UNROLL
+    for (int t = 0; t < taps.count; ++t) {
+      emit(taps, t, first_record + t);
+    }
   }
 }
 

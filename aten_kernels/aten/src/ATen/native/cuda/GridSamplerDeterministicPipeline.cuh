@@ -1121,4 +1121,4 @@ void run_deterministic_backward(
 } // namespace at::native::grid_sampler_deterministic
 
 #undef GRID_SAMPLER_DET_UNROLL
-#undef GRID_SAMPLER_DET_ROLLED // [stack: hot-fold]
+#undef GRID_SAMPLER_DET_ROLLED
