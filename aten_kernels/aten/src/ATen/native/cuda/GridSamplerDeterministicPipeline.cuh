@@ -2,9 +2,10 @@
 // The stages of the deterministic grid_sampler backward and their order,
 // written once over an executor. The CUDA launcher
 // (GridSamplerDeterministic.cu) calls run_deterministic_backward() below
-// with its executor; an executor that runs the stages on the CPU gives the
-// same bits, since only how a stage is run differs. The per-point math and the canonical reduction order are in
-// GridSamplerDeterministic.cuh.
+// with its executor. Why the seam: an executor that runs the same stages on
+// the CPU gives the same bits, so the order of the sums can be checked bit
+// for bit where no GPU is. The per-point math and the canonical reduction
+// order are in GridSamplerDeterministic.cuh.
 //
 // An Executor provides:
 //   for_each(count, stage)        stage(i) for every i in [0, count), in any
