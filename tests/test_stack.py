@@ -19,6 +19,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+from detgrid import ops
 from detgrid.bench import workloads
 from detgrid.kit import stack, stack_patches, upstream_tree
 from golden import corpus
@@ -138,6 +139,104 @@ class TestEveryLevelGivesTheGoldenBits(TestCase):
         case = corpus.CASES[0]
         with self.assertRaisesRegex(ValueError, "unknown level 'fast'"):
             corpus.run(case, level="fast")
+
+
+# The core's files alone, run on the host: the pipeline with a serial executor of its own, so
+# nothing of the extension or of a later level is compiled in. It must give the golden bits,
+# and plan the chunks that level="core" plans.
+CORE_UNIT = textwrap.dedent("""\
+    #include <ATen/ATen.h>
+    #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
+    #include <c10/core/CPUAllocator.h>
+    #include <algorithm>
+    #include <cstring>
+    #include <numeric>
+    #include <tuple>
+    #include <vector>
+    namespace gsd = at::native::grid_sampler_deterministic;
+    struct SerialExecutor {
+      int64_t* chunks;
+      template <typename count_t, typename Stage>
+      void for_each(count_t count, const Stage& stage) const {
+        for (count_t i = 0; i < count; ++i) stage(i);
+      }
+      template <typename row_t, typename col_t, typename Stage>
+      void for_each_row(row_t rows, col_t cols, const Stage& stage) const {
+        for (row_t r = 0; r < rows; ++r) {
+          const auto row = stage.row(r);
+          for (col_t c = 0; c < cols; ++c) stage(row, c);
+        }
+      }
+      template <typename key_t>
+      void stable_sort_pairs(const key_t* keys_in, key_t* keys_out, const int32_t* values_in,
+                             int32_t* values_out, int32_t count, int) const {
+        std::vector<int32_t> order(count);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int32_t a, int32_t b) { return keys_in[a] < keys_in[b]; });
+        for (int32_t i = 0; i < count; ++i) {
+          keys_out[i] = keys_in[order[i]];
+          values_out[i] = values_in[order[i]];
+        }
+      }
+      void inclusive_sum(const int32_t* in, int32_t* out, int32_t count) const {
+        std::partial_sum(in, in + count, out);
+      }
+      c10::DataPtr allocate(int64_t bytes) const { return c10::GetCPUAllocator()->allocate(bytes); }
+      void zero(void* data, int64_t bytes) const { std::memset(data, 0, bytes); }
+      void begin_chunk() const { ++*chunks; }
+    };
+    std::tuple<at::Tensor, int64_t> core_backward(
+        const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& grid,
+        int64_t interpolation_mode, int64_t padding_mode, bool align_corners) {
+      const at::Tensor grad_input = at::empty(input.sizes(), input.options());
+      const at::native::GridSamplerBackwardCall call{
+          grad_input, grad_output, input, grid, interpolation_mode, padding_mode, align_corners};
+      int64_t chunks = 0;
+      gsd::run_deterministic_backward(
+          SerialExecutor{&chunks}, call, gsd::plan_backward(gsd::describe_backward(call)));
+      return {grad_input, chunks};
+    }
+    """)
+
+
+class TestTheCoreAloneRunsOnTheHost(TestCase):
+    @classmethod
+    def setUpClass(cls):
+        from torch.utils import cpp_extension
+
+        cls.tmp = tempfile.mkdtemp(prefix="detgrid-core-")
+        for rel, text in stack.kernel_sources(KIT, "core").items():
+            path = Path(cls.tmp) / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        cls.core = cpp_extension.load_inline(
+            name="detgrid_core_alone", cpp_sources=[CORE_UNIT], functions=["core_backward"],
+            extra_include_paths=[str(Path(cls.tmp) / "aten/src")],
+            extra_cflags=["-std=c++20", "-O1"], build_directory=cls.tmp, verbose=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_grad_input_has_the_golden_bits_and_level_core_plans_its_chunks(self):
+        wrong, chunks_differ = [], []
+        for case in corpus.CASES:
+            if not case.output_mask[0]:
+                continue
+            grad_output, inp, grid = corpus.make_inputs(case)
+            grad_input, chunks = self.core.core_backward(
+                grad_output, inp, grid, corpus.MODES[case.mode], corpus.PADDINGS[case.padding],
+                case.align_corners)
+            if corpus.tensor_digest(grad_input) != GOLDEN[case.name]["grad_input"]:
+                wrong.append(case.name)
+            counted = ops.work_counters(grad_output, inp, grid, corpus.MODES[case.mode],
+                                        corpus.PADDINGS[case.padding], case.align_corners,
+                                        [True, False], level="core")
+            if grad_input.numel() and counted["chunks"] != chunks:
+                chunks_differ.append((case.name, chunks, counted["chunks"]))
+        self.assertEqual(wrong, [])
+        self.assertEqual(chunks_differ, [])
 
 
 class TestLevelsRunTheirPrefix(TestCase):

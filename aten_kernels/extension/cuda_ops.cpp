@@ -104,15 +104,15 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
   // The launchers of GridSamplerDeterministic.h run the default plan; the
   // knobs' plan reaches the same CUDA pipeline through the extension's CUDA
   // unit (ExactCuda.cu), which holds the ATen .cu whole.
-  gsd::BackwardPlan plan = plan_with_knobs(call, options);
-  plan.launch = launch_with_knobs(
+  const gsd::BackwardPlan plan = plan_with_knobs(call, options);
+  const gsd::LaunchShape shape = launch_with_knobs(
       options,
       kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward");
   if (options.accumulate == kAccumulateOrdered) {
-    exact::launch_cuda_backward_with_plan<kDims>(call, plan);
+    exact::launch_cuda_backward_with_plan<kDims>(call, plan, shape);
   } else {
     exact::launch_cuda_exact_backward<kDims>(
-        call, plan, options.accumulate == kAccumulateExactAtomic);
+        call, plan, shape, options.accumulate == kAccumulateExactAtomic);
   }
   return {grad_input, grad_grid};
 }

@@ -157,7 +157,8 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
   if (keying == Keying::PerCell && !plan.chunks.dense) {
     return std::nullopt;
   }
-  plan.hot_fold = knobs.serial_fold == 0;
+  // As plan_keyed, unless serial_fold asks every destination to fold alone.
+  plan.hot_fold = knobs.serial_fold == 0 && index_32bit && plan.chunks.dense;
   return plan;
 }
 

@@ -48,8 +48,9 @@ constexpr int64_t kAccumulateExactAtomic = 2;
 
 // The default plan of a call of checked arguments, with the knobs'
 // overrides applied and every choice that depends on an overridden one made
-// again; a knob out of range is a one-line error. The launch shape stays the
-// default (see launch_with_knobs).
+// again; a knob out of range is a one-line error. The launch shape is not
+// the plan's: launch_with_knobs (cuda_ops.cpp) makes it from block_size and
+// max_blocks.
 at::native::grid_sampler_deterministic::BackwardPlan plan_with_knobs(
     const detgrid::BackwardCall& call,
     const BackwardOptions& knobs);

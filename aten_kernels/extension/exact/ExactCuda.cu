@@ -145,10 +145,11 @@ template <int kDims>
 void launch_cuda_exact_backward(
     const detgrid::BackwardCall& call,
     const gsd::BackwardPlan& plan,
+    const gsd::LaunchShape& shape,
     bool atomic) {
   at::native::check_input_and_grid<kDims>(call);
   const at::native::CudaExecutor executor{
-      at::native::make_launch_config(plan.launch),
+      at::native::make_launch_config(shape),
       at::cuda::getCurrentCUDAStream()};
   grid_only::run_backward(executor, call, [&] {
     run_exact_backward(executor, call, plan, atomic);
@@ -158,19 +159,22 @@ void launch_cuda_exact_backward(
 template void launch_cuda_exact_backward<2>(
     const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
+    const gsd::LaunchShape&,
     bool);
 template void launch_cuda_exact_backward<3>(
     const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
+    const gsd::LaunchShape&,
     bool);
 
 template <int kDims>
 void launch_cuda_backward_with_plan(
     const detgrid::BackwardCall& call,
-    const gsd::BackwardPlan& plan) {
+    const gsd::BackwardPlan& plan,
+    const gsd::LaunchShape& shape) {
   at::native::check_input_and_grid<kDims>(call);
   const at::native::CudaExecutor executor{
-      at::native::make_launch_config(plan.launch),
+      at::native::make_launch_config(shape),
       at::cuda::getCurrentCUDAStream()};
   grid_only::run_backward(executor, call, [&] {
     gsd::run_deterministic_backward(executor, call, plan);
@@ -179,9 +183,11 @@ void launch_cuda_backward_with_plan(
 
 template void launch_cuda_backward_with_plan<2>(
     const detgrid::BackwardCall&,
-    const gsd::BackwardPlan&);
+    const gsd::BackwardPlan&,
+    const gsd::LaunchShape&);
 template void launch_cuda_backward_with_plan<3>(
     const detgrid::BackwardCall&,
-    const gsd::BackwardPlan&);
+    const gsd::BackwardPlan&,
+    const gsd::LaunchShape&);
 
 } // namespace detgrid::exact

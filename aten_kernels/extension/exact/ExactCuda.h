@@ -11,18 +11,22 @@ namespace detgrid::exact {
 
 // run_exact_backward on the current stream, after the checks of the
 // launchers of GridSamplerDeterministic.h, for a 4-D (kDims 2) or 5-D
-// (kDims 3) input.
+// (kDims 3) input, with the launch shape of the block_size and max_blocks
+// knobs.
 template <int kDims>
 void launch_cuda_exact_backward(
     const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    const at::native::grid_sampler_deterministic::LaunchShape& shape,
     bool atomic);
 
-// run_deterministic_backward with `plan` on the current stream, after the
-// same checks; upstream's launchers always run plan_backward()'s plan.
+// run_deterministic_backward with `plan` and `shape` on the current stream,
+// after the same checks; upstream's launchers always run plan_backward()'s
+// plan with the default launch shape.
 template <int kDims>
 void launch_cuda_backward_with_plan(
     const detgrid::BackwardCall& call,
-    const at::native::grid_sampler_deterministic::BackwardPlan& plan);
+    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
+    const at::native::grid_sampler_deterministic::LaunchShape& shape);
 
 } // namespace detgrid::exact

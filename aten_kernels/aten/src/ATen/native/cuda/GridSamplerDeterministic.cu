@@ -463,7 +463,7 @@ void run_on_current_stream(
     const GridSamplerBackwardCall& call,
     const BackwardPlan& plan) {
   const CudaExecutor executor{
-      make_launch_config(plan.launch), at::cuda::getCurrentCUDAStream()};
+      make_launch_config(LaunchShape{}), at::cuda::getCurrentCUDAStream()};
   run_deterministic_backward(executor, call, plan);
 }
 

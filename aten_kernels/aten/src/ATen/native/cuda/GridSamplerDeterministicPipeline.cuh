@@ -314,12 +314,11 @@ struct BackwardPlan {
   bool key_32bit = true; // [stack: index32]
   ChunkPlan chunks{kTilePoints, false}; // [stack: dense replaces: ChunkPlan chunks{kTilePoints};]
   // [stack: hot-fold]
-  // Dense chunks fold hot destinations' tiles in parallel (HotFold) where
-  // the tables fit; off, every destination folds serially, with the same
-  // bits.
-  bool hot_fold = true;
+  // Whether dense chunks fold hot destinations' tiles in parallel (HotFold,
+  // built for 32-bit index math alone) where its tables fit; otherwise every
+  // destination folds serially, with the same bits.
+  bool hot_fold = false;
   // [end stack: hot-fold]
-  LaunchShape launch;
 };
 
 // [stack: index32]
@@ -456,15 +455,17 @@ void reduce_grad_input(
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
   // [stack: hot-fold]
-  // Dense chunks whose keys may be hot fold those in parallel (HotFold),
-  // with 32-bit indices only, which keeps the unit within its machine-code
-  // budget: larger calls fold serially, with the same bits. Beside the
-  // segment table, the groups of each slot of a hot key.
+  // Dense chunks whose keys may be hot fold those in parallel (HotFold)
+  // where the plan says (32-bit indices only, which keeps the unit within
+  // its machine-code budget: larger calls fold serially, with the same
+  // bits). Beside the segment table, the groups of each slot of a hot key.
   const int32_t hot_key_limit =
       kHotRecords / (per_cell ? int32_t{1} << kDims : 1);
   const int64_t hot_ways = per_cell ? int64_t{1} << kDims : 1;
-  const bool hot_capable = plan.hot_fold && dense && numel > 0 &&
-      std::is_same_v<index_t, int32_t> && capacity > hot_key_limit;
+  TORCH_INTERNAL_ASSERT(
+      !plan.hot_fold || (dense && std::is_same_v<index_t, int32_t>));
+  const bool hot_capable =
+      plan.hot_fold && numel > 0 && capacity > hot_key_limit;
   const int64_t hot_slots =
       hot_capable ? capacity / (hot_key_limit + 1) + 1 : 0;
   // [end stack: hot-fold]
@@ -981,6 +982,7 @@ inline BackwardPlan plan_keyed(
       index_32bit, // [stack: index32]
       prefers_channels_fastest(problem.channels), // [stack: channels-fastest]
       keying);
+  plan.hot_fold = index_32bit && plan.chunks.dense; // [stack: hot-fold]
   return plan;
 }
 
