@@ -10,6 +10,11 @@ version=${1:?usage: fetch_cuda_headers.sh TORCH_VERSION}
 cache=${DETGRID_CACHE:-$HOME/.cache/detgrid}/cuda-headers-$version
 python=${PYTHON:-python3}
 pip=("$python" -m pip)
+# CI's two lanes may ask for the same release at once: one fetch at a time,
+# or one would delete the wheels the other is unpacking.
+mkdir -p "$(dirname "$cache")"
+exec 9>"$cache.lock"
+flock 9
 if [ ! -f "$cache/.complete" ]; then
   rm -rf "$cache" && mkdir -p "$cache/wheels"
   {

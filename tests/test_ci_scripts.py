@@ -78,7 +78,8 @@ def test_detector_passes_readers_that_read_everything(line):
 # torch/include, a CUDA library's with one under nvidia/cu13/include), and the
 # call is logged; anything else fails, as a missing interpreter would.
 FAKE_PYTHON = r'''#!{executable}
-import os, sys, zipfile
+import os, sys, time, zipfile
+time.sleep(float(os.environ.get("FAKE_PIP_DELAY", "0")))
 args = sys.argv[1:]
 with open(os.environ["FAKE_PIP_LOG"], "a") as log:
     log.write(" ".join(args) + "\n")
@@ -107,9 +108,10 @@ def sass_audit_header_fetch():
     return python, fetch
 
 
-def run_header_fetch_as_sass_audit(tmp_path, cache):
+def header_fetch_as_sass_audit(tmp_path, cache, delay=0.0):
+    """(argv, env) of a shell that fetches the headers as sass_audit.sh does, through the fake
+    pip (which waits `delay` seconds per call)."""
     import os
-    import subprocess
     import sys
 
     bin_dir = tmp_path / "bin"
@@ -120,13 +122,37 @@ def run_header_fetch_as_sass_audit(tmp_path, cache):
     log = tmp_path / "pip.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "PIP")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", DETGRID_CACHE=str(cache),
-               FAKE_PIP_LOG=str(log))
+               FAKE_PIP_LOG=str(log), FAKE_PIP_DELAY=str(delay))
     python, fetch = sass_audit_header_fetch()
     script = f'set -euo pipefail\nroot={ROOT}\n{python}\n{fetch}\necho "$headers"\n'
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return ["bash", "-c", script], env
+
+
+def run_header_fetch_as_sass_audit(tmp_path, cache):
+    import subprocess
+
+    argv, env = header_fetch_as_sass_audit(tmp_path, cache)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    log = tmp_path / "pip.log"
     calls = log.read_text().splitlines() if log.exists() else []
     return proc, calls
+
+
+def test_two_header_fetches_at_once_both_get_the_headers(tmp_path):
+    # CI's lanes (the sass audit and old_torch_compile) may fetch the same release at once:
+    # without a lock the second deleted the wheels the first was unpacking.
+    import subprocess
+
+    cache = tmp_path / "cache"
+    argv, env = header_fetch_as_sass_audit(tmp_path, cache, delay=0.5)
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    results = [p.communicate(timeout=60) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+        assert out.strip() == str(cache / "cuda-headers-2.14.1")
+    assert len((tmp_path / "pip.log").read_text().splitlines()) == 2  # one fetch, two downloads
+    assert (cache / "cuda-headers-2.14.1" / ".complete").is_file()
 
 
 def test_header_fetch_as_sass_audit_runs_it_fills_an_empty_cache(tmp_path):

@@ -284,7 +284,10 @@ inline ChunkPlan plan_chunks(
       bytes_per_point + dense_bytes_per_point); // [stack: channels-fastest replaces: bytes_per_point);]
   if (dense_tiles > 0 &&
       dense_table_fits(
-          table_entries, num_points, dense_tiles * kTilePoints, taps_per_point)) {
+          table_entries,
+          num_points,
+          dense_tiles * kTilePoints,
+          taps_per_point)) {
     return {dense_tiles * kTilePoints, true};
   }
   // [end stack: dense]
@@ -895,7 +898,8 @@ inline ChunkPlan plan_reduction_within(
   // [stack: channels-fastest]
   if (channels_fastest) {
     const bool copy = problem.grad_output_stride_c > 1;
-    const ChunkPlan chunks = with_thread_order(chunks_with(copy), true, problem);
+    const ChunkPlan chunks =
+        with_thread_order(chunks_with(copy), true, problem);
     if (copy && chunks.chunk_points < problem.num_points) {
       // The copy's bytes never split a problem that fits one chunk without
       // them (every extra chunk is a sort and a sweep more): the reduce then
@@ -1087,10 +1091,11 @@ void with_backward_args(
 // grad_input of the backward of grid_sampler_2d (4-D input) or
 // grid_sampler_3d (5-D input) on `ex`, for checked arguments, as `plan`
 // says: writes every element of a contiguous grad_input (grad_grid is the
-// existing kernel's, which has one writer per element). Every interpolation mode of either rank, 3-D bicubic
-// (tricubic, which grid_sampler_3d has from torch 2.15) included, with
-// 64-bit index math only there (has_32bit_index_math). The CUDA launcher
-// and the host executors run this one function.
+// existing kernel's, which has one writer per element). Every
+// interpolation mode of either rank, 3-D bicubic (tricubic, which
+// grid_sampler_3d has from torch 2.15) included, with 64-bit index math
+// only there (has_32bit_index_math). The CUDA launcher and the host
+// executors run this one function.
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
