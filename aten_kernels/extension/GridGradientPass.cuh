@@ -198,13 +198,7 @@ void run_grid_gradient_pass(const Executor& ex, const BackwardCall& call) {
         using index_t = decltype(index);
         constexpr int kDims = decltype(dims)::value;
         const gsd::GridGradientArgs<scalar_t, index_t, kDims> args{
-            gsd::make_backward_args<scalar_t, index_t, kDims>(
-                call.grad_output,
-                call.input,
-                call.grid,
-                call.interpolation_mode,
-                call.padding_mode,
-                call.align_corners),
+            gsd::make_backward_args<scalar_t, index_t, kDims>(call),
             gsd::grid_view<index_t, kDims>(
                 call.grad_grid.data_ptr<scalar_t>(), call.grad_grid.strides())};
         gsd::dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {

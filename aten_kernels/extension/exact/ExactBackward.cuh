@@ -565,13 +565,7 @@ void run_exact_backward(
         using scalar_t = decltype(scalar);
         using index_t = decltype(index);
         constexpr int kDims = decltype(dims)::value;
-        const auto args = gsd::make_backward_args<scalar_t, index_t, kDims>(
-            call.grad_output,
-            call.input,
-            call.grid,
-            call.interpolation_mode,
-            call.padding_mode,
-            call.align_corners);
+        const auto args = gsd::make_backward_args<scalar_t, index_t, kDims>(call);
         TORCH_CHECK(
             call.grad_input.is_contiguous(),
             decltype(args)::op_name(),

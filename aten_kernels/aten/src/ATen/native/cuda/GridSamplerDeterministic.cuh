@@ -30,6 +30,7 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
+#include <ATen/native/cuda/GridSamplerDeterministic.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/native/GridSamplerUtils.h>
 #include <c10/macros/Macros.h>
@@ -997,12 +998,11 @@ struct BackwardArgs {
 // The arguments of one call; every tensor may have any strides.
 template <typename scalar_t, typename index_t, int kDims>
 BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners) {
+    const GridSamplerBackwardCall& call) {
+  const TensorBase& grad_output = call.grad_output;
+  const TensorBase& input = call.input;
+  const TensorBase& grid = call.grid;
+  const bool align_corners = call.align_corners;
   BackwardArgs<scalar_t, index_t, kDims> args;
   args.input = image_view<index_t, kDims>(
       input.const_data_ptr<scalar_t>(), input.strides());
@@ -1021,8 +1021,8 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
         period > 0 ? 1.0 / static_cast<double>(period) : 0.0;
   }
   args.interpolation_mode =
-      static_cast<GridSamplerInterpolation>(interpolation_mode);
-  args.padding_mode = static_cast<GridSamplerPadding>(padding_mode);
+      static_cast<GridSamplerInterpolation>(call.interpolation_mode);
+  args.padding_mode = static_cast<GridSamplerPadding>(call.padding_mode);
   args.align_corners = align_corners;
   return args;
 }

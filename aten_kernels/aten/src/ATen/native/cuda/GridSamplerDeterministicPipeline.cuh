@@ -1077,13 +1077,7 @@ void with_backward_args(
             call.grad_input.is_contiguous(),
             Args::op_name(),
             " (deterministic): expected a contiguous grad_input");
-        fn(make_backward_args<scalar_t, index_t, kDims>(
-               call.grad_output,
-               call.input,
-               call.grid,
-               call.interpolation_mode,
-               call.padding_mode,
-               call.align_corners),
+        fn(make_backward_args<scalar_t, index_t, kDims>(call),
            call.grad_input.data_ptr<scalar_t>());
       });
 }
