@@ -168,6 +168,18 @@ def make_problem(N, C, H, W, out_H, out_W, *, D=None, out_D=None,
     return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
 
 
+def meta_problem(input_shape, grid_spatial, dtype=torch.float32):
+    """(grad_output, input, grid) on the meta device, for the work counters
+    (which read shapes only): input `input_shape`, grid (N, *grid_spatial,
+    dims)."""
+    n, c = input_shape[:2]
+    dims = len(input_shape) - 2
+    inp = torch.empty(input_shape, dtype=dtype, device="meta")
+    grid = torch.empty((n, *grid_spatial, dims), dtype=dtype, device="meta")
+    grad_output = torch.empty((n, c, *grid_spatial), dtype=dtype, device="meta")
+    return grad_output, inp, grid
+
+
 def make_zoom_problem(N, C, H, W, out_H, out_W, *, D=None, out_D=None,
                       dtype=torch.float32, device="cpu", seed=0, hot_fraction=0.7,
                       align_corners=False):

@@ -20,21 +20,13 @@ from torch.testing._internal.common_utils import (
 )
 
 from detgrid import ops
-from detgrid_testing import assert_bitwise_equal, detgrid_backward, make_problem
+from detgrid_testing import assert_bitwise_equal, detgrid_backward, make_problem, meta_problem
 
 BILINEAR, ZEROS = 0, 0
 MIB = 2 ** 20
 CARRY_ELEMENTS = 32 * MIB // 4  # kCarryBytes of float sums
 CHUNK_POINTS = 4096
 GRID_SIDE = 128  # 16384 points: four chunks of CHUNK_POINTS
-
-
-def _meta_problem(input_shape, grid_spatial, dtype):
-    n, c = input_shape[:2]
-    inp = torch.empty(input_shape, dtype=dtype, device="meta")
-    grid = torch.empty((n, *grid_spatial, 2), dtype=dtype, device="meta")
-    grad_output = torch.empty((n, c, *grid_spatial), dtype=dtype, device="meta")
-    return grad_output, inp, grid
 
 
 class TestFloatCarry(TestCase):
@@ -44,7 +36,7 @@ class TestFloatCarry(TestCase):
         # 64 channels of 512 x 1024: grad_input is 64 MiB in the dtype and
         # would need a 128 MiB float carry; 1200 x 1200 points take several
         # chunks.
-        problem = _meta_problem((1, 64, 512, 1024), (1200, 1200), dtype)
+        problem = meta_problem((1, 64, 512, 1024), (1200, 1200), dtype)
         c = ops.work_counters(*problem, BILINEAR, ZEROS, False, [True, True])
         self.assertGreater(c["chunks"], 1)
         self.assertLessEqual(c["workspace_bytes"] + c["sort_scratch_bytes"], 64 * MIB - MIB)

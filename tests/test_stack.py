@@ -79,7 +79,8 @@ class TestCut(TestCase):
         for text, why in (("// [stack: nope]\n// [end stack: nope]\n", "no level 'nope'"),
                           ("// [stack: dense]\n", "never closed"),
                           ("// [end stack: dense]\n", "closes nothing"),
-                          ("x; // [stack: core]\n", "no level 'core'")):
+                          ("x; // [stack: core]\n", "no level 'core'"),
+                          ("x; // [stack: dense] and more\n", "must end its line")):
             with self.assertRaisesRegex(stack.StackError, why):
                 stack.cut(text, "core", where="f.cuh")
 

@@ -16,26 +16,18 @@ from torch.testing._internal.common_utils import (
 )
 
 from detgrid import ops
+from detgrid_testing import meta_problem
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 ZEROS = 0
 MIB = 2 ** 20
 
 
-def _meta_problem(input_shape, grid_spatial, dtype=torch.float32):
-    n, c = input_shape[:2]
-    dims = len(input_shape) - 2
-    inp = torch.empty(input_shape, dtype=dtype, device="meta")
-    grid = torch.empty((n, *grid_spatial, dims), dtype=dtype, device="meta")
-    grad_output = torch.empty((n, c, *grid_spatial), dtype=dtype, device="meta")
-    return grad_output, inp, grid
-
-
 # grad_input alone unless a test asks for more: the pipeline's own counts (grad_grid is one
 # more launch, test_grad_grid_is_one_launch_before_the_chunks).
 def _counters(input_shape, grid_spatial, mode=BILINEAR, mask=(True, False),
               dtype=torch.float32, **knobs):
-    return ops.work_counters(*_meta_problem(input_shape, grid_spatial, dtype), mode, ZEROS,
+    return ops.work_counters(*meta_problem(input_shape, grid_spatial, dtype), mode, ZEROS,
                              False, list(mask), **knobs)
 
 
@@ -97,7 +89,7 @@ class TestWorkCounters(TestCase):
         self.assertEqual(destinations_fastest["workspace_bytes"], base)
 
     def test_channels_last_grad_output_is_gathered_without_a_copy(self):
-        grad_output, inp, grid = _meta_problem((1, 16, 8, 8), (16, 16))
+        grad_output, inp, grid = meta_problem((1, 16, 8, 8), (16, 16))
         grad_output = grad_output.contiguous(memory_format=torch.channels_last)
         c = ops.work_counters(grad_output, inp, grid, BILINEAR, ZEROS, False, [True, True])
         self.assertEqual(c["launches_per_chunk"], 5)

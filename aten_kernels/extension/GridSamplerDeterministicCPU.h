@@ -50,6 +50,13 @@ struct WorkCounters {
   // pipeline has none): per term of the atomic variant, the words a term
   // can span; one per thread of the exact pre-pass.
   int64_t atomics = 0;
+  // Record merges of the ordered pipeline's reduces, summed over channel
+  // passes: per chunk, its sorted items (those that land nowhere too) times
+  // the threads that walk a destination's records, one per channel, or one
+  // per channel group (ReduceDenseChannelGroups). The hot fold walks a hot
+  // destination's records in the reduce's stead, with its passes. -1 for an
+  // exact accumulation.
+  int64_t channel_merges = 0;
 };
 
 // What the grid-gradient pass launches for a call with output_mask

@@ -106,6 +106,33 @@ struct SweepsElements<
     at::native::grid_sampler_deterministic::ReduceDenseChannelsFastest<Fold>>
     : std::true_type {};
 
+// The points of the chunk being reduced, and its sorted items.
+struct ChunkItems {
+  int64_t first_point = 0;
+  int64_t points = 0;
+  int64_t points_per_image = 1;
+  int64_t items = 0;
+
+  int64_t of_image(int64_t n) const {
+    const int64_t begin = std::max(first_point, n * points_per_image);
+    const int64_t end =
+        std::min(first_point + points, (n + 1) * points_per_image);
+    return end > begin ? (end - begin) * (items / points) : 0;
+  }
+  // One pass per (n, c) row of [row_begin, row_end), C channels per image.
+  int64_t over_rows(int64_t row_begin, int64_t row_end, int64_t channels)
+      const {
+    int64_t merges = 0;
+    const int64_t last_image = (first_point + points - 1) / points_per_image;
+    for (int64_t n = first_point / points_per_image; n <= last_image; ++n) {
+      const int64_t rows = std::min(row_end, (n + 1) * channels) -
+          std::max(row_begin, n * channels);
+      merges += rows > 0 ? rows * of_image(n) : 0;
+    }
+    return merges;
+  }
+};
+
 // Integer atomics a stage issues per item at most (its kAtomicsPerItem).
 template <typename Stage>
 constexpr int64_t atomics_per_item() {
@@ -120,6 +147,8 @@ constexpr int64_t atomics_per_item() {
 // allocate for the same call (every count is a pure function of the shapes).
 struct CountingExecutor {
   WorkCounters* counters;
+  // The chunk of the last point pass and sort, for channel_merges.
+  mutable ChunkItems chunk{};
 
   void launch() const {
     ++counters->launches;
@@ -129,18 +158,19 @@ struct CountingExecutor {
   }
 
   template <typename count_t, typename Stage>
-  void for_each(count_t count, const Stage& /*stage*/) const {
+  void for_each(count_t count, const Stage& stage) const {
     if (count != 0) {
       launch();
       if constexpr (SweepsElements<Stage>::value) {
         counters->elements_swept += count;
       }
       counters->atomics += int64_t{count} * atomics_per_item<Stage>();
+      note(stage, int64_t{count});
     }
   }
 
   template <typename row_t, typename col_t, typename Stage>
-  void for_each_row(row_t rows, col_t cols, const Stage& /*stage*/) const {
+  void for_each_row(row_t rows, col_t cols, const Stage& stage) const {
     if (rows != 0 && cols != 0) {
       launch();
       if constexpr (SweepsElements<Stage>::value) {
@@ -148,6 +178,7 @@ struct CountingExecutor {
       }
       counters->atomics +=
           int64_t{rows} * int64_t{cols} * atomics_per_item<Stage>();
+      note(stage, int64_t{rows});
     }
   }
 
@@ -163,6 +194,7 @@ struct CountingExecutor {
       return;
     }
     launch();
+    chunk.items = count;
     counters->items_sorted += count;
     counters->key_bits = end_bit;
     counters->key_bytes = sizeof(key_t);
@@ -194,6 +226,78 @@ struct CountingExecutor {
 
   void begin_chunk() const {
     ++counters->chunks;
+  }
+
+ private:
+  // What a stage tells channel_merges: the chunk a point pass makes, or a
+  // reduce's passes over its records. A reduce that sweeps part of its
+  // rows' columns (a float carry's block of columns) counts them where its
+  // block begins at column 0, so that a row's blocks count it once.
+  template <typename Stage>
+  void note(const Stage& /*stage*/, int64_t /*rows*/) const {}
+
+  template <int kTaps, typename Args>
+  void note(
+      const at::native::grid_sampler_deterministic::PointPass<kTaps, Args>&
+          pass,
+      int64_t count) const {
+    chunk = ChunkItems{
+        int64_t{pass.first_point},
+        count,
+        int64_t{pass.args.points_per_image()},
+        0};
+  }
+
+  template <typename Fold>
+  void note(
+      const at::native::grid_sampler_deterministic::ReduceDense<Fold>& stage,
+      int64_t rows) const {
+    if (stage.first_col == 0) {
+      counters->channel_merges += chunk.over_rows(
+          stage.first_row, stage.first_row + rows, stage.fold.channels);
+    }
+  }
+
+  template <typename Fold>
+  void note(
+      const at::native::grid_sampler_deterministic::ReduceDenseChannelGroups<
+          Fold>& stage,
+      int64_t rows) const {
+    if (stage.first_col != 0) {
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto group = stage.row(static_cast<typename Fold::index_type>(r));
+      counters->channel_merges += group.count > 0 ? chunk.of_image(group.n) : 0;
+    }
+    // A thread per group and column, each sweeping its group's elements.
+    counters->elements_swept +=
+        int64_t{stage.groups.row_end - stage.groups.row_begin} *
+        stage.fold.out.block.width();
+  }
+
+  template <typename Fold>
+  void note(
+      const at::native::grid_sampler_deterministic::ReduceDenseChannelsFastest<
+          Fold>& stage,
+      int64_t count) const {
+    const int64_t channels = stage.fold.channels;
+    const int64_t first_row = stage.first_pair / stage.fold.destinations_per_image;
+    counters->channel_merges += chunk.over_rows(
+        first_row, first_row + count / stage.fold.destinations_per_image, channels);
+  }
+
+  template <typename scalar_t, typename index_t>
+  void note(
+      const at::native::grid_sampler_deterministic::ReduceSparse<
+          scalar_t,
+          index_t>& stage,
+      int64_t /*rows*/) const {
+    const auto& block = stage.out.block;
+    if (block.col_begin == 0) {
+      counters->channel_merges +=
+          chunk.over_rows(block.row_begin, block.row_end, stage.channels);
+    }
   }
 };
 
@@ -278,6 +382,21 @@ struct FoldLengthExecutor : HostExecutor {
 
   template <typename Fold>
   void measure(
+      const at::native::grid_sampler_deterministic::ReduceDenseChannelGroups<
+          Fold>& stage,
+      int64_t /*rows*/,
+      int64_t cols) const {
+    const auto& groups = stage.groups;
+    note_images(
+        stage.fold,
+        groups.first_image,
+        (groups.row_end - 1) / groups.channels + 1,
+        stage.first_col,
+        stage.first_col + cols);
+  }
+
+  template <typename Fold>
+  void measure(
       const at::native::grid_sampler_deterministic::ReduceDenseChannelsFastest<
           Fold>& stage,
       int64_t count) const {
@@ -303,15 +422,7 @@ struct FoldLengthExecutor : HostExecutor {
     using index_t = typename Fold::index_type;
     if (hot.step == HotStep::kStorePartials) {
       for (int32_t g = 0; g < std::min(hot.total_groups(), hot.pool_groups); ++g) {
-        index_t n;
-        index_t s;
-        int32_t tile;
-        hot.group_tile(g, n, s, tile);
-        note(record_count(hot.records_in(
-            n,
-            s,
-            static_cast<uint32_t>(tile) << hot.tile_bits,
-            static_cast<uint32_t>(tile + 1) << hot.tile_bits)));
+        note(record_count(hot.tile_records(g)));
       }
     }
     if (hot.step != HotStep::kAddPartials) {

@@ -44,6 +44,11 @@ void check_knob_ranges(
       "reduce must be 0 (automatic) or 1 (sparse), got ",
       knobs.reduce);
   TORCH_CHECK(
+      knobs.channel_group == 0 || knobs.channel_group == 1,
+      op,
+      "channel_group must be 0 (groups of channels) or 1 (one channel), got ",
+      knobs.channel_group);
+  TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
       "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
@@ -159,6 +164,7 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
   }
   // As plan_keyed, unless serial_fold asks every destination to fold alone.
   plan.hot_fold = knobs.serial_fold == 0 && index_32bit && plan.chunks.dense;
+  plan.channel_groups = knobs.channel_group == 0;
   return plan;
 }
 

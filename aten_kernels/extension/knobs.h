@@ -40,6 +40,9 @@ struct BackwardOptions {
   // 1: the sparse reduction everywhere, as the stack's levels before the
   // dense reduce run.
   int64_t reduce = 0;
+  // 1: a dense reduce thread (destinations fastest) and a hot-fold thread
+  // take one channel, as the stack's levels before channel groups do.
+  int64_t channel_group = 0;
 };
 
 // accumulate's ends; 1, between them, is the sorted exact variant.

@@ -101,7 +101,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t gather,
     int64_t accumulate,
     int64_t serial_fold,
-    int64_t reduce) {
+    int64_t reduce,
+    int64_t channel_group) {
   return backward(
       grad_output,
       input,
@@ -121,7 +122,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           gather,
           accumulate,
           serial_fold,
-          reduce});
+          reduce,
+          channel_group});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -200,7 +202,8 @@ std::vector<int64_t> backward_work_counters(
     int64_t gather,
     int64_t accumulate,
     int64_t serial_fold,
-    int64_t reduce) {
+    int64_t reduce,
+    int64_t channel_group) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
@@ -225,7 +228,7 @@ std::vector<int64_t> backward_work_counters(
     // workspace or fold.
     const int64_t launches =
         output_mask[1] ? count_grid_gradient_work(call).launches : 0;
-    return {launches, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    return {launches, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   }
   BackwardOptions knobs;
   knobs.chunk_points = chunk_points;
@@ -236,6 +239,7 @@ std::vector<int64_t> backward_work_counters(
   knobs.accumulate = accumulate;
   knobs.serial_fold = serial_fold;
   knobs.reduce = reduce;
+  knobs.channel_group = channel_group;
   const auto plan = plan_with_knobs(call, knobs);
   const WorkCounters counters = accumulate == kAccumulateOrdered
       ? count_backward_work(call, plan)
@@ -252,7 +256,8 @@ std::vector<int64_t> backward_work_counters(
       counters.sort_scratch_bytes,
       counters.elements_swept,
       counters.atomics,
-      longest_fold_of(grad_output, input, grid, call, plan, accumulate)};
+      longest_fold_of(grad_output, input, grid, call, plan, accumulate),
+      accumulate == kAccumulateOrdered ? counters.channel_merges : -1};
 }
 
 // detgrid.ops.backward_route: the route of routing.h, by name.
@@ -394,20 +399,20 @@ TORCH_LIBRARY(detgrid, m) {
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
       "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce) -> (Tensor, Tensor)");
+      "int reduce, int channel_group) -> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
       "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce) -> (Tensor, Tensor)");
+      "int reduce, int channel_group) -> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int key_bits, int index_bits, int keying, int gather, int accumulate, "
-      "int serial_fold, int reduce) -> int[]",
+      "int serial_fold, int reduce, int channel_group) -> int[]",
       &backward_work_counters);
   m.def(
       "_grid_gradient(Tensor grad_output, Tensor input, Tensor grid, "

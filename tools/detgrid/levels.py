@@ -46,6 +46,10 @@ LEVELS: Tuple[Level, ...] = (
     Level("hot-fold", "06-hot-fold",
           "grid_sampler deterministic backward: fold hot destinations in parallel",
           ("GridSamplerDeterministicHotFold.cuh",), {"serial_fold": 1}),
+    Level("channel-groups", "07-channel-groups",
+          "grid_sampler deterministic backward: one walk of a destination's records per "
+          "group of channels",
+          ("GridSamplerDeterministicChannelGroups.cuh",), {"channel_group": 1}),
 )
 LEVEL_NAMES = tuple(lv.name for lv in LEVELS)
 TOP = LEVEL_NAMES[-1]

@@ -127,17 +127,19 @@ def _backward_with_options(name: str):
         accumulate: Mode = "ordered",
         serial_fold: int = 0,
         reduce: int = 0,
+        channel_group: int = 0,
         level: str = levels.TOP,
     ) -> Gradients:
         knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
-                             gather=gather, serial_fold=serial_fold, reduce=reduce)
+                             gather=gather, serial_fold=serial_fold, reduce=reduce,
+                             channel_group=channel_group)
         return op(grad_output, input, grid,
                   *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask),
                   chunk_points, block_size, max_blocks, grain_size, knobs["key_bits"],
                   knobs["index_bits"], knobs["keying"], knobs["gather"],
                   _mode_number(name, "accumulate", accumulate), knobs["serial_fold"],
-                  knobs["reduce"])
+                  knobs["reduce"], knobs["channel_group"])
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -157,7 +159,9 @@ def _backward_with_options(name: str):
     tiles of each destination one of whose keys holds more than 4096 records
     (4096 / 2^dims when keyed per cell); reduce=1 reduces sparsely (runs of
     one destination) where the default reduces over a dense segment table
-    wherever it fits.
+    wherever it fits; channel_group=1 makes each thread of the dense reduce
+    (destinations fastest) and of the hot fold take one channel, where by
+    default it takes a group of up to 16 (8 in double).
 
     level (detgrid.levels.LEVEL_NAMES) runs what that prefix of the
     upstream stack runs: "core" is the first patch of patches/stack/, the
@@ -180,7 +184,7 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
                        "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes",
-                       "elements_swept", "atomics", "longest_fold")
+                       "elements_swept", "atomics", "longest_fold", "channel_merges")
 
 
 def work_counters(
@@ -200,6 +204,7 @@ def work_counters(
     accumulate: Mode = "ordered",
     serial_fold: int = 0,
     reduce: int = 0,
+    channel_group: int = 0,
     level: str = levels.TOP,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
@@ -221,7 +226,11 @@ def work_counters(
     most records, or stored partials, one thread of the ordered pipeline's
     reduces adds in sequence: it depends on where the points land, so it is
     measured by running the call on the host where the tensors are CPU
-    tensors with data, and is -1 for meta tensors or an exact accumulation).
+    tensors with data, and is -1 for meta tensors or an exact accumulation),
+    channel_merges (record merges of the ordered pipeline's reduces, summed
+    over channel passes: each chunk's sorted items times the threads that
+    walk a destination's records, one per channel or, with channel groups,
+    one per group of up to 16 channels; -1 for an exact accumulation).
     Also `points` and `records` (points x taps), from the shapes.
     """
     dims = input.dim() - 2
@@ -229,13 +238,14 @@ def work_counters(
         f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
         output_mask)
     knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
-                         gather=gather, serial_fold=serial_fold, reduce=reduce)
+                         gather=gather, serial_fold=serial_fold, reduce=reduce,
+                             channel_group=channel_group)
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
         output_mask, chunk_points, knobs["key_bits"], knobs["index_bits"], knobs["keying"],
         knobs["gather"],
         _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate),
-        knobs["serial_fold"], knobs["reduce"])
+        knobs["serial_fold"], knobs["reduce"], knobs["channel_group"])
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]

@@ -209,8 +209,10 @@ def _raw_detgrid_accumulating(accumulate: str) -> Callable[[Case], Any]:
     number = ops.ACCUMULATE_MODES[accumulate]
 
     def call(case: Case) -> Any:
-        return getattr(torch.ops.detgrid, f"_{case.op}_with_options")(
-            *case.args(), 0, 0, 0, 0, 0, 0, 0, 0, number, 0, 0)
+        op = getattr(torch.ops.detgrid, f"_{case.op}_with_options")
+        args = case.args()
+        knobs = {a.name: 0 for a in op.default._schema.arguments[len(args):]}
+        return op(*args, **{**knobs, "accumulate": number})
 
     return call
 

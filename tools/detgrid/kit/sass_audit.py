@@ -48,6 +48,7 @@ with the integer atomics in it; the exact kernels get no spill allowance.
 """
 
 import argparse
+import collections
 import dataclasses
 import json
 import re
@@ -147,7 +148,7 @@ GLOBAL_ATOMIC = re.compile(r"^(ATOMG?|REDG?)(\.|$)")
 # issue 23 bounds. The per-tap fold takes its taps per point at run time,
 # so its kernels serve 2-D and 3-D calls alike.
 DENSE_2D_FP32 = re.compile(
-    r"ReduceDense(ChannelsFastest)?<[\w:]*DenseFold<[\w:]*"
+    r"ReduceDense(ChannelsFastest|ChannelGroups)?<[\w:]*DenseFold<[\w:]*"
     r"(DestinationSegments<int>|CellSegments<int, 2>), float, int>")
 SETUP_LIMIT = 80
 
@@ -174,6 +175,7 @@ class Instruction:
     # In a subroutine the compiler emitted (the `$__internal_...` slow paths
     # of division and fmod, reached by CALL): library code, not ours.
     in_subroutine: bool = False
+    predicate: str = ""  # "@P0", "@!P1", ...; empty when unconditional
 
 
 @dataclasses.dataclass
@@ -256,7 +258,8 @@ def parse_sass(text: str) -> Dict[str, Function]:
             target = _TARGET.search(m.group(4))
             current.instructions.append(Instruction(
                 offset, m.group(3), m.group(4).strip(), source,
-                target.group(1) if target else None, in_subroutine))
+                target.group(1) if target else None, in_subroutine,
+                (m.group(2) or "").strip()))
             if m.group(3).startswith("RET"):
                 in_subroutine = False
     return functions
@@ -425,16 +428,74 @@ def inner_loop_cost(function: Function, multiply: str = "FMUL",
         function, lambda body: {multiply, add} <= _our_opcodes(body, OUR_SOURCES))
 
 
+def successors(function: Function, i: int) -> List[int]:
+    """Where control may go after instruction i: the next instruction unless
+    i always leaves (an unconditional branch, EXIT or RET), and a branch's
+    target."""
+    ins = function.instructions[i]
+    op = ins.opcode.split(".")[0]
+    found = []
+    if op == "BRA" and ins.target in function.labels:
+        found += [k for k, other in enumerate(function.instructions)
+                  if other.offset == function.labels[ins.target]]
+    always = ins.predicate in ("", "@PT")
+    if not (always and op in ("BRA", "EXIT", "RET")) and i + 1 < len(function.instructions):
+        found.append(i + 1)
+    return found
+
+
+def path_cost(function: Function, start: int, goal: int, within: Tuple[int, int],
+              counted: Callable[[Instruction], bool] = lambda ins: False,
+              count: int = 0) -> Optional[int]:
+    """The fewest instructions executed from `start` until `goal` is first
+    reached (goal itself not included), staying within instructions `within`
+    and never returning to `start`, on a path that executes exactly `count`
+    instructions `counted` says yes to."""
+    first, last = within
+    distance = {(start, 0): 0}
+    queue = collections.deque([(start, 0)])
+    while queue:
+        i, seen = queue.popleft()
+        if i == goal:
+            if seen == count:
+                return distance[(i, seen)]
+            continue
+        step = seen + (1 if counted(function.instructions[i]) else 0)
+        if step > count:
+            continue
+        # Once from start to goal: never back to start (around its loop).
+        for j in successors(function, i):
+            if first <= j <= last and j != start and (j, step) not in distance:
+                distance[(j, step)] = distance[(i, seen)] + 1
+                queue.append((j, step))
+    return None
+
+
 def setup_cost(function: Function, record_loop: Tuple[int, int]) -> Optional[int]:
     """Instructions from the head of the loop over elements (or runs) to the
     head of the fold's loop over partials, which holds the record loop: the
     index math, segment loads and merge set-up one element pays before its
-    first record. Static, in layout order."""
+    first record. Static: the fewest on any path between the two heads."""
     partials = enclosing_loop(function, record_loop)
     elements = partials and enclosing_loop(function, partials)
     if elements is None:
         return None
-    return partials[0] - elements[0]
+    return path_cost(function, elements[0], partials[0], elements)
+
+
+def record_cost(function: Function, record_loop: Tuple[int, int],
+                multiplies: int, multiply: str = "FMUL") -> Optional[int]:
+    """Instructions one record costs in a record loop that folds several
+    channels at once (ReduceDenseChannelGroups), when it folds `multiplies`
+    of them: the fewest on a path once around the loop that executes that
+    many of our multiplies."""
+    first, last = record_loop
+
+    def counted(ins: Instruction) -> bool:
+        return ins.opcode.split(".")[0] == multiply and is_ours(ins)
+
+    around = path_cost(function, first, last, record_loop, counted, multiplies)
+    return None if around is None else around + 1
 
 
 def demangle(names: Sequence[str] | str):
@@ -482,6 +543,30 @@ class ReduceCost:
     per_record: LoopCost
     setup: Optional[int]
     registers: Optional[int] = None
+    # A reduce that folds a group of channels at once: its group loop's
+    # setup, and per record for some channel counts ({channels: cost}).
+    group_setup: Optional[int] = None
+    group_per_record: Optional[Dict[int, Optional[int]]] = None
+
+
+# Channel counts whose per-record cost the audit prints for a group loop.
+GROUP_CHANNELS = (3, 8, 16)
+
+
+def group_loop(function: Function, multiply: str) -> Optional[Tuple[int, int]]:
+    """The record loop of a reduce that folds several channels at once: of
+    the innermost loops holding more than one of our multiplies (the
+    compiler may peel a record out of it into the loop around), the one
+    with the most."""
+    def multiplies(loop):
+        return sum(1 for ins in function.instructions[loop[0]:loop[1] + 1]
+                   if ins.opcode.split(".")[0] == multiply and is_ours(ins))
+
+    several = [loop for loop in set(loops(function)) if multiplies(loop) > 1]
+    innermost = [loop for loop in several
+                 if not any(other != loop and loop[0] <= other[0] and other[1] <= loop[1]
+                            for other in several)]
+    return max(innermost, key=lambda loop: (multiplies(loop), -loop[0]), default=None)
 
 
 def reduce_loop_table(functions: Dict[str, Function],
@@ -496,9 +581,16 @@ def reduce_loop_table(functions: Dict[str, Function],
                 or inner_loop_cost(functions[name], "DMUL", "DADD"))
         if cost is not None:
             r = resources.get(name)
-            rows.append(ReduceCost(short_label(readable), cost,
-                                   setup_cost(functions[name], cost.loop),
-                                   r.registers if r else None))
+            row = ReduceCost(short_label(readable), cost,
+                             setup_cost(functions[name], cost.loop),
+                             r.registers if r else None)
+            multiply = "FMUL" if inner_loop_cost(functions[name], "FMUL", "FADD") else "DMUL"
+            loop = group_loop(functions[name], multiply)
+            if loop is not None:
+                row.group_setup = setup_cost(functions[name], loop)
+                row.group_per_record = {c: record_cost(functions[name], loop, c, multiply)
+                                        for c in GROUP_CHANNELS}
+            rows.append(row)
     return sorted(rows, key=lambda row: row.kernel)
 
 
@@ -845,11 +937,18 @@ def levels_main(argv: Sequence[str]) -> int:
 
 def print_reduce_loops(reduces: Iterable[ReduceCost]) -> None:
     print("reduce kernels: setup=instructions per element (run) before its fold, "
-          "per-record=inner loop body + callees (calls), regs=registers")
+          "per-record=inner loop body + callees (calls), group-setup and "
+          "group-per-record=C:N (a group of C channels) of a reduce that folds "
+          "channels in groups, regs=registers")
     for row in reduces:
         setup = "?" if row.setup is None else row.setup
         cost = row.per_record
-        print(f"setup={setup} per-record={cost.total} ({cost.calls} calls) "
+        group = ""
+        if row.group_per_record is not None:
+            per_channels = ",".join(f"{c}:{'?' if n is None else n}"
+                                    for c, n in row.group_per_record.items())
+            group = f" group-setup={row.group_setup} group-per-record={per_channels}"
+        print(f"setup={setup} per-record={cost.total} ({cost.calls} calls){group} "
               f"regs={row.registers}  {row.kernel}")
 
 

@@ -44,6 +44,8 @@ _BEGIN = re.compile(r"^\s*// \[stack: ([\w-]+)\]\s*$")
 _END = re.compile(r"^\s*// \[end stack: ([\w-]+)\]\s*$")
 _LINE = re.compile(r"^(?P<code>.*?\S)\s*// \[stack: (?P<name>[\w-]+)"
                    r"(?: replaces: (?P<old>.*))?\]\s*$")
+# Anything that looks like a marker: each must be one of the three above.
+_ANY = re.compile(r"// \[(end )?stack:")
 
 
 def markers(text: str, where: str = "") -> List[Tuple[int, str]]:
@@ -65,6 +67,9 @@ def markers(text: str, where: str = "") -> List[Tuple[int, str]]:
                     open_blocks.pop()
                 found.append((number, name))
                 break
+        else:
+            if _ANY.search(line):
+                raise StackError(f"{where}:{number}: a marker must end its line: {line.strip()}")
     if open_blocks:
         number, name = open_blocks[-1]
         raise StackError(f"{where}:{number}: [stack: {name}] is never closed")

@@ -21,8 +21,8 @@ from detgrid.kit import stack
 
 STACK_DIR = Path("patches") / "stack"
 REGENERATE = "python -m detgrid.kit.stack_patches --write patches/stack"
-COUNTERS = ("launches", "launches_per_chunk", "items_sorted", "elements_swept", "workspace_bytes",
-            "longest_fold")
+COUNTERS = ("launches", "launches_per_chunk", "items_sorted", "channel_merges", "elements_swept",
+            "workspace_bytes", "longest_fold")
 # longest_fold depends on where the points land, so it is measured by running the call on the
 # host, at the benchmark's "small" size (the others are exact at full size, from the shapes).
 FOLD_SIZE = "small"
@@ -54,6 +54,12 @@ SUMMARIES: Dict[str, str] = {
         "tile by tile in parallel, its tiles' partials then added in order: the partials and the "
         "additions of the serial fold, so its bits, without one thread's long chain of dependent "
         "loads. 32-bit indices only."),
+    "channel-groups": (
+        "A thread of the dense reduce (destinations fastest) and of the hot fold takes a group of "
+        "up to 16 channels (8 in double) of its destination and walks its records once for all "
+        "of them, where it took one channel per walk: below 16 channels a destination's records "
+        "are merged once, not once per channel. Each channel keeps its own partials and "
+        "additions. Its kernels take the per-channel reduce's place, one for one."),
 }
 
 CORE_SUMMARY = (

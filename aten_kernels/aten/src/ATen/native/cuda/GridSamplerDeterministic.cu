@@ -306,6 +306,17 @@ struct StageKernel<ReduceDense<Fold>> {
 };
 // [end stack: dense]
 
+// [stack: channel-groups]
+template <typename Fold>
+struct StageKernel<ReduceDenseChannelGroups<Fold>> {
+  template <typename row_t, typename col_t>
+  static constexpr auto kernel = &sum_segments_per_destination_kernel<
+      ReduceDenseChannelGroups<Fold>,
+      row_t,
+      col_t>;
+};
+// [end stack: channel-groups]
+
 // [stack: channels-fastest]
 template <typename Fold>
 struct StageKernel<ReduceDenseChannelsFastest<Fold>> {

@@ -146,6 +146,21 @@ struct ReduceDense {
   }
 };
 
+// The dense reduce of rows [row_from, row_to) of the fold's block.
+template <typename Executor, typename Fold>
+void reduce_destinations_fastest(
+    const Executor& ex,
+    const Fold& fold,
+    int64_t row_from,
+    int64_t row_to) {
+  using index_t = typename Fold::index_type;
+  ex.for_each_row(
+      static_cast<index_t>(row_to - row_from),
+      fold.out.block.width(),
+      ReduceDense<Fold>{
+          fold, static_cast<index_t>(row_from), fold.out.block.col_begin});
+}
+
 // Whether a dense reduction may run on chunks of chunk_points points: its
 // table of keys has no more entries than a chunk has records, which keeps a
 // pass over every element as cheap as folding the chunk, and every cell

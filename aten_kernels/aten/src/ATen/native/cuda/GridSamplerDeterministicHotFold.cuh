@@ -5,6 +5,7 @@
 // partials and additions as the serial fold, so the same bits.
 
 #include <ATen/native/cuda/GridSamplerDeterministicDense.cuh>
+#include <ATen/native/cuda/GridSamplerDeterministicChannelGroups.cuh> // [stack: channel-groups]
 
 namespace at::native::grid_sampler_deterministic {
 
@@ -97,14 +98,23 @@ struct HotFold {
   T* partials; // [channel][group][partial]
   int32_t* partial_counts; // [group]
   T* running_sums; // [channel][hot destination]
+  // [stack: channel-groups]
+  // A row of kStorePartials and kAddPartials is a group of Row::channels
+  // channels from Row::channel, group_width at most: a thread's walk of a
+  // tile serves all of them.
+  static constexpr int kGroup = kChannelGroup<T>;
+  int32_t group_width;
+  // [end stack: channel-groups]
 
+  // A row of kStorePartials and kAddPartials: a channel.
   struct Row {
     index_t channel;
     const scalar_t* gout_channel;
+    int32_t channels; // [stack: channel-groups]
   };
 
-  C10_HOST_DEVICE Row row(index_t c) const {
-    return Row{c, fold.records.gout_channel(c)};
+  C10_HOST_DEVICE Row row(index_t r) const {
+    return channel_group(r); // [stack: channel-groups replaces: return Row{r, fold.records.gout_channel(r)};]
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
@@ -113,10 +123,10 @@ struct HotFold {
         mark_segments(i);
         return;
       case HotStep::kStorePartials:
-        store_partials(row, i);
+        store_group_partials(row, i); // [stack: channel-groups replaces: store_partials(row, i);]
         return;
       case HotStep::kAddPartials:
-        add_partials(row, i);
+        add_group_partials(row, i); // [stack: channel-groups replaces: add_partials(row, i);]
         return;
     }
   }
@@ -334,19 +344,24 @@ struct HotFold {
     }
   }
 
+  // Group i's records (i < total_groups()): its destination's in its tile.
+  C10_HOST_DEVICE auto tile_records(int32_t i) const {
+    index_t n;
+    index_t s;
+    int32_t tile;
+    group_tile(i, n, s, tile);
+    return records_in(
+        n,
+        s,
+        static_cast<uint32_t>(tile) << tile_bits,
+        static_cast<uint32_t>(tile + 1) << tile_bits);
+  }
+
   // kStorePartials: group i's partials for channel c, and hot destination
   // i's running sum.
   C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
     if (i < std::min(total_groups(), pool_groups)) {
-      index_t n;
-      index_t s;
-      int32_t tile;
-      group_tile(i, n, s, tile);
-      auto in_tile = records_in(
-          n,
-          s,
-          static_cast<uint32_t>(tile) << tile_bits,
-          static_cast<uint32_t>(tile + 1) << tile_bits);
+      auto in_tile = tile_records(i);
       T* partial = partials_of(row.channel, i);
       int32_t stored = 0;
       while (!in_tile.done()) {
@@ -361,12 +376,17 @@ struct HotFold {
         partial_counts[i] = stored;
       }
     }
-    if (i < max_hot_destinations()) {
-      const HotDestination hot = hot_destination(i);
-      const index_t element_row = hot.n * fold.channels + row.channel;
+    store_running_sum(row.channel, i);
+  }
+
+  // kStorePartials: hot destination h's running sum of channel c, which the
+  // reduce may overwrite.
+  C10_HOST_DEVICE void store_running_sum(index_t channel, int32_t h) const {
+    if (h < max_hot_destinations()) {
+      const HotDestination hot = hot_destination(h);
+      const index_t element_row = hot.n * fold.channels + channel;
       if (hot.valid && fold.out.block.holds(element_row, hot.s)) {
-        running_sum(row.channel, i) =
-            fold.initial_sum(hot.n, element_row, hot.s);
+        running_sum(channel, h) = fold.initial_sum(hot.n, element_row, hot.s);
       }
     }
   }
@@ -396,6 +416,59 @@ struct HotFold {
     }
     fold.out.write(element_row, hot.s, sum);
   }
+
+  // [stack: channel-groups]
+  // Row r of kStorePartials and kAddPartials: channels [r * group_width,
+  // (r + 1) * group_width), C at most.
+  C10_HOST_DEVICE Row channel_group(index_t r) const {
+    const index_t first = r * group_width;
+    const index_t left = fold.channels - first;
+    return Row{
+        first,
+        fold.records.gout_channel(first),
+        static_cast<int32_t>(left < group_width ? left : group_width)};
+  }
+  // The rows of kStorePartials and kAddPartials.
+  int64_t rows() const {
+    return (int64_t{fold.channels} + group_width - 1) / group_width;
+  }
+
+  // kStorePartials for a row's channels: one walk of group i's tile.
+  C10_HOST_DEVICE void store_group_partials(const Row& row, int32_t i) const {
+    if (i < std::min(total_groups(), pool_groups)) {
+      auto in_tile = tile_records(i);
+      int32_t stored = 0;
+      while (!in_tile.done()) {
+        T partial[kGroup];
+        next_group_partial<kGroup>(
+            in_tile, fold.records, row.gout_channel, row.channels, partial);
+        GRID_SAMPLER_DET_UNROLL
+        for (int k = 0; k < kGroup; ++k) {
+          if (k == row.channels) {
+            break;
+          }
+          partials_of(row.channel + k, i)[stored] = partial[k];
+        }
+        ++stored;
+      }
+      if (row.channel == 0) {
+        partial_counts[i] = stored;
+      }
+    }
+    for (int32_t k = 0; k < row.channels; ++k) {
+      store_running_sum(row.channel + k, i);
+    }
+  }
+
+  // kAddPartials for a row's channels, one at a time (no walk of records
+  // but where a destination's groups did not all fit the pool).
+  C10_HOST_DEVICE void add_group_partials(const Row& row, int32_t h) const {
+    for (int32_t k = 0; k < row.channels; ++k) {
+      const index_t c = row.channel + k;
+      add_partials(Row{c, fold.records.gout_channel(c), 1}, h);
+    }
+  }
+  // [end stack: channel-groups]
 };
 
 } // namespace at::native::grid_sampler_deterministic

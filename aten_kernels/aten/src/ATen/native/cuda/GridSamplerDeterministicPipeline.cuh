@@ -31,6 +31,7 @@
 #include <ATen/native/cuda/GridSamplerDeterministicCells.cuh> // [stack: cells]
 #include <ATen/native/cuda/GridSamplerDeterministicChannelsFastest.cuh> // [stack: channels-fastest]
 #include <ATen/native/cuda/GridSamplerDeterministicHotFold.cuh> // [stack: hot-fold]
+#include <ATen/native/cuda/GridSamplerDeterministicChannelGroups.cuh> // [stack: channel-groups]
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -322,6 +323,11 @@ struct BackwardPlan {
   // destination folds serially, with the same bits.
   bool hot_fold = false;
   // [end stack: hot-fold]
+  // [stack: channel-groups]
+  // Whether a dense reduce thread folds a group of channels (kChannelGroup)
+  // of its destination rather than one channel.
+  bool channel_groups = true;
+  // [end stack: channel-groups]
 };
 
 // [stack: index32]
@@ -479,6 +485,9 @@ void reduce_grad_input(
   const auto segments = ex.allocate(dense ? table_bytes : 0);
   // [end stack: dense]
   const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t)); // [stack: dense replaces: const auto num_runs = ex.allocate(sizeof(int32_t));]
+  // [stack: channel-groups]
+  const int64_t group_width = plan.channel_groups ? kChannelGroup<T> : 1;
+  // [end stack: channel-groups]
   // [stack: channels-fastest]
   const bool copy = chunking.copy_grad_output;
   const auto gathered =
@@ -653,11 +662,7 @@ void reduce_grad_input(
           return;
         }
         // [end stack: channels-fastest]
-        ex.for_each_row(
-            static_cast<index_t>(row_to - row_from),
-            out.block.width(),
-            ReduceDense<Fold>{
-                fold, static_cast<index_t>(row_from), out.block.col_begin});
+        reduce_channel_groups(ex, fold, row_from, row_to, group_width); // [stack: channel-groups replaces: reduce_destinations_fastest(ex, fold, row_from, row_to);]
       };
       // [stack: hot-fold]
       if constexpr (std::is_same_v<index_t, int32_t>) {
@@ -682,17 +687,19 @@ void reduce_grad_input(
               static_cast<int32_t>(partials_per_group),
               sums + channels * hot_destinations,
               bookkeeping_a + slots,
-              sums};
+              sums, // [stack: channel-groups replaces: sums};]
+              static_cast<int32_t>(group_width)}; // [stack: channel-groups]
           run_hot_step(hot, HotStep::kMarkSegments, 1, num_items);
           ex.inclusive_sum(
               hot.slot_groups, hot.slot_ends, static_cast<int32_t>(slots));
+          const int64_t hot_rows = hot.rows(); // [stack: channel-groups replaces: const int64_t hot_rows = channels;]
           run_hot_step(
               hot,
               HotStep::kStorePartials,
-              channels,
+              hot_rows,
               std::max(pool_groups, hot_destinations));
           reduce();
-          run_hot_step(hot, HotStep::kAddPartials, channels, hot_destinations);
+          run_hot_step(hot, HotStep::kAddPartials, hot_rows, hot_destinations);
           return;
         }
       }
