@@ -146,7 +146,7 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
         problem, plan.key_32bit, index_32bit, knobs.chunk_points);
   } else if (knobs.chunk_points == 0) {
     plan.chunks = gsd::plan_reduction(
-        problem, plan.key_32bit, index_32bit, channels_fastest, keying);
+        plan.key_32bit, index_32bit, channels_fastest, keying, problem);
   } else {
     // A chunk size of the caller's is not held to the workspace budget.
     const bool dense = gsd::dense_table_fits(

@@ -980,8 +980,9 @@ struct BackwardArgs {
   C10_HOST_DEVICE index_t num_destinations() const {
     return batch * destinations_per_image();
   }
-  // Cells (see ChunkRecords) of one image: one more than the pixels along
-  // every axis, for base taps at -1.
+  // [stack: cells]
+  // Cells (see Keying) of one image: one more than the pixels along every
+  // axis, for base taps at -1.
   C10_HOST_DEVICE Spatial<index_t, kDims> cell_size() const {
     Spatial<index_t, kDims> size;
     GRID_SAMPLER_DET_UNROLL
@@ -993,6 +994,7 @@ struct BackwardArgs {
   C10_HOST_DEVICE int64_t num_cells() const {
     return batch * spatial_numel(cell_size());
   }
+  // [end stack: cells]
 };
 
 // The arguments of one call; every tensor may have any strides.
@@ -1027,12 +1029,12 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   return args;
 }
 
-// How a chunk's records are keyed for the sort.
-//   PerTap: one record per tap, keyed by its destination, or "nowhere"
-//     (num_destinations) when the tap is out of bounds, so it sorts after
-//     every real destination. Record r of a chunk is tap r % taps of the
-//     chunk's point r / taps, and r is its sort payload.
+// A chunk's records: one per tap, keyed for the sort by its destination,
+// or "nowhere" (num_destinations) when the tap is out of bounds, so it sorts
+// after every real destination. Record r of a chunk is tap r % taps of the
+// chunk's point r / taps, and r is its sort payload.
 // [stack: cells]
+// How a chunk's records are keyed: PerTap, as above, or
 //   PerCell (bilinear and trilinear only): one record per point, keyed by
 //     its cell, the position of its lowest tap plus one along every axis
 //     (lowest taps range over -1 .. size - 1), numbered n * cells_per_image
@@ -1050,7 +1052,7 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 // what the reduce needs of a record without any integer division: the
 // weight of every tap by record id, and per point the offset of
 // grad_output[n][0][position].
-enum class Keying { PerTap, PerCell }; // [stack: cells replaces: enum class Keying { PerTap };]
+enum class Keying { PerTap, PerCell }; // [stack: cells]
 
 // Sort keys of a chunk, 64 bits wide.
 // [stack: index32]
@@ -1225,7 +1227,7 @@ locate_point_taps(
       args.align_corners);
 }
 
-// Point pass for one point: its records (see Keying). kTaps (taps per axis)
+// Point pass for one point: its records (see ChunkKeys). kTaps (taps per axis)
 // must match args.interpolation_mode; dispatch_taps_per_axis picks it.
 // `chunk_point` is the point's number within its chunk.
 template <int kTaps, typename scalar_t, typename index_t, int kDims>

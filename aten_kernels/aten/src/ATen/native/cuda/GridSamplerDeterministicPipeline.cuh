@@ -314,7 +314,7 @@ struct LaunchShape {
 // canonical order depends on none of them.
 struct BackwardPlan {
   bool index_32bit = true; // [stack: index32]
-  Keying keying = Keying::PerTap;
+  Keying keying = Keying::PerTap; // [stack: cells]
   bool key_32bit = true; // [stack: index32]
   ChunkPlan chunks{kTilePoints, false}; // [stack: dense replaces: ChunkPlan chunks{kTilePoints};]
   // [stack: hot-fold]
@@ -815,16 +815,18 @@ struct BackwardProblem {
   int64_t num_points;
   int64_t channels;
   int64_t num_destinations;
-  int64_t num_cells;
+  int64_t num_cells; // [stack: cells]
   int64_t grad_output_stride_c; // [stack: channels-fastest]
   int64_t scalar_bytes;
   int64_t opmath_bytes;
   bool index_fits_32bit; // [stack: index32]
 
+  // [stack: index32]
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
-  int64_t table_entries(Keying keying) const {
-    return keying == Keying::PerTap ? num_destinations : num_cells;
+  int64_t table_entries(Keying keying) const { // [stack: cells replaces: int64_t table_entries() const {]
+    return keying == Keying::PerTap ? num_destinations : num_cells; // [stack: cells replaces: return num_destinations;]
   }
+  // [end stack: index32]
 };
 
 // [stack: index32]
@@ -848,7 +850,7 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
       batch,
       call.input.size(1),
       batch,
-      batch,
+      batch, // [stack: cells]
       call.grad_output.stride(1), // [stack: channels-fastest]
       static_cast<int64_t>(call.input.element_size()),
       static_cast<int64_t>(
@@ -857,7 +859,7 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
   for (int64_t a = 0; a < dims; ++a) {
     problem.num_points *= call.grid.size(1 + a);
     problem.num_destinations *= call.input.size(2 + a);
-    problem.num_cells *= call.input.size(2 + a) + 1;
+    problem.num_cells *= call.input.size(2 + a) + 1; // [stack: cells]
   }
   return problem;
 }
@@ -877,24 +879,26 @@ inline ChunkPlan with_thread_order(
 }
 // [end stack: channels-fastest]
 
-// Chunks sized to `workspace_bytes` for records keyed by `keying`, with
-// keys and index math of the given widths.
+// Chunks sized to `workspace_bytes` for the problem's records.
 inline ChunkPlan plan_reduction_within(
     const BackwardProblem& problem,
-    Keying keying,
+    Keying keying, // [stack: cells]
     bool key_32bit, // [stack: index32]
     bool index_32bit, // [stack: index32]
     bool channels_fastest, // [stack: channels-fastest]
     int64_t workspace_bytes) {
   const int64_t index_bytes = index_32bit ? 4 : 8; // [stack: index32 replaces: const int64_t index_bytes = 8;]
   const int64_t key_bytes = key_32bit ? 4 : 8; // [stack: index32 replaces: const int64_t key_bytes = 8;]
+  // [stack: dense]
+  const int64_t table_entries = problem.table_entries(keying); // [stack: cells replaces: const int64_t table_entries = problem.table_entries();]
+  // [end stack: dense]
   auto chunks_with = [&](bool copy) { // [stack: channels-fastest replaces: auto chunks_with = [&] {]
     return plan_chunks(
         problem.num_points, // [stack: dense]
         problem.taps_per_point, // [stack: dense]
-        problem.table_entries(keying), // [stack: dense]
+        table_entries, // [stack: dense]
         chunk_bytes_per_point(
-            keying == Keying::PerTap ? problem.taps_per_point : 1,
+            keying == Keying::PerTap ? problem.taps_per_point : 1, // [stack: cells replaces: problem.taps_per_point,]
             problem.taps_per_point,
             key_bytes,
             problem.opmath_bytes,
@@ -947,16 +951,16 @@ inline ChunkPlan with_carry(ChunkPlan chunks, const BackwardProblem& problem) {
 
 // Chunks sized to the workspace, a float carry included.
 inline ChunkPlan plan_reduction(
-    const BackwardProblem& problem,
     bool key_32bit, // [stack: index32]
     bool index_32bit, // [stack: index32]
     bool channels_fastest, // [stack: channels-fastest]
-    Keying keying) {
+    Keying keying, // [stack: cells]
+    const BackwardProblem& problem) {
   auto within = [&](int64_t workspace_bytes, bool channels_fastest) { // [stack: channels-fastest replaces: auto within = [&](int64_t workspace_bytes) {]
     return with_carry(
         plan_reduction_within(
             problem,
-            keying,
+            keying, // [stack: cells]
             key_32bit, // [stack: index32]
             index_32bit, // [stack: index32]
             channels_fastest, // [stack: channels-fastest]
@@ -980,19 +984,21 @@ inline ChunkPlan plan_reduction(
 }
 
 inline BackwardPlan plan_keyed(
-    const BackwardProblem& problem,
     bool index_32bit, // [stack: index32]
-    Keying keying) {
+    Keying keying, // [stack: cells]
+    const BackwardProblem& problem) {
   BackwardPlan plan;
   plan.index_32bit = index_32bit; // [stack: index32]
-  plan.keying = keying;
-  plan.key_32bit = keys_fit_32bit(problem.table_entries(keying)); // [stack: index32]
+  plan.keying = keying; // [stack: cells]
+  // [stack: index32]
+  plan.key_32bit = keys_fit_32bit(problem.table_entries(keying)); // [stack: cells replaces: plan.key_32bit = keys_fit_32bit(problem.table_entries());]
+  // [end stack: index32]
   plan.chunks = plan_reduction(
-      problem,
       plan.key_32bit, // [stack: index32]
       index_32bit, // [stack: index32]
       prefers_channels_fastest(problem.channels), // [stack: channels-fastest]
-      keying);
+      keying, // [stack: cells]
+      problem);
   plan.hot_fold = index_32bit && plan.chunks.dense; // [stack: hot-fold]
   return plan;
 }
@@ -1021,13 +1027,16 @@ inline BackwardPlan plan_backward(const BackwardProblem& problem) {
   const bool index_32bit = index_32bit_for(problem); // [stack: index32]
   // [stack: cells]
   if (problem.taps_per_axis == 2) {
-    BackwardPlan plan = plan_keyed(problem, index_32bit, Keying::PerCell);
+    BackwardPlan plan = plan_keyed(index_32bit, Keying::PerCell, problem);
     if (plan.chunks.dense) {
       return plan;
     }
   }
   // [end stack: cells]
-  return plan_keyed(problem, index_32bit, Keying::PerTap); // [stack: index32 replaces: return plan_keyed(problem, Keying::PerTap);]
+  return plan_keyed(
+      index_32bit, // [stack: index32]
+      Keying::PerTap, // [stack: cells]
+      problem);
 }
 
 // Calls fn(scalar_t(), index_t(), std::integral_constant<int, kDims>()) with
