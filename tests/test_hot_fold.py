@@ -158,12 +158,12 @@ class TestHotFold(DetgridTestCase):
 
         # 32 x 32 points keyed per cell: 1024 records, no cell can hold
         # more than 4096 / 4.
-        self.assertEqual(launches(32), 5)
+        self.assertEqual(launches(32), 4)
         # 33 x 33: the hot fold marks the segments (in place of the plain
         # marking), numbers the groups (a scan) and stores their partials
         # before the reduce, and adds them after.
-        self.assertEqual(launches(33), 5 + 3)
-        self.assertEqual(launches(33, serial_fold=1), 5)
+        self.assertEqual(launches(33), 4 + 3)
+        self.assertEqual(launches(33, serial_fold=1), 4)
 
     def test_unknown_serial_fold_is_a_one_line_error(self, device):
         problem = hot_problem(2, device=device)

@@ -40,10 +40,13 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["records"], 1024)
         self.assertEqual(c["items_sorted"], 256)
         self.assertEqual(c["chunks"], 1)
-        # point pass, sort, one zero fill of the segment table, mark
-        # segments, reduce
-        self.assertEqual(c["launches_per_chunk"], 5)
-        self.assertEqual(c["launches"], 5)
+        # point pass (which zero-fills the segment table), sort, mark
+        # segments, reduce; the zero fill is a launch of its own with
+        # separate_fills=1
+        self.assertEqual(c["launches_per_chunk"], 4)
+        self.assertEqual(c["launches"], 4)
+        self.assertEqual(
+            _counters((1, 3, 8, 8), (16, 16), separate_fills=1)["launches_per_chunk"], 5)
         self.assertEqual(c["key_bits"], 7)  # keys 0..81 (81 marks "nowhere")
         self.assertEqual(c["key_bytes"], 4)
         # keys in/out, ids in (+1) and out, the weights of all 1024 taps,
@@ -55,7 +58,7 @@ class TestWorkCounters(TestCase):
     def test_dense_bilinear_call_keyed_per_tap_counts_by_hand(self):
         c = _counters((1, 3, 8, 8), (16, 16), keying=1)
         self.assertEqual(c["items_sorted"], 1024)
-        self.assertEqual(c["launches_per_chunk"], 5)
+        self.assertEqual(c["launches_per_chunk"], 4)
         self.assertEqual(c["key_bits"], 7)  # keys 0..64 (64 marks "nowhere")
         self.assertEqual(c["workspace_bytes"],
                          2 * 1024 * 4 + (1025 + 1024) * 4 + 1024 * 4 + 256 * 4 + 2 * 64 * 4)
@@ -75,24 +78,28 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["items_sorted"], 256)
 
     def test_many_channels_gather_a_channels_last_copy_of_grad_output(self):
-        # 16 channels: the dense reduce takes channels fastest, after one
-        # more launch per chunk copying the chunk's grad_output channels last
-        # (256 points x 16 channels) with its offsets.
+        # 16 channels: the dense reduce takes channels fastest, reading the
+        # chunk's grad_output copied channels last (256 points x 16
+        # channels) with its offsets, by the point pass up to 64 channels,
+        # in a launch of its own beyond (or with separate_fills=1).
         base = 2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4
         c = _counters((1, 16, 8, 8), (16, 16))
-        self.assertEqual(c["launches_per_chunk"], 6)
+        self.assertEqual(c["launches_per_chunk"], 4)
         self.assertEqual(c["workspace_bytes"], base + 256 * 16 * 4 + 256 * 4)
+        self.assertEqual(
+            _counters((1, 16, 8, 8), (16, 16), separate_fills=1)["launches_per_chunk"], 6)
+        self.assertEqual(_counters((1, 65, 8, 8), (16, 16))["launches_per_chunk"], 5)
         # 15 channels, or threads told to take destinations fastest: no copy.
-        self.assertEqual(_counters((1, 15, 8, 8), (16, 16))["launches_per_chunk"], 5)
+        self.assertEqual(_counters((1, 15, 8, 8), (16, 16))["launches_per_chunk"], 4)
         destinations_fastest = _counters((1, 16, 8, 8), (16, 16), gather=1)
-        self.assertEqual(destinations_fastest["launches_per_chunk"], 5)
+        self.assertEqual(destinations_fastest["launches_per_chunk"], 4)
         self.assertEqual(destinations_fastest["workspace_bytes"], base)
 
     def test_channels_last_grad_output_is_gathered_without_a_copy(self):
         grad_output, inp, grid = meta_problem((1, 16, 8, 8), (16, 16))
         grad_output = grad_output.contiguous(memory_format=torch.channels_last)
         c = ops.work_counters(grad_output, inp, grid, BILINEAR, ZEROS, False, [True, True])
-        self.assertEqual(c["launches_per_chunk"], 5)
+        self.assertEqual(c["launches_per_chunk"], 4)
         self.assertEqual(c["workspace_bytes"],
                          2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
 
@@ -133,11 +140,12 @@ class TestWorkCounters(TestCase):
         # and its grad_output is read where it lies.
         c = _counters((1, 1024, 64, 64), (32, 1024))
         self.assertEqual(c["chunks"], 1)
-        # A dense chunk's 5 launches: the hot fold's running sums of 1024
+        # A dense chunk's 4 launches: the hot fold's running sums of 1024
         # channels would not fit the chunk's dead keys, so it does not run.
-        self.assertEqual(c["launches_per_chunk"], 5)
-        # Where it is needed anyway, the copy stays.
-        self.assertEqual(_counters((1, 16, 8, 8), (16, 16))["launches_per_chunk"], 6)
+        self.assertEqual(c["launches_per_chunk"], 4)
+        # Where it is needed anyway, the copy stays (a launch of its own
+        # beyond 64 channels).
+        self.assertEqual(_counters((1, 65, 8, 8), (16, 16))["launches_per_chunk"], 5)
 
     def test_unknown_gather_is_a_one_line_error(self):
         with self.assertRaisesRegex(RuntimeError, "gather must be 0 \\(automatic\\), 1"):
@@ -194,7 +202,7 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["items_sorted"], 96 * 128)
         # 4096 points a chunk may put more than 1024 in one cell: each
         # chunk runs the hot fold's 3 launches around its reduce.
-        self.assertEqual(c["launches"], 3 * (5 + 3))
+        self.assertEqual(c["launches"], 3 * (4 + 3))
         points = 4096
         # ... and the hot fold's group counts of 4096 // 1025 + 1 slots.
         own = (2 * points * 4 + (2 * points + 1) * 4 + points * 4 * 4 + points * 4

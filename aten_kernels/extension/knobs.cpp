@@ -49,6 +49,11 @@ void check_knob_ranges(
       "channel_group must be 0 (groups of channels) or 1 (one channel), got ",
       knobs.channel_group);
   TORCH_CHECK(
+      knobs.separate_fills == 0 || knobs.separate_fills == 1,
+      op,
+      "separate_fills must be 0 (in the point pass) or 1 (launches of their own), got ",
+      knobs.separate_fills);
+  TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
       "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
@@ -165,6 +170,7 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
   // As plan_keyed, unless serial_fold asks every destination to fold alone.
   plan.hot_fold = knobs.serial_fold == 0 && index_32bit && plan.chunks.dense;
   plan.channel_groups = knobs.channel_group == 0;
+  plan.fused_fills = knobs.separate_fills == 0;
   return plan;
 }
 

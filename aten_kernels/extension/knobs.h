@@ -43,6 +43,10 @@ struct BackwardOptions {
   // 1: a dense reduce thread (destinations fastest) and a hot-fold thread
   // take one channel, as the stack's levels before channel groups do.
   int64_t channel_group = 0;
+  // 1: a dense chunk's zero fill of its segment table and its channels-last
+  // copy of grad_output are launches of their own, as the stack's levels
+  // before fused fills have them.
+  int64_t separate_fills = 0;
 };
 
 // accumulate's ends; 1, between them, is the sorted exact variant.

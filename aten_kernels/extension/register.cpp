@@ -102,7 +102,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t accumulate,
     int64_t serial_fold,
     int64_t reduce,
-    int64_t channel_group) {
+    int64_t channel_group,
+    int64_t separate_fills) {
   return backward(
       grad_output,
       input,
@@ -123,7 +124,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           accumulate,
           serial_fold,
           reduce,
-          channel_group});
+          channel_group,
+          separate_fills});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -203,7 +205,8 @@ std::vector<int64_t> backward_work_counters(
     int64_t accumulate,
     int64_t serial_fold,
     int64_t reduce,
-    int64_t channel_group) {
+    int64_t channel_group,
+    int64_t separate_fills) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
@@ -240,6 +243,7 @@ std::vector<int64_t> backward_work_counters(
   knobs.serial_fold = serial_fold;
   knobs.reduce = reduce;
   knobs.channel_group = channel_group;
+  knobs.separate_fills = separate_fills;
   const auto plan = plan_with_knobs(call, knobs);
   const WorkCounters counters = accumulate == kAccumulateOrdered
       ? count_backward_work(call, plan)
@@ -399,20 +403,20 @@ TORCH_LIBRARY(detgrid, m) {
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
       "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce, int channel_group) -> (Tensor, Tensor)");
+      "int reduce, int channel_group, int separate_fills) -> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
       "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce, int channel_group) -> (Tensor, Tensor)");
+      "int reduce, int channel_group, int separate_fills) -> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int key_bits, int index_bits, int keying, int gather, int accumulate, "
-      "int serial_fold, int reduce, int channel_group) -> int[]",
+      "int serial_fold, int reduce, int channel_group, int separate_fills) -> int[]",
       &backward_work_counters);
   m.def(
       "_grid_gradient(Tensor grad_output, Tensor input, Tensor grid, "

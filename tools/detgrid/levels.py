@@ -50,6 +50,10 @@ LEVELS: Tuple[Level, ...] = (
           "grid_sampler deterministic backward: one walk of a destination's records per "
           "group of channels",
           ("GridSamplerDeterministicChannelGroups.cuh",), {"channel_group": 1}),
+    Level("fused-fills", "08-fused-fills",
+          "grid_sampler deterministic backward: the point pass zero-fills the segment table "
+          "and copies grad_output channels last",
+          ("GridSamplerDeterministicFusedFills.cuh",), {"separate_fills": 1}),
 )
 LEVEL_NAMES = tuple(lv.name for lv in LEVELS)
 TOP = LEVEL_NAMES[-1]

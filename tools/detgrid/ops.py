@@ -128,18 +128,19 @@ def _backward_with_options(name: str):
         serial_fold: int = 0,
         reduce: int = 0,
         channel_group: int = 0,
+        separate_fills: int = 0,
         level: str = levels.TOP,
     ) -> Gradients:
         knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
                              gather=gather, serial_fold=serial_fold, reduce=reduce,
-                             channel_group=channel_group)
+                             channel_group=channel_group, separate_fills=separate_fills)
         return op(grad_output, input, grid,
                   *_aten_arguments(name, interpolation_mode, padding_mode, align_corners,
                                output_mask),
                   chunk_points, block_size, max_blocks, grain_size, knobs["key_bits"],
                   knobs["index_bits"], knobs["keying"], knobs["gather"],
                   _mode_number(name, "accumulate", accumulate), knobs["serial_fold"],
-                  knobs["reduce"], knobs["channel_group"])
+                  knobs["reduce"], knobs["channel_group"], knobs["separate_fills"])
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -161,7 +162,10 @@ def _backward_with_options(name: str):
     one destination) where the default reduces over a dense segment table
     wherever it fits; channel_group=1 makes each thread of the dense reduce
     (destinations fastest) and of the hot fold take one channel, where by
-    default it takes a group of up to 16 (8 in double).
+    default it takes a group of up to 16 (8 in double); separate_fills=1
+    makes a dense chunk's zero fill of its segment table and its
+    channels-last copy of grad_output launches of their own, where by
+    default the point pass does both (the copy up to 64 channels).
 
     level (detgrid.levels.LEVEL_NAMES) runs what that prefix of the
     upstream stack runs: "core" is the first patch of patches/stack/, the
@@ -205,6 +209,7 @@ def work_counters(
     serial_fold: int = 0,
     reduce: int = 0,
     channel_group: int = 0,
+    separate_fills: int = 0,
     level: str = levels.TOP,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
@@ -239,13 +244,14 @@ def work_counters(
         output_mask)
     knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
                          gather=gather, serial_fold=serial_fold, reduce=reduce,
-                             channel_group=channel_group)
+                         channel_group=channel_group, separate_fills=separate_fills)
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
         output_mask, chunk_points, knobs["key_bits"], knobs["index_bits"], knobs["keying"],
         knobs["gather"],
         _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate),
-        knobs["serial_fold"], knobs["reduce"], knobs["channel_group"])
+        knobs["serial_fold"], knobs["reduce"], knobs["channel_group"],
+        knobs["separate_fills"])
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]

@@ -60,6 +60,12 @@ SUMMARIES: Dict[str, str] = {
         "of them, where it took one channel per walk: below 16 channels a destination's records "
         "are merged once, not once per channel. Each channel keeps its own partials and "
         "additions. Its kernels take the per-channel reduce's place, one for one."),
+    "fused-fills": (
+        "The point pass zero-fills a dense chunk's segment table (a slice per point) and, up to "
+        "64 channels, copies its point's row of grad_output channels last, where each was a "
+        "launch of its own: one launch fewer per dense chunk, two where the reduce reads the "
+        "copy. Nothing reads the table before the sort, nor the copy before the reduce. Beyond "
+        "64 channels the copy stays a launch, a thread per element."),
 }
 
 CORE_SUMMARY = (

@@ -32,6 +32,7 @@
 #include <ATen/native/cuda/GridSamplerDeterministicChannelsFastest.cuh> // [stack: channels-fastest]
 #include <ATen/native/cuda/GridSamplerDeterministicHotFold.cuh> // [stack: hot-fold]
 #include <ATen/native/cuda/GridSamplerDeterministicChannelGroups.cuh> // [stack: channel-groups]
+#include <ATen/native/cuda/GridSamplerDeterministicFusedFills.cuh> // [stack: fused-fills]
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -52,9 +53,11 @@ struct PointPass {
   Args args;
   ChunkRecords<typename Args::opmath_t, index_t> chunk;
   index_t first_point;
+  PointFills<typename Args::scalar_type, index_t> fills; // [stack: fused-fills]
 
   C10_HOST_DEVICE void operator()(index_t i) const {
     process_point<kTaps>(args, first_point + i, i, chunk);
+    fills(i, chunk.gout_offsets[i]); // [stack: fused-fills]
   }
 };
 
@@ -328,6 +331,12 @@ struct BackwardPlan {
   // of its destination rather than one channel.
   bool channel_groups = true;
   // [end stack: channel-groups]
+  // [stack: fused-fills]
+  // Whether the point pass zero-fills a dense chunk's segment table and
+  // makes its channels-last copy of grad_output (up to kFusedGatherChannels
+  // channels) rather than launches of their own.
+  bool fused_fills = true;
+  // [end stack: fused-fills]
 };
 
 // [stack: index32]
@@ -583,6 +592,30 @@ void reduce_grad_input(
         as<int32_t>(sorted_ids), num_items, end_bit);
   };
 
+  // [stack: fused-fills]
+  // What the point pass of a chunk of `count` points fills besides the
+  // records (PointFills).
+  const bool fuse_table = plan.fused_fills && dense;
+  const bool fuse_gather =
+      plan.fused_fills && copy && channels <= kFusedGatherChannels;
+  auto point_fills = [&](int64_t count) {
+    PointFills<scalar_t, index_t> fills;
+    if (fuse_table) {
+      fills.table = reinterpret_cast<int32_t*>(segment_table);
+      fills.table_words = table_bytes / static_cast<int64_t>(sizeof(int32_t));
+      fills.words_per_point = (fills.table_words + count - 1) / count;
+    }
+    if (fuse_gather) {
+      fills.grad_output = args.grad_output.data;
+      fills.stride_c = args.grad_output.stride_c;
+      fills.channels = channels;
+      fills.gathered = as<scalar_t>(gathered);
+      fills.gathered_offsets = as<index_t>(gathered_offsets);
+    }
+    return fills;
+  };
+  // [end stack: fused-fills]
+
   // One chunk's records, sorted, with the bookkeeping its reduce reads:
   // runs of one destination.
   auto point_pass_and_sort = [&](int64_t first_point, int64_t count) {
@@ -590,10 +623,10 @@ void reduce_grad_input(
     ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
-        PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});
+        PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point), point_fills(count)}); // [stack: fused-fills replaces: PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});]
     sort_items(num_items);
     // [stack: channels-fastest]
-    if (copy) {
+    if (copy && !fuse_gather) { // [stack: fused-fills replaces: if (copy) {]
       using element_t = CopiedAs<scalar_t>;
       ex.for_each_row(
           static_cast<index_t>(count),
@@ -610,7 +643,7 @@ void reduce_grad_input(
     // [stack: dense]
     // Dense: the segment bounds of every key instead.
     if (dense) {
-      ex.zero(segment_table, table_bytes);
+      ex.zero(segment_table, fuse_table ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
       // [stack: hot-fold]
       if (hot_pool_groups(count) > 0) {
         return; // the hot fold's first step marks the segments
