@@ -93,14 +93,12 @@ struct HostExecutor {
   void begin_chunk() const {}
 };
 
-// The dense reduces: a thread of theirs per grad_input element swept (the
-// exact accumulation's say so with a kSweepsElements member).
+// The dense reduces that take a thread per grad_input element swept (the
+// exact accumulation's say so with a kSweepsElements member; the channel
+// groups' count theirs in CountingExecutor::note).
 template <typename Stage>
 struct SweepsElements
     : std::bool_constant<requires { Stage::kSweepsElements; }> {};
-template <typename Fold>
-struct SweepsElements<at::native::grid_sampler_deterministic::ReduceDense<Fold>>
-    : std::true_type {};
 template <typename Fold>
 struct SweepsElements<
     at::native::grid_sampler_deterministic::ReduceDenseChannelsFastest<Fold>>
@@ -250,16 +248,6 @@ struct CountingExecutor {
 
   template <typename Fold>
   void note(
-      const at::native::grid_sampler_deterministic::ReduceDense<Fold>& stage,
-      int64_t rows) const {
-    if (stage.first_col == 0) {
-      counters->channel_merges += chunk.over_rows(
-          stage.first_row, stage.first_row + rows, stage.fold.channels);
-    }
-  }
-
-  template <typename Fold>
-  void note(
       const at::native::grid_sampler_deterministic::ReduceDenseChannelGroups<
           Fold>& stage,
       int64_t rows) const {
@@ -365,20 +353,6 @@ struct FoldLengthExecutor : HostExecutor {
   template <typename Stage>
   void measure(const Stage& /*stage*/, int64_t /*rows*/, int64_t /*cols*/)
       const {}
-
-  template <typename Fold>
-  void measure(
-      const at::native::grid_sampler_deterministic::ReduceDense<Fold>& stage,
-      int64_t rows,
-      int64_t cols) const {
-    const int64_t first_row = stage.first_row;
-    note_images(
-        stage.fold,
-        first_row / stage.fold.channels,
-        (first_row + rows - 1) / stage.fold.channels + 1,
-        stage.first_col,
-        stage.first_col + cols);
-  }
 
   template <typename Fold>
   void measure(

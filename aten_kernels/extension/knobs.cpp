@@ -22,37 +22,42 @@ void check_knob_ranges(
     const BackwardOptions& knobs,
     const BackwardProblem& problem,
     const std::string& op) {
-  TORCH_CHECK(
-      knobs.keying == 0 || knobs.keying == 1,
-      op,
-      "keying must be 0 (automatic) or 1 (per tap), got ",
-      knobs.keying);
+  // The knobs that are 0 or 1, with what each value asks for.
+  struct Switch {
+    const char* name;
+    int64_t value;
+    const char* choices;
+  };
+  for (const Switch& knob :
+       {Switch{"keying", knobs.keying, "0 (automatic) or 1 (per tap)"},
+        Switch{
+            "serial_fold",
+            knobs.serial_fold,
+            "0 (hot destinations in parallel) or 1"},
+        Switch{"reduce", knobs.reduce, "0 (automatic) or 1 (sparse)"},
+        Switch{
+            "channel_group",
+            knobs.channel_group,
+            "0 (groups of channels) or 1 (one channel)"},
+        Switch{
+            "separate_fills",
+            knobs.separate_fills,
+            "0 (in the point pass) or 1 (launches of their own)"}}) {
+    TORCH_CHECK(
+        knob.value == 0 || knob.value == 1,
+        op,
+        knob.name,
+        " must be ",
+        knob.choices,
+        ", got ",
+        knob.value);
+  }
   TORCH_CHECK(
       knobs.accumulate >= kAccumulateOrdered &&
           knobs.accumulate <= kAccumulateExactAtomic,
       op,
       "accumulate must be 0 (ordered), 1 (exact) or 2 (exact, atomic), got ",
       knobs.accumulate);
-  TORCH_CHECK(
-      knobs.serial_fold == 0 || knobs.serial_fold == 1,
-      op,
-      "serial_fold must be 0 (hot destinations in parallel) or 1, got ",
-      knobs.serial_fold);
-  TORCH_CHECK(
-      knobs.reduce == 0 || knobs.reduce == 1,
-      op,
-      "reduce must be 0 (automatic) or 1 (sparse), got ",
-      knobs.reduce);
-  TORCH_CHECK(
-      knobs.channel_group == 0 || knobs.channel_group == 1,
-      op,
-      "channel_group must be 0 (groups of channels) or 1 (one channel), got ",
-      knobs.channel_group);
-  TORCH_CHECK(
-      knobs.separate_fills == 0 || knobs.separate_fills == 1,
-      op,
-      "separate_fills must be 0 (in the point pass) or 1 (launches of their own), got ",
-      knobs.separate_fills);
   TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
