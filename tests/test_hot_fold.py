@@ -19,6 +19,7 @@ from torch.testing._internal.common_device_type import instantiate_device_type_t
 from torch.testing._internal.common_utils import parametrize, run_tests
 
 from detgrid import ops
+from detgrid.bench import workloads
 from detgrid_testing import (
     ALL_DTYPES,
     BICUBIC,
@@ -60,6 +61,20 @@ def hot_problem(dims, C=3, dtype=torch.float32, device="cpu", seed=0):
                        .to(torch.float64))
     grad_output = torch.randn(2, C, *out_size, generator=gen, dtype=torch.float64) * scale
     return tuple(t.to(device=device, dtype=dtype) for t in (grad_output, inp, grid))
+
+
+def line_problem(C=48, pixels=16, tiles=16, seed=5):
+    """tensorf's line at a small size: one image of `tiles` tiles of points
+    spread evenly down a column of `pixels` pixels, so that every pixel is
+    hot (about 8000 records) and has records in every tile (about 500)."""
+    gen = torch.Generator().manual_seed(seed)
+    points = tiles * TILE_POINTS
+    y = torch.rand(points, generator=gen, dtype=torch.float64) * (pixels - 1)
+    x = torch.zeros(points, dtype=torch.float64)
+    grid = torch.stack([pixel_to_grid(x, 1, False), pixel_to_grid(y, pixels, False)], -1)
+    inp = torch.randn(1, C, pixels, 1, generator=gen)
+    grad_output = torch.randn(1, C, points, 1, generator=gen)
+    return grad_output, inp, grid.reshape(1, points, 1, 2).float()
 
 
 def longest_fold(problem, mode, padding, **options):
@@ -121,17 +136,38 @@ class TestHotFold(DetgridTestCase):
                 detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1, **knobs),
                 f"{dtype} {knobs}")
 
-    def test_destinations_whose_groups_overflow_the_pool_fold_serially_with_the_same_bits(
+    def test_destinations_whose_units_overflow_the_pool_fold_serially_with_the_same_bits(
             self, device):
-        # 100 channels: the chunk's dead keys (64 KiB) hold the running sums
-        # of its 64 possible hot destinations and 6 groups of partials, so
-        # the first hot destination's 4 tiles are stored and the others fold
-        # their records in one thread each.
+        # 100 channels, and a chunk as large as the problem, so the pool has
+        # no spare workspace to grow into: the chunk's dead keys (64 KiB)
+        # hold the running sums of its 64 possible hot destinations and 96
+        # units of partials, so the first hot destinations (about 30 units
+        # each) store theirs and the others fold their records in one
+        # thread each.
         problem = hot_problem(2, C=100, device=device, seed=4)
-        self.assertGreater(longest_fold(problem, BILINEAR, ZEROS), HOT_RECORDS)
+        knobs = {"chunk_points": 4 * TILE_POINTS}
+        self.assertGreater(longest_fold(problem, BILINEAR, ZEROS, **knobs), HOT_RECORDS)
         assert_pair_bitwise_equal(
-            self, detgrid_backward(*problem, BILINEAR, ZEROS, False),
-            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1))
+            self, detgrid_backward(*problem, BILINEAR, ZEROS, False, **knobs),
+            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1, **knobs))
+
+    @parametrize("chunk_points", (None, 16 * TILE_POINTS),
+                 name_fn=lambda c: "default_chunk" if c is None else "chunk_is_the_problem")
+    def test_pixels_hot_in_every_tile_take_units_per_record_not_per_tile(
+            self, device, chunk_points):
+        # 16 hot pixels x 16 tiles: 256 groups of about 2 partials each. At a
+        # tile's 16 partial slots per group they would take 4096 units, where
+        # the dead keys (256 KiB, less the running sums) hold about 1000 at
+        # 48 channels; sized per record they take 16 x (16 + 32) = 768, which
+        # fit even where the chunk leaves no spare workspace.
+        problem = line_problem()
+        knobs = {} if chunk_points is None else {"chunk_points": chunk_points}
+        self.assertGreater(longest_fold(problem, BILINEAR, ZEROS, serial_fold=1), 8000)
+        self.assertLessEqual(longest_fold(problem, BILINEAR, ZEROS, **knobs), 1024)
+        problem = tuple(t.to(device) for t in problem)
+        assert_pair_bitwise_equal(
+            self, detgrid_backward(*problem, BILINEAR, ZEROS, False, **knobs),
+            detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1, **knobs))
 
     def test_constant_grid_folds_at_most_8192_in_sequence(self, device):
         # 1024 x 1024 points on a 2 x 2 input: each pixel takes one record
@@ -141,12 +177,25 @@ class TestHotFold(DetgridTestCase):
         inp = torch.randn(1, 3, 2, 2, generator=gen).to(device)
         grad_output = torch.randn(1, 3, 1024, 1024, generator=gen).to(device)
         problem = (grad_output, inp, grid)
-        # 256 tiles of 16 partials each.
+        # 256 tiles of 16 partials each (4096 records per tile).
         self.assertEqual(longest_fold(problem, BILINEAR, ZEROS), 4096)
         self.assertEqual(longest_fold(problem, BILINEAR, ZEROS, serial_fold=1), 1024 * 1024)
         assert_pair_bitwise_equal(
             self, detgrid_backward(*problem, BILINEAR, ZEROS, False),
             detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1))
+
+    def test_tensorf_line_at_full_size_folds_at_most_1024_in_sequence(self, device):
+        # BENCHMARKS #11: a million points down a column of 300 pixels, each
+        # pixel hot with about 6,900 records spread over all 245 tiles (73,500
+        # groups of about 27). Slotted per tile, its partials overflowed the
+        # pool and every pixel folded its records serially.
+        case = workloads.BENCH_WORKLOADS["tensorf_line"].build(scale=1.0)
+        counters = workloads.work_counters(case)
+        self.assertLessEqual(counters["longest_fold"], 1024)
+        self.assertLessEqual(counters["workspace_bytes"] + counters["sort_scratch_bytes"],
+                             64 << 20)
+        case.options = {"serial_fold": 1}
+        self.assertGreater(workloads.work_counters(case)["longest_fold"], 6000)
 
     def test_hot_fold_launches_only_where_a_chunk_can_have_a_hot_destination(self, device):
         def launches(points, **knobs):

@@ -140,9 +140,13 @@ class TestWorkCounters(TestCase):
         # and its grad_output is read where it lies.
         c = _counters((1, 1024, 64, 64), (32, 1024))
         self.assertEqual(c["chunks"], 1)
-        # A dense chunk's 4 launches: the hot fold's running sums of 1024
-        # channels would not fit the chunk's dead keys, so it does not run.
-        self.assertEqual(c["launches_per_chunk"], 4)
+        # A dense chunk's 4 launches, no copy among them, and the hot fold's
+        # 3: its running sums of 1024 channels do not fit the chunk's dead
+        # keys alone, but the keys grow into the workspace that the one
+        # chunk leaves spare.
+        self.assertEqual(c["launches_per_chunk"], 4 + 3)
+        self.assertEqual(_counters((1, 1024, 64, 64), (32, 1024), serial_fold=1)
+                         ["launches_per_chunk"], 4)
         # Where it is needed anyway, the copy stays (a launch of its own
         # beyond 64 channels).
         self.assertEqual(_counters((1, 65, 8, 8), (16, 16))["launches_per_chunk"], 5)

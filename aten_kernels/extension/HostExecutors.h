@@ -395,8 +395,11 @@ struct FoldLengthExecutor : HostExecutor {
     using at::native::grid_sampler_deterministic::HotStep;
     using index_t = typename Fold::index_type;
     if (hot.step == HotStep::kStorePartials) {
-      for (int32_t g = 0; g < std::min(hot.total_groups(), hot.pool_groups); ++g) {
-        note(record_count(hot.tile_records(g)));
+      for (int32_t u = 0; u < std::min(hot.total_units(), hot.pool_units); ++u) {
+        const auto group = hot.unit_group(u);
+        if (group.stores) {
+          note(record_count(hot.tile_records(group)));
+        }
       }
     }
     if (hot.step != HotStep::kAddPartials) {
@@ -407,17 +410,16 @@ struct FoldLengthExecutor : HostExecutor {
       if (!destination.valid) {
         continue;
       }
-      const int32_t groups = hot.groups_of(destination.n, destination.s);
-      if (destination.first_group + groups > hot.pool_groups) {
+      const int32_t end_unit =
+          destination.first_unit + hot.units_of(destination.n, destination.s);
+      if (end_unit > hot.pool_units) {
         note(record_count(
             hot.records_in(destination.n, destination.s, 0, hot.kEveryId)));
         continue;
       }
       int64_t partials = 0;
-      for (int32_t g = destination.first_group;
-           g < destination.first_group + groups;
-           ++g) {
-        partials += hot.partial_counts[g];
+      for (int32_t u = destination.first_unit; u < end_unit; ++u) {
+        partials += hot.partial_counts[u];
       }
       note(partials);
     }

@@ -53,7 +53,9 @@ SUMMARIES: Dict[str, str] = {
         "A destination whose key holds more than 4096 records (4096 / 2^dims per cell) is folded "
         "tile by tile in parallel, its tiles' partials then added in order: the partials and the "
         "additions of the serial fold, so its bits, without one thread's long chain of dependent "
-        "loads. 32-bit indices only."),
+        "loads. Its partials are slotted per record, not per tile (a destination with G groups "
+        "and R records takes G + R / 256 slots), in the chunk's dead sort keys, which grow into "
+        "the workspace that a single chunk leaves spare. 32-bit indices only."),
     "channel-groups": (
         "A thread of the dense reduce (destinations fastest) and of the hot fold takes a group of "
         "up to 16 channels (8 in double) of its destination and walks its records once for all "

@@ -41,25 +41,35 @@ C10_HOST_DEVICE inline int32_t first_id_at_least(
 // is hot when one of its keys is; its hot way of least index owns it. A hot
 // key beginning at sorted position b has slot b / (key_limit + 1), which no
 // other hot key shares, and a hot destination has a group per tile from the
-// tile of its first record to that of its last. Per dense chunk:
+// tile of its first record to that of its last.
+//
+// A group of r records forms ceil(r / kRecordsPerPartial) partials, so a hot
+// destination with G groups and R records takes G + R / kRecordsPerPartial
+// partial slots ("units"): group j's partials start at unit
+// j + R_j / kRecordsPerPartial of its destination, R_j its records in the
+// groups before j, and end before group j + 1's start. Slots are sized per
+// record, not per tile: a line of pixels each hot in every tile (tensorf's
+// 300 x 245 groups of about 27 records) takes 1.1 units per group, where 16
+// per group (a whole tile's partials) overflowed the pool. Per dense chunk:
 //   kMarkSegments   a thread per sorted record, as MarkDestinationSegments,
 //                   but a hot key gets the empty bounds {end, end}, so that
 //                   the reduce folds none of its records, and the thread of
-//                   its last record counts the groups of the destinations
+//                   its last record counts the units of the destinations
 //                   it owns into its slot.
-//   (an inclusive sum of the slots' groups numbers the groups)
-//   kStorePartials  a thread per (channel, group) stores its group's
-//                   partials, and one per (channel, hot destination) its
-//                   running sum, which the reduce may overwrite.
+//   (an inclusive sum of the slots' units numbers the units)
+//   kStorePartials  a thread per (channel, unit): the first unit of a group
+//                   stores the group's partials from there on, and one
+//                   thread per (channel, hot destination) its running sum,
+//                   which the reduce may overwrite.
 //   (the dense reduce)
 //   kAddPartials    a thread per (channel, hot destination) adds the stored
 //                   partials to the running sum, in order, and writes the
-//                   element; where its groups did not fit `pool_groups`, it
+//                   element; where its units did not fit `pool_units`, it
 //                   folds the destination's records serially instead.
 // A destination with no hot key folds at most kHotRecords records in the
 // reduce; a hot one at most a tile's in kStorePartials and its partials in
 // kAddPartials. Everything is found from the sorted keys, by binary search
-// where a bound was hidden, with no atomics: the groups' numbering is a
+// where a bound was hidden, with no atomics: the units' numbering is a
 // function of the sorted keys alone. The tables live in the chunk's unsorted
 // keys and ids, which are dead after the sort, and the slots' counts beside
 // the segment table, whose zero fill clears them.
@@ -91,12 +101,11 @@ struct HotFold {
   int tile_bits;
   int32_t key_limit; // a key with more records is hot
   int32_t num_slots;
-  int32_t* slot_groups; // zero-filled with the table
-  int32_t* slot_ends; // inclusive sums of slot_groups
-  int32_t pool_groups;
-  int32_t partials_per_group;
-  T* partials; // [channel][group][partial]
-  int32_t* partial_counts; // [group]
+  int32_t* slot_units; // zero-filled with the table
+  int32_t* slot_ends; // inclusive sums of slot_units
+  int32_t pool_units;
+  T* partials; // [channel][unit]
+  int32_t* partial_counts; // [unit]: a group's partials at its first unit, else 0
   T* running_sums; // [channel][hot destination]
   // [stack: channel-groups]
   // A row of kStorePartials and kAddPartials is a group of Row::channels
@@ -136,7 +145,7 @@ struct HotFold {
   C10_HOST_DEVICE int32_t max_hot_destinations() const {
     return num_slots * kWays;
   }
-  C10_HOST_DEVICE int32_t total_groups() const {
+  C10_HOST_DEVICE int32_t total_units() const {
     return slot_ends[num_slots - 1];
   }
 
@@ -225,9 +234,29 @@ struct HotFold {
     }
     return tiles;
   }
-  C10_HOST_DEVICE int32_t groups_of(index_t n, index_t s) const {
+  // Destination (n, s)'s records whose ids are below `end_id`.
+  C10_HOST_DEVICE int32_t records_below(index_t n, index_t s, uint32_t end_id)
+      const {
+    const int32_t* ids = fold.segments.sorted_ids();
+    int32_t records = 0;
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      const int64_t key = fold.segments.key_of(n, s, w);
+      const int32_t begin = key_begin(key);
+      records +=
+          first_id_at_least(ids, begin, key_begin(key + 1), end_id) - begin;
+    }
+    return records;
+  }
+  // The unit of group j's first partial, counted from its destination's.
+  C10_HOST_DEVICE int32_t
+  group_unit(index_t n, index_t s, const TileSpan& tiles, int32_t j) const {
+    const uint32_t end_id = static_cast<uint32_t>(tiles.first + j) << tile_bits;
+    return j + records_below(n, s, end_id) / kRecordsPerPartial;
+  }
+  C10_HOST_DEVICE int32_t units_of(index_t n, index_t s) const {
     const TileSpan tiles = tiles_of(n, s);
-    return tiles.last - tiles.first + 1;
+    return group_unit(n, s, tiles, tiles.last - tiles.first + 1);
   }
   // Destination (n, s)'s records whose ids are in [first_id, end_id), in
   // the canonical order. The searches run in a loop, and their results go
@@ -247,12 +276,12 @@ struct HotFold {
   }
 
   // Hot destination h, if slot h / kWays's hot key owns it through way
-  // h % kWays; and the number of its first group.
+  // h % kWays; and the number of its first unit.
   struct HotDestination {
     bool valid;
     index_t n;
     index_t s;
-    int32_t first_group;
+    int32_t first_unit;
   };
   C10_HOST_DEVICE HotDestination hot_destination(int32_t h) const {
     HotDestination hot{false, 0, 0, 0};
@@ -263,13 +292,13 @@ struct HotFold {
       return hot;
     }
     hot.valid = true;
-    hot.first_group = slot == 0 ? 0 : slot_ends[slot - 1];
+    hot.first_unit = slot == 0 ? 0 : slot_ends[slot - 1];
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < way; ++w) {
       index_t n;
       index_t s;
       if (owned_destination(key, w, n, s)) {
-        hot.first_group += groups_of(n, s);
+        hot.first_unit += units_of(n, s);
       }
     }
     return hot;
@@ -294,89 +323,119 @@ struct HotFold {
       return;
     }
     marks.segments[key] = SegmentBounds{i + 1, i + 1};
-    int32_t groups = 0;
+    int32_t units = 0;
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < kWays; ++w) {
       index_t n;
       index_t s;
       if (owned_destination(key, w, n, s)) {
-        groups += groups_of(n, s);
+        units += units_of(n, s);
       }
     }
-    slot_groups[key_begin(key) / (key_limit + 1)] = groups;
+    slot_units[key_begin(key) / (key_limit + 1)] = units;
   }
 
-  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t group) const {
-    return partials +
-        (int64_t{channel} * pool_groups + group) * int64_t{partials_per_group};
+  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t unit) const {
+    return partials + int64_t{channel} * pool_units + unit;
   }
   C10_HOST_DEVICE T& running_sum(index_t channel, int32_t h) const {
     return running_sums[int64_t{channel} * max_hot_destinations() + h];
   }
 
-  // The hot destination and tile of group g (< total_groups()).
-  C10_HOST_DEVICE void
-  group_tile(int32_t g, index_t& n, index_t& s, int32_t& tile) const {
+  // The group whose partials start at unit u (< total_units()), if one does
+  // and its destination's units all fit the pool (else kAddPartials folds
+  // its records): its destination and tile.
+  struct UnitGroup {
+    bool stores;
+    index_t n;
+    index_t s;
+    int32_t tile;
+  };
+  C10_HOST_DEVICE UnitGroup unit_group(int32_t u) const {
     int32_t low = 0;
     int32_t high = num_slots - 1;
     while (low < high) {
       const int32_t middle = low + (high - low) / 2;
-      if (slot_ends[middle] > g) {
+      if (slot_ends[middle] > u) {
         high = middle;
       } else {
         low = middle + 1;
       }
     }
-    int32_t first = low == 0 ? 0 : slot_ends[low - 1];
+    int32_t unit = u - (low == 0 ? 0 : slot_ends[low - 1]);
     int64_t key;
     hot_key_of(low, key);
+    UnitGroup group{false, 0, 0, 0};
+    int32_t end_unit = u - unit;
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < kWays; ++w) {
-      if (owned_destination(key, w, n, s)) {
-        const TileSpan tiles = tiles_of(n, s);
-        const int32_t groups = tiles.last - tiles.first + 1;
-        if (g < first + groups) {
-          tile = tiles.first + (g - first);
-          return;
-        }
-        first += groups;
+      if (!owned_destination(key, w, group.n, group.s)) {
+        continue;
+      }
+      const int32_t units = units_of(group.n, group.s);
+      end_unit += units;
+      if (unit < units) {
+        break;
+      }
+      unit -= units;
+    }
+    // The last group j whose first unit is at most `unit`: group_unit grows
+    // by at least one per group, from 0 at group 0.
+    const TileSpan tiles = tiles_of(group.n, group.s);
+    low = 0;
+    high = std::min(unit, tiles.last - tiles.first);
+    int32_t low_unit = 0;
+    while (low < high) {
+      const int32_t middle = high - (high - low) / 2;
+      const int32_t middle_unit = group_unit(group.n, group.s, tiles, middle);
+      if (middle_unit <= unit) {
+        low = middle;
+        low_unit = middle_unit;
+      } else {
+        high = middle - 1;
       }
     }
+    group.stores = low_unit == unit && end_unit <= pool_units;
+    group.tile = tiles.first + low;
+    return group;
   }
 
-  // Group i's records (i < total_groups()): its destination's in its tile.
-  C10_HOST_DEVICE auto tile_records(int32_t i) const {
-    index_t n;
-    index_t s;
-    int32_t tile;
-    group_tile(i, n, s, tile);
+  // The records of group `group`: its destination's in its tile.
+  C10_HOST_DEVICE auto tile_records(const UnitGroup& group) const {
     return records_in(
-        n,
-        s,
-        static_cast<uint32_t>(tile) << tile_bits,
-        static_cast<uint32_t>(tile + 1) << tile_bits);
+        group.n,
+        group.s,
+        static_cast<uint32_t>(group.tile) << tile_bits,
+        static_cast<uint32_t>(group.tile + 1) << tile_bits);
   }
 
-  // kStorePartials: group i's partials for channel c, and hot destination
-  // i's running sum.
+  // kStorePartials: for channel c, the partials of the group that starts at
+  // unit i, if one does, and hot destination i's running sum.
   C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
-    if (i < std::min(total_groups(), pool_groups)) {
-      auto in_tile = tile_records(i);
-      T* partial = partials_of(row.channel, i);
-      int32_t stored = 0;
-      while (!in_tile.done()) {
-        partial[stored++] = next_partial(
-            in_tile,
-            fold.records.weights,
-            fold.records.gout_offsets,
-            row.gout_channel,
-            fold.records.tap_bits);
-      }
+    if (i < std::min(total_units(), pool_units)) {
+      const UnitGroup group = unit_group(i);
+      const int32_t stored = group.stores ? store_tile(row, group, i) : 0;
       if (row.channel == 0) {
         partial_counts[i] = stored;
       }
     }
     store_running_sum(row.channel, i);
+  }
+  // Stores a group's partials from unit `unit` on; returns their number.
+  C10_HOST_DEVICE int32_t
+  store_tile(const Row& row, const UnitGroup& group, int32_t unit) const {
+    auto in_tile = tile_records(group);
+    T* partial = partials_of(row.channel, unit);
+    int32_t stored = 0;
+    while (!in_tile.done()) {
+      partial[stored++] = next_partial(
+          in_tile,
+          fold.records.weights,
+          fold.records.gout_offsets,
+          row.gout_channel,
+          fold.records.tap_bits);
+    }
+    return stored;
   }
 
   // kStorePartials: hot destination h's running sum of channel c, which the
@@ -398,17 +457,19 @@ struct HotFold {
     if (!hot.valid || !fold.out.block.holds(element_row, hot.s)) {
       return;
     }
-    const int32_t groups = groups_of(hot.n, hot.s);
+    const int32_t end_unit = hot.first_unit + units_of(hot.n, hot.s);
     T sum = running_sum(row.channel, h);
-    if (hot.first_group + groups <= pool_groups) {
-      for (int32_t g = hot.first_group; g < hot.first_group + groups; ++g) {
-        const T* partial = partials_of(row.channel, g);
-        for (int32_t k = 0; k < partial_counts[g]; ++k) {
+    if (end_unit <= pool_units) {
+      for (int32_t u = hot.first_unit; u < end_unit;) {
+        const int32_t count = partial_counts[u];
+        const T* partial = partials_of(row.channel, u);
+        for (int32_t k = 0; k < count; ++k) {
           sum = add_rn(sum, partial[k]);
         }
+        u += count > 0 ? count : 1;
       }
     } else {
-      // Its groups did not all fit: its records, serially.
+      // Its units did not all fit: its records, serially.
       sum = fold.records.fold(
           records_in(hot.n, hot.s, 0, kEveryId),
           row.gout_channel,
@@ -433,24 +494,12 @@ struct HotFold {
     return (int64_t{fold.channels} + group_width - 1) / group_width;
   }
 
-  // kStorePartials for a row's channels: one walk of group i's tile.
+  // kStorePartials for a row's channels: one walk of the tile of the group
+  // that starts at unit i, if one does.
   C10_HOST_DEVICE void store_group_partials(const Row& row, int32_t i) const {
-    if (i < std::min(total_groups(), pool_groups)) {
-      auto in_tile = tile_records(i);
-      int32_t stored = 0;
-      while (!in_tile.done()) {
-        T partial[kGroup];
-        next_group_partial<kGroup>(
-            in_tile, fold.records, row.gout_channel, row.channels, partial);
-        GRID_SAMPLER_DET_UNROLL
-        for (int k = 0; k < kGroup; ++k) {
-          if (k == row.channels) {
-            break;
-          }
-          partials_of(row.channel + k, i)[stored] = partial[k];
-        }
-        ++stored;
-      }
+    if (i < std::min(total_units(), pool_units)) {
+      const UnitGroup group = unit_group(i);
+      const int32_t stored = group.stores ? store_group_tile(row, group, i) : 0;
       if (row.channel == 0) {
         partial_counts[i] = stored;
       }
@@ -459,9 +508,28 @@ struct HotFold {
       store_running_sum(row.channel + k, i);
     }
   }
+  C10_HOST_DEVICE int32_t
+  store_group_tile(const Row& row, const UnitGroup& group, int32_t unit) const {
+    auto in_tile = tile_records(group);
+    int32_t stored = 0;
+    while (!in_tile.done()) {
+      T partial[kGroup];
+      next_group_partial<kGroup>(
+          in_tile, fold.records, row.gout_channel, row.channels, partial);
+      GRID_SAMPLER_DET_UNROLL
+      for (int k = 0; k < kGroup; ++k) {
+        if (k == row.channels) {
+          break;
+        }
+        partials_of(row.channel + k, unit)[stored] = partial[k];
+      }
+      ++stored;
+    }
+    return stored;
+  }
 
   // kAddPartials for a row's channels, one at a time (no walk of records
-  // but where a destination's groups did not all fit the pool).
+  // but where a destination's units did not all fit the pool).
   C10_HOST_DEVICE void add_group_partials(const Row& row, int32_t h) const {
     for (int32_t k = 0; k < row.channels; ++k) {
       const index_t c = row.channel + k;

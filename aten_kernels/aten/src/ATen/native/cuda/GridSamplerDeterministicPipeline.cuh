@@ -463,20 +463,11 @@ void reduce_grad_input(
   TORCH_INTERNAL_ASSERT(!chunking.channels_fastest || blocks.count() == 1);
   // [end stack: channels-fastest]
 
-  // After the sort the unsorted keys and ids are dead until the next chunk's
-  // point pass, so the sparse reduce keeps its int32 bookkeeping there
-  // (heads, run numbers, run starts).
-  const auto keys = ex.allocate(capacity * key_bytes);
-  const auto sorted_keys = ex.allocate(capacity * key_bytes);
-  const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
-  const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
-  const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
-  const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
   // [stack: hot-fold]
   // Dense chunks whose keys may be hot fold those in parallel (HotFold)
   // where the plan says (32-bit indices only, which keeps the unit within
   // its machine-code budget: larger calls fold serially, with the same
-  // bits). Beside the segment table, the groups of each slot of a hot key.
+  // bits). Beside the segment table, the units of each slot of a hot key.
   const int32_t hot_key_limit =
       kHotRecords / (per_cell ? int32_t{1} << kDims : 1);
   const int64_t hot_ways = per_cell ? int64_t{1} << kDims : 1;
@@ -486,7 +477,36 @@ void reduce_grad_input(
       plan.hot_fold && numel > 0 && capacity > hot_key_limit;
   const int64_t hot_slots =
       hot_capable ? capacity / (hot_key_limit + 1) + 1 : 0;
+  // The hot fold's running sums and partials live in the dead keys, which
+  // may grow into the workspace that the plan kept for points a single
+  // chunk lacks, as far as the most units its hot destinations can take:
+  // each at most G + R / kRecordsPerPartial, its G groups no more than the
+  // chunk's tiles, and the chunk's records counted once per way.
+  auto hot_pool_need = [&]() -> int64_t {
+    const int64_t destinations = std::min<int64_t>(
+        hot_slots * hot_ways, int64_t{args.batch} * image_size);
+    const int64_t tiles = (points_per_chunk + kTilePoints - 1) / kTilePoints;
+    const int64_t units =
+        destinations * tiles + capacity * hot_ways / kRecordsPerPartial;
+    return (hot_slots * hot_ways + units) * channels *
+        static_cast<int64_t>(sizeof(T));
+  };
+  const int64_t spare_bytes = (chunk_points - points_per_chunk) *
+      chunk_bytes_per_point(
+          items_per_point, kTapsPerPoint, key_bytes, sizeof(T), sizeof(index_t));
+  const int64_t hot_pool_extra = hot_capable
+      ? std::clamp<int64_t>(hot_pool_need() - capacity * key_bytes, 0, spare_bytes)
+      : 0;
   // [end stack: hot-fold]
+  // After the sort the unsorted keys and ids are dead until the next chunk's
+  // point pass, so the sparse reduce keeps its int32 bookkeeping there
+  // (heads, run numbers, run starts).
+  const auto keys = ex.allocate(capacity * key_bytes + hot_pool_extra); // [stack: hot-fold replaces: const auto keys = ex.allocate(capacity * key_bytes);]
+  const auto sorted_keys = ex.allocate(capacity * key_bytes);
+  const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
+  const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
+  const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
+  const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
   // [stack: dense]
   // Dense: the segment table, one fill per chunk.
   const int64_t table_bytes = table_entries * sizeof(SegmentBounds) +
@@ -540,31 +560,26 @@ void reduce_grad_input(
   const int64_t points_per_image = args.points_per_image();
 
   // [stack: hot-fold]
-  // The hot fold's groups of stored partials for a chunk of `count` points:
-  // as many as fit the chunk's unsorted keys and ids beside its slots' group
+  // The hot fold's units of stored partials for a chunk of `count` points:
+  // as many as fit the chunk's unsorted keys and ids beside its slots' unit
   // ends and running sums; 0 where no key can be hot (it runs not at all).
-  const int64_t partials_per_group = kTilePoints / kRecordsPerPartial *
-      // A bicubic point's taps may pad onto one pixel, all of them.
-      (kTaps == 4 ? kTapsPerPoint : 1);
   auto hot_slots_of = [&](int64_t count) {
     return (count * items_per_point + hot_key_limit) / (hot_key_limit + 1);
   };
-  auto hot_pool_groups = [&](int64_t count) -> int64_t {
+  auto hot_pool_units = [&](int64_t count) -> int64_t {
     if (!hot_capable || count * items_per_point <= hot_key_limit) {
       return 0;
     }
     const int64_t slots = hot_slots_of(count);
     const int64_t sums_bytes =
         channels * slots * hot_ways * static_cast<int64_t>(sizeof(T));
-    const int64_t group_bytes =
-        channels * partials_per_group * static_cast<int64_t>(sizeof(T));
+    const int64_t unit_bytes = channels * static_cast<int64_t>(sizeof(T));
     return std::max<int64_t>(
         0,
         std::min<int64_t>(
-            {(capacity * key_bytes - sums_bytes) / group_bytes,
+            {(capacity * key_bytes + hot_pool_extra - sums_bytes) / unit_bytes,
              capacity + 1 - slots,
-             std::numeric_limits<int32_t>::max() /
-                 (channels * partials_per_group)}));
+             std::numeric_limits<int32_t>::max() / channels}));
   };
   auto run_hot_step = [&](auto hot, HotStep step, int64_t rows, int64_t cols) {
     hot.step = step;
@@ -645,7 +660,7 @@ void reduce_grad_input(
     if (dense) {
       ex.zero(segment_table, fuse_table ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
       // [stack: hot-fold]
-      if (hot_pool_groups(count) > 0) {
+      if (hot_pool_units(count) > 0) {
         return; // the hot fold's first step marks the segments
       }
       // [end stack: hot-fold]
@@ -699,8 +714,8 @@ void reduce_grad_input(
       };
       // [stack: hot-fold]
       if constexpr (std::is_same_v<index_t, int32_t>) {
-        const int64_t pool_groups = hot_pool_groups(count);
-        if (pool_groups > 0) {
+        const int64_t pool_units = hot_pool_units(count);
+        if (pool_units > 0) {
           using Segments = std::decay_t<decltype(segments_of)>;
           const int32_t num_items =
               static_cast<int32_t>(count * items_per_point);
@@ -716,21 +731,20 @@ void reduce_grad_input(
               static_cast<int32_t>(slots),
               reinterpret_cast<int32_t*>(segment_table + table_entries),
               bookkeeping_a,
-              static_cast<int32_t>(pool_groups),
-              static_cast<int32_t>(partials_per_group),
+              static_cast<int32_t>(pool_units),
               sums + channels * hot_destinations,
               bookkeeping_a + slots,
               sums, // [stack: channel-groups replaces: sums};]
               static_cast<int32_t>(group_width)}; // [stack: channel-groups]
           run_hot_step(hot, HotStep::kMarkSegments, 1, num_items);
           ex.inclusive_sum(
-              hot.slot_groups, hot.slot_ends, static_cast<int32_t>(slots));
+              hot.slot_units, hot.slot_ends, static_cast<int32_t>(slots));
           const int64_t hot_rows = hot.rows(); // [stack: channel-groups replaces: const int64_t hot_rows = channels;]
           run_hot_step(
               hot,
               HotStep::kStorePartials,
               hot_rows,
-              std::max(pool_groups, hot_destinations));
+              std::max(pool_units, hot_destinations));
           reduce();
           run_hot_step(hot, HotStep::kAddPartials, hot_rows, hot_destinations);
           return;
