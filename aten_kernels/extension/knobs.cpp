@@ -59,6 +59,11 @@ void check_knob_ranges(
       "accumulate must be 0 (ordered), 1 (exact) or 2 (exact, atomic), got ",
       knobs.accumulate);
   TORCH_CHECK(
+      knobs.carry_elements >= 0,
+      op,
+      "carry_elements must be 0 (as planned) or positive, got ",
+      knobs.carry_elements);
+  TORCH_CHECK(
       knobs.gather >= 0 && knobs.gather <= 2,
       op,
       "gather must be 0 (automatic), 1 (destinations fastest) or 2 (channels "
@@ -176,6 +181,10 @@ std::optional<BackwardPlan> plan_keyed_with_knobs(
   plan.hot_fold = knobs.serial_fold == 0 && index_32bit && plan.chunks.dense;
   plan.channel_groups = knobs.channel_group == 0;
   plan.fused_fills = knobs.separate_fills == 0;
+  if (knobs.carry_elements > 0 && plan.chunks.carry_elements > 0) {
+    plan.chunks.carry_elements =
+        std::min(plan.chunks.carry_elements, knobs.carry_elements);
+  }
   return plan;
 }
 

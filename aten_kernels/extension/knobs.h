@@ -47,6 +47,10 @@ struct BackwardOptions {
   // copy of grad_output are launches of their own, as the stack's levels
   // before fused fills have them.
   int64_t separate_fills = 0;
+  // Half/BFloat16 over several chunks: at most this many elements of
+  // float sums in the carry (ChunkPlan::carry_elements), so that a small
+  // problem runs the carry in blocks as one over 8 Mi elements does.
+  int64_t carry_elements = 0;
 };
 
 // accumulate's ends; 1, between them, is the sorted exact variant.

@@ -103,7 +103,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
     int64_t serial_fold,
     int64_t reduce,
     int64_t channel_group,
-    int64_t separate_fills) {
+    int64_t separate_fills,
+    int64_t carry_elements) {
   return backward(
       grad_output,
       input,
@@ -125,7 +126,8 @@ std::tuple<at::Tensor, at::Tensor> backward_with_options(
           serial_fold,
           reduce,
           channel_group,
-          separate_fills});
+          separate_fills,
+          carry_elements});
 }
 
 // A CPU tensor with these sizes and strides over one element of storage.
@@ -206,7 +208,8 @@ std::vector<int64_t> backward_work_counters(
     int64_t serial_fold,
     int64_t reduce,
     int64_t channel_group,
-    int64_t separate_fills) {
+    int64_t separate_fills,
+    int64_t carry_elements) {
   const int64_t spatial_dims = input.dim() - 2;
   check_backward_inputs(
       spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
@@ -244,6 +247,7 @@ std::vector<int64_t> backward_work_counters(
   knobs.reduce = reduce;
   knobs.channel_group = channel_group;
   knobs.separate_fills = separate_fills;
+  knobs.carry_elements = carry_elements;
   const auto plan = plan_with_knobs(call, knobs);
   const WorkCounters counters = accumulate == kAccumulateOrdered
       ? count_backward_work(call, plan)
@@ -403,20 +407,23 @@ TORCH_LIBRARY(detgrid, m) {
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
       "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce, int channel_group, int separate_fills) -> (Tensor, Tensor)");
+      "int reduce, int channel_group, int separate_fills, int carry_elements) "
+      "-> (Tensor, Tensor)");
   m.def(
       "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
       "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int block_size, int max_blocks, int grain_size, int key_bits, "
       "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce, int channel_group, int separate_fills) -> (Tensor, Tensor)");
+      "int reduce, int channel_group, int separate_fills, int carry_elements) "
+      "-> (Tensor, Tensor)");
   m.def(
       "_backward_work_counters(Tensor grad_output, Tensor input, "
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask, int chunk_points, "
       "int key_bits, int index_bits, int keying, int gather, int accumulate, "
-      "int serial_fold, int reduce, int channel_group, int separate_fills) -> int[]",
+      "int serial_fold, int reduce, int channel_group, int separate_fills, "
+      "int carry_elements) -> int[]",
       &backward_work_counters);
   m.def(
       "_grid_gradient(Tensor grad_output, Tensor input, Tensor grid, "

@@ -129,6 +129,7 @@ def _backward_with_options(name: str):
         reduce: int = 0,
         channel_group: int = 0,
         separate_fills: int = 0,
+        carry_elements: int = 0,
         level: str = levels.TOP,
     ) -> Gradients:
         knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
@@ -140,7 +141,8 @@ def _backward_with_options(name: str):
                   chunk_points, block_size, max_blocks, grain_size, knobs["key_bits"],
                   knobs["index_bits"], knobs["keying"], knobs["gather"],
                   _mode_number(name, "accumulate", accumulate), knobs["serial_fold"],
-                  knobs["reduce"], knobs["channel_group"], knobs["separate_fills"])
+                  knobs["reduce"], knobs["channel_group"], knobs["separate_fills"],
+                  carry_elements)
 
     backward_with_options.__name__ = backward_with_options.__qualname__ = (
         f"{name}_with_options")
@@ -165,7 +167,9 @@ def _backward_with_options(name: str):
     default it takes a group of up to 16 (8 in double); separate_fills=1
     makes a dense chunk's zero fill of its segment table and its
     channels-last copy of grad_output launches of their own, where by
-    default the point pass does both (the copy up to 64 channels).
+    default the point pass does both (the copy up to 64 channels);
+    carry_elements caps the float carry of Half/BFloat16 sums over several
+    chunks (8 Mi elements), so that a small problem runs it in blocks.
 
     level (detgrid.levels.LEVEL_NAMES) runs what that prefix of the
     upstream stack runs: "core" is the first patch of patches/stack/, the
@@ -210,6 +214,7 @@ def work_counters(
     reduce: int = 0,
     channel_group: int = 0,
     separate_fills: int = 0,
+    carry_elements: int = 0,
     level: str = levels.TOP,
 ) -> Dict[str, int]:
     """What the CUDA pipeline does for this backward call, counted exactly.
@@ -251,7 +256,7 @@ def work_counters(
         knobs["gather"],
         _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate),
         knobs["serial_fold"], knobs["reduce"], knobs["channel_group"],
-        knobs["separate_fills"])
+        knobs["separate_fills"], carry_elements)
     counters = dict(zip(WORK_COUNTER_FIELDS, values))
     points = grid.numel() // dims
     taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]
