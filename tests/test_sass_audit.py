@@ -590,10 +590,10 @@ class TestLevels(TestCase):
                          ("sm_90", 128, 2910080))
         self.assertEqual(written["levels"]["core"],
                          {"lines": 1303, "kernels": 37, "text_bytes": 1237504,
-                          "spilling_kernels": 1})
+                          "spilling_kernels": 1, "fp32_reduces": []})
         self.assertEqual(written["levels"]["dense"],
                          {"lines": 1305, "kernels": None, "text_bytes": None,
-                          "spilling_kernels": None})
+                          "spilling_kernels": None, "fp32_reduces": None})
         self.assertEqual(written["budgets"]["core"],
                          {"kernels": 40, "text_bytes": 2**20, "lines": 1200})
         self.assertIs(written["budget_met"], False)
@@ -644,7 +644,21 @@ class TestLevels(TestCase):
                       "budget 128 kernels, 3.00 MiB)", out)
         self.assertEqual(json.loads(after["core.json"]), {"level": "core", "arch": "sm_90",
                                                           "kernels": 2, "text_bytes": 4608,
-                                                          "spills": 0})
+                                                          "spills": 0, "reduces": []})
+
+    def test_a_levels_record_lists_its_fp32_reduces_loop_costs(self):
+        def row(dtype, group=None):
+            return sass_audit.ReduceCost(
+                f"sum_segments_per_destination_kernel<ReduceDenseChannelGroups<DenseFold<"
+                f"CellSegments<int, 2>, {dtype}, int> >, int>",
+                sass_audit.LoopCost(40, 0, 7), 60, 72, 55 if group else None, group)
+
+        record = sass_audit.fp32_reduce_record(
+            [row("float", {3: 65, 8: 95, 16: None}), row("double"), row("c10::Half")])
+        self.assertEqual(record, [{"kernel": row("float").kernel, "per_record": 47,
+                                   "setup": 60, "group_per_record": {"3": 65, "8": 95,
+                                                                     "16": None},
+                                   "registers": 72}])
 
     def test_a_levels_spills_can_be_reported_not_failed(self):
         log = textwrap.dedent(f"""\

@@ -151,6 +151,9 @@ DENSE_2D_FP32 = re.compile(
     r"ReduceDense(ChannelsFastest|ChannelGroups)?<[\w:]*DenseFold<[\w:]*"
     r"(DestinationSegments<int>|CellSegments<int, 2>), float, int>")
 SETUP_LIMIT = 80
+# Every fp32 reduce (any index width, keying and thread order, and the hot
+# fold's): what each level's machine_code.json record lists.
+FP32_REDUCE = re.compile(r"(, float, (int|long)>|<float, (int|long)>)")
 
 
 @dataclasses.dataclass
@@ -741,6 +744,18 @@ class LevelCode:
     lines: int
     code: Optional[MachineCode] = None
     spills: Optional[int] = None  # kernels of ours with a stack frame or spills, if built
+    reduces: Optional[List[dict]] = None  # its fp32 reduces' loop costs (fp32_reduce_record)
+
+
+def fp32_reduce_record(rows: Iterable[ReduceCost]) -> List[dict]:
+    """The fp32 reduce kernels' instructions per record (with a group loop, per record
+    for a group of C channels), setup and registers: what a level's speed step
+    changes in its inner loops, for NOTES' table per level."""
+    return [{"kernel": row.kernel, "per_record": row.per_record.total, "setup": row.setup,
+             "group_per_record": ({str(c): n for c, n in row.group_per_record.items()}
+                                  if row.group_per_record is not None else None),
+             "registers": row.registers}
+            for row in rows if FP32_REDUCE.search(row.kernel)]
 
 
 def _stack():
@@ -771,21 +786,24 @@ def level_lines(kit_root) -> Dict[str, int]:
             for level in stack.LEVEL_NAMES}
 
 
-def write_level_json(code: MachineCode, level: str, path: str, spills: int = 0) -> None:
+def write_level_json(code: MachineCode, level: str, path: str, spills: int = 0,
+                     reduces: Optional[List[dict]] = None) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"level": level, **dataclasses.asdict(code), "spills": spills}, f, indent=2)
+        json.dump({"level": level, **dataclasses.asdict(code), "spills": spills,
+                   "reduces": reduces or []}, f, indent=2)
         f.write("\n")
 
 
-def read_level_jsons(folder) -> Dict[str, Tuple[MachineCode, int]]:
+def read_level_jsons(folder) -> Dict[str, Tuple[MachineCode, int, List[dict]]]:
     """The measurements `--level-json` wrote into ``folder``, by level: (machine code, kernels
-    of ours with a stack frame or spills)."""
+    of ours with a stack frame or spills, its fp32 reduces' loop costs)."""
     found = {}
     for path in sorted(Path(folder).glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         found[str(data["level"])] = (MachineCode(str(data["arch"]), int(data["kernels"]),
                                                  int(data["text_bytes"])),
-                                     int(data.get("spills", 0)))
+                                     int(data.get("spills", 0)),
+                                     list(data.get("reduces", [])))
     return found
 
 
@@ -856,7 +874,8 @@ def levels_record(levels: Dict[str, LevelCode], top: str, findings: List[str]) -
         "levels": {level: {"lines": lv.lines,
                            "kernels": lv.code.kernels if lv.code else None,
                            "text_bytes": lv.code.text_bytes if lv.code else None,
-                           "spilling_kernels": lv.spills}
+                           "spilling_kernels": lv.spills,
+                           "fp32_reduces": lv.reduces}
                    for level, lv in levels.items()},
         "budgets": {level: dataclasses.asdict(budget)
                     for level, budget in level_budgets(top).items()},
@@ -924,7 +943,7 @@ def levels_main(argv: Sequence[str]) -> int:
         return _usage_error(f"levels: {args.measured}: " + "; ".join(
             ([f"no level {', '.join(unknown)}"] if unknown else [])
             + ([f"no measurement of {', '.join(missing)}"] if missing else [])))
-    levels = {level: LevelCode(level, n, *measured.get(level, (None, None)))
+    levels = {level: LevelCode(level, n, *measured.get(level, (None, None, None)))
               for level, n in lines.items()}
     findings = level_budget_findings(levels, stack.TOP)
     print_levels(levels, stack.TOP, findings, args.strict)
@@ -1054,7 +1073,8 @@ def main(argv=None) -> int:
             write_machine_code(code, args.machine_code_json)
         if args.level_json:
             spills = resource_violations(resources, args.allow_spills, scope)
-            write_level_json(code, args.level, args.level_json, len(spills))
+            write_level_json(code, args.level, args.level_json, len(spills),
+                             fp32_reduce_record(reduces))
     if args.loops:
         if args.exact:
             print_exact_loops(exact_loop_table(functions, resources))
