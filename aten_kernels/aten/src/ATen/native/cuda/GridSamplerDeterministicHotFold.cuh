@@ -366,13 +366,16 @@ struct HotFold {
     int64_t key;
     hot_key_of(low, key);
     UnitGroup group{false, 0, 0, 0};
+    TileSpan tiles{0, -1};
     int32_t end_unit = u - unit;
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < kWays; ++w) {
       if (!owned_destination(key, w, group.n, group.s)) {
         continue;
       }
-      const int32_t units = units_of(group.n, group.s);
+      tiles = tiles_of(group.n, group.s); // units_of, keeping the tiles
+      const int32_t units =
+          group_unit(group.n, group.s, tiles, tiles.last - tiles.first + 1);
       end_unit += units;
       if (unit < units) {
         break;
@@ -381,7 +384,6 @@ struct HotFold {
     }
     // The last group j whose first unit is at most `unit`: group_unit grows
     // by at least one per group, from 0 at group 0.
-    const TileSpan tiles = tiles_of(group.n, group.s);
     low = 0;
     high = std::min(unit, tiles.last - tiles.first);
     int32_t low_unit = 0;
