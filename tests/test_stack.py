@@ -105,6 +105,50 @@ class TestCut(TestCase):
             later = [f for f in stack.kernel_files() if f not in stack.kernel_files(level)]
             self.assertEqual([f for f in later if f in text], [], level)
 
+    def test_no_level_speaks_of_a_later_one(self):
+        # A patch of the stack is read alone: neither its code nor its comments may name
+        # what only a later level brings (its prose words, types and constants).
+        names = stack.LEVEL_NAMES
+        self.assertEqual(sorted(LATER_WORDS), sorted(names[1:]))
+        cuts = {level: stack.kernel_sources(KIT, level) for level in names}
+        offences = []
+        for i, level in enumerate(names[1:], 1):
+            words = [re.compile(w, re.I) for w in LATER_WORDS[level]]
+            earlier = stack.kernel_files(names[i - 1])
+            words += [re.compile(rf"\b{name}\b")
+                      for name in sorted(set(declared_names(cuts[level], stack.LEVELS[i].files))
+                                         - set(declared_names(cuts[level], earlier)))]
+            for lower in names[:i]:
+                for rel, text in cuts[lower].items():
+                    offences += [f"{lower}: {Path(rel).name}:{number} speaks of {level}: "
+                                 f"{line.strip()}"
+                                 for number, line in enumerate(text.splitlines(), 1)
+                                 if any(w.search(line) for w in words)]
+        self.assertFalse(offences, "\n".join(offences))
+
+
+# What only a level brings, in words a lower level's code or comments would use.
+LATER_WORDS = {
+    "index32": [r"index_32bit", r"key_32bit", r"has_32bit_index_math", r"fits_32bit_indexing",
+                r"keys_fit_32bit", r"32-bit (keys|index|indices)"],
+    "dense": [r"\bdense", r"segment table", r"segment_table"],
+    "cells": [r"PerCell", r"keying", r"per-cell", r"\bcell keys?\b", r"num_cells"],
+    "channels-fastest": [r"channels[ _-]fastest", r"channels-last", r"copy_grad_output"],
+    "hot-fold": [r"\bhot\b", r"hot_"],
+    "channel-groups": [r"channel[ _]groups?\b", r"group_width"],
+    "fused-fills": [r"\bfused", r"\bfuse_"],
+}
+
+
+def declared_names(sources, files):
+    """The namespace-level types and the k-constants declared in a level's own files."""
+    found = set()
+    for rel, text in sources.items():
+        if Path(rel).name in files:
+            found.update(re.findall(r"^(?:struct|class|enum class)\s+([A-Z]\w+)", text, re.M))
+            found.update(re.findall(r"constexpr\s+[\w:]+\s+(k[A-Z]\w+)\s*=", text))
+    return sorted(found)
+
 
 @instantiate_parametrized_tests
 class TestEveryLevelCompilesAlone(TestCase):

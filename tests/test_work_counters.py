@@ -49,10 +49,10 @@ class TestWorkCounters(TestCase):
             _counters((1, 3, 8, 8), (16, 16), separate_fills=1)["launches_per_chunk"], 5)
         self.assertEqual(c["key_bits"], 7)  # keys 0..81 (81 marks "nowhere")
         self.assertEqual(c["key_bytes"], 4)
-        # keys in/out, ids in (+1) and out, the weights of all 1024 taps,
+        # keys in/out, ids in and out, the weights of all 1024 taps,
         # per-point offsets, the segment table over the cells
         self.assertEqual(c["workspace_bytes"],
-                         2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
+                         2 * 256 * 4 + (256 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
         self.assertEqual(c["sort_scratch_bytes"], 256 * (4 + 4))
 
     def test_dense_bilinear_call_keyed_per_tap_counts_by_hand(self):
@@ -61,7 +61,7 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["launches_per_chunk"], 4)
         self.assertEqual(c["key_bits"], 7)  # keys 0..64 (64 marks "nowhere")
         self.assertEqual(c["workspace_bytes"],
-                         2 * 1024 * 4 + (1025 + 1024) * 4 + 1024 * 4 + 256 * 4 + 2 * 64 * 4)
+                         2 * 1024 * 4 + (1024 + 1024) * 4 + 1024 * 4 + 256 * 4 + 2 * 64 * 4)
 
     def test_dense_trilinear_call_sorts_one_key_per_point(self):
         # 512 points; 5^3 = 125 cells <= 512 x 8 taps.
@@ -82,7 +82,7 @@ class TestWorkCounters(TestCase):
         # chunk's grad_output copied channels last (256 points x 16
         # channels) with its offsets, by the point pass up to 64 channels,
         # in a launch of its own beyond (or with separate_fills=1).
-        base = 2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4
+        base = 2 * 256 * 4 + (256 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4
         c = _counters((1, 16, 8, 8), (16, 16))
         self.assertEqual(c["launches_per_chunk"], 4)
         self.assertEqual(c["workspace_bytes"], base + 256 * 16 * 4 + 256 * 4)
@@ -101,7 +101,7 @@ class TestWorkCounters(TestCase):
         c = ops.work_counters(grad_output, inp, grid, BILINEAR, ZEROS, False, [True, True])
         self.assertEqual(c["launches_per_chunk"], 4)
         self.assertEqual(c["workspace_bytes"],
-                         2 * 256 * 4 + (257 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
+                         2 * 256 * 4 + (256 + 256) * 4 + 1024 * 4 + 256 * 4 + 2 * 81 * 4)
 
     def test_dense_reduce_sweeps_only_the_images_of_each_chunk(self):
         # 4 images of 64 x 64 points, chunks of 4096 points: each chunk's
@@ -164,13 +164,14 @@ class TestWorkCounters(TestCase):
         c = _counters((1, 1, 200, 200), (8, 8))
         self.assertEqual(c["items_sorted"], 256)
         self.assertEqual(c["chunks"], 1)
-        # point pass, sort, heads, scan, run starts, reduce; plus the zero
-        # fill of grad_input before the first chunk
-        self.assertEqual(c["launches_per_chunk"], 6)
-        self.assertEqual(c["launches"], 7)
+        # point pass, sort, reduce (the first record of each run folds it); plus the
+        # zero fill of grad_input before the first chunk
+        self.assertEqual(c["launches_per_chunk"], 3)
+        self.assertEqual(c["launches"], 4)
         self.assertEqual(c["key_bits"], 16)  # keys 0..40000
+        # keys in/out, ids in and out, the weights, the per-point offsets
         self.assertEqual(c["workspace_bytes"],
-                         2 * 256 * 4 + (257 + 256) * 4 + 256 * 4 + 64 * 4 + 4)
+                         2 * 256 * 4 + (256 + 256) * 4 + 256 * 4 + 64 * 4)
 
     def test_grad_grid_is_one_launch_before_the_chunks(self):
         # Upstream, stock's kernel makes grad_grid after the deterministic grad_input; the
@@ -209,15 +210,16 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["launches"], 3 * (4 + 3))
         points = 4096
         # ... and the hot fold's group counts of 4096 // 1025 + 1 slots.
-        own = (2 * points * 4 + (2 * points + 1) * 4 + points * 4 * 4 + points * 4
+        own = (2 * points * 4 + 2 * points * 4 + points * 4 * 4 + points * 4
                + 2 * 101 * 101 * 4 + (points // 1025 + 1) * 4)
         self.assertEqual(c["workspace_bytes"], own + 2 * 100 * 100 * 4)
 
     def test_sparse_float_carry_is_rounded_out_once(self):
         c = _counters((1, 1, 300, 300), (64, 128), dtype=torch.bfloat16, chunk_points=4096)
         self.assertEqual(c["chunks"], 2)
-        # zero fill, 2 chunks of 6, the rounding of the carry into grad_input
-        self.assertEqual(c["launches"], 1 + 2 * 6 + 1)
+        # zero fill, 2 chunks of 3 (point pass, sort, reduce), the rounding of the carry
+        # into grad_input
+        self.assertEqual(c["launches"], 1 + 2 * 3 + 1)
 
     @parametrize("dims,mode,taps,items_per_point",
                  [(2, BILINEAR, 4, 1), (2, NEAREST, 1, 1), (2, BICUBIC, 16, 16),

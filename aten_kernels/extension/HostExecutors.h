@@ -432,9 +432,10 @@ struct FoldLengthExecutor : HostExecutor {
           index_t>& stage,
       int64_t /*rows*/,
       int64_t /*cols*/) const {
-    for (int32_t j = 0; j < *stage.num_runs; ++j) {
-      if (stage.keys[stage.run_begin[j]] != stage.nowhere) {
-        note(stage.run_begin[j + 1] - stage.run_begin[j]);
+    namespace gsd = at::native::grid_sampler_deterministic;
+    for (int32_t i = 0; i < stage.count; ++i) {
+      if (gsd::begins_run(stage.keys, i) && stage.keys[i] != stage.nowhere) {
+        note(gsd::run_end(stage.keys, i, stage.count) - i);
       }
     }
   }

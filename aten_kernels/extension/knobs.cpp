@@ -102,7 +102,8 @@ bool use_32_bits(int64_t bits, bool fits, const char* name, const std::string& o
 
 // The chunks of the sparse reduction, sized as plan_reduction sizes them
 // where no dense table fits: a table with more entries than a chunk has
-// records never does.
+// records never does. The ATen planner has no switch that forbids the table
+// (only this knob needs one), hence its carry step repeated here.
 gsd::ChunkPlan sparse_chunks(
     const BackwardProblem& problem,
     bool key_32bit,

@@ -248,27 +248,24 @@ struct ReduceExactDense {
 };
 
 // Sorted variant, sparse (per tap): thread (row k of the block's channels,
-// run j) sums run j's records, all of one destination, and adds the sum to
-// its slices.
+// sorted record i) sums the run of one destination's records that record i
+// begins, as the pipeline's ReduceSparse does, and adds the sum to its
+// slices.
 template <int kTapsPerPoint, int kDims, typename scalar_t, typename index_t, typename key_t>
 struct ReduceExactSparse : ChannelRowsOverKeys<scalar_t, index_t, key_t> {
   using Base = ChannelRowsOverKeys<scalar_t, index_t, key_t>;
   using T = typename Base::T;
-  const int32_t* run_begin;
-  const int32_t* num_runs;
+  int32_t count;
 
-  C10_HOST_DEVICE void operator()(const typename Base::Row& row, int32_t j) const {
-    if (j >= *num_runs) {
+  C10_HOST_DEVICE void operator()(const typename Base::Row& row, int32_t begin) const {
+    if (!gsd::begins_run(this->keys, begin) || this->keys[begin] == this->nowhere) {
       return;
     }
-    const int32_t begin = run_begin[j];
     const key_t destination = this->keys[begin];
-    if (destination == this->nowhere) {
-      return;
-    }
     const Scale scale = scale_from<T>(*this->stored_bound, kDims);
     Accumulator<T> sum;
-    for (int32_t i = begin; i < run_begin[j + 1]; ++i) {
+    const int32_t end = gsd::run_end(this->keys, begin, count);
+    for (int32_t i = begin; i < end; ++i) {
       sum.add(
           record_term<kTapsPerPoint>(
               this->records,
@@ -392,7 +389,7 @@ void reduce_grad_input_exact(
   const key_t nowhere = static_cast<key_t>(table_entries);
   const auto keys = ex.allocate(capacity * sizeof(key_t));
   const auto sorted_keys = ex.allocate(sorted ? capacity * sizeof(key_t) : 0);
-  const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
+  const auto ids = ex.allocate(capacity * sizeof(int32_t));
   const auto sorted_ids = ex.allocate(sorted ? capacity * sizeof(int32_t) : 0);
   const auto weights = ex.allocate(
       std::min(num_points, chunk_points) * kTapsPerPoint * sizeof(T));
@@ -400,8 +397,6 @@ void reduce_grad_input_exact(
       ex.allocate(std::min(num_points, chunk_points) * sizeof(index_t));
   const auto segments =
       ex.allocate(dense ? table_entries * sizeof(gsd::SegmentBounds) : 0);
-  const auto num_runs =
-      ex.allocate(sorted && !dense ? sizeof(int32_t) : 0);
   const gsd::ChunkRecords<T, index_t> chunk{
       gsd::ChunkKeys{keys.get(), /*wide=*/false},
       kKeying,
@@ -418,8 +413,6 @@ void reduce_grad_input_exact(
   const gsd::Divider<index_t> by_image_size(
       static_cast<std::make_unsigned_t<index_t>>(image_size));
   gsd::SegmentBounds* const segment_table = gsd::as<gsd::SegmentBounds>(segments);
-  int32_t* const heads = gsd::as<int32_t>(ids);
-  int32_t* const run_number = reinterpret_cast<int32_t*>(gsd::as<key_t>(keys));
 
   ex.zero(stored_bound, sizeof(int32_t));
   ex.for_each_row(
@@ -492,25 +485,11 @@ void reduce_grad_input_exact(
       }
       return;
     }
-    ex.for_each(
-        num_items,
-        gsd::MarkRunHeads{gsd::ChunkKeys{sorted_keys.get(), /*wide=*/false}, heads});
-    ex.inclusive_sum(heads, run_number, num_items);
-    ex.for_each(
-        num_items,
-        gsd::RecordRunStarts{
-            gsd::ChunkKeys{sorted_keys.get(), /*wide=*/false},
-            run_number,
-            num_items,
-            heads,
-            gsd::as<int32_t>(num_runs)});
     ex.for_each_row(
         layout.channels,
         num_items,
         ReduceExactSparse<kTapsPerPoint, kDims, scalar_t, index_t, key_t>{
-            over_keys(gsd::as<key_t>(sorted_keys), layout),
-            heads,
-            gsd::as<int32_t>(num_runs)});
+            over_keys(gsd::as<key_t>(sorted_keys), layout), num_items});
   };
 
   for (int64_t first_image = 0; first_image < args.batch;

@@ -85,7 +85,6 @@ PIPELINE = Scope(OUR_KERNEL, OUR_SOURCES)
 REDUCE_KERNELS = ("sum_segments_per_destination_kernel", "sum_segments_channels_fastest_kernel",
                   "sum_runs_kernel", "fold_hot_destinations_kernel")
 STAGE_KERNELS = ("grid_sampler_point_records_kernel", "mark_segment_bounds_kernel",
-                 "mark_run_heads_kernel", "record_run_starts_kernel",
                  "gather_grad_output_channels_last_kernel", "round_float_sums_kernel"
                  ) + REDUCE_KERNELS
 # What the unit ran every stage through before issue 32: one kernel per

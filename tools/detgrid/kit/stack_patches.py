@@ -36,10 +36,12 @@ SUMMARIES: Dict[str, str] = {
         "Narrower keys halve the sort's key bytes and let CUB look at fewer bits."),
     "dense": (
         "Where a chunk's table of keys has no more entries than the chunk has records, the reduce "
-        "takes a segment table (two int32 per key, marked by one thread per sorted record) "
-        "instead of head flags, a scan and run starts; one thread per grad_input element of the "
-        "chunk's images folds its segment, and the first chunk to reach an image writes its "
-        "untouched elements, so the zero fill goes."),
+        "takes a segment table (two int32 per key, zero-filled, then marked by one thread per "
+        "sorted record): one thread per grad_input element of the chunk's images folds its "
+        "segment, where the sparse reduce ran one thread per (sorted record, channel) that found "
+        "its run's end by comparing keys and idled unless its record began a run. Two launches "
+        "more per chunk; the first chunk to reach an image writes its untouched elements, so the "
+        "zero fill of grad_input goes. The later steps build on the table."),
     "cells": (
         "Bilinear and trilinear sampling with a dense reduction sort one item per point, keyed by "
         "its cell, instead of one per tap: a destination merges its 2^dims neighbouring cells in "
@@ -73,9 +75,10 @@ SUMMARIES: Dict[str, str] = {
 CORE_SUMMARY = (
     "The deterministic backward itself: per chunk of whole tiles of points, one thread per point "
     "forms its taps and weights (the existing kernel's arithmetic in every dtype) and one sort "
-    "item per tap keyed by its grad_input destination; a stable radix sort; then runs of one "
-    "destination, found by head flags and a scan, folded by one thread per (run, channel) in the "
-    "canonical order; Half/BFloat16 sums that span chunks wait in a float carry, in blocks within "
+    "item per tap keyed by its grad_input destination; a stable radix sort; then one thread per "
+    "(sorted record, channel), of which the thread at the first record of a destination's run "
+    "folds the run in the canonical order: three launches per chunk. Half/BFloat16 sums that "
+    "span chunks wait in a float carry, in blocks within "
     "the 64 MiB workspace. 64-bit keys and index math, the sparse reduce, hot destinations folded "
     "serially. See PR.md.")
 

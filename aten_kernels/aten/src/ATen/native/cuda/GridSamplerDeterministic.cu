@@ -23,9 +23,9 @@
 //   2. stable radix sort of the items by key (at::cuda::cub), so each key's
 //      records are in ascending record id (point * taps + tap).
 //   3. reduce: the single writer of each grad_input element folds its
-//      records in the canonical order; no atomics. A zero fill, runs of one
-//      destination found from head flags and a CUB scan, then one thread per
-//      (run, channel) (sum_runs_kernel).
+//      records in the canonical order; no atomics. A zero fill, then one
+//      thread per (sorted record, channel) (sum_runs_kernel): the thread of
+//      the first record of a destination's run folds the run.
 // [stack: dense]
 //      Dense instead where the table of keys has no more entries than a
 //      chunk has records (mark_segment_bounds_kernel, then one thread per
@@ -58,15 +58,23 @@
 // (b) Bounded workspace: at most kWorkspaceBytes (64 MiB) from the caching
 //     allocator whatever the input: per chunk, sort keys and payloads in and
 //     out, CUB's radix-sort scratch (1 MiB is kept for its histograms), the
-//     weight of every tap, a grad_output offset per point, the dense
-//     reduction's segment table (and the hot fold's counts beside it; its
-//     other tables reuse the unsorted sort items) and, when it takes
-//     channels fastest over a grad_output whose channel stride is not 1, a
-//     channels-last copy of the chunk's grad_output. Half/BFloat16 sums
-//     over several chunks wait in a float carry of at most kCarryBytes,
-//     planned into the budget; where grad_input needs more, its sums are
-//     made block by block, each block re-running the point passes and sorts
-//     of its images' chunks.
+//     weight of every tap and a grad_output offset per point.
+// [stack: dense]
+//     The dense reduction's segment table.
+// [end stack: dense]
+// [stack: channels-fastest]
+//     When its threads take channels fastest over a grad_output whose
+//     channel stride is not 1, a channels-last copy of the chunk's
+//     grad_output.
+// [end stack: channels-fastest]
+// [stack: hot-fold]
+//     The hot fold's counts beside the segment table; its other tables
+//     reuse the unsorted sort items.
+// [end stack: hot-fold]
+//     Half/BFloat16 sums over several chunks wait in a float carry of at
+//     most kCarryBytes, planned into the budget; where grad_input needs
+//     more, its sums are made block by block, each block re-running the
+//     point passes and sorts of its images' chunks.
 // (c) Safe coordinates. No index is formed from a non-finite or huge
 //     value: bilinear and nearest convert the padded coordinate only within
 //     +-2^40 (beyond it only a zeros-padded point lies, outside the image);
@@ -91,14 +99,13 @@
 #include <ATen/core/TensorBase.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/cub.cuh>
-#include <ATen/native/GridSamplerUtils.h>
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/macros/Macros.h>
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
 #include <algorithm>
-#include <functional>
+#include <functional> // [stack: hot-fold]
 #include <type_traits>
 
 namespace at::native {
@@ -170,18 +177,6 @@ __global__ void mark_segment_bounds_kernel(
   grid_stride_loop(stage, count);
 }
 // [end stack: dense]
-
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void mark_run_heads_kernel(const MarkRunHeads stage, int32_t count) {
-  grid_stride_loop(stage, count);
-}
-
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void record_run_starts_kernel(
-    const RecordRunStarts stage,
-    int32_t count) {
-  grid_stride_loop(stage, count);
-}
 
 // [stack: channels-fastest]
 template <typename Stage, typename row_t, typename col_t>
@@ -263,20 +258,6 @@ struct StageKernel<MarkDestinationSegments> {
   static constexpr auto kernel = &mark_segment_bounds_kernel;
 };
 // [end stack: dense]
-
-template <>
-struct StageKernel<MarkRunHeads> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
-  template <typename count_t>
-  static constexpr auto kernel = &mark_run_heads_kernel;
-};
-
-template <>
-struct StageKernel<RecordRunStarts> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
-  template <typename count_t>
-  static constexpr auto kernel = &record_run_starts_kernel;
-};
 
 // [stack: channels-fastest]
 template <typename scalar_t, typename index_t>
@@ -423,12 +404,14 @@ struct CudaExecutor {
         end_bit);
   }
 
+  // [stack: hot-fold]
   void inclusive_sum(const int32_t* in, int32_t* out, int32_t count) const {
     if (count == 0) {
       return;
     }
     at::cuda::cub::inclusive_scan(in, out, std::plus<int32_t>{}, count);
   }
+  // [end stack: hot-fold]
 
   c10::DataPtr allocate(size_t bytes) const {
     return at::cuda::getCUDADeviceAllocator()->allocate(bytes);
@@ -444,44 +427,13 @@ struct CudaExecutor {
   void begin_chunk() const {}
 };
 
-// The shape check of check_grid_sampler_3d, whose signature differs between
-// versions (with or without the interpolation mode). 5-D bicubic input is
-// sampled tricubically, as grid_sampler_3d does from torch 2.15; releases
-// before it refuse that in their forward.
-void check_5d_input_and_grid(const TensorBase& input, const TensorBase& grid) {
-  TORCH_CHECK(
-      input.dim() == 5 && input.dim() == grid.dim(),
-      "grid_sampler(): expected 5D input and grid with same number of "
-      "dimensions, but got input with sizes ",
-      input.sizes(),
-      " and grid with sizes ",
-      grid.sizes());
-}
-
-// See NOTE [ grid_sampler Native Functions ].
-// Add checks here in case this is called instead of grid_sampler.
-template <int kDims>
-void check_input_and_grid(const GridSamplerBackwardCall& call) {
-  check_grid_sampler_common(call.input, call.grid);
-  if constexpr (kDims == 2) {
-    check_grid_sampler_2d(call.input, call.grid);
-  } else {
-    check_5d_input_and_grid(call.input, call.grid);
-  }
-}
-
-void run_on_current_stream(
-    const GridSamplerBackwardCall& call,
-    const BackwardPlan& plan) {
+// The default plan on the current stream, for arguments that the caller,
+// GridSampler.cu's launcher, has checked.
+void launch_cuda_backward(const GridSamplerBackwardCall& call) {
   const CudaExecutor executor{
       make_launch_config(LaunchShape{}), at::cuda::getCurrentCUDAStream()};
-  run_deterministic_backward(executor, call, plan);
-}
-
-template <int kDims>
-void launch_cuda_backward(const GridSamplerBackwardCall& call) {
-  check_input_and_grid<kDims>(call);
-  run_on_current_stream(call, plan_backward(describe_backward(call)));
+  run_deterministic_backward(
+      executor, call, plan_backward(describe_backward(call)));
 }
 
 } // namespace
@@ -494,7 +446,7 @@ void launch_grid_sampler_2d_backward_deterministic_kernel(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
-  launch_cuda_backward<2>(
+  launch_cuda_backward(
       {grad_input,
        grad_output,
        input,
@@ -512,7 +464,7 @@ void launch_grid_sampler_3d_backward_deterministic_kernel(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
-  launch_cuda_backward<3>(
+  launch_cuda_backward(
       {grad_input,
        grad_output,
        input,

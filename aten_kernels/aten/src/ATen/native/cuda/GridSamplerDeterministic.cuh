@@ -1287,9 +1287,11 @@ struct SortedRecordIds {
 // what a shift by a constant does, and one reduce kernel serves every mode.
 //
 // next_partial() sums the next partial of `records` (which are not done);
-// fold_records() adds every partial to `acc` as it is made. The parallel
-// fold of hot destinations stores the partials of each tile instead, and
-// adds them to `acc` in the same order after.
+// fold_records() adds every partial to `acc` as it is made.
+// [stack: hot-fold]
+// The parallel fold of hot destinations stores the partials of each tile
+// instead, and adds them to `acc` in the same order after.
+// [end stack: hot-fold]
 template <typename RecordIds, typename T, typename scalar_t, typename index_t>
 C10_HOST_DEVICE inline T next_partial(
     RecordIds& records,
@@ -1354,9 +1356,12 @@ struct SortedRecords {
   }
 };
 
-// Division by a divisor fixed at launch, by a multiply and a shift for
-// 32-bit indices (IntDivider; dividends are below 2^31 there), a plain
-// division for 64-bit ones. Per-element index math divides only with these.
+// Division by a divisor fixed at launch (IntDivider, a plain division for
+// 64-bit indices). Per-element index math divides only with these.
+// [stack: index32]
+// For 32-bit indices IntDivider multiplies and shifts (dividends are below
+// 2^31 there).
+// [end stack: index32]
 template <typename index_t>
 using Divider = at::cuda::detail::IntDivider<std::make_unsigned_t<index_t>>;
 

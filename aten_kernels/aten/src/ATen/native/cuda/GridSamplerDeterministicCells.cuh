@@ -43,6 +43,7 @@ struct MergedCellRecords {
     }
     find_current();
   }
+  // [stack: hot-fold]
   // The merge of the given sorted ranges of the ways' point numbers.
   C10_HOST_DEVICE MergedCellRecords(
       const int32_t* sorted_point_ids,
@@ -56,6 +57,7 @@ struct MergedCellRecords {
     }
     find_current();
   }
+  // [end stack: hot-fold]
   // The record id at `position` of a way whose records reach the
   // destination through `tap`, or kExhausted at its end.
   C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
@@ -165,6 +167,7 @@ struct CellSegments {
         point_ids, segments, base_cell(n, s), way_offsets);
   }
 
+  // [stack: hot-fold]
   // What the hot fold (HotFold) needs of the keys. The ids are point
   // numbers, whatever the taps; way k of destination (n, s) is the cell
   // base_cell(n, s) + way_offset(k).
@@ -206,6 +209,7 @@ struct CellSegments {
   records_in(const SegmentBounds (&ranges)[kWays]) const {
     return MergedCellRecords<kWays>(point_ids, ranges);
   }
+  // [end stack: hot-fold]
 };
 
 template <typename index_t, int kDims>

@@ -18,10 +18,13 @@ struct alignas(8) SegmentBounds {
   int32_t end;
 };
 
-// Dense reduction, step 1: segments[k] bounds the sorted records of key k,
-// a destination (PerTap) or a cell (PerCell); both were zero-filled before,
-// so an untouched key has an empty range. One thread per sorted record,
-// O(records): only the first and the last record of each key write.
+// Dense reduction, step 1: segments[k] bounds the sorted records of key k.
+// [stack: cells]
+// A key is a destination (PerTap) or a cell (PerCell).
+// [end stack: cells]
+// The segments were zero-filled before, so an untouched key has an empty
+// range. One thread per sorted record, O(records): only the first and the
+// last record of each key write.
 struct MarkDestinationSegments {
   ChunkKeys keys;
   int32_t count;
@@ -46,8 +49,10 @@ struct MarkDestinationSegments {
 // bounds of step 1. PerTap: the destination's own segment.
 template <typename index_t>
 struct DestinationSegments {
+  // [stack: hot-fold]
   // Keys per destination: its own.
   static constexpr int kWays = 1;
+  // [end stack: hot-fold]
   const int32_t* ids;
   const SegmentBounds* segments;
   index_t destinations_per_image;
@@ -57,6 +62,7 @@ struct DestinationSegments {
     return SortedRecordIds{ids, bounds.begin, bounds.end};
   }
 
+  // [stack: hot-fold]
   // What the hot fold (HotFold) needs of the keys. The ids are record ids,
   // 2^tap_bits per point; a destination's one key is its own.
   static C10_HOST_DEVICE int tile_bits(int tap_bits) {
@@ -78,6 +84,7 @@ struct DestinationSegments {
   records_in(const SegmentBounds (&ranges)[kWays]) const {
     return SortedRecordIds{ids, ranges[0].begin, ranges[0].end};
   }
+  // [end stack: hot-fold]
 };
 
 // Dense reduction, step 2: what both thread orders below share. The single

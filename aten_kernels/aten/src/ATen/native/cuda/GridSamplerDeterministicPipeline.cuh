@@ -17,7 +17,9 @@
 //   stable_sort_pairs(keys_in, keys_out, values_in, values_out, count,
 //                     end_bit)    by key (whose bits above end_bit are zero),
 //                                 equal keys keeping their order.
+// [stack: hot-fold]
 //   inclusive_sum(in, out, count) of int32 values.
+// [end stack: hot-fold]
 //   allocate(bytes) -> c10::DataPtr, zero(data, bytes).
 //   begin_chunk()                 marks where a chunk's stages begin (for
 //                                 work counters and profiler ranges).
@@ -36,7 +38,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/native/CanUse32BitIndexMath.h>
+#include <ATen/native/CanUse32BitIndexMath.h> // [stack: index32]
 #include <c10/core/Allocator.h>
 
 #include <algorithm>
@@ -61,48 +63,33 @@ struct PointPass {
   }
 };
 
-// Sparse reduction, step 1: 1 where a run of one destination's sorted
-// records begins, else 0.
-struct MarkRunHeads {
-  ChunkKeys keys;
-  int32_t* heads;
-
-  C10_HOST_DEVICE void operator()(int32_t i) const {
-    heads[i] = i == 0 || keys[i] != keys[i - 1];
+// Whether sorted record i begins a run of one key, and where the run that
+// begins at `begin` ends, among `count` records.
+template <typename Keys>
+C10_HOST_DEVICE inline bool begins_run(const Keys& keys, int32_t i) {
+  return i == 0 || keys[i - 1] != keys[i];
+}
+template <typename Keys>
+C10_HOST_DEVICE inline int32_t run_end(const Keys& keys, int32_t begin, int32_t count) {
+  const auto key = keys[begin];
+  int32_t end = begin + 1;
+  while (end < count && keys[end] == key) {
+    ++end;
   }
-};
+  return end;
+}
 
-// Sparse reduction, step 2, after run_number = inclusive_sum(heads): run j
-// is [run_begin[j], run_begin[j + 1]), for j < *num_runs.
-struct RecordRunStarts {
-  ChunkKeys keys;
-  const int32_t* run_number;
-  int32_t count;
-  int32_t* run_begin;
-  int32_t* num_runs;
-
-  C10_HOST_DEVICE void operator()(int32_t i) const {
-    if (i == 0 || keys[i] != keys[i - 1]) {
-      run_begin[run_number[i] - 1] = i;
-    }
-    if (i == count - 1) {
-      run_begin[run_number[i]] = count;
-      *num_runs = run_number[i];
-    }
-  }
-};
-
-// Sparse reduction, step 3: one thread per (channel row c, run j): lanes take
-// consecutive runs of one channel, whose sorted records are contiguous. The
-// sums were zero-filled; runs of taps that land nowhere, or outside the
-// block, are skipped.
+// Sparse reduction: one thread per (channel row c, sorted record i). The
+// thread of a run's first record folds the run, the records of one
+// destination; the sort made them contiguous, so no scan or table is needed
+// to find them. The sums were zero-filled; runs of taps that land nowhere,
+// or outside the block, are skipped.
 template <typename scalar_t, typename index_t>
 struct ReduceSparse {
   using T = at::opmath_type<scalar_t>;
   SortedRecords<scalar_t, index_t> records;
   ChunkKeys keys;
-  const int32_t* run_begin;
-  const int32_t* num_runs;
+  int32_t count;
   int64_t nowhere;
   ReduceOutput<scalar_t, index_t> out;
   index_t channels;
@@ -117,15 +104,11 @@ struct ReduceSparse {
     return Row{c, records.gout_channel(c)};
   }
 
-  C10_HOST_DEVICE void operator()(const Row& row, int32_t j) const {
-    if (j >= *num_runs) {
+  C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
+    if (!begins_run(keys, i) || keys[i] == nowhere) {
       return;
     }
-    const int32_t begin = run_begin[j];
-    const int64_t destination = keys[begin];
-    if (destination == nowhere) {
-      return;
-    }
+    const int64_t destination = keys[i];
     const index_t d = static_cast<index_t>(destination);
     const index_t n = divide(d, by_image_size);
     const index_t s = d - n * out.destinations_per_image;
@@ -139,7 +122,7 @@ struct ReduceSparse {
         element_row,
         s,
         records.fold(
-            SortedRecordIds{records.ids, begin, run_begin[j + 1]},
+            SortedRecordIds{records.ids, i, run_end(keys, i, count)},
             row.gout_channel,
             initial));
   }
@@ -187,10 +170,6 @@ inline int bits_for(int64_t max_key) {
   return bits;
 }
 
-inline bool fits_32bit_indexing(const TensorBase& t) {
-  return !t.defined() || canUse32BitIndexMath(t);
-}
-
 template <typename T>
 T* as(const c10::DataPtr& data) {
   return static_cast<T*>(data.get());
@@ -235,10 +214,9 @@ struct ChunkPlan {
   bool copy_grad_output = false;
   // [end stack: channels-fastest]
   // Half/BFloat16 over several chunks: the float carry's size in elements
-  // (see plan_carry); 0 where sums need no carry.
+  // (see with_carry); 0 where sums need no carry.
   int64_t carry_elements = 0;
 };
-
 
 // Bytes of workspace per point of a chunk: sort keys and payloads, in and
 // out, and CUB's scratch, which holds one more copy of both (the radix sort
@@ -277,9 +255,7 @@ inline ChunkPlan plan_chunks(
   auto tiles_within = [&](int64_t bytes, int64_t per_point) {
     return std::max<int64_t>(bytes, 0) / (per_point * kTilePoints);
   };
-  // Less the fixed bytes of a chunk: the extra record id and the run count.
-  const int64_t budget =
-      workspace_bytes - kSortScratchSlack - 2 * int64_t{sizeof(int32_t)};
+  const int64_t budget = workspace_bytes - kSortScratchSlack;
   // [stack: dense]
   const int64_t table_bytes =
       table_entries * 2 * int64_t{sizeof(int32_t)} + kHotSlotBytes; // [stack: hot-fold replaces: table_entries * 2 * int64_t{sizeof(int32_t)};]
@@ -345,9 +321,11 @@ struct BackwardPlan {
 // 3-D bicubic (tricubic): its point pass, 64 taps per point, is several
 // times the size of any other, and it is built once per dtype, with the
 // 64-bit index math that addresses a problem of any size, which keeps the
-// CUDA unit within its machine-code budget. Its calls also fold hot
-// destinations serially (HotFold runs with 32-bit indices only), with the
-// same bits.
+// CUDA unit within its machine-code budget.
+// [stack: hot-fold]
+// Its calls also fold hot destinations serially (HotFold runs with 32-bit
+// indices only), with the same bits.
+// [end stack: hot-fold]
 constexpr bool has_32bit_index_math(int taps_per_axis, int dims) {
   return !(taps_per_axis == 4 && dims == 3);
 }
@@ -397,9 +375,14 @@ struct CarryBlocks {
 // The grad_input half of the backward for contiguous grad_input (see the .cu
 // file's pipeline): per block of grad_input (one, but for a float carry
 // smaller than grad_input), per chunk of the points whose images the block
-// holds: point pass, stable sort, reduce into the block. Records are keyed
-// as plan.keying says (PerCell needs bilinear or trilinear sampling and a
-// dense reduction), with keys as wide as plan.key_32bit says.
+// holds: point pass, stable sort, reduce into the block.
+// [stack: cells]
+// Records are keyed as plan.keying says (PerCell needs bilinear or
+// trilinear sampling and a dense reduction).
+// [end stack: cells]
+// [stack: index32]
+// Keys are as wide as plan.key_32bit says.
+// [end stack: index32]
 template <
     int kTaps,
     typename Executor,
@@ -448,8 +431,10 @@ void reduce_grad_input(
   TORCH_INTERNAL_ASSERT(
       !dense || table_entries <= chunk_points * kTapsPerPoint);
   // [end stack: dense]
+  // [stack: index32]
   // 32-bit keys that cannot hold the key space would collide.
-  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries)); // [stack: index32]
+  TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
+  // [end stack: index32]
   // A float carry holds the sums of Half/BFloat16 elements whose records
   // span chunks; with one chunk every sum is rounded as it is made.
   const bool float_carry = chunking.carry_elements > 0;
@@ -498,12 +483,9 @@ void reduce_grad_input(
       ? std::clamp<int64_t>(hot_pool_need() - capacity * key_bytes, 0, spare_bytes)
       : 0;
   // [end stack: hot-fold]
-  // After the sort the unsorted keys and ids are dead until the next chunk's
-  // point pass, so the sparse reduce keeps its int32 bookkeeping there
-  // (heads, run numbers, run starts).
   const auto keys = ex.allocate(capacity * key_bytes + hot_pool_extra); // [stack: hot-fold replaces: const auto keys = ex.allocate(capacity * key_bytes);]
   const auto sorted_keys = ex.allocate(capacity * key_bytes);
-  const auto ids = ex.allocate((capacity + 1) * sizeof(int32_t));
+  const auto ids = ex.allocate(capacity * sizeof(int32_t));
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
   const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
@@ -513,7 +495,6 @@ void reduce_grad_input(
       hot_slots * static_cast<int64_t>(sizeof(int32_t)); // [stack: hot-fold replaces: 0;]
   const auto segments = ex.allocate(dense ? table_bytes : 0);
   // [end stack: dense]
-  const auto num_runs = ex.allocate(dense ? 0 : sizeof(int32_t)); // [stack: dense replaces: const auto num_runs = ex.allocate(sizeof(int32_t));]
   // [stack: channel-groups]
   const int64_t group_width = plan.channel_groups ? kChannelGroup<T> : 1;
   // [end stack: channel-groups]
@@ -554,8 +535,6 @@ void reduce_grad_input(
   }
   // [end stack: channels-fastest]
   SegmentBounds* const segment_table = as<SegmentBounds>(segments); // [stack: dense]
-  int32_t* const bookkeeping_a = as<int32_t>(ids);
-  int32_t* const bookkeeping_b = static_cast<int32_t*>(keys.get());
   const int end_bit = bits_for(table_entries);
   const int64_t points_per_image = args.points_per_image();
 
@@ -578,7 +557,7 @@ void reduce_grad_input(
         0,
         std::min<int64_t>(
             {(capacity * key_bytes + hot_pool_extra - sums_bytes) / unit_bytes,
-             capacity + 1 - slots,
+             capacity - slots,
              std::numeric_limits<int32_t>::max() / channels}));
   };
   auto run_hot_step = [&](auto hot, HotStep step, int64_t rows, int64_t cols) {
@@ -631,8 +610,10 @@ void reduce_grad_input(
   };
   // [end stack: fused-fills]
 
-  // One chunk's records, sorted, with the bookkeeping its reduce reads:
-  // runs of one destination.
+  // One chunk's records, sorted by key.
+  // [stack: dense]
+  // A dense chunk's segment table too.
+  // [end stack: dense]
   auto point_pass_and_sort = [&](int64_t first_point, int64_t count) {
     const int32_t num_items = static_cast<int32_t>(count * items_per_point);
     ex.begin_chunk();
@@ -656,7 +637,7 @@ void reduce_grad_input(
     }
     // [end stack: channels-fastest]
     // [stack: dense]
-    // Dense: the segment bounds of every key instead.
+    // Dense: the segment bounds of every key.
     if (dense) {
       ex.zero(segment_table, fuse_table ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
       // [stack: hot-fold]
@@ -665,19 +646,8 @@ void reduce_grad_input(
       }
       // [end stack: hot-fold]
       ex.for_each(num_items, marks_of(num_items));
-      return;
     }
     // [end stack: dense]
-    ex.for_each(num_items, MarkRunHeads{sorted_chunk_keys, bookkeeping_a});
-    ex.inclusive_sum(bookkeeping_a, bookkeeping_b, num_items);
-    ex.for_each(
-        num_items,
-        RecordRunStarts{
-            sorted_chunk_keys,
-            bookkeeping_b,
-            num_items,
-            bookkeeping_a,
-            as<int32_t>(num_runs)});
   };
 
   // [stack: dense]
@@ -730,10 +700,10 @@ void reduce_grad_input(
               hot_key_limit,
               static_cast<int32_t>(slots),
               reinterpret_cast<int32_t*>(segment_table + table_entries),
-              bookkeeping_a,
+              as<int32_t>(ids),
               static_cast<int32_t>(pool_units),
               sums + channels * hot_destinations,
-              bookkeeping_a + slots,
+              as<int32_t>(ids) + slots,
               sums, // [stack: channel-groups replaces: sums};]
               static_cast<int32_t>(group_width)}; // [stack: channel-groups]
           run_hot_step(hot, HotStep::kMarkSegments, 1, num_items);
@@ -795,9 +765,11 @@ void reduce_grad_input(
       const int64_t first_point = k * chunk_points;
       const int64_t count = std::min(chunk_points, num_points - first_point);
       point_pass_and_sort(first_point, count);
-      // Sums are read where earlier chunks left them, and written there but
-      // by a float carry's last dense chunk, which rounds the whole block
-      // into grad_input.
+      // Sums are read where earlier chunks left them, and written there.
+      // [stack: dense]
+      // But a float carry's last dense chunk rounds the whole block into
+      // grad_input.
+      // [end stack: dense]
       const bool round_now = float_carry && dense && k == end_chunk - 1; // [stack: dense]
       const ReduceOutput<scalar_t, index_t> out(
           grad_input,
@@ -830,8 +802,7 @@ void reduce_grad_input(
           ReduceSparse<scalar_t, index_t>{
               sorted,
               sorted_chunk_keys,
-              bookkeeping_a,
-              as<int32_t>(num_runs),
+              static_cast<int32_t>(count * items_per_point),
               table_entries,
               out,
               channels,
@@ -867,8 +838,8 @@ struct BackwardProblem {
   int64_t scalar_bytes;
   int64_t opmath_bytes;
   bool index_fits_32bit; // [stack: index32]
-
   // [stack: index32]
+
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
   int64_t table_entries(Keying keying) const { // [stack: cells replaces: int64_t table_entries() const {]
     return keying == Keying::PerTap ? num_destinations : num_cells; // [stack: cells replaces: return num_destinations;]
@@ -877,6 +848,10 @@ struct BackwardProblem {
 };
 
 // [stack: index32]
+inline bool fits_32bit_indexing(const TensorBase& t) {
+  return !t.defined() || canUse32BitIndexMath(t);
+}
+
 inline bool fits_32bit_indexing(const GridSamplerBackwardCall& call) {
   return fits_32bit_indexing(call.input) && fits_32bit_indexing(call.grid) &&
       fits_32bit_indexing(call.grad_output) &&
@@ -901,8 +876,8 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
       call.grad_output.stride(1), // [stack: channels-fastest]
       static_cast<int64_t>(call.input.element_size()),
       static_cast<int64_t>(
-          c10::elementSize(at::toOpMathType(call.input.scalar_type()))),
-      fits_32bit_indexing(call)}; // [stack: index32 replaces: };]
+          c10::elementSize(at::toOpMathType(call.input.scalar_type()))), // [stack: index32 replaces: c10::elementSize(at::toOpMathType(call.input.scalar_type())))};]
+      fits_32bit_indexing(call)}; // [stack: index32]
   for (int64_t a = 0; a < dims; ++a) {
     problem.num_points *= call.grid.size(1 + a);
     problem.num_destinations *= call.input.size(2 + a);
@@ -997,22 +972,22 @@ inline ChunkPlan with_carry(ChunkPlan chunks, const BackwardProblem& problem) {
 }
 
 // Chunks sized to the workspace, a float carry included.
-inline ChunkPlan plan_reduction(
+inline ChunkPlan plan_reduction( // [stack: index32 replaces: inline ChunkPlan plan_reduction(const BackwardProblem& problem) {]
     bool key_32bit, // [stack: index32]
     bool index_32bit, // [stack: index32]
     bool channels_fastest, // [stack: channels-fastest]
     Keying keying, // [stack: cells]
-    const BackwardProblem& problem) {
+    const BackwardProblem& problem) { // [stack: index32]
   auto within = [&](int64_t workspace_bytes, bool channels_fastest) { // [stack: channels-fastest replaces: auto within = [&](int64_t workspace_bytes) {]
-    return with_carry(
-        plan_reduction_within(
-            problem,
+    return with_carry( // [stack: index32 replaces: return with_carry(plan_reduction_within(problem, workspace_bytes), problem);]
+        plan_reduction_within( // [stack: index32]
+            problem, // [stack: index32]
             keying, // [stack: cells]
             key_32bit, // [stack: index32]
             index_32bit, // [stack: index32]
             channels_fastest, // [stack: channels-fastest]
-            workspace_bytes),
-        problem);
+            workspace_bytes), // [stack: index32]
+        problem); // [stack: index32]
   };
   const ChunkPlan chunks = within(kWorkspaceBytes, channels_fastest); // [stack: channels-fastest replaces: const ChunkPlan chunks = within(kWorkspaceBytes);]
   if (chunks.carry_elements == 0) {
@@ -1030,22 +1005,22 @@ inline ChunkPlan plan_reduction(
       channels_fastest && !blocked); // [stack: channels-fastest]
 }
 
-inline BackwardPlan plan_keyed(
+inline BackwardPlan plan_keyed( // [stack: index32 replaces: inline BackwardPlan plan_keyed(const BackwardProblem& problem) {]
     bool index_32bit, // [stack: index32]
     Keying keying, // [stack: cells]
-    const BackwardProblem& problem) {
+    const BackwardProblem& problem) { // [stack: index32]
   BackwardPlan plan;
   plan.index_32bit = index_32bit; // [stack: index32]
   plan.keying = keying; // [stack: cells]
   // [stack: index32]
   plan.key_32bit = keys_fit_32bit(problem.table_entries(keying)); // [stack: cells replaces: plan.key_32bit = keys_fit_32bit(problem.table_entries());]
   // [end stack: index32]
-  plan.chunks = plan_reduction(
+  plan.chunks = plan_reduction( // [stack: index32 replaces: plan.chunks = plan_reduction(problem);]
       plan.key_32bit, // [stack: index32]
       index_32bit, // [stack: index32]
       prefers_channels_fastest(problem.channels), // [stack: channels-fastest]
       keying, // [stack: cells]
-      problem);
+      problem); // [stack: index32]
   plan.hot_fold = index_32bit && plan.chunks.dense; // [stack: hot-fold]
   return plan;
 }
@@ -1080,15 +1055,18 @@ inline BackwardPlan plan_backward(const BackwardProblem& problem) {
     }
   }
   // [end stack: cells]
-  return plan_keyed(
+  return plan_keyed( // [stack: index32 replaces: return plan_keyed(problem);]
       index_32bit, // [stack: index32]
       Keying::PerTap, // [stack: cells]
-      problem);
+      problem); // [stack: index32]
 }
 
 // Calls fn(scalar_t(), index_t(), std::integral_constant<int, kDims>()) with
-// the call's dtype, the index type (int64_t; int32_t where index_32bit) and
-// its spatial dimensionality (2 for a 4-D input, 3 for a 5-D one).
+// the call's dtype, the index type and its spatial dimensionality (2 for a
+// 4-D input, 3 for a 5-D one).
+// [stack: index32]
+// The index type is int32_t where index_32bit, else int64_t.
+// [end stack: index32]
 template <typename Fn>
 void dispatch_backward_types(
     const GridSamplerBackwardCall& call,
@@ -1150,9 +1128,11 @@ void with_backward_args(
 // says: writes every element of a contiguous grad_input (grad_grid is the
 // existing kernel's, which has one writer per element). Every
 // interpolation mode of either rank, 3-D bicubic (tricubic, which
-// grid_sampler_3d has from torch 2.15) included, with 64-bit index math
-// only there (has_32bit_index_math). The CUDA launcher and the host
-// executors run this one function.
+// grid_sampler_3d has from torch 2.15) included. The CUDA launcher and the
+// host executors run this one function.
+// [stack: index32]
+// 3-D bicubic runs with 64-bit index math only (has_32bit_index_math).
+// [end stack: index32]
 template <typename Executor>
 void run_deterministic_backward(
     const Executor& ex,
