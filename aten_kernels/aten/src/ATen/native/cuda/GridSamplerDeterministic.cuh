@@ -1032,7 +1032,10 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 // A chunk's records: one per tap, keyed for the sort by its destination,
 // or "nowhere" (num_destinations) when the tap is out of bounds, so it sorts
 // after every real destination. Record r of a chunk is tap r % taps of the
-// chunk's point r / taps, and r is its sort payload.
+// chunk's point r / taps, and r is its sort payload: record ids are
+// point * taps + tap. Beside the keys lie what the reduce needs of a record
+// without any integer division: the weight of every tap by record id, and
+// per point the offset of grad_output[n][0][position].
 // [stack: cells]
 // How a chunk's records are keyed: PerTap, as above, or
 //   PerCell (bilinear and trilinear only): one record per point, keyed by
@@ -1047,12 +1050,8 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
 //     ascending point number gives d's records in PerTap order exactly.
 //     Bicubic taps are padded one by one and may coincide, so bicubic
 //     sampling is always PerTap; nearest has one tap, its own cell.
+enum class Keying { PerTap, PerCell };
 // [end stack: cells]
-// Record ids are point * taps + tap. Beside the keys lie
-// what the reduce needs of a record without any integer division: the
-// weight of every tap by record id, and per point the offset of
-// grad_output[n][0][position].
-enum class Keying { PerTap, PerCell }; // [stack: cells]
 
 // Sort keys of a chunk, 64 bits wide.
 // [stack: index32]
@@ -1124,7 +1123,7 @@ C10_HOST_DEVICE inline void emit_cell_record(
 
 // [end stack: cells]
 
-// The PerTap records of point `chunk_point`: per tap, its destination's key
+// The records of point `chunk_point`, one per tap: its destination's key
 // (or nowhere), its record id and its weight, in one loop. Tricubic
 // sampling's 64 taps go one plane of 16 at a time (a rolled loop): unrolled,
 // they took four times the machine code and more registers than there are.
@@ -1171,8 +1170,14 @@ C10_HOST_DEVICE inline void emit_tap_records(
   }
 }
 
-// The records of one point keyed as the chunk says, with keys as wide as it
-// says (a uniform branch: every point of a launch takes the same way).
+// The records of one point.
+// [stack: index32]
+// Its keys are as wide as the chunk says: a uniform branch, as every point
+// of a launch takes the same way.
+// [end stack: index32]
+// [stack: cells]
+// Keyed as the chunk says.
+// [end stack: cells]
 template <typename scalar_t, typename index_t, int kDims, typename T, int kTaps>
 C10_HOST_DEVICE inline void emit_records(
     const BackwardArgs<scalar_t, index_t, kDims>& args,
@@ -1247,7 +1252,7 @@ C10_HOST_DEVICE inline void process_point(
 // The record ids of one destination in ascending order, as a fold reads
 // them: front() is the next id, pop() moves past it; start_partial(n) opens
 // a partial of at most n records, and in_partial() says whether it may take
-// one more (then front() is valid). PerTap: a range of the sorted record ids
+// one more (then front() is valid). Here: a range of the sorted record ids
 // (the stable sort keeps them ascending).
 struct SortedRecordIds {
   const int32_t* ids;

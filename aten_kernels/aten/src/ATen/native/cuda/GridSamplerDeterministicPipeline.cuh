@@ -195,9 +195,10 @@ static_assert(
     kWorkspaceBytes / (2 * int64_t{sizeof(int32_t)}) < kMaxChunkRecords,
     "the workspace budget must bound a chunk below kMaxChunkRecords");
 
-// The reduction of a chunk: a zero fill, then one thread per (run of one
-// destination's records, channel). Its work and workspace are bounded by a
-// chunk, not by the size of the input.
+// The reduction of a chunk: one thread per (sorted record, channel), whose
+// record folds its run if it begins one (ReduceSparse), into sums zeroed
+// once. Its work and workspace are bounded by a chunk, not by the size of
+// the input.
 // [stack: dense]
 // Dense where its table has no more entries than a chunk has taps, so that
 // a pass over every element costs no more than folding the chunk's records,
@@ -759,8 +760,10 @@ void reduce_grad_input(
     const int64_t end_chunk =
         (end_block_image * points_per_image - 1) / chunk_points + 1;
     zero_sums(block);
+    // [stack: dense]
     // Images from first_fresh_image on hold no running sums yet.
-    int64_t first_fresh_image = first_block_image; // [stack: dense]
+    int64_t first_fresh_image = first_block_image;
+    // [end stack: dense]
     for (int64_t k = first_chunk; k < end_chunk; ++k) {
       const int64_t first_point = k * chunk_points;
       const int64_t count = std::min(chunk_points, num_points - first_point);
