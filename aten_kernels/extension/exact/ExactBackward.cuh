@@ -258,10 +258,10 @@ struct ReduceExactSparse : ChannelRowsOverKeys<scalar_t, index_t, key_t> {
   int32_t count;
 
   C10_HOST_DEVICE void operator()(const typename Base::Row& row, int32_t begin) const {
-    if (!gsd::begins_run(this->keys, begin) || this->keys[begin] == this->nowhere) {
+    const key_t destination = this->keys[begin];
+    if (destination == this->nowhere || !gsd::begins_run(this->keys, begin)) {
       return;
     }
-    const key_t destination = this->keys[begin];
     const Scale scale = scale_from<T>(*this->stored_bound, kDims);
     Accumulator<T> sum;
     const int32_t end = gsd::run_end(this->keys, begin, count);

@@ -105,10 +105,10 @@ struct ReduceSparse {
   }
 
   C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
-    if (!begins_run(keys, i) || keys[i] == nowhere) {
+    const int64_t destination = keys[i];
+    if (destination == nowhere || !begins_run(keys, i)) {
       return;
     }
-    const int64_t destination = keys[i];
     const index_t d = static_cast<index_t>(destination);
     const index_t n = divide(d, by_image_size);
     const index_t s = d - n * out.destinations_per_image;
