@@ -18,7 +18,7 @@ from detgrid.kit import report, sass_audit
 UNIT_NAMESPACE = "_ZN2at6native60_GLOBAL__N__ffb48525_27_GridSamplerDeterministic_cu_7dd603db"
 OURS = UNIT_NAMESPACE + "15sum_runs_kernelINS0_26grid_sampler_deterministic12ReduceSparseIfiEEiiEEvT_T0_T1_"
 # What every stage ran through before issue 32.
-GENERIC = (UNIT_NAMESPACE + "15for_each_kernelINS0_26grid_sampler_deterministic12MarkRunHeadsEiEEvT_T0_")
+GENERIC = (UNIT_NAMESPACE + "15for_each_kernelINS0_26grid_sampler_deterministic23MarkDestinationSegmentsEiEEvT_T0_")
 CUB_KERNEL = "_ZN14at_cuda_detail3cub6detail4scan20DeviceScanInitKernelINS0_13ScanTileStateIiLb1EEEEEvT_i"
 CUH = "/src/ATen/native/cuda/GridSamplerDeterministic.cuh"
 # Kernels of an ExactCuda.cu build: two exact stages, and one of the
@@ -371,7 +371,7 @@ class TestSassAudit(TestCase):
         unnamed = UNIT_NAMESPACE + "11some_kernelEv"
         found = sass_audit.generic_kernels([OURS, GENERIC, unnamed, CUB_KERNEL])
         self.assertEqual(len(found), 2)
-        self.assertIn("for_each_kernel is a generic stage runner: for_each_kernel<MarkRunHeads, "
+        self.assertIn("for_each_kernel is a generic stage runner: for_each_kernel<MarkDestinationSegments, "
                       "int>", found)
         self.assertIn("some_kernel is not one of the unit's named stage kernels "
                       "(sass_audit.STAGE_KERNELS)", found)
