@@ -50,13 +50,8 @@ void fill_point_taps(
   using T = at::opmath_type<scalar_t>;
   using at::native::grid_sampler_deterministic::Spatial;
   Spatial<int64_t, kDims> sizes;
-  Spatial<double, kDims> inverse_periods;
   for (int a = 0; a < kDims; ++a) {
     sizes.v[a] = input_size[a];
-    const int64_t period =
-        at::native::grid_sampler_deterministic::reflection_period(
-            input_size[a], align_corners);
-    inverse_periods.v[a] = period > 0 ? 1.0 / static_cast<double>(period) : 0.0;
   }
   const auto coords = grid.accessor<scalar_t, 2>();
   auto index_out = index.accessor<int64_t, 3>();
@@ -71,7 +66,7 @@ void fill_point_taps(
         at::native::grid_sampler_deterministic::compute_point_taps<
             kTaps,
             scalar_t>(
-            coord, sizes, inverse_periods, padding_mode, align_corners);
+            coord, sizes, padding_mode, align_corners);
     for (int t = 0; t < taps.count; ++t) {
       const auto position = taps.position(t);
       for (int a = 0; a < kDims; ++a) {

@@ -75,23 +75,9 @@
 //     most kCarryBytes, planned into the budget; where grad_input needs
 //     more, its sums are made block by block, each block re-running the
 //     point passes and sorts of its images' chunks.
-// (c) Safe coordinates. No index is formed from a non-finite or huge
-//     value: bilinear and nearest convert the padded coordinate only within
-//     +-2^40 (beyond it only a zeros-padded point lies, outside the image);
-//     bicubic pads each tap position in floating point, whatever the
-//     coordinate's size, and converts it only within int's range. A point
-//     with a non-finite coordinate contributes nothing to grad_input (the
-//     existing backward's rule for bilinear and nearest); Border padding
-//     still clamps +-Inf to the border first, as the existing kernels do.
-// (d) Fidelity. Taps and weights are those the existing CUDA backward forms,
-//     in every dtype, reflection's saturating int flip count included: for
-//     Half/BFloat16 the unnormalized coordinate is rounded to scalar_t, and
-//     clipping, reflection, the bilinear weights and their product, the
-//     cubic coefficients and the bicubic tap positions are scalar_t
-//     arithmetic, rounded after every operation as c10::Half/BFloat16 do.
-//     Residual: the existing kernel's fp32/fp64 build may contract
-//     unnormalize's (coord + 1) * size - 1 into one FMA, which moves a float
-//     coordinate by about an ulp.
+// (c) Safe coordinates and (d) fidelity: no index is formed from a
+//     non-finite or huge value, and taps and weights are those the existing
+//     CUDA backward forms, in every dtype (GridSamplerDeterministic.cuh).
 
 #define TORCH_ASSERT_NO_OPERATORS
 #include <ATen/native/cuda/GridSamplerDeterministic.h>

@@ -5,9 +5,9 @@
 //
 // Everything here is C10_HOST_DEVICE on purpose: the CUDA kernels and a host
 // executor run these same functions, and every floating-point operation is
-// rounded explicitly (no FMA contraction; explicit fma_rn and the exact
-// library functions floor, trunc, nearbyint, fmod, fabs round once or not at
-// all), so the two produce the same bits for every dtype.
+// rounded explicitly (no FMA contraction; the exact library functions
+// floor, trunc, nearbyint, fmod, fabs round once or not at all), so the two
+// produce the same bits for every dtype.
 //
 // Taps and weights are those stock's CUDA backward (GridSampler.cu and .cuh)
 // forms, for every finite coordinate and dtype. Its coordinate helpers
@@ -18,10 +18,13 @@
 // operation. The *_s operations below reproduce that: an explicitly rounded
 // float result converted to scalar_t and back. Where stock converts a
 // float to int (reflection's flip count), the conversion is the GPU's:
-// saturating, NaN to 0 (gpu_float_to_int).
+// saturating, NaN to 0 (gpu_float_to_int). Residual: stock's fp32 and fp64
+// builds may contract unnormalize's (coord + 1) * size - 1 into one FMA,
+// which moves a coordinate by about an ulp.
 //
 // Non-finite coordinates get no tap, stock's backward rule for bilinear and
-// nearest (safe_downgrade_to_int_range). Stock is not consistent there: for
+// nearest (safe_downgrade_to_int_range); Border padding first clamps +-Inf
+// to the border, as stock does, in those modes. Stock is not consistent there: for
 // border padding its forward's clip_coordinates turns NaN into 0 (::max)
 // while its bilinear backward's clip_coordinates_set_grad keeps NaN, and its
 // bicubic backward, built on the forward's helpers, would scatter NaN
@@ -31,7 +34,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
-#include <ATen/cuda/detail/IntegerDivider.cuh>
+#include <ATen/cuda/detail/IntegerDivider.cuh> // [stack: index32]
 #include <ATen/native/GridSamplerUtils.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
@@ -107,9 +110,6 @@ C10_HOST_DEVICE inline double mul_rn(double a, double b) {
 C10_HOST_DEVICE inline double div_rn(double a, double b) {
   return __ddiv_rn(a, b);
 }
-C10_HOST_DEVICE inline double fma_rn(double a, double b, double c) {
-  return __fma_rn(a, b, c);
-}
 #else
 template <typename T>
 inline T add_rn(T a, T b) {
@@ -126,11 +126,6 @@ inline T mul_rn(T a, T b) {
 template <typename T>
 inline T div_rn(T a, T b) {
   return a / b;
-}
-// a * b + c rounded once, as the GPU's fma; the host's std::fma is
-// correctly rounded too (in software where the CPU has no FMA).
-inline double fma_rn(double a, double b, double c) {
-  return std::fma(a, b, c);
 }
 #endif
 
@@ -239,45 +234,19 @@ C10_HOST_DEVICE inline int32_t gpu_float_to_int(T x) {
   return static_cast<int32_t>(x);
 }
 
-// distance / span rounded as stock's scalar_t division rounds it, span > 0.
-// `inverse_span` is 1.0 / span rounded to double. A double division is a
-// subroutine call on the GPU; instead the quotient of double comes from the
-// reciprocal and two corrections by the exact remainder, the last of which
-// is the correctly rounded quotient (Markstein's theorem: the remainder
-// a - q * b is exact in an fma when q is within an ulp of a / b, and
-// rounding q + remainder * (1 / b rounded) then gives a / b rounded, for a
-// reciprocal rounded to nearest; the first correction brings the product,
-// up to 1.5 ulp off, within an ulp). Infinite and NaN distances keep the
-// product (stock: inf / span = inf).
-template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T span_quotient(T distance, T span, double inverse_span) {
-  if constexpr (std::is_same_v<T, double>) {
-    const T product = mul_rn(distance, inverse_span);
-    T quotient = product;
-    for (int step = 0; step < 2; ++step) {
-      const T remainder = fma_rn(-quotient, span, distance);
-      quotient = fma_rn(remainder, inverse_span, quotient);
-    }
-    return sub_rn(product, product) == static_cast<T>(0) ? quotient : product;
-  } else {
-    return div_s<scalar_t>(distance, span);
-  }
-}
-
 // Reflects into [twice_low / 2, twice_high / 2], in scalar_t arithmetic as
 // stock's reflect_coordinates_set_grad does; reflect_coordinates, the
 // forward's, gives the same coordinate. The number of flips is stock's:
 // floor of the rounded quotient, converted to int as the GPU does, so beyond
 // 2^31 spans it saturates at INT_MAX (odd), and in float, between 2^24 and
 // 2^31 spans, the rounded quotient is even. fmod is exact and needs no
-// rounding. `inverse_period` is 1.0 / (twice_high - twice_low).
+// rounding.
 // Not stock's reflect_coordinates: __device__ only; its int cast is UB here.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T reflect(
     T coord,
     int64_t twice_low,
     int64_t twice_high,
-    double inverse_period,
     T* grad) {
   if (twice_low == twice_high) {
     *grad = static_cast<T>(0);
@@ -294,8 +263,8 @@ C10_HOST_DEVICE inline T reflect(
     distance = -distance;
   }
   const T extra = std::fmod(distance, span);
-  const int32_t flips = gpu_float_to_int(std::floor(
-      span_quotient<scalar_t>(distance, span, 2.0 * inverse_period)));
+  const int32_t flips =
+      gpu_float_to_int(std::floor(div_s<scalar_t>(distance, span)));
   if (flips % 2 == 0) {
     *grad = sign;
     return add_s<scalar_t>(extra, low);
@@ -306,7 +275,6 @@ C10_HOST_DEVICE inline T reflect(
 
 // Pads a pixel coordinate as stock's compute_coordinates does (clip, or
 // reflect then clip), multiplying *mult by the derivative of the padding.
-// `inverse_period` is 1.0 / reflection_period(size, align_corners).
 // Not stock's compute_coordinates: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T pad_coordinate(
@@ -314,7 +282,6 @@ C10_HOST_DEVICE inline T pad_coordinate(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
-    double inverse_period,
     T* mult) {
   if (padding_mode == GridSamplerPadding::Border) {
     T grad_clip;
@@ -324,10 +291,8 @@ C10_HOST_DEVICE inline T pad_coordinate(
     T grad_reflect;
     T grad_clip;
     coord = align_corners
-        ? reflect<scalar_t>(
-              coord, 0, 2 * (size - 1), inverse_period, &grad_reflect)
-        : reflect<scalar_t>(
-              coord, -1, 2 * size - 1, inverse_period, &grad_reflect);
+        ? reflect<scalar_t>(coord, 0, 2 * (size - 1), &grad_reflect)
+        : reflect<scalar_t>(coord, -1, 2 * size - 1, &grad_reflect);
     coord = clip<scalar_t>(coord, size, &grad_clip);
     *mult = mul_rn(mul_rn(*mult, grad_reflect), grad_clip);
   }
@@ -344,19 +309,10 @@ C10_HOST_DEVICE inline T source_coordinate(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
-    double inverse_period,
     T* mult) {
   coord = unnormalize<scalar_t>(coord, size, align_corners, mult);
   return pad_coordinate<scalar_t>(
-      coord, size, padding_mode, align_corners, inverse_period, mult);
-}
-
-// The period of reflection padding along an axis of `size` pixels, in
-// pixels: reflect_index is periodic in it.
-C10_HOST_DEVICE inline int64_t reflection_period(
-    int64_t size,
-    bool align_corners) {
-  return align_corners ? 2 * (size - 1) : 2 * size;
+      coord, size, padding_mode, align_corners, mult);
 }
 
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
@@ -504,14 +460,12 @@ C10_HOST_DEVICE inline T cubic_tap_position(
     int k,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners,
-    double inverse_period) {
+    bool align_corners) {
   T unused_mult = static_cast<T>(1);
   const T position = add_s<scalar_t>(
       sub_s<scalar_t>(base, static_cast<T>(1)), static_cast<T>(k));
   return pad_coordinate<scalar_t>(
-      position, size, padding_mode, align_corners, inverse_period,
-      &unused_mult);
+      position, size, padding_mode, align_corners, &unused_mult);
 }
 
 // Whether a padded tap position is in bounds, and its pixel, as stock's
@@ -540,8 +494,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners,
-    double inverse_period) {
+    bool align_corners) {
   AxisTaps<T, 4> taps;
   taps.usable = true;
   const T coord =
@@ -564,7 +517,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   GRID_SAMPLER_DET_ROLLED
   for (int k = 0; k < 4; ++k) {
     const T position = cubic_tap_position<scalar_t>(
-        base, k, size, padding_mode, align_corners, inverse_period);
+        base, k, size, padding_mode, align_corners);
     int64_t index;
     const bool in_bounds = tap_index(position, size, &index);
     GRID_SAMPLER_DET_UNROLL
@@ -585,12 +538,10 @@ C10_HOST_DEVICE inline bool start_padded_axis(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners,
-    double inverse_period,
     T* coord) {
   taps.usable = true;
   *coord = source_coordinate<scalar_t>(
-      grid_coord, size, padding_mode, align_corners, inverse_period,
-      &taps.mult);
+      grid_coord, size, padding_mode, align_corners, &taps.mult);
   if (!is_safe_coordinate(*coord)) {
     make_void(taps);
     return false;
@@ -605,18 +556,11 @@ C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners,
-    double inverse_period) {
+    bool align_corners) {
   AxisTaps<T, 2> taps;
   T coord;
   if (!start_padded_axis<scalar_t>(
-          taps,
-          grid_coord,
-          size,
-          padding_mode,
-          align_corners,
-          inverse_period,
-          &coord)) {
+          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
     return taps;
   }
   const int64_t low = static_cast<int64_t>(std::floor(coord));
@@ -640,18 +584,11 @@ C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners,
-    double inverse_period) {
+    bool align_corners) {
   AxisTaps<T, 1> taps;
   T coord;
   if (!start_padded_axis<scalar_t>(
-          taps,
-          grid_coord,
-          size,
-          padding_mode,
-          align_corners,
-          inverse_period,
-          &coord)) {
+          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
     return taps;
   }
   const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
@@ -827,7 +764,6 @@ template <int kTaps, typename scalar_t, int kDims, typename T, typename index_t>
 C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     const T (&grid_coord)[kDims],
     const Spatial<index_t, kDims>& inp_size,
-    const Spatial<double, kDims>& inverse_periods,
     GridSamplerPadding padding_mode,
     bool align_corners) {
   const std::integral_constant<int, kTaps> taps_per_axis_c;
@@ -843,8 +779,7 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
         select_tap(grid_coord, kDims - 1 - a),
         static_cast<int64_t>(select_tap(inp_size.v, a)),
         padding_mode,
-        align_corners,
-        select_tap(inverse_periods.v, a));
+        align_corners);
     GRID_SAMPLER_DET_UNROLL
     for (int b = 0; b < kDims; ++b) {
       if (b == a) {
@@ -957,10 +892,6 @@ struct BackwardArgs {
   index_t channels;
   Spatial<index_t, kDims> inp_size;
   Spatial<index_t, kDims> out_size;
-  // 1.0 / reflection_period of inp_size's axes, computed once on the host (a
-  // double division on the GPU is a subroutine call); zero where the period
-  // is zero (a single pixel with align_corners, which reflects to 0).
-  Spatial<double, kDims> inverse_periods;
   GridSamplerInterpolation interpolation_mode;
   GridSamplerPadding padding_mode;
   bool align_corners;
@@ -1004,7 +935,6 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   const TensorBase& grad_output = call.grad_output;
   const TensorBase& input = call.input;
   const TensorBase& grid = call.grid;
-  const bool align_corners = call.align_corners;
   BackwardArgs<scalar_t, index_t, kDims> args;
   args.input = image_view<index_t, kDims>(
       input.const_data_ptr<scalar_t>(), input.strides());
@@ -1018,14 +948,11 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   for (int a = 0; a < kDims; ++a) {
     args.inp_size.v[a] = static_cast<index_t>(input.size(2 + a));
     args.out_size.v[a] = static_cast<index_t>(grid.size(1 + a));
-    const int64_t period = reflection_period(input.size(2 + a), align_corners);
-    args.inverse_periods.v[a] =
-        period > 0 ? 1.0 / static_cast<double>(period) : 0.0;
   }
   args.interpolation_mode =
       static_cast<GridSamplerInterpolation>(call.interpolation_mode);
   args.padding_mode = static_cast<GridSamplerPadding>(call.padding_mode);
-  args.align_corners = align_corners;
+  args.align_corners = call.align_corners;
   return args;
 }
 
@@ -1227,7 +1154,6 @@ locate_point_taps(
   return compute_point_taps<kTaps, scalar_t>(
       grid_coord,
       args.inp_size,
-      args.inverse_periods,
       args.padding_mode,
       args.align_corners);
 }
@@ -1361,12 +1287,11 @@ struct SortedRecords {
   }
 };
 
-// Division by a divisor fixed at launch (IntDivider, a plain division for
-// 64-bit indices). Per-element index math divides only with these.
 // [stack: index32]
-// For 32-bit indices IntDivider multiplies and shifts (dividends are below
-// 2^31 there).
-// [end stack: index32]
+// Division by a divisor fixed at launch (IntDivider, a plain division for
+// 64-bit indices). Per-element index math divides only with these. For
+// 32-bit indices IntDivider multiplies and shifts (dividends are below 2^31
+// there).
 template <typename index_t>
 using Divider = at::cuda::detail::IntDivider<std::make_unsigned_t<index_t>>;
 
@@ -1380,6 +1305,7 @@ template <typename index_t>
 Divider<index_t> divider(int64_t divisor) {
   return Divider<index_t>(static_cast<std::make_unsigned_t<index_t>>(divisor));
 }
+// [end stack: index32]
 
 // A block of grad_input's elements, viewed as rows (n, c), n * C + c, of
 // destinations_per_image columns s each: rows [row_begin, row_end) by

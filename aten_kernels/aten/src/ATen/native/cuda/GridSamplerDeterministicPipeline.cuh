@@ -93,7 +93,7 @@ struct ReduceSparse {
   int64_t nowhere;
   ReduceOutput<scalar_t, index_t> out;
   index_t channels;
-  Divider<index_t> by_image_size;
+  Divider<index_t> by_image_size; // [stack: index32]
 
   struct Row {
     index_t channel;
@@ -110,7 +110,7 @@ struct ReduceSparse {
       return;
     }
     const index_t d = static_cast<index_t>(destination);
-    const index_t n = divide(d, by_image_size);
+    const index_t n = divide(d, by_image_size); // [stack: index32 replaces: const index_t n = d / out.destinations_per_image;]
     const index_t s = d - n * out.destinations_per_image;
     const index_t element_row = n * channels + row.channel;
     if (!out.block.holds(element_row, s)) {
@@ -808,8 +808,8 @@ void reduce_grad_input(
               static_cast<int32_t>(count * items_per_point),
               table_entries,
               out,
-              channels,
-              divider<index_t>(image_size)});
+              channels, // [stack: index32 replaces: channels});]
+              divider<index_t>(image_size)}); // [stack: index32]
     }
     if constexpr (kReducedPrecision) {
       if (float_carry && !dense) { // [stack: dense replaces: if (float_carry) {]
