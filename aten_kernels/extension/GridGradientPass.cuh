@@ -52,19 +52,77 @@ C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
   }
 }
 
+// d weight / d source coordinate of an axis's taps, as stock's backward
+// forms it: -1 and 1 in bilinear sampling; in bicubic, at t = coord -
+// floor(coord), the negation of each get_cubic_coefficients_grad term (which
+// is written in the distance x from the tap to the point), in scalar_t.
+// Zero on an unusable axis, whose bicubic taps read 0: a NaN derivative
+// would still make their terms NaN.
+template <typename scalar_t, typename T, int kTaps>
+C10_HOST_DEVICE inline void weight_derivatives(
+    const AxisTaps<T, kTaps>& taps,
+    T grid_coord,
+    int64_t size,
+    bool align_corners,
+    T (&dweight)[kTaps]) {
+  DETGRID_UNROLL
+  for (int k = 0; k < kTaps; ++k) {
+    dweight[k] = static_cast<T>(0);
+  }
+  if (!taps.usable) {
+    return;
+  }
+  if constexpr (kTaps == 2) {
+    dweight[0] = static_cast<T>(-1);
+    dweight[1] = static_cast<T>(1);
+  } else if constexpr (kTaps == 4) {
+    T unused_mult;
+    const T coord =
+        unnormalize<scalar_t>(grid_coord, size, align_corners, &unused_mult);
+    const T t = sub_s<scalar_t>(coord, std::floor(coord));
+    const T one = static_cast<T>(1);
+    T x = sub_s<scalar_t>(-one, t);
+    dweight[0] = -sub_s<scalar_t>(
+        mul_s<scalar_t>(
+            add_s<scalar_t>(
+                mul_s<scalar_t>(static_cast<T>(2.25), x), static_cast<T>(7.5)),
+            x),
+        static_cast<T>(-6));
+    x = -t;
+    dweight[1] = -mul_s<scalar_t>(
+        sub_s<scalar_t>(
+            mul_s<scalar_t>(static_cast<T>(-3.75), x), static_cast<T>(4.5)),
+        x);
+    x = sub_s<scalar_t>(one, t);
+    dweight[2] = -mul_s<scalar_t>(
+        sub_s<scalar_t>(
+            mul_s<scalar_t>(static_cast<T>(3.75), x), static_cast<T>(4.5)),
+        x);
+    x = sub_s<scalar_t>(static_cast<T>(2), t);
+    dweight[3] = -add_s<scalar_t>(
+        mul_s<scalar_t>(
+            sub_s<scalar_t>(
+                mul_s<scalar_t>(static_cast<T>(-2.25), x),
+                static_cast<T>(-7.5)),
+            x),
+        static_cast<T>(-6));
+  }
+}
+
 // d loss / d grid of one point, single writer, in the grid's coordinate
 // order (x first), with the arithmetic of stock's backward kernels, which
 // already write grad_grid once per point: scalar_t sums over channels in
 // ascending order and over taps in stock's order (stock_grid_tap), each term
 // ((value * d weight along the coordinate's axis) * the other axes' weights,
 // x first) * grad_output in scalar_t, and the sum times stock's scalar_t
-// multiplier (see unnormalize). Bilinear and trilinear skip a tap out of
+// multiplier (see unnormalize). dweight[a] are axis a's weight_derivatives. Bilinear and trilinear skip a tap out of
 // bounds; bicubic reads 0 for it (get_value_bounded) and adds its term.
 // Residual: stock's fp32 and fp64 builds may contract a term's last multiply
 // into the add (one FMA); every operation here is rounded on its own.
 template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
 C10_HOST_DEVICE inline void point_grid_gradient(
     const PointTaps<T, kTaps, kDims>& taps,
+    const T (&dweight)[kDims][kTaps],
     View<const scalar_t, index_t, kDims> input,
     View<const scalar_t, index_t, kDims> grad_output,
     index_t n,
@@ -108,7 +166,7 @@ C10_HOST_DEVICE inline void point_grid_gradient(
       for (int k = 0; k < kDims; ++k) {
         const int along = kDims - 1 - k;
         T term = mul_s<scalar_t>(
-            value, select_tap(taps.axis[along].dweight, digit[along]));
+            value, select_tap(dweight[along], digit[along]));
         DETGRID_UNROLL
         for (int a = kDims - 1; a >= 0; --a) {
           if (a != along) {
@@ -149,9 +207,26 @@ C10_HOST_DEVICE inline void write_grid_gradient(
     const PointTaps<T, kTaps, kDims>& taps,
     index_t n,
     const Spatial<index_t, kDims>& out_position) {
+  T dweight[kDims][kTaps];
+  DETGRID_UNROLL
+  for (int a = 0; a < kDims; ++a) {
+    weight_derivatives<scalar_t>(
+        taps.axis[a],
+        static_cast<T>(args.grid.at(n, kDims - 1 - a, out_position)),
+        static_cast<int64_t>(args.inp_size.v[a]),
+        args.align_corners,
+        dweight[a]);
+  }
   T grad[kDims];
   point_grid_gradient(
-      taps, args.input, args.grad_output, n, out_position, args.channels, grad);
+      taps,
+      dweight,
+      args.input,
+      args.grad_output,
+      n,
+      out_position,
+      args.channels,
+      grad);
   DETGRID_UNROLL
   for (int k = 0; k < kDims; ++k) {
     args.grad_grid.at(n, k, out_position) = static_cast<scalar_t>(grad[k]);

@@ -316,15 +316,13 @@ C10_HOST_DEVICE inline T source_coordinate(
 }
 
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
-// -1, 0, 1, 2 from floor(coord), and their derivatives by t = coord - floor,
-// in scalar_t arithmetic as stock's get_cubic_upsampling_coefficients and
-// get_cubic_coefficients_grad compute them (the backward instantiates both
-// with scalar_t).
+// -1, 0, 1, 2 from floor(coord), t = coord - floor, in scalar_t arithmetic
+// as stock's get_cubic_upsampling_coefficients computes them (the backward
+// instantiates it with scalar_t).
 // Not stock's get_cubic_upsampling_coefficients: __device__ only.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
+C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4]) {
   const T one = static_cast<T>(1);
-  const T two = static_cast<T>(2);
   // ((A + 2) x - (A + 3)) x x + 1 for |x| <= 1
   auto near = [](T x) {
     return add_s<scalar_t>(
@@ -357,32 +355,6 @@ C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4], T dweight[4]) {
   weight[2] = near(one_minus_t);
   weight[3] = far(add_s<scalar_t>(one_minus_t, one));
 
-  // d weight / d t, each the negation of stock's get_cubic_coefficients_grad
-  // term (which is written in the distance x from the tap to the point).
-  T x = sub_s<scalar_t>(-one, t);
-  dweight[0] = -sub_s<scalar_t>(
-      mul_s<scalar_t>(
-          add_s<scalar_t>(
-              mul_s<scalar_t>(static_cast<T>(2.25), x), static_cast<T>(7.5)),
-          x),
-      static_cast<T>(-6));
-  x = -t;
-  dweight[1] = -mul_s<scalar_t>(
-      sub_s<scalar_t>(
-          mul_s<scalar_t>(static_cast<T>(-3.75), x), static_cast<T>(4.5)),
-      x);
-  x = one_minus_t;
-  dweight[2] = -mul_s<scalar_t>(
-      sub_s<scalar_t>(
-          mul_s<scalar_t>(static_cast<T>(3.75), x), static_cast<T>(4.5)),
-      x);
-  x = sub_s<scalar_t>(two, t);
-  dweight[3] = -add_s<scalar_t>(
-      mul_s<scalar_t>(
-          sub_s<scalar_t>(
-              mul_s<scalar_t>(static_cast<T>(-2.25), x), static_cast<T>(-7.5)),
-          x),
-      static_cast<T>(-6));
 }
 
 // The taps of one point along one spatial axis; kTaps is 1 (nearest),
@@ -395,7 +367,6 @@ struct AxisTaps {
   int64_t index[kTaps];
   bool in_bounds[kTaps];
   T weight[kTaps]; // interpolation weight along this axis
-  T dweight[kTaps]; // d weight / d source coordinate
   T mult; // d source coordinate / d grid coordinate
   // false when the coordinate is NaN or infinite, or (bilinear and
   // nearest) when its padded value lies beyond kMaxSafeCoordinate
@@ -433,8 +404,7 @@ inline void dispatch_taps_per_axis(
 }
 
 // An axis whose coordinate is unusable (see AxisTaps): no tap is in bounds,
-// and every weight is zero, so the point contributes nothing anywhere and
-// its grid gradient is zero.
+// and every weight is zero, so the point contributes nothing anywhere.
 template <typename T, int kTaps>
 C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   taps.usable = false;
@@ -443,7 +413,6 @@ C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
     taps.index[k] = 0;
     taps.in_bounds[k] = false;
     taps.weight[k] = static_cast<T>(0);
-    taps.dweight[k] = static_cast<T>(0);
   }
 }
 
@@ -504,8 +473,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     return taps;
   }
   const T base = std::floor(coord);
-  cubic_weights<scalar_t>(
-      sub_s<scalar_t>(coord, base), taps.weight, taps.dweight);
+  cubic_weights<scalar_t>(sub_s<scalar_t>(coord, base), taps.weight);
   // One copy of the padding for the four taps (a rolled loop; padding is
   // the bulk of a bicubic point pass's code), each result written by
   // selects, as an array indexed at run time would live in local memory.
@@ -572,8 +540,6 @@ C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
   // (coord - low); low + 1 rounds where scalar_t's integers are sparse.
   taps.weight[0] = sub_s<scalar_t>(integer_s<scalar_t, T>(low + 1), coord);
   taps.weight[1] = sub_s<scalar_t>(coord, integer_s<scalar_t, T>(low));
-  taps.dweight[0] = static_cast<T>(-1);
-  taps.dweight[1] = static_cast<T>(1);
   return taps;
 }
 
@@ -595,7 +561,6 @@ C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
   taps.index[0] = index;
   taps.in_bounds[0] = index >= 0 && index < size;
   taps.weight[0] = static_cast<T>(1);
-  taps.dweight[0] = static_cast<T>(0);
   return taps;
 }
 
@@ -690,15 +655,12 @@ struct PointTaps {
     return position;
   }
   // The product of the axes' weights, multiplied from x outwards as stock
-  // writes it ((wx * wy) * wz); with the derivative in place of the weight
-  // along axis `derivative_axis` when that is a valid axis.
-  C10_HOST_DEVICE T weight(int t, int derivative_axis = -1) const {
+  // writes it ((wx * wy) * wz).
+  C10_HOST_DEVICE T weight(int t) const {
     T product = static_cast<T>(1);
     GRID_SAMPLER_DET_UNROLL
     for (int a = kDims - 1; a >= 0; --a) {
-      const int k = tap_along(t, a);
-      const T factor =
-          a == derivative_axis ? axis[a].dweight[k] : axis[a].weight[k];
+      const T factor = axis[a].weight[tap_along(t, a)];
       product = a == kDims - 1 ? factor : mul_rn(product, factor);
     }
     return product;
@@ -827,17 +789,6 @@ struct View {
     return data[offset(n, c, position)];
   }
 };
-
-template <typename T, typename index_t, int kDims>
-View<const T, index_t, kDims> as_const(const View<T, index_t, kDims>& view) {
-  View<const T, index_t, kDims> result{
-      view.data, view.stride_n, view.stride_c, {}};
-  GRID_SAMPLER_DET_UNROLL
-  for (int a = 0; a < kDims; ++a) {
-    result.stride[a] = view.stride[a];
-  }
-  return result;
-}
 
 // View of an (N, C, spatial...) tensor from its data and strides.
 template <typename index_t, int kDims, typename scalar_t>
