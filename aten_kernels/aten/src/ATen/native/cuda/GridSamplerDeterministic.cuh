@@ -23,13 +23,13 @@
 // which moves a coordinate by about an ulp.
 //
 // Non-finite coordinates get no tap, stock's backward rule for bilinear and
-// nearest (safe_downgrade_to_int_range); Border padding first clamps +-Inf
-// to the border, as stock does, in those modes. Stock is not consistent there: for
-// border padding its forward's clip_coordinates turns NaN into 0 (::max)
-// while its bilinear backward's clip_coordinates_set_grad keeps NaN, and its
-// bicubic backward, built on the forward's helpers, would scatter NaN
-// coefficients onto an edge pixel. No choice is faithful to all of them;
-// this backward takes the bilinear backward's, for every mode.
+// nearest (safe_downgrade_to_int_range); Border padding first clamps +-Inf to
+// the border, as stock does, in those modes. Stock is not consistent there: for
+// border padding its forward's clip_coordinates turns NaN into 0 (::max) while
+// its bilinear backward's clip_coordinates_set_grad keeps NaN, and its bicubic
+// backward, built on the forward's helpers, would scatter NaN coefficients onto
+// an edge pixel. No choice is faithful to all of them; this backward takes the
+// bilinear backward's, for every mode.
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
