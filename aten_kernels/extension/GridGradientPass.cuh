@@ -57,7 +57,9 @@ C10_HOST_DEVICE constexpr int stock_grid_tap(int s) {
 // floor(coord), the negation of each get_cubic_coefficients_grad term (which
 // is written in the distance x from the tap to the point), in scalar_t.
 // Zero on an unusable axis, whose bicubic taps read 0: a NaN derivative
-// would still make their terms NaN.
+// would still make their terms NaN. The coordinate is unnormalized again
+// here, not kept in AxisTaps, so that the ATen taps carry nothing that only
+// this pass reads.
 template <typename scalar_t, typename T, int kTaps>
 C10_HOST_DEVICE inline void weight_derivatives(
     const AxisTaps<T, kTaps>& taps,
@@ -115,8 +117,9 @@ C10_HOST_DEVICE inline void weight_derivatives(
 // ascending order and over taps in stock's order (stock_grid_tap), each term
 // ((value * d weight along the coordinate's axis) * the other axes' weights,
 // x first) * grad_output in scalar_t, and the sum times stock's scalar_t
-// multiplier (see unnormalize). dweight[a] are axis a's weight_derivatives. Bilinear and trilinear skip a tap out of
-// bounds; bicubic reads 0 for it (get_value_bounded) and adds its term.
+// multiplier (see unnormalize). dweight[a] are axis a's weight_derivatives.
+// Bilinear and trilinear skip a tap out of bounds; bicubic reads 0 for it
+// (get_value_bounded) and adds its term.
 // Residual: stock's fp32 and fp64 builds may contract a term's last multiply
 // into the add (one FMA); every operation here is rounded on its own.
 template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
