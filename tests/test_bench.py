@@ -645,6 +645,16 @@ class TestBenchAccumulate(TestCase):
 
         self.assertEqual(cli.BENCH_ACCUMULATIONS, tuple(ops.ACCUMULATE_MODES))
 
+    def test_every_benchmark_row_launches_at_most_five_kernels_per_chunk(self):
+        # Issue 42: point pass, sort, the hot fold's sum over its slots and
+        # its launch, reduce, at most, on a dense chunk that may hold a hot
+        # key; below 16 channels, one merge per sorted item.
+        for name, w in workloads.BENCH_WORKLOADS.items():
+            counters = workloads.full_size_work_counters(w)
+            self.assertLessEqual(counters["launches_per_chunk"], 5, name)
+            if w.output_mask[0] and w.input_shape[1] < 16:
+                self.assertEqual(counters["channel_merges"], counters["items_sorted"], name)
+
     def test_counter_rows_count_each_accumulation_of_every_workload(self):
         rows = bench.counter_rows()
         self.assertEqual([r["name"] for r in rows], list(workloads.BENCH_WORKLOADS))

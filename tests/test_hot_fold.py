@@ -210,11 +210,32 @@ class TestHotFold(DetgridTestCase):
         # 32 x 32 points keyed per cell: 1024 records, no cell can hold
         # more than 4096 / 4.
         self.assertEqual(launches(32), 4)
-        # 33 x 33: the hot fold marks the segments (in place of the plain
-        # marking), numbers the groups (a scan) and stores their partials
-        # before the reduce, and adds them after.
-        self.assertEqual(launches(33), 4 + 3)
+        # 33 x 33: a sum over the slots numbers the hot groups' partials,
+        # then one launch marks the segments, in place of the plain marking,
+        # and stores the partials; the reduce adds them.
+        self.assertEqual(launches(33), 4 + 1)
         self.assertEqual(launches(33, serial_fold=1), 4)
+
+    def test_hot_fold_copies_grad_output_where_no_other_launch_does(self, device):
+        # From 16 channels the reduce reads a channels-last copy of
+        # grad_output. Above 64 channels (or with separate fills) the point
+        # pass does not make it, and in a chunk with a hot key the hot
+        # fold's launch does, its stores reading grad_output itself.
+        def launches(problem, **knobs):
+            return ops.work_counters(*(t.to("meta") for t in problem), BILINEAR, ZEROS,
+                                     False, [True, False], **knobs)["launches_per_chunk"]
+
+        for C, knobs, fills in ((65, {}, 0), (16, {"separate_fills": 1}, 1)):
+            problem = hot_problem(2, C=C, device=device, seed=8)
+            hot = detgrid_backward(*problem, BILINEAR, ZEROS, False, **knobs)
+            serial = detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1,
+                                      **knobs)
+            assert_pair_bitwise_equal(self, hot, serial, f"C={C} {knobs}")
+            # point pass, sort, copy, mark segments, reduce
+            self.assertEqual(launches(problem, serial_fold=1, **knobs), 5 + fills)
+            # point pass, sort, sum over the slots, hot fold (the copy in
+            # it), reduce
+            self.assertEqual(launches(problem, **knobs), 5 + fills)
 
     def test_unknown_serial_fold_is_a_one_line_error(self, device):
         problem = hot_problem(2, device=device)

@@ -20,6 +20,12 @@ OURS = UNIT_NAMESPACE + "15sum_runs_kernelINS0_26grid_sampler_deterministic12Red
 # What every stage ran through before issue 32.
 GENERIC = (UNIT_NAMESPACE + "15for_each_kernelINS0_26grid_sampler_deterministic23MarkDestinationSegmentsEiEEvT_T0_")
 CUB_KERNEL = "_ZN14at_cuda_detail3cub6detail4scan20DeviceScanInitKernelINS0_13ScanTileStateIiLb1EEEEEvT_i"
+# CUB's scan of the hot fold's term (HotKeys<CellSegments<int, 2>>).
+SCAN_OF_OUR_TERM = (
+    "_ZN14at_cuda_detail3cub6detail4scan16DeviceScanKernelINS2_10policy_hubIiiijN4cud"
+    "a3std3__44plusIvEEE10Policy1000EN2at6native60_GLOBAL__N__7d8f809e_27_GridSampler"
+    "Deterministic_cu_9c525fa912TermIteratorINSD_26grid_sampler_deterministic7HotKeys"
+    "INSG_12CellSegmentsIiLi2EEEEEEEPiNS0_13ScanTileStateIiLb1EEES9_NS0_8NullTypeEjiLb0ESP_EEvT0_T1_T2_iT3_T4_T5_")
 CUH = "/src/ATen/native/cuda/GridSamplerDeterministic.cuh"
 # Kernels of an ExactCuda.cu build: two exact stages, and one of the
 # pipeline's that the unit's inclusion of GridSamplerDeterministic.cu brings.
@@ -175,6 +181,22 @@ class TestSassAudit(TestCase):
         self.assertEqual(resources[OURS], sass_audit.Resources(80, 16, 24, 12))
         self.assertEqual(len(sass_audit.resource_violations(resources, [])), 1)
         self.assertEqual(sass_audit.resource_violations(resources, ["ReduceSparse<float"]), [])
+
+    def test_cubs_scan_of_a_term_of_ours_is_reported_not_failed(self):
+        # The hot fold's sum over its slots: CUB's kernel, named by CUB, whose
+        # template arguments carry our term's type.
+        scan = SCAN_OF_OUR_TERM
+        log = textwrap.dedent(f"""\
+            ptxas info    : Function properties for {scan}
+                272 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+            ptxas info    : Used 64 registers, used 1 barriers, 272 bytes cumulative stack size
+            """)
+        resources = sass_audit.parse_ptxas(log)
+        self.assertEqual(sass_audit.resource_violations(resources, []), [])
+        self.assertEqual(sass_audit.cub_frames(resources),
+                         ["DeviceScanKernel of HotKeys<CellSegments<int, 2> >: 272 B stack frame, "
+                          "0 B spill stores, 0 B spill loads"])
+        self.assertEqual(sass_audit.generic_kernels([scan]), [])
 
     def test_inner_loop_cost_counts_body_and_called_subroutines(self):
         sass = _sass(_loc(CUH, 880)

@@ -40,7 +40,8 @@ HOST_UNIT = textwrap.dedent("""\
       void for_each_row(row_t, col_t, const Stage& s) const { s(s.row(row_t(0)), col_t(0)); }
       template <typename key_t>
       void stable_sort_pairs(const key_t*, key_t*, const int32_t*, int32_t*, int32_t, int) const {}
-      void inclusive_sum(const int32_t*, int32_t*, int32_t) const {}
+      template <typename Term>
+      void inclusive_sum(int32_t, const Term& t, int32_t*) const { (void)t(0); }
       c10::DataPtr allocate(int64_t) const { return {}; }
       void zero(void*, int64_t) const {}
       void begin_chunk() const {}
@@ -224,8 +225,11 @@ CORE_UNIT = textwrap.dedent("""\
           values_out[i] = values_in[order[i]];
         }
       }
-      void inclusive_sum(const int32_t* in, int32_t* out, int32_t count) const {
-        std::partial_sum(in, in + count, out);
+      template <typename Term>
+      void inclusive_sum(int32_t count, const Term& term, int32_t* out) const {
+        for (int32_t i = 0, sum = 0; i < count; ++i) {
+          out[i] = sum += term(i);
+        }
       }
       c10::DataPtr allocate(int64_t bytes) const { return c10::GetCPUAllocator()->allocate(bytes); }
       void zero(void* data, int64_t bytes) const { std::memset(data, 0, bytes); }

@@ -141,10 +141,11 @@ class TestWorkCounters(TestCase):
         c = _counters((1, 1024, 64, 64), (32, 1024))
         self.assertEqual(c["chunks"], 1)
         # A dense chunk's 4 launches, no copy among them, and the hot fold's
-        # 3: its running sums of 1024 channels do not fit the chunk's dead
-        # keys alone, but the keys grow into the workspace that the one
-        # chunk leaves spare.
-        self.assertEqual(c["launches_per_chunk"], 4 + 3)
+        # sum over its slots (its launch takes the marking's place): its
+        # partials of 1024 channels do not fit the chunk's dead keys alone,
+        # but the keys grow into the workspace that the one chunk leaves
+        # spare.
+        self.assertEqual(c["launches_per_chunk"], 4 + 1)
         self.assertEqual(_counters((1, 1024, 64, 64), (32, 1024), serial_fold=1)
                          ["launches_per_chunk"], 4)
         # Where it is needed anyway, the copy stays (a launch of its own
@@ -206,12 +207,13 @@ class TestWorkCounters(TestCase):
         self.assertEqual(c["chunks"], 3)
         self.assertEqual(c["items_sorted"], 96 * 128)
         # 4096 points a chunk may put more than 1024 in one cell: each
-        # chunk runs the hot fold's 3 launches around its reduce.
-        self.assertEqual(c["launches"], 3 * (4 + 3))
+        # chunk runs the hot fold's sum over its slots, and its launch
+        # marks the segments in the plain marking's place.
+        self.assertEqual(c["launches"], 3 * (4 + 1))
         points = 4096
-        # ... and the hot fold's group counts of 4096 // 1025 + 1 slots.
+        # The hot fold's tables live in the dead sort items.
         own = (2 * points * 4 + 2 * points * 4 + points * 4 * 4 + points * 4
-               + 2 * 101 * 101 * 4 + (points // 1025 + 1) * 4)
+               + 2 * 101 * 101 * 4)
         self.assertEqual(c["workspace_bytes"], own + 2 * 100 * 100 * 4)
 
     def test_sparse_float_carry_is_rounded_out_once(self):

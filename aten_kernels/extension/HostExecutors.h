@@ -76,8 +76,13 @@ struct HostExecutor {
     }
   }
 
-  void inclusive_sum(const int32_t* in, int32_t* out, int32_t count) const {
-    std::partial_sum(in, in + count, out);
+  template <typename Term>
+  void inclusive_sum(int32_t count, const Term& term, int32_t* out) const {
+    int32_t sum = 0;
+    for (int32_t i = 0; i < count; ++i) {
+      sum += term(i);
+      out[i] = sum;
+    }
   }
 
   c10::DataPtr allocate(size_t bytes) const {
@@ -201,10 +206,9 @@ struct CountingExecutor {
         int64_t{count} * static_cast<int64_t>(sizeof(key_t) + sizeof(int32_t)));
   }
 
-  void inclusive_sum(
-      const int32_t* /*in*/,
-      int32_t* /*out*/,
-      int32_t count) const {
+  template <typename Term>
+  void inclusive_sum(int32_t count, const Term& /*term*/, int32_t* /*out*/)
+      const {
     if (count != 0) {
       launch();
     }
@@ -330,8 +334,7 @@ struct FoldLengthExecutor : HostExecutor {
   }
 
   // Every destination of images [first_image, end_image), columns
-  // [first_col, end_col): the threads of their channels fold alike. A hot
-  // destination's hidden keys count for nothing here.
+  // [first_col, end_col): the threads of their channels fold alike.
   template <typename Fold>
   void note_images(
       const Fold& fold,
@@ -340,12 +343,25 @@ struct FoldLengthExecutor : HostExecutor {
       int64_t first_col,
       int64_t end_col) const {
     using index_t = typename Fold::index_type;
-    for (int64_t n = first_image; n < end_image; ++n) {
-      for (int64_t s = first_col; s < end_col; ++s) {
-        note(record_count(fold.segments.of(
-            static_cast<index_t>(n), static_cast<index_t>(s))));
+    for (index_t n = first_image; n < end_image; ++n) {
+      for (index_t s = first_col; s < end_col; ++s) {
+        const auto ids = fold.segments.of(n, s);
+        note(
+            fold.is_hot(ids) ? stored_partials(fold, n, s)
+                             : record_count(ids));
       }
     }
+  }
+  // The partials a hot destination's reduce thread adds (none where
+  // HotFold folded its records).
+  template <typename Fold, typename index_t>
+  static int64_t stored_partials(const Fold& fold, index_t n, index_t s) {
+    const auto units = fold.hot_units(n, s);
+    int64_t partials = 0;
+    for (int32_t u = units.first; u < units.first + units.count; ++u) {
+      partials += fold.stored.partial_counts[u];
+    }
+    return partials;
   }
 
   template <typename Stage>
@@ -386,42 +402,25 @@ struct FoldLengthExecutor : HostExecutor {
   }
 
   // The hot fold's threads: a group's records in its tile, or a hot
-  // destination's stored partials (its records, where they did not fit).
+  // destination's, where its units did not fit.
   template <typename Fold>
   void measure(
       const at::native::grid_sampler_deterministic::HotFold<Fold>& hot,
       int64_t /*rows*/,
       int64_t /*cols*/) const {
-    using at::native::grid_sampler_deterministic::HotStep;
-    using index_t = typename Fold::index_type;
-    if (hot.step == HotStep::kStorePartials) {
-      for (int32_t u = 0; u < std::min(hot.total_units(), hot.pool_units); ++u) {
-        const auto group = hot.unit_group(u);
-        if (group.stores) {
-          note(record_count(hot.tile_records(group)));
-        }
+    const auto& keys = hot.keys;
+    for (int32_t u = 0; u < keys.pool_units; ++u) {
+      const auto group = keys.unit_group(u);
+      if (group.stores) {
+        note(record_count(keys.tile_records(group)));
       }
     }
-    if (hot.step != HotStep::kAddPartials) {
-      return;
-    }
-    for (int32_t h = 0; h < hot.max_hot_destinations(); ++h) {
-      const auto destination = hot.hot_destination(h);
-      if (!destination.valid) {
-        continue;
+    for (int32_t h = 0; h < keys.max_hot_destinations(); ++h) {
+      const auto destination = keys.hot_destination(h);
+      if (destination.valid && !destination.fits) {
+        note(record_count(keys.records_in(
+            destination.n, destination.s, 0, keys.kEveryId)));
       }
-      const int32_t end_unit =
-          destination.first_unit + hot.units_of(destination.n, destination.s);
-      if (end_unit > hot.pool_units) {
-        note(record_count(
-            hot.records_in(destination.n, destination.s, 0, hot.kEveryId)));
-        continue;
-      }
-      int64_t partials = 0;
-      for (int32_t u = destination.first_unit; u < end_unit; ++u) {
-        partials += hot.partial_counts[u];
-      }
-      note(partials);
     }
   }
 

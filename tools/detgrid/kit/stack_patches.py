@@ -53,11 +53,13 @@ SUMMARIES: Dict[str, str] = {
         "channels-last copy of the chunk's grad_output where its channel stride is not 1."),
     "hot-fold": (
         "A destination whose key holds more than 4096 records (4096 / 2^dims per cell) is folded "
-        "tile by tile in parallel, its tiles' partials then added in order: the partials and the "
-        "additions of the serial fold, so its bits, without one thread's long chain of dependent "
-        "loads. Its partials are slotted per record, not per tile (a destination with G groups "
-        "and R records takes G + R / 256 slots), in the chunk's dead sort keys, which grow into "
-        "the workspace that a single chunk leaves spare. 32-bit indices only."),
+        "tile by tile in parallel, and the reduce adds the tiles' partials in order: the serial "
+        "fold's partials and additions, so its bits, without one thread's long chain of loads. "
+        "A CUB sum over the chunk's slots numbers the partials (G + R / 256 for G groups and R "
+        "records); one launch then marks the segment "
+        "table in the plain marking's place (a hot key's entry {end, ~begin} reads as empty), "
+        "stores the partials, and makes any channels-last copy of grad_output that no other "
+        "launch makes. One launch more per chunk that may hold a hot key. 32-bit indices only."),
     "channel-groups": (
         "A thread of the dense reduce (destinations fastest) and of the hot fold takes a group of "
         "up to 16 channels (8 in double) of its destination and walks its records once for all "
@@ -69,7 +71,8 @@ SUMMARIES: Dict[str, str] = {
         "64 channels, copies its point's row of grad_output channels last, where each was a "
         "launch of its own: one launch fewer per dense chunk, two where the reduce reads the "
         "copy. Nothing reads the table before the sort, nor the copy before the reduce. Beyond "
-        "64 channels the copy stays a launch, a thread per element."),
+        "64 channels the copy stays a launch, a thread per element (the hot fold's, in a chunk "
+        "that may hold a hot key)."),
 }
 
 CORE_SUMMARY = (

@@ -38,9 +38,12 @@
 //      GridSamplerDeterministicChannelsFastest.cuh).
 // [end stack: channels-fastest]
 // [stack: hot-fold]
-//      A destination with a hot key (more than 4096 records) is folded by
-//      fold_hot_destinations_kernel instead: its tiles' partials in
-//      parallel, then their sum in order (GridSamplerDeterministicHotFold.cuh).
+//      Where a key may be hot (more than 4096 records), a sum over the
+//      chunk's slots (at::cuda::cub) numbers the hot destinations' partials,
+//      and fold_hot_destinations_kernel marks the segments in place of
+//      mark_segment_bounds_kernel and stores the partials of their tiles in
+//      parallel; the reduce adds them in order
+//      (GridSamplerDeterministicHotFold.cuh).
 // [end stack: hot-fold]
 //
 // Invariants:
@@ -68,8 +71,7 @@
 //     grad_output.
 // [end stack: channels-fastest]
 // [stack: hot-fold]
-//     The hot fold's counts beside the segment table; its other tables
-//     reuse the unsorted sort items.
+//     The hot fold's tables reuse the unsorted sort items.
 // [end stack: hot-fold]
 //     Half/BFloat16 sums over several chunks wait in a float carry of at
 //     most kCarryBytes, planned into the budget; where grad_input needs
@@ -91,7 +93,7 @@
 #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
 
 #include <algorithm>
-#include <functional> // [stack: hot-fold]
+#include <iterator> // [stack: hot-fold]
 #include <type_traits>
 
 namespace at::native {
@@ -332,6 +334,31 @@ LaunchConfig make_launch_config(const LaunchShape& shape) {
   return {shape.block_size, shape.max_blocks};
 }
 
+// [stack: hot-fold]
+// The values term(0), term(1), ... as CUB reads its input: a random-access
+// iterator whose element i is computed where it is read.
+template <typename Term>
+struct TermIterator {
+  using value_type = int32_t;
+  using reference = int32_t;
+  using pointer = void;
+  using difference_type = std::ptrdiff_t;
+  using iterator_category = std::random_access_iterator_tag;
+  Term term;
+  difference_type offset;
+
+  __host__ __device__ int32_t operator*() const {
+    return term(static_cast<int32_t>(offset));
+  }
+  __host__ __device__ int32_t operator[](difference_type i) const {
+    return term(static_cast<int32_t>(offset + i));
+  }
+  __host__ __device__ TermIterator operator+(difference_type i) const {
+    return TermIterator{term, offset + i};
+  }
+};
+// [end stack: hot-fold]
+
 // The executor of GridSamplerDeterministicPipeline.cuh on one CUDA stream.
 struct CudaExecutor {
   LaunchConfig config;
@@ -391,11 +418,17 @@ struct CudaExecutor {
   }
 
   // [stack: hot-fold]
-  void inclusive_sum(const int32_t* in, int32_t* out, int32_t count) const {
+  template <typename Term>
+  void inclusive_sum(int32_t count, const Term& term, int32_t* out) const {
     if (count == 0) {
       return;
     }
-    at::cuda::cub::inclusive_scan(in, out, std::plus<int32_t>{}, count);
+    CUB_WRAPPER(
+        NO_ROCM(at_cuda_detail)::cub::DeviceScan::InclusiveSum,
+        TermIterator<Term>{term, 0},
+        out,
+        count,
+        stream);
   }
   // [end stack: hot-fold]
 

@@ -1138,7 +1138,7 @@ struct SortedRecordIds {
   int32_t partial_end = 0;
 
   C10_HOST_DEVICE bool done() const {
-    return next == end;
+    return next >= end; // [stack: hot-fold replaces: return next == end;]
   }
   C10_HOST_DEVICE void start_partial(int32_t records) {
     partial_end = end - next < records ? end : next + records;

@@ -115,6 +115,20 @@ struct MergedCellRecords {
   }
 };
 
+// [stack: hot-fold]
+// Whether one of the ways is a hot key (negative end, StoredPartials): one
+// sign test of the ends' bitwise or.
+template <int kWays>
+C10_HOST_DEVICE bool holds_hot_key(const MergedCellRecords<kWays>& ids) {
+  int32_t ends = 0;
+  GRID_SAMPLER_DET_UNROLL
+  for (int k = 0; k < kWays; ++k) {
+    ends |= ids.end[k];
+  }
+  return ends < 0;
+}
+// [end stack: hot-fold]
+
 // PerCell: the segments of the destination's 2^kDims neighbouring cells,
 // merged. Dense tables hold at most 2^31 cells, so cell numbers are int32.
 template <typename index_t, int kDims>

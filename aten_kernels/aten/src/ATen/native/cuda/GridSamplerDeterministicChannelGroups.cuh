@@ -4,7 +4,8 @@
 // destination's records are walked, and its cells merged, once per group
 // rather than once per channel. Each channel's partials and additions are
 // the serial fold's, so the sums are the same bits. The hot fold's threads
-// take the same groups.
+// take the same groups; a hot destination's stored partials are added one
+// channel at a time.
 
 #include <ATen/native/cuda/GridSamplerDeterministicDense.cuh>
 
@@ -154,7 +155,8 @@ struct ReduceDenseChannelGroups {
       return;
     }
     const auto ids = fold.segments.of(group.n, s);
-    if (ids.done() && group.n < fold.first_written_image) {
+    const bool hot = fold.is_hot(ids);
+    if (ids.done() && group.n < fold.first_written_image && !hot) {
       return;
     }
     // The sums enter and leave the registers by a rolled loop of selects:
@@ -172,6 +174,13 @@ struct ReduceDenseChannelGroups {
     }
     fold_group<kGroup>(
         ids, fold.records, fold.records.gout_channel(c), group.count, acc);
+    if (hot) {
+      GRID_SAMPLER_DET_ROLLED
+      for (int k = 0; k < group.count; ++k) {
+        fold.finish_hot(group.n, group.row + k, s);
+      }
+      return;
+    }
     GRID_SAMPLER_DET_ROLLED
     for (int k = 0; k < group.count; ++k) {
       fold.out.write(group.row + k, s, select_tap(acc, k));

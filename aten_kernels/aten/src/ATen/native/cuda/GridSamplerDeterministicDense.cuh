@@ -45,6 +45,50 @@ struct MarkDestinationSegments {
   }
 };
 
+// [stack: hot-fold]
+// A hot destination's stored partials (HotFold): units [first, first +
+// count) of the pool; none where its units did not fit and HotFold folded
+// its records.
+struct HotUnits {
+  int32_t first;
+  int32_t count;
+};
+
+// What the dense reduce reads of the hot fold (HotFold, in
+// GridSamplerDeterministicHotFold.cuh). HotFold marks a hot key's table
+// entry {end, ~begin}: it reads as no records (its begin is not below its
+// end), and its negative end tells it apart. The destination that a hot key
+// beginning at sorted position b owns through way w is hot destination
+// (b / (key_limit + 1)) * kWays + w, whose partials units[h] locates.
+template <typename T>
+struct StoredPartials {
+  const T* partials = nullptr; // [channel][unit], pool_units per channel
+  const int32_t* partial_counts = nullptr; // [unit]: a group's, at its first
+  const HotUnits* units = nullptr; // [hot destination]
+  int32_t pool_units = 0;
+  int32_t key_limit = 0;
+
+  // `sum` plus channel c's partials of `hot`, in order.
+  C10_HOST_DEVICE T add(int64_t c, const HotUnits& hot, T sum) const {
+    const T* partial = partials + c * pool_units;
+    const int32_t end = hot.first + hot.count;
+    for (int32_t u = hot.first; u < end;) {
+      const int32_t count = partial_counts[u];
+      for (int32_t k = 0; k < count; ++k) {
+        sum = add_rn(sum, partial[u + k]);
+      }
+      u += count > 0 ? count : 1;
+    }
+    return sum;
+  }
+};
+
+// Whether a destination's records are a hot key's (negative end).
+C10_HOST_DEVICE inline bool holds_hot_key(const SortedRecordIds& ids) {
+  return ids.end < 0;
+}
+// [end stack: hot-fold]
+
 // Where the dense reduce finds one destination's records, from the segment
 // bounds of step 1. PerTap: the destination's own segment.
 template <typename index_t>
@@ -106,6 +150,7 @@ struct DenseFold {
   index_t destinations_per_image;
   index_t first_fresh_image;
   index_t first_written_image;
+  StoredPartials<T> stored = {}; // [stack: hot-fold]
 
   C10_HOST_DEVICE T initial_sum(index_t n, index_t row, index_t s) const {
     return n < first_fresh_image ? out.running_sum(row, s) : static_cast<T>(0);
@@ -117,11 +162,55 @@ struct DenseFold {
       index_t s,
       const scalar_t* gout_channel) const {
     const auto ids = segments.of(n, s);
-    if (ids.done() && n < first_written_image) {
+    const bool hot = is_hot(ids); // [stack: hot-fold]
+    if (ids.done() && n < first_written_image && !hot) { // [stack: hot-fold replaces: if (ids.done() && n < first_written_image) {]
       return;
     }
-    out.write(row, s, records.fold(ids, gout_channel, initial_sum(n, row, s)));
+    const T sum = records.fold(ids, gout_channel, initial_sum(n, row, s));
+    // [stack: hot-fold]
+    // The fold read a hot key as empty.
+    if (hot) {
+      finish_hot(n, row, s);
+      return;
+    }
+    // [end stack: hot-fold]
+    out.write(row, s, sum);
   }
+
+  // [stack: hot-fold]
+  // Whether a destination's records `ids` hide a hot key (HotFold runs with
+  // 32-bit indices only).
+  template <typename RecordIds>
+  C10_HOST_DEVICE bool is_hot(const RecordIds& ids) const {
+    if constexpr (std::is_same_v<index_t, int32_t>) {
+      return holds_hot_key(ids);
+    }
+    return false;
+  }
+  // Hot destination (n, s)'s element of row `row`: its running sum plus its
+  // stored partials, in order; HotFold wrote it where they did not fit.
+  C10_HOST_DEVICE void finish_hot(index_t n, index_t row, index_t s) const {
+    const HotUnits units = hot_units(n, s);
+    if (units.count > 0) {
+      const int64_t c = row - int64_t{n} * channels;
+      out.write(row, s, stored.add(c, units, initial_sum(n, row, s)));
+    }
+  }
+  // Its units: those of the hot destination its hot way of least index
+  // owns it as.
+  C10_HOST_DEVICE HotUnits hot_units(index_t n, index_t s) const {
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < Segments::kWays; ++w) {
+      const SegmentBounds bounds =
+          segments.segments[segments.key_of(n, s, w)];
+      if (bounds.end < 0) {
+        const int32_t slot = ~bounds.end / (stored.key_limit + 1);
+        return stored.units[slot * Segments::kWays + w];
+      }
+    }
+    return HotUnits{0, 0};
+  }
+  // [end stack: hot-fold]
 };
 
 // Destinations fastest: thread (row first_row + r, column first_col + s'),

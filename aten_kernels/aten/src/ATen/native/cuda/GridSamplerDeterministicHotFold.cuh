@@ -1,10 +1,12 @@
 #pragma once
 // Speed step of the deterministic grid_sampler backward: hot destinations,
 // whose records would make one thread's fold long, are folded tile by tile
-// in parallel, and their tiles' partials then added in order: the same
-// partials and additions as the serial fold, so the same bits.
+// in parallel, and the dense reduce then adds their tiles' partials in
+// order: the same partials and additions as the serial fold, so the same
+// bits.
 
 #include <ATen/native/cuda/GridSamplerDeterministicDense.cuh>
+#include <ATen/native/cuda/GridSamplerDeterministicChannelsFastest.cuh>
 #include <ATen/native/cuda/GridSamplerDeterministicChannelGroups.cuh> // [stack: channel-groups]
 
 namespace at::native::grid_sampler_deterministic {
@@ -40,8 +42,9 @@ C10_HOST_DEVICE inline int32_t first_id_at_least(
 // holds more than key_limit = kHotRecords / kWays records, and a destination
 // is hot when one of its keys is; its hot way of least index owns it. A hot
 // key beginning at sorted position b has slot b / (key_limit + 1), which no
-// other hot key shares, and a hot destination has a group per tile from the
-// tile of its first record to that of its last.
+// other hot key shares, and the destination it owns through way w is hot
+// destination slot * kWays + w. A hot destination has a group per tile from
+// the tile of its first record to that of its last.
 //
 // A group of r records forms ceil(r / kRecordsPerPartial) partials, so a hot
 // destination with G groups and R records takes G + R / kRecordsPerPartial
@@ -50,103 +53,67 @@ C10_HOST_DEVICE inline int32_t first_id_at_least(
 // groups before j, and end before group j + 1's start. Slots are sized per
 // record, not per tile: a line of pixels each hot in every tile (tensorf's
 // 300 x 245 groups of about 27 records) takes 1.1 units per group, where 16
-// per group (a whole tile's partials) overflowed the pool. Per dense chunk:
-//   kMarkSegments   a thread per sorted record, as MarkDestinationSegments,
-//                   but a hot key gets the empty bounds {end, end}, so that
-//                   the reduce folds none of its records, and the thread of
-//                   its last record counts the units of the destinations
-//                   it owns into its slot.
-//   (an inclusive sum of the slots' units numbers the units)
-//   kStorePartials  a thread per (channel, unit): the first unit of a group
-//                   stores the group's partials from there on, and one
-//                   thread per (channel, hot destination) its running sum,
-//                   which the reduce may overwrite.
-//   (the dense reduce)
-//   kAddPartials    a thread per (channel, hot destination) adds the stored
-//                   partials to the running sum, in order, and writes the
-//                   element; where its units did not fit `pool_units`, it
-//                   folds the destination's records serially instead.
-// A destination with no hot key folds at most kHotRecords records in the
-// reduce; a hot one at most a tile's in kStorePartials and its partials in
-// kAddPartials. Everything is found from the sorted keys, by binary search
-// where a bound was hidden, with no atomics: the units' numbering is a
-// function of the sorted keys alone. The tables live in the chunk's unsorted
-// keys and ids, which are dead after the sort, and the slots' counts beside
-// the segment table, whose zero fill clears them.
+// per group (a whole tile's partials) overflowed the pool. An inclusive sum
+// over the slots of their hot keys' units (HotKeys) numbers the units; a
+// destination whose units do not fit the pool is folded serially. Then
+// per dense chunk that may hold a hot key, one launch (HotFold), a thread
+// per (channel, column):
+//   - marks the segment table as MarkDestinationSegments does, but a hot
+//     key's entry {end, ~begin}: the reduce reads it as empty, and knows
+//     the destination is hot (StoredPartials);
+//   - stores the partials of the group whose first unit is its column;
+//   - notes hot destination h's units (HotUnits), or where they do not fit,
+//     folds its records serially and writes its element;
+//   - copies the chunk's grad_output channels last where the reduce reads
+//     a copy and no other launch makes it.
+// The dense reduce then adds a hot destination's stored partials to its
+// running sum, in order (DenseFold::finish_hot). A destination with no hot
+// key folds at most kHotRecords records in the reduce; a hot one at most a
+// tile's in HotFold and its partials in the reduce. Everything is found
+// from the sorted keys, by binary search where the table has no bound yet,
+// with no atomics: the numbering is a function of the sorted keys alone.
+// The tables live in the chunk's unsorted keys and ids, which are dead
+// after the sort.
 constexpr int32_t kHotRecords = 4096;
-// The most bytes of slot counts a chunk needs: a chunk item takes 24 bytes
-// of the workspace at least (chunk_bytes_per_point), and a hot key more
-// than kHotRecords / 8 items.
-constexpr int64_t kHotSlotBytes =
-    (kWorkspaceBytes / 24 / (kHotRecords / 8 + 1) + 1) *
-    int64_t{sizeof(int32_t)};
 
-enum class HotStep : int8_t { kMarkSegments, kStorePartials, kAddPartials };
-
-template <typename Fold>
-struct HotFold {
-  using Segments = decltype(Fold::segments);
-  using T = typename Fold::T;
-  using index_t = typename Fold::index_type;
-  using scalar_t = typename Fold::scalar_type;
+// The hot keys of a chunk and the units of the destinations they own,
+// read from its sorted keys and ids.
+template <typename Segments>
+struct HotKeys {
+  using index_t = int32_t;
   static constexpr int kWays = Segments::kWays;
   // Above every record id: the bound of a destination's whole range.
   static constexpr uint32_t kEveryId = std::numeric_limits<uint32_t>::max();
-  static_assert(
-      std::is_same_v<index_t, int32_t>,
-      "hot destinations fold in parallel with 32-bit indices only");
-  Fold fold;
+  Segments segments;
   MarkDestinationSegments marks; // the sorted keys, and the table
-  HotStep step;
   int tile_bits;
   int32_t key_limit; // a key with more records is hot
   int32_t num_slots;
-  int32_t* slot_units; // zero-filled with the table
-  int32_t* slot_ends; // inclusive sums of slot_units
-  int32_t pool_units;
-  T* partials; // [channel][unit]
-  int32_t* partial_counts; // [unit]: a group's partials at its first unit, else 0
-  T* running_sums; // [channel][hot destination]
-  // [stack: channel-groups]
-  // A row of kStorePartials and kAddPartials is a group of Row::channels
-  // channels from Row::channel, group_width at most: a thread's walk of a
-  // tile serves all of them.
-  static constexpr int kGroup = kChannelGroup<T>;
-  int32_t group_width;
-  // [end stack: channel-groups]
+  const int32_t* slot_ends; // inclusive sums of the terms below
+  int32_t pool_units; // units of partials per channel
 
-  // A row of kStorePartials and kAddPartials: a channel.
-  struct Row {
-    index_t channel;
-    const scalar_t* gout_channel;
-    int32_t channels; // [stack: channel-groups]
-  };
-
-  C10_HOST_DEVICE Row row(index_t r) const {
-    return channel_group(r); // [stack: channel-groups replaces: return Row{r, fold.records.gout_channel(r)};]
-  }
-
-  C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
-    switch (step) {
-      case HotStep::kMarkSegments:
-        mark_segments(i);
-        return;
-      case HotStep::kStorePartials:
-        store_group_partials(row, i); // [stack: channel-groups replaces: store_partials(row, i);]
-        return;
-      case HotStep::kAddPartials:
-        add_group_partials(row, i); // [stack: channel-groups replaces: add_partials(row, i);]
-        return;
+  // As a term of the inclusive sum over the slots (slot_ends): the units of
+  // slot `slot`'s hot key's owned destinations (0 where it has none). Not
+  // inlined: CUB's scan unrolls its loads of the terms.
+  C10_NOINLINE C10_HOST_DEVICE int32_t operator()(int32_t slot) const {
+    int64_t key;
+    if (!hot_key_of(slot, key)) {
+      return 0;
     }
+    int32_t units = 0;
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < kWays; ++w) {
+      index_t n;
+      index_t s;
+      if (owned_destination(key, w, n, s)) {
+        units += units_of(n, s);
+      }
+    }
+    return units;
   }
 
-  // Hot destinations are numbered slot * kWays + way, for the way of their
-  // owner.
   C10_HOST_DEVICE int32_t max_hot_destinations() const {
     return num_slots * kWays;
-  }
-  C10_HOST_DEVICE int32_t total_units() const {
-    return slot_ends[num_slots - 1];
   }
 
   // The sorted position of key k's first record (or of the first greater
@@ -185,12 +152,12 @@ struct HotFold {
   // owns it: none of its ways before is hot.
   C10_HOST_DEVICE bool
   owned_destination(int64_t key, int way, index_t& n, index_t& s) const {
-    if (!fold.segments.destination_of(key, way, n, s)) {
+    if (!segments.destination_of(key, way, n, s)) {
       return false;
     }
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < way; ++w) {
-      const int64_t other = fold.segments.key_of(n, s, w);
+      const int64_t other = segments.key_of(n, s, w);
       if (is_hot(other, key_begin(other))) {
         return false;
       }
@@ -198,19 +165,19 @@ struct HotFold {
     return true;
   }
 
-  // Where destination (n, s)'s records are, found from the keys (the table
-  // hides a hot key's bounds): way w's sorted positions whose ids are in
-  // [first_id, end_id), and the tiles of its first and last record.
+  // Where destination (n, s)'s records are, found from the keys: way w's
+  // sorted positions whose ids are in [first_id, end_id), and the tiles of
+  // its first and last record.
   C10_HOST_DEVICE SegmentBounds way_range(
       index_t n,
       index_t s,
       int way,
       uint32_t first_id,
       uint32_t end_id) const {
-    const int64_t key = fold.segments.key_of(n, s, way);
+    const int64_t key = segments.key_of(n, s, way);
     const int32_t begin = key_begin(key);
     const int32_t end = key_begin(key + 1);
-    const int32_t* ids = fold.segments.sorted_ids();
+    const int32_t* ids = segments.sorted_ids();
     return SegmentBounds{
         first_id_at_least(ids, begin, end, first_id),
         first_id_at_least(ids, begin, end, end_id)};
@@ -220,11 +187,11 @@ struct HotFold {
     int32_t last;
   };
   C10_HOST_DEVICE TileSpan tiles_of(index_t n, index_t s) const {
-    const int32_t* ids = fold.segments.sorted_ids();
+    const int32_t* ids = segments.sorted_ids();
     TileSpan tiles{std::numeric_limits<int32_t>::max(), -1};
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < kWays; ++w) {
-      const int64_t key = fold.segments.key_of(n, s, w);
+      const int64_t key = segments.key_of(n, s, w);
       const int32_t begin = key_begin(key);
       const int32_t end = key_begin(key + 1);
       if (begin < end) {
@@ -237,11 +204,11 @@ struct HotFold {
   // Destination (n, s)'s records whose ids are below `end_id`.
   C10_HOST_DEVICE int32_t records_below(index_t n, index_t s, uint32_t end_id)
       const {
-    const int32_t* ids = fold.segments.sorted_ids();
+    const int32_t* ids = segments.sorted_ids();
     int32_t records = 0;
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < kWays; ++w) {
-      const int64_t key = fold.segments.key_of(n, s, w);
+      const int64_t key = segments.key_of(n, s, w);
       const int32_t begin = key_begin(key);
       records +=
           first_id_at_least(ids, begin, key_begin(key + 1), end_id) - begin;
@@ -272,19 +239,20 @@ struct HotFold {
         ranges[k] = k == w ? range : ranges[k];
       }
     }
-    return fold.segments.records_in(ranges);
+    return segments.records_in(ranges);
   }
 
-  // Hot destination h, if slot h / kWays's hot key owns it through way
-  // h % kWays; and the number of its first unit.
+  // Hot destination h, if the hot key beginning in slot h / kWays owns it
+  // through way h % kWays; its units, and whether they fit the pool.
   struct HotDestination {
     bool valid;
+    bool fits;
     index_t n;
     index_t s;
-    int32_t first_unit;
+    HotUnits units;
   };
   C10_HOST_DEVICE HotDestination hot_destination(int32_t h) const {
-    HotDestination hot{false, 0, 0, 0};
+    HotDestination hot{false, false, 0, 0, HotUnits{0, 0}};
     const int32_t slot = h / kWays;
     const int way = h - slot * kWays;
     int64_t key;
@@ -292,59 +260,22 @@ struct HotFold {
       return hot;
     }
     hot.valid = true;
-    hot.first_unit = slot == 0 ? 0 : slot_ends[slot - 1];
+    int32_t first = slot == 0 ? 0 : slot_ends[slot - 1];
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < way; ++w) {
       index_t n;
       index_t s;
       if (owned_destination(key, w, n, s)) {
-        hot.first_unit += units_of(n, s);
+        first += units_of(n, s);
       }
     }
+    hot.units = HotUnits{first, units_of(hot.n, hot.s)};
+    hot.fits = first + hot.units.count <= pool_units;
     return hot;
   }
 
-  // kMarkSegments: sorted record i.
-  C10_HOST_DEVICE void mark_segments(int32_t i) const {
-    const int64_t key = marks.keys[i];
-    const bool first = i == 0 || marks.keys[i - 1] != key;
-    const bool last = i == marks.count - 1 || marks.keys[i + 1] != key;
-    if (key == marks.nowhere || !(first || last)) {
-      return;
-    }
-    const bool hot = first
-        ? is_hot(key, i)
-        : i >= key_limit && marks.keys[i - key_limit] == key;
-    if (!hot) {
-      marks(i);
-      return;
-    }
-    if (!last) {
-      return;
-    }
-    marks.segments[key] = SegmentBounds{i + 1, i + 1};
-    int32_t units = 0;
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < kWays; ++w) {
-      index_t n;
-      index_t s;
-      if (owned_destination(key, w, n, s)) {
-        units += units_of(n, s);
-      }
-    }
-    slot_units[key_begin(key) / (key_limit + 1)] = units;
-  }
-
-  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t unit) const {
-    return partials + int64_t{channel} * pool_units + unit;
-  }
-  C10_HOST_DEVICE T& running_sum(index_t channel, int32_t h) const {
-    return running_sums[int64_t{channel} * max_hot_destinations() + h];
-  }
-
-  // The group whose partials start at unit u (< total_units()), if one does
-  // and its destination's units all fit the pool (else kAddPartials folds
-  // its records): its destination and tile.
+  // The group whose partials start at unit u, if one does and its
+  // destination's units fit the pool: its destination and tile.
   struct UnitGroup {
     bool stores;
     index_t n;
@@ -352,6 +283,11 @@ struct HotFold {
     int32_t tile;
   };
   C10_HOST_DEVICE UnitGroup unit_group(int32_t u) const {
+    UnitGroup group{false, 0, 0, 0};
+    if (u >= slot_ends[num_slots - 1]) {
+      return group;
+    }
+    // The slot whose units hold u, then its owned destination's.
     int32_t low = 0;
     int32_t high = num_slots - 1;
     while (low < high) {
@@ -365,9 +301,8 @@ struct HotFold {
     int32_t unit = u - (low == 0 ? 0 : slot_ends[low - 1]);
     int64_t key;
     hot_key_of(low, key);
-    UnitGroup group{false, 0, 0, 0};
-    TileSpan tiles{0, -1};
     int32_t end_unit = u - unit;
+    TileSpan tiles{0, -1};
     GRID_SAMPLER_DET_ROLLED
     for (int w = 0; w < kWays; ++w) {
       if (!owned_destination(key, w, group.n, group.s)) {
@@ -410,132 +345,194 @@ struct HotFold {
         static_cast<uint32_t>(group.tile) << tile_bits,
         static_cast<uint32_t>(group.tile + 1) << tile_bits);
   }
+};
 
-  // kStorePartials: for channel c, the partials of the group that starts at
-  // unit i, if one does, and hot destination i's running sum.
-  C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
-    if (i < std::min(total_units(), pool_units)) {
-      const UnitGroup group = unit_group(i);
-      const int32_t stored = group.stores ? store_tile(row, group, i) : 0;
-      if (row.channel == 0) {
-        partial_counts[i] = stored;
-      }
-    }
-    store_running_sum(row.channel, i);
-  }
-  // Stores a group's partials from unit `unit` on; returns their number.
-  C10_HOST_DEVICE int32_t
-  store_tile(const Row& row, const UnitGroup& group, int32_t unit) const {
-    auto in_tile = tile_records(group);
-    T* partial = partials_of(row.channel, unit);
-    int32_t stored = 0;
-    while (!in_tile.done()) {
-      partial[stored++] = next_partial(
-          in_tile,
-          fold.records.weights,
-          fold.records.gout_offsets,
-          row.gout_channel,
-          fold.records.tap_bits);
-    }
-    return stored;
+// The hot fold's one launch per chunk (see above).
+template <typename Fold>
+struct HotFold {
+  using Segments = decltype(Fold::segments);
+  using T = typename Fold::T;
+  using index_t = typename Fold::index_type;
+  using scalar_t = typename Fold::scalar_type;
+  static_assert(
+      std::is_same_v<index_t, int32_t>,
+      "hot destinations fold in parallel with 32-bit indices only");
+  Fold fold;
+  // The records with grad_output itself, which the copy below may still be
+  // writing while the partials are made.
+  SortedRecords<scalar_t, index_t> records;
+  HotKeys<Segments> keys;
+  int32_t marks_per_row; // sorted records each row marks
+  GatherChannelsLast<CopiedAs<scalar_t>, index_t> gather;
+  int64_t copy_elements; // points x channels, or 0 where it copies nothing
+  int32_t copies_per_row; // elements of the copy each row makes
+  T* partials; // [channel][unit]
+  int32_t* partial_counts; // [unit]: a group's partials at its first unit
+  HotUnits* units; // [hot destination]
+  // [stack: channel-groups]
+  // A row is a group of Row::channels channels from Row::channel,
+  // group_width at most: a thread's walk of a tile serves all of them.
+  static constexpr int kGroup = kChannelGroup<T>;
+  int32_t group_width;
+  // [end stack: channel-groups]
+
+  // Row r: a channel.
+  struct Row {
+    index_t index; // r
+    index_t channel;
+    const scalar_t* gout_channel;
+    int32_t channels; // [stack: channel-groups]
+  };
+
+  C10_HOST_DEVICE Row row(index_t r) const {
+    return channel_group(r); // [stack: channel-groups replaces: return Row{r, r, records.gout_channel(r)};]
   }
 
-  // kStorePartials: hot destination h's running sum of channel c, which the
-  // reduce may overwrite.
-  C10_HOST_DEVICE void store_running_sum(index_t channel, int32_t h) const {
-    if (h < max_hot_destinations()) {
-      const HotDestination hot = hot_destination(h);
-      const index_t element_row = hot.n * fold.channels + channel;
-      if (hot.valid && fold.out.block.holds(element_row, hot.s)) {
-        running_sum(channel, h) = fold.initial_sum(hot.n, element_row, hot.s);
-      }
+  C10_HOST_DEVICE void operator()(const Row& row, int32_t i) const {
+    const int32_t marked = row.index * marks_per_row + i;
+    if (i < marks_per_row && marked < keys.marks.count) {
+      mark(marked);
+    }
+    if (i < copies_per_row) {
+      copy_channels_last(int64_t{row.index} * copies_per_row + i);
+    }
+    if (i < keys.pool_units) {
+      store_group_partials(row, i); // [stack: channel-groups replaces: store_partials(row, i);]
+    }
+    if (i < keys.max_hot_destinations()) {
+      finish_destination(row, i);
     }
   }
 
-  // kAddPartials: hot destination h's element of channel c.
-  C10_HOST_DEVICE void add_partials(const Row& row, int32_t h) const {
-    const HotDestination hot = hot_destination(h);
-    const index_t element_row = hot.n * fold.channels + row.channel;
-    if (!hot.valid || !fold.out.block.holds(element_row, hot.s)) {
+  // The partials as the dense reduce reads them.
+  StoredPartials<T> stored() const {
+    return StoredPartials<T>{
+        partials, partial_counts, units, keys.pool_units, keys.key_limit};
+  }
+
+  // Sorted record i's mark; a hot key's {end, ~begin}.
+  C10_HOST_DEVICE void mark(int32_t i) const {
+    const MarkDestinationSegments& marks = keys.marks;
+    const int64_t key = marks.keys[i];
+    const bool first = i == 0 || marks.keys[i - 1] != key;
+    const bool last = i == marks.count - 1 || marks.keys[i + 1] != key;
+    if (key == marks.nowhere || !(first || last)) {
       return;
     }
-    const int32_t end_unit = hot.first_unit + units_of(hot.n, hot.s);
-    T sum = running_sum(row.channel, h);
-    if (end_unit <= pool_units) {
-      for (int32_t u = hot.first_unit; u < end_unit;) {
-        const int32_t count = partial_counts[u];
-        const T* partial = partials_of(row.channel, u);
-        for (int32_t k = 0; k < count; ++k) {
-          sum = add_rn(sum, partial[k]);
-        }
-        u += count > 0 ? count : 1;
-      }
-    } else {
-      // Its units did not all fit: its records, serially.
-      sum = fold.records.fold(
-          records_in(hot.n, hot.s, 0, kEveryId),
-          row.gout_channel,
-          sum);
+    const int32_t limit = keys.key_limit;
+    const bool hot = first
+        ? keys.is_hot(key, i)
+        : i >= limit && marks.keys[i - limit] == key;
+    if (!hot) {
+      marks(i);
+      return;
     }
-    fold.out.write(element_row, hot.s, sum);
+    // A hot key's first record is never its last.
+    if (first) {
+      marks.segments[key].end = ~i;
+    } else {
+      marks.segments[key].begin = i + 1;
+    }
+  }
+
+  // Element e of the channels-last copy: channel e % C of point e / C.
+  C10_HOST_DEVICE void copy_channels_last(int64_t e) const {
+    if (e < copy_elements) {
+      const auto point = static_cast<index_t>(e / fold.channels);
+      gather(
+          gather.row(point),
+          static_cast<index_t>(e - int64_t{point} * fold.channels));
+    }
+  }
+
+  // Hot destination h: its units, for the reduce; or where they do not
+  // fit, its row's elements, from its records in one thread.
+  C10_HOST_DEVICE void finish_destination(const Row& row, int32_t h) const {
+    const auto hot = keys.hot_destination(h);
+    if (!hot.valid) {
+      return;
+    }
+    if (row.index == 0) {
+      units[h] = hot.fits ? hot.units : HotUnits{0, 0};
+    }
+    if (hot.fits) {
+      return;
+    }
+    const int32_t channels = row.channels; // [stack: channel-groups replaces: const int32_t channels = 1;]
+    for (int32_t k = 0; k < channels; ++k) {
+      const index_t element_row = hot.n * fold.channels + row.channel + k;
+      if (fold.out.block.holds(element_row, hot.s)) {
+        fold.out.write(
+            element_row,
+            hot.s,
+            records.fold(
+                keys.records_in(hot.n, hot.s, 0, keys.kEveryId),
+                records.gout_channel(row.channel + k),
+                fold.initial_sum(hot.n, element_row, hot.s)));
+      }
+    }
+  }
+
+  C10_HOST_DEVICE T* partials_of(index_t channel, int32_t unit) const {
+    return partials + int64_t{channel} * keys.pool_units + unit;
+  }
+
+  // Channel c's partials of the group that starts at unit i, if one does
+  // and its destination's units fit.
+  C10_HOST_DEVICE void store_partials(const Row& row, int32_t i) const {
+    const auto group = keys.unit_group(i);
+    int32_t stored = 0;
+    if (group.stores) {
+      auto in_tile = keys.tile_records(group);
+      T* partial = partials_of(row.channel, i);
+      while (!in_tile.done()) {
+        partial[stored++] = next_partial(
+            in_tile,
+            records.weights,
+            records.gout_offsets,
+            row.gout_channel,
+            records.tap_bits);
+      }
+    }
+    if (row.index == 0) {
+      partial_counts[i] = stored;
+    }
   }
 
   // [stack: channel-groups]
-  // Row r of kStorePartials and kAddPartials: channels [r * group_width,
-  // (r + 1) * group_width), C at most.
+  // Row r: channels [r * group_width, (r + 1) * group_width), C at most.
   C10_HOST_DEVICE Row channel_group(index_t r) const {
     const index_t first = r * group_width;
     const index_t left = fold.channels - first;
     return Row{
+        r,
         first,
-        fold.records.gout_channel(first),
+        records.gout_channel(first),
         static_cast<int32_t>(left < group_width ? left : group_width)};
   }
-  // The rows of kStorePartials and kAddPartials.
-  int64_t rows() const {
-    return (int64_t{fold.channels} + group_width - 1) / group_width;
-  }
 
-  // kStorePartials for a row's channels: one walk of the tile of the group
-  // that starts at unit i, if one does.
+  // store_partials for a row's channels: one walk of the group's tile.
   C10_HOST_DEVICE void store_group_partials(const Row& row, int32_t i) const {
-    if (i < std::min(total_units(), pool_units)) {
-      const UnitGroup group = unit_group(i);
-      const int32_t stored = group.stores ? store_group_tile(row, group, i) : 0;
-      if (row.channel == 0) {
-        partial_counts[i] = stored;
-      }
-    }
-    for (int32_t k = 0; k < row.channels; ++k) {
-      store_running_sum(row.channel + k, i);
-    }
-  }
-  C10_HOST_DEVICE int32_t
-  store_group_tile(const Row& row, const UnitGroup& group, int32_t unit) const {
-    auto in_tile = tile_records(group);
+    const auto group = keys.unit_group(i);
     int32_t stored = 0;
-    while (!in_tile.done()) {
-      T partial[kGroup];
-      next_group_partial<kGroup>(
-          in_tile, fold.records, row.gout_channel, row.channels, partial);
-      GRID_SAMPLER_DET_UNROLL
-      for (int k = 0; k < kGroup; ++k) {
-        if (k == row.channels) {
-          break;
+    if (group.stores) {
+      auto in_tile = keys.tile_records(group);
+      while (!in_tile.done()) {
+        T partial[kGroup];
+        next_group_partial<kGroup>(
+            in_tile, records, row.gout_channel, row.channels, partial);
+        GRID_SAMPLER_DET_UNROLL
+        for (int k = 0; k < kGroup; ++k) {
+          if (k == row.channels) {
+            break;
+          }
+          partials_of(row.channel + k, i)[stored] = partial[k];
         }
-        partials_of(row.channel + k, unit)[stored] = partial[k];
+        ++stored;
       }
-      ++stored;
     }
-    return stored;
-  }
-
-  // kAddPartials for a row's channels, one at a time (no walk of records
-  // but where a destination's units did not all fit the pool).
-  C10_HOST_DEVICE void add_group_partials(const Row& row, int32_t h) const {
-    for (int32_t k = 0; k < row.channels; ++k) {
-      const index_t c = row.channel + k;
-      add_partials(Row{c, fold.records.gout_channel(c), 1}, h);
+    if (row.index == 0) {
+      partial_counts[i] = stored;
     }
   }
   // [end stack: channel-groups]

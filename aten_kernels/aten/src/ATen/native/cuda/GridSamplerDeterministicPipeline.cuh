@@ -18,7 +18,9 @@
 //                     end_bit)    by key (whose bits above end_bit are zero),
 //                                 equal keys keeping their order.
 // [stack: hot-fold]
-//   inclusive_sum(in, out, count) of int32 values.
+//   inclusive_sum(count, term, out)
+//                                 out[i] = term(0) + ... + term(i) for
+//                                 every i in [0, count), of int32 values.
 // [end stack: hot-fold]
 //   allocate(bytes) -> c10::DataPtr, zero(data, bytes).
 //   begin_chunk()                 marks where a chunk's stages begin (for
@@ -259,7 +261,7 @@ inline ChunkPlan plan_chunks(
   const int64_t budget = workspace_bytes - kSortScratchSlack;
   // [stack: dense]
   const int64_t table_bytes =
-      table_entries * 2 * int64_t{sizeof(int32_t)} + kHotSlotBytes; // [stack: hot-fold replaces: table_entries * 2 * int64_t{sizeof(int32_t)};]
+      table_entries * 2 * int64_t{sizeof(int32_t)};
   const int64_t dense_tiles = tiles_within(
       budget - table_bytes,
       bytes_per_point + dense_bytes_per_point); // [stack: channels-fastest replaces: bytes_per_point);]
@@ -453,7 +455,7 @@ void reduce_grad_input(
   // Dense chunks whose keys may be hot fold those in parallel (HotFold)
   // where the plan says (32-bit indices only, which keeps the unit within
   // its machine-code budget: larger calls fold serially, with the same
-  // bits). Beside the segment table, the units of each slot of a hot key.
+  // bits).
   const int32_t hot_key_limit =
       kHotRecords / (per_cell ? int32_t{1} << kDims : 1);
   const int64_t hot_ways = per_cell ? int64_t{1} << kDims : 1;
@@ -463,9 +465,9 @@ void reduce_grad_input(
       plan.hot_fold && numel > 0 && capacity > hot_key_limit;
   const int64_t hot_slots =
       hot_capable ? capacity / (hot_key_limit + 1) + 1 : 0;
-  // The hot fold's running sums and partials live in the dead keys, which
-  // may grow into the workspace that the plan kept for points a single
-  // chunk lacks, as far as the most units its hot destinations can take:
+  // The hot fold's units per hot destination and partials live in the dead
+  // keys, which may grow into the workspace that the plan kept for points a
+  // single chunk lacks, as far as the most units its hot destinations take:
   // each at most G + R / kRecordsPerPartial, its G groups no more than the
   // chunk's tiles, and the chunk's records counted once per way.
   auto hot_pool_need = [&]() -> int64_t {
@@ -474,8 +476,8 @@ void reduce_grad_input(
     const int64_t tiles = (points_per_chunk + kTilePoints - 1) / kTilePoints;
     const int64_t units =
         destinations * tiles + capacity * hot_ways / kRecordsPerPartial;
-    return (hot_slots * hot_ways + units) * channels *
-        static_cast<int64_t>(sizeof(T));
+    return hot_slots * hot_ways * static_cast<int64_t>(sizeof(HotUnits)) +
+        units * channels * static_cast<int64_t>(sizeof(T));
   };
   const int64_t spare_bytes = (chunk_points - points_per_chunk) *
       chunk_bytes_per_point(
@@ -492,8 +494,7 @@ void reduce_grad_input(
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
   // [stack: dense]
   // Dense: the segment table, one fill per chunk.
-  const int64_t table_bytes = table_entries * sizeof(SegmentBounds) +
-      hot_slots * static_cast<int64_t>(sizeof(int32_t)); // [stack: hot-fold replaces: 0;]
+  const int64_t table_bytes = table_entries * sizeof(SegmentBounds);
   const auto segments = ex.allocate(dense ? table_bytes : 0);
   // [end stack: dense]
   // [stack: channel-groups]
@@ -528,6 +529,7 @@ void reduce_grad_input(
       args.grad_output.data,
       args.grad_output.stride_c,
       kTapBits};
+  const SortedRecords<scalar_t, index_t> sorted_in_place = sorted; // [stack: hot-fold]
   // [stack: channels-fastest]
   if (copy) {
     sorted.gout_offsets = as<index_t>(gathered_offsets);
@@ -539,33 +541,6 @@ void reduce_grad_input(
   const int end_bit = bits_for(table_entries);
   const int64_t points_per_image = args.points_per_image();
 
-  // [stack: hot-fold]
-  // The hot fold's units of stored partials for a chunk of `count` points:
-  // as many as fit the chunk's unsorted keys and ids beside its slots' unit
-  // ends and running sums; 0 where no key can be hot (it runs not at all).
-  auto hot_slots_of = [&](int64_t count) {
-    return (count * items_per_point + hot_key_limit) / (hot_key_limit + 1);
-  };
-  auto hot_pool_units = [&](int64_t count) -> int64_t {
-    if (!hot_capable || count * items_per_point <= hot_key_limit) {
-      return 0;
-    }
-    const int64_t slots = hot_slots_of(count);
-    const int64_t sums_bytes =
-        channels * slots * hot_ways * static_cast<int64_t>(sizeof(T));
-    const int64_t unit_bytes = channels * static_cast<int64_t>(sizeof(T));
-    return std::max<int64_t>(
-        0,
-        std::min<int64_t>(
-            {(capacity * key_bytes + hot_pool_extra - sums_bytes) / unit_bytes,
-             capacity - slots,
-             std::numeric_limits<int32_t>::max() / channels}));
-  };
-  auto run_hot_step = [&](auto hot, HotStep step, int64_t rows, int64_t cols) {
-    hot.step = step;
-    ex.for_each_row(static_cast<int32_t>(rows), static_cast<int32_t>(cols), hot);
-  };
-  // [end stack: hot-fold]
   // [stack: dense]
   auto marks_of = [&](int32_t num_items) {
     return MarkDestinationSegments{
@@ -611,6 +586,86 @@ void reduce_grad_input(
   };
   // [end stack: fused-fills]
 
+  // [stack: channels-fastest]
+  // Whether a launch of its own copies a chunk's grad_output channels last,
+  // and the copy.
+  const bool gather_apart = copy && !fuse_gather; // [stack: fused-fills replaces: const bool gather_apart = copy;]
+  auto gather_stage = [&] {
+    using element_t = CopiedAs<scalar_t>;
+    return GatherChannelsLast<element_t, index_t>{
+        reinterpret_cast<const element_t*>(args.grad_output.data),
+        as<index_t>(gout_offsets),
+        args.grad_output.stride_c,
+        channels,
+        as<element_t>(gathered),
+        as<index_t>(gathered_offsets)};
+  };
+  // [end stack: channels-fastest]
+  // [stack: hot-fold]
+  // The hot fold's units of stored partials for a chunk of `count` points:
+  // as many as fit the chunk's unsorted keys and ids beside its slots' unit
+  // ends and hot destinations' units; 0 where no key can be hot (it runs
+  // not at all).
+  auto hot_slots_of = [&](int64_t count) {
+    return (count * items_per_point + hot_key_limit) / (hot_key_limit + 1);
+  };
+  auto hot_pool_units = [&](int64_t count) -> int64_t {
+    if (!hot_capable || count * items_per_point <= hot_key_limit) {
+      return 0;
+    }
+    const int64_t slots = hot_slots_of(count);
+    const int64_t units_bytes =
+        slots * hot_ways * static_cast<int64_t>(sizeof(HotUnits));
+    const int64_t unit_bytes = channels * static_cast<int64_t>(sizeof(T));
+    return std::max<int64_t>(
+        0,
+        std::min<int64_t>(
+            {(capacity * key_bytes + hot_pool_extra - units_bytes) / unit_bytes,
+             capacity - slots,
+             std::numeric_limits<int32_t>::max() / channels}));
+  };
+  // The hot fold of a chunk of `count` points, which marks its segments
+  // too; returns what the dense reduce reads of it.
+  auto fold_hot = [&](const auto& fold, int64_t count, int64_t pool_units) {
+    using Fold = std::decay_t<decltype(fold)>;
+    using Segments = decltype(Fold::segments);
+    const int32_t num_items = static_cast<int32_t>(count * items_per_point);
+    const int64_t slots = hot_slots_of(count);
+    const int64_t rows = (channels + group_width - 1) / group_width; // [stack: channel-groups replaces: const int64_t rows = channels;]
+    const int64_t marks_per_row = (num_items + rows - 1) / rows;
+    const int64_t copy_elements = gather_apart ? count * channels : 0;
+    const int64_t copies_per_row = (copy_elements + rows - 1) / rows;
+    const HotKeys<Segments> hot_keys{
+        fold.segments,
+        marks_of(num_items),
+        Segments::tile_bits(kTapBits),
+        hot_key_limit,
+        static_cast<int32_t>(slots),
+        as<int32_t>(ids),
+        static_cast<int32_t>(pool_units)};
+    ex.inclusive_sum(static_cast<int32_t>(slots), hot_keys, as<int32_t>(ids));
+    HotUnits* const units = static_cast<HotUnits*>(keys.get());
+    const HotFold<Fold> hot{
+        fold,
+        sorted_in_place,
+        hot_keys,
+        static_cast<int32_t>(marks_per_row),
+        gather_stage(),
+        copy_elements,
+        static_cast<int32_t>(copies_per_row),
+        reinterpret_cast<T*>(units + slots * hot_ways),
+        as<int32_t>(ids) + slots,
+        units, // [stack: channel-groups replaces: units};]
+        static_cast<int32_t>(group_width)}; // [stack: channel-groups]
+    ex.for_each_row(
+        static_cast<int32_t>(rows),
+        static_cast<int32_t>(std::max<int64_t>(
+            {marks_per_row, copies_per_row, pool_units, slots * hot_ways})),
+        hot);
+    return hot.stored();
+  };
+  // [end stack: hot-fold]
+
   // One chunk's records, sorted by key.
   // [stack: dense]
   // A dense chunk's segment table too.
@@ -622,30 +677,24 @@ void reduce_grad_input(
         static_cast<index_t>(count),
         PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point), point_fills(count)}); // [stack: fused-fills replaces: PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});]
     sort_items(num_items);
+    // [stack: dense]
+    // Dense: the segment table's zero fill, then the bounds of every key.
+    if (dense) {
+      ex.zero(segment_table, fuse_table ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
+    }
+    // [end stack: dense]
+    // [stack: hot-fold]
+    if (hot_pool_units(count) > 0) {
+      return; // the hot fold marks the segments, and copies grad_output
+    }
+    // [end stack: hot-fold]
     // [stack: channels-fastest]
-    if (copy && !fuse_gather) { // [stack: fused-fills replaces: if (copy) {]
-      using element_t = CopiedAs<scalar_t>;
-      ex.for_each_row(
-          static_cast<index_t>(count),
-          channels,
-          GatherChannelsLast<element_t, index_t>{
-              reinterpret_cast<const element_t*>(args.grad_output.data),
-              as<index_t>(gout_offsets),
-              args.grad_output.stride_c,
-              channels,
-              as<element_t>(gathered),
-              as<index_t>(gathered_offsets)});
+    if (gather_apart) {
+      ex.for_each_row(static_cast<index_t>(count), channels, gather_stage());
     }
     // [end stack: channels-fastest]
     // [stack: dense]
-    // Dense: the segment bounds of every key.
     if (dense) {
-      ex.zero(segment_table, fuse_table ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
-      // [stack: hot-fold]
-      if (hot_pool_units(count) > 0) {
-        return; // the hot fold's first step marks the segments
-      }
-      // [end stack: hot-fold]
       ex.for_each(num_items, marks_of(num_items));
     }
     // [end stack: dense]
@@ -661,7 +710,7 @@ void reduce_grad_input(
                           int64_t first_fresh_image) {
     auto sweep = [&](const auto& segments_of) {
       using Fold = DenseFold<std::decay_t<decltype(segments_of)>, scalar_t, index_t>;
-      const Fold fold{
+      Fold fold{
           sorted,
           segments_of,
           out,
@@ -687,38 +736,7 @@ void reduce_grad_input(
       if constexpr (std::is_same_v<index_t, int32_t>) {
         const int64_t pool_units = hot_pool_units(count);
         if (pool_units > 0) {
-          using Segments = std::decay_t<decltype(segments_of)>;
-          const int32_t num_items =
-              static_cast<int32_t>(count * items_per_point);
-          const int64_t slots = hot_slots_of(count);
-          const int64_t hot_destinations = slots * hot_ways;
-          T* const sums = static_cast<T*>(keys.get());
-          const HotFold<Fold> hot{
-              fold,
-              marks_of(num_items),
-              HotStep::kMarkSegments,
-              Segments::tile_bits(kTapBits),
-              hot_key_limit,
-              static_cast<int32_t>(slots),
-              reinterpret_cast<int32_t*>(segment_table + table_entries),
-              as<int32_t>(ids),
-              static_cast<int32_t>(pool_units),
-              sums + channels * hot_destinations,
-              as<int32_t>(ids) + slots,
-              sums, // [stack: channel-groups replaces: sums};]
-              static_cast<int32_t>(group_width)}; // [stack: channel-groups]
-          run_hot_step(hot, HotStep::kMarkSegments, 1, num_items);
-          ex.inclusive_sum(
-              hot.slot_units, hot.slot_ends, static_cast<int32_t>(slots));
-          const int64_t hot_rows = hot.rows(); // [stack: channel-groups replaces: const int64_t hot_rows = channels;]
-          run_hot_step(
-              hot,
-              HotStep::kStorePartials,
-              hot_rows,
-              std::max(pool_units, hot_destinations));
-          reduce();
-          run_hot_step(hot, HotStep::kAddPartials, hot_rows, hot_destinations);
-          return;
+          fold.stored = fold_hot(fold, count, pool_units);
         }
       }
       // [end stack: hot-fold]
