@@ -97,19 +97,7 @@ struct HotKeys {
   // inlined: CUB's scan unrolls its loads of the terms.
   C10_NOINLINE C10_HOST_DEVICE int32_t operator()(int32_t slot) const {
     int64_t key;
-    if (!hot_key_of(slot, key)) {
-      return 0;
-    }
-    int32_t units = 0;
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < kWays; ++w) {
-      index_t n;
-      index_t s;
-      if (owned_destination(key, w, n, s)) {
-        units += units_of(n, s);
-      }
-    }
-    return units;
+    return hot_key_of(slot, key) ? owned_units(key, kWays) : 0;
   }
 
   C10_HOST_DEVICE int32_t max_hot_destinations() const {
@@ -163,6 +151,21 @@ struct HotKeys {
       }
     }
     return true;
+  }
+
+  // The units of the destinations that hot key `key` owns through its ways
+  // before `end_way`.
+  C10_HOST_DEVICE int32_t owned_units(int64_t key, int end_way) const {
+    int32_t units = 0;
+    GRID_SAMPLER_DET_ROLLED
+    for (int w = 0; w < end_way; ++w) {
+      index_t n;
+      index_t s;
+      if (owned_destination(key, w, n, s)) {
+        units += units_of(n, s);
+      }
+    }
+    return units;
   }
 
   // Where destination (n, s)'s records are, found from the keys: way w's
@@ -260,15 +263,8 @@ struct HotKeys {
       return hot;
     }
     hot.valid = true;
-    int32_t first = slot == 0 ? 0 : slot_ends[slot - 1];
-    GRID_SAMPLER_DET_ROLLED
-    for (int w = 0; w < way; ++w) {
-      index_t n;
-      index_t s;
-      if (owned_destination(key, w, n, s)) {
-        first += units_of(n, s);
-      }
-    }
+    const int32_t first =
+        (slot == 0 ? 0 : slot_ends[slot - 1]) + owned_units(key, way);
     hot.units = HotUnits{first, units_of(hot.n, hot.s)};
     hot.fits = first + hot.units.count <= pool_units;
     return hot;
