@@ -48,9 +48,10 @@ class TestFusedFills(DetgridTestCase):
                     detgrid_backward(*problem, mode, ZEROS, False, separate_fills=1, **knobs),
                     f"C={C} mode={mode}")
 
-    def test_hot_fold_tables_are_cleared_by_the_point_pass(self, device):
-        # The hot fold's slot counts lie beside the segment table and are
-        # zero-filled with it, chunk by chunk.
+    def test_hot_fold_marks_the_table_the_point_pass_cleared(self, device):
+        # The hot fold's launch marks the segment table that the point pass
+        # zero-filled, chunk by chunk: an entry left from an earlier chunk
+        # (a hot key's {end, ~begin}) would make an untouched key hot.
         problem = hot_problem(2, C=3, device=device, seed=7)
         for knobs in ({}, {"chunk_points": 3 * TILE_POINTS}):
             assert_pair_bitwise_equal(
