@@ -50,14 +50,14 @@ C10_HOST_DEVICE inline int32_t first_id_at_least(
 // destination with G groups and R records takes G + R / kRecordsPerPartial
 // partial slots ("units"): group j's partials start at unit
 // j + R_j / kRecordsPerPartial of its destination, R_j its records in the
-// groups before j, and end before group j + 1's start. Slots are sized per
-// record, not per tile: a line of pixels each hot in every tile (tensorf's
-// 300 x 245 groups of about 27 records) takes 1.1 units per group, where 16
-// per group (a whole tile's partials) overflowed the pool. An inclusive sum
-// over the slots of their hot keys' units (HotKeys) numbers the units; a
-// destination whose units do not fit the pool is folded serially. Then
-// per dense chunk that may hold a hot key, one launch (HotFold), a thread
-// per (channel, column):
+// groups before j, and end before group j + 1's start. Units are counted
+// per record, not per tile: a line of pixels each hot in every tile
+// (tensorf's 300 x 245 groups of about 27 records) takes 1.1 units per
+// group, where 16 per group (a whole tile's partials) overflowed the pool.
+// Per dense chunk that may hold a hot key, an inclusive sum over the slots
+// of their hot keys' units (HotKeys) numbers the units; a destination whose
+// units do not fit the pool is folded serially. Then one launch (HotFold),
+// a thread per (channel, column):
 //   - marks the segment table as MarkDestinationSegments does, but a hot
 //     key's entry {end, ~begin}: the reduce reads it as empty, and knows
 //     the destination is hot (StoredPartials);
