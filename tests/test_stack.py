@@ -44,7 +44,6 @@ HOST_UNIT = textwrap.dedent("""\
       void inclusive_sum(int32_t, const Term& t, int32_t*) const { (void)t(0); }
       c10::DataPtr allocate(int64_t) const { return {}; }
       void zero(void*, int64_t) const {}
-      void begin_chunk() const {}
     };
     template void gsd::run_deterministic_backward<Executor>(
         const Executor&, const at::native::GridSamplerBackwardCall&, const gsd::BackwardPlan&);
@@ -200,10 +199,14 @@ CORE_UNIT = textwrap.dedent("""\
     #include <tuple>
     #include <vector>
     namespace gsd = at::native::grid_sampler_deterministic;
+    template <typename Stage> struct IsPointPass : std::false_type {};
+    template <int kTaps, typename Args>
+    struct IsPointPass<gsd::PointPass<kTaps, Args>> : std::true_type {};
     struct SerialExecutor {
-      int64_t* chunks;
+      int64_t* chunks;  // every chunk begins with its point pass
       template <typename count_t, typename Stage>
       void for_each(count_t count, const Stage& stage) const {
+        if constexpr (IsPointPass<Stage>::value) ++*chunks;
         for (count_t i = 0; i < count; ++i) stage(i);
       }
       template <typename row_t, typename col_t, typename Stage>
@@ -233,7 +236,6 @@ CORE_UNIT = textwrap.dedent("""\
       }
       c10::DataPtr allocate(int64_t bytes) const { return c10::GetCPUAllocator()->allocate(bytes); }
       void zero(void* data, int64_t bytes) const { std::memset(data, 0, bytes); }
-      void begin_chunk() const { ++*chunks; }
     };
     std::tuple<at::Tensor, int64_t> core_backward(
         const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& grid,

@@ -36,7 +36,7 @@ namespace detgrid::grid_only {
 void launch_cuda_grid_gradient(
     const detgrid::BackwardCall& call) {
   const at::native::CudaExecutor executor{
-      at::native::make_launch_config(gsd::LaunchShape{}),
+      at::native::LaunchConfig{gsd::kDefaultBlockSize, gsd::kDefaultMaxBlocks},
       at::cuda::getCurrentCUDAStream()};
   run_grid_gradient_pass(executor, call);
 }

@@ -27,9 +27,11 @@
 
 namespace at::native::grid_sampler_deterministic {
 
-// The pipeline's arguments and a view of grad_grid.
+// The pipeline's arguments, and views of the input (which grad_input never
+// reads) and of grad_grid.
 template <typename scalar_t, typename index_t, int kDims>
 struct GridGradientArgs : BackwardArgs<scalar_t, index_t, kDims> {
+  View<const scalar_t, index_t, kDims> input;
   View<scalar_t, index_t, kDims> grad_grid;
 };
 
@@ -277,6 +279,8 @@ void run_grid_gradient_pass(const Executor& ex, const BackwardCall& call) {
         constexpr int kDims = decltype(dims)::value;
         const gsd::GridGradientArgs<scalar_t, index_t, kDims> args{
             gsd::make_backward_args<scalar_t, index_t, kDims>(call),
+            gsd::image_view<index_t, kDims>(
+                call.input.const_data_ptr<scalar_t>(), call.input.strides()),
             gsd::grid_view<index_t, kDims>(
                 call.grad_grid.data_ptr<scalar_t>(), call.grad_grid.strides())};
         gsd::dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {

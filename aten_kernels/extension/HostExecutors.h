@@ -94,8 +94,6 @@ struct HostExecutor {
       std::memset(data, 0, bytes);
     }
   }
-
-  void begin_chunk() const {}
 };
 
 // The dense reduces that take a thread per grad_input element swept (the
@@ -163,25 +161,25 @@ struct CountingExecutor {
   template <typename count_t, typename Stage>
   void for_each(count_t count, const Stage& stage) const {
     if (count != 0) {
+      note(stage, int64_t{count});
       launch();
       if constexpr (SweepsElements<Stage>::value) {
         counters->elements_swept += count;
       }
       counters->atomics += int64_t{count} * atomics_per_item<Stage>();
-      note(stage, int64_t{count});
     }
   }
 
   template <typename row_t, typename col_t, typename Stage>
   void for_each_row(row_t rows, col_t cols, const Stage& stage) const {
     if (rows != 0 && cols != 0) {
+      note(stage, int64_t{rows});
       launch();
       if constexpr (SweepsElements<Stage>::value) {
         counters->elements_swept += int64_t{rows} * int64_t{cols};
       }
       counters->atomics +=
           int64_t{rows} * int64_t{cols} * atomics_per_item<Stage>();
-      note(stage, int64_t{rows});
     }
   }
 
@@ -226,13 +224,10 @@ struct CountingExecutor {
     }
   }
 
-  void begin_chunk() const {
-    ++counters->chunks;
-  }
-
  private:
-  // What a stage tells channel_merges: the chunk a point pass makes, or a
-  // reduce's passes over its records. A reduce that sweeps part of its
+  // What a stage tells the counters before its launch: a point pass begins
+  // a chunk (every chunk has one) and the chunk channel_merges counts, a
+  // reduce its passes over the chunk's records. A reduce that sweeps part of its
   // rows' columns (a float carry's block of columns) counts them where its
   // block begins at column 0, so that a row's blocks count it once.
   template <typename Stage>
@@ -243,6 +238,7 @@ struct CountingExecutor {
       const at::native::grid_sampler_deterministic::PointPass<kTaps, Args>&
           pass,
       int64_t count) const {
+    ++counters->chunks;
     chunk = ChunkItems{
         int64_t{pass.first_point},
         count,

@@ -22,7 +22,7 @@ namespace {
 namespace gsd = at::native::grid_sampler_deterministic;
 
 // The launch shape the block_size and max_blocks knobs ask for.
-gsd::LaunchShape launch_with_knobs(
+exact::LaunchShape launch_with_knobs(
     const BackwardOptions& knobs,
     const char* op_name) {
   TORCH_CHECK(
@@ -30,7 +30,7 @@ gsd::LaunchShape launch_with_knobs(
       op_name,
       " (deterministic): block_size and max_blocks must be positive, or 0 "
       "for the default");
-  gsd::LaunchShape shape;
+  exact::LaunchShape shape;
   if (knobs.block_size > 0) {
     shape.block_size = knobs.block_size;
   }
@@ -105,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
   // knobs' plan reaches the same CUDA pipeline through the extension's CUDA
   // unit (ExactCuda.cu), which holds the ATen .cu whole.
   const gsd::BackwardPlan plan = plan_with_knobs(call, options);
-  const gsd::LaunchShape shape = launch_with_knobs(
+  const exact::LaunchShape shape = launch_with_knobs(
       options,
       kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward");
   if (options.accumulate == kAccumulateOrdered) {

@@ -432,7 +432,6 @@ void reduce_grad_input_exact(
                           int64_t first_point,
                           int64_t count) {
     const int32_t num_items = static_cast<int32_t>(count * kItemsPerPoint);
-    ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
         gsd::PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});

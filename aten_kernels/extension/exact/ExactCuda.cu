@@ -140,15 +140,27 @@ struct StageKernel<detgrid::exact::RoundSums<kDims, scalar_t, index_t>> {
 } // namespace at::native
 
 namespace detgrid::exact {
+namespace {
+
+// The executor's launch configuration; launch_with_knobs (cuda_ops.cpp) has
+// checked the knobs against its limits.
+at::native::LaunchConfig launch_config(const LaunchShape& shape) {
+  TORCH_INTERNAL_ASSERT(
+      shape.block_size > 0 && shape.block_size <= gsd::kMaxBlockSize &&
+      shape.max_blocks > 0 && shape.max_blocks <= gsd::kDefaultMaxBlocks);
+  return {shape.block_size, shape.max_blocks};
+}
+
+} // namespace
 
 template <int kDims>
 void launch_cuda_exact_backward(
     const detgrid::BackwardCall& call,
     const gsd::BackwardPlan& plan,
-    const gsd::LaunchShape& shape,
+    const LaunchShape& shape,
     bool atomic) {
   const at::native::CudaExecutor executor{
-      at::native::make_launch_config(shape),
+      launch_config(shape),
       at::cuda::getCurrentCUDAStream()};
   grid_only::run_backward(executor, call, [&] {
     run_exact_backward(executor, call, plan, atomic);
@@ -158,21 +170,21 @@ void launch_cuda_exact_backward(
 template void launch_cuda_exact_backward<2>(
     const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
-    const gsd::LaunchShape&,
+    const LaunchShape&,
     bool);
 template void launch_cuda_exact_backward<3>(
     const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
-    const gsd::LaunchShape&,
+    const LaunchShape&,
     bool);
 
 template <int kDims>
 void launch_cuda_backward_with_plan(
     const detgrid::BackwardCall& call,
     const gsd::BackwardPlan& plan,
-    const gsd::LaunchShape& shape) {
+    const LaunchShape& shape) {
   const at::native::CudaExecutor executor{
-      at::native::make_launch_config(shape),
+      launch_config(shape),
       at::cuda::getCurrentCUDAStream()};
   grid_only::run_backward(executor, call, [&] {
     gsd::run_deterministic_backward(executor, call, plan);
@@ -182,10 +194,10 @@ void launch_cuda_backward_with_plan(
 template void launch_cuda_backward_with_plan<2>(
     const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
-    const gsd::LaunchShape&);
+    const LaunchShape&);
 template void launch_cuda_backward_with_plan<3>(
     const detgrid::BackwardCall&,
     const gsd::BackwardPlan&,
-    const gsd::LaunchShape&);
+    const LaunchShape&);
 
 } // namespace detgrid::exact

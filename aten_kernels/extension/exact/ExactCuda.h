@@ -9,6 +9,12 @@
 
 namespace detgrid::exact {
 
+// The block_size and max_blocks knobs (the executor's LaunchConfig).
+struct LaunchShape {
+  int64_t block_size = at::native::grid_sampler_deterministic::kDefaultBlockSize;
+  int64_t max_blocks = at::native::grid_sampler_deterministic::kDefaultMaxBlocks;
+};
+
 // run_exact_backward on the current stream, after the checks of the
 // launchers of GridSamplerDeterministic.h, for a 4-D (kDims 2) or 5-D
 // (kDims 3) input, with the launch shape of the block_size and max_blocks
@@ -17,7 +23,7 @@ template <int kDims>
 void launch_cuda_exact_backward(
     const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
-    const at::native::grid_sampler_deterministic::LaunchShape& shape,
+    const LaunchShape& shape,
     bool atomic);
 
 // run_deterministic_backward with `plan` and `shape` on the current stream,
@@ -27,6 +33,6 @@ template <int kDims>
 void launch_cuda_backward_with_plan(
     const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
-    const at::native::grid_sampler_deterministic::LaunchShape& shape);
+    const LaunchShape& shape);
 
 } // namespace detgrid::exact

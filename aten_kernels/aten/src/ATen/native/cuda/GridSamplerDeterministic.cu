@@ -312,6 +312,8 @@ struct StageKernel<RoundCarry<scalar_t, index_t>> {
       &round_float_sums_kernel<RoundCarry<scalar_t, index_t>, row_t, col_t>;
 };
 
+// Threads per block, at most kMaxBlockSize (the kernels' launch bounds), and
+// blocks per launch, at most kDefaultMaxBlocks (the loops' unsigned counters).
 struct LaunchConfig {
   int64_t block_size;
   int64_t max_blocks;
@@ -323,16 +325,6 @@ struct LaunchConfig {
     return {std::min(block_size, threads), max_blocks};
   }
 };
-
-// The loops' unsigned counters rely on a grid stride of at most
-// kDefaultMaxBlocks * kMaxBlockSize, and the kernels' launch bounds on at
-// most kMaxBlockSize threads per block.
-LaunchConfig make_launch_config(const LaunchShape& shape) {
-  TORCH_INTERNAL_ASSERT(
-      shape.block_size > 0 && shape.block_size <= kMaxBlockSize &&
-      shape.max_blocks > 0 && shape.max_blocks <= kDefaultMaxBlocks);
-  return {shape.block_size, shape.max_blocks};
-}
 
 // [stack: hot-fold]
 // The values term(0), term(1), ... as CUB reads its input: a random-access
@@ -442,15 +434,14 @@ struct CudaExecutor {
     }
     C10_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream));
   }
-
-  void begin_chunk() const {}
 };
 
 // The default plan on the current stream, for arguments that the caller,
 // GridSampler.cu's launcher, has checked.
 void launch_cuda_backward(const GridSamplerBackwardCall& call) {
   const CudaExecutor executor{
-      make_launch_config(LaunchShape{}), at::cuda::getCurrentCUDAStream()};
+      LaunchConfig{kDefaultBlockSize, kDefaultMaxBlocks},
+      at::cuda::getCurrentCUDAStream()};
   run_deterministic_backward(
       executor, call, plan_backward(describe_backward(call)));
 }

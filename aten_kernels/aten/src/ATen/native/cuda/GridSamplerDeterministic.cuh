@@ -654,35 +654,22 @@ struct PointTaps {
     }
     return position;
   }
-  // The product of the axes' weights, multiplied from x outwards as stock
-  // writes it ((wx * wy) * wz).
-  C10_HOST_DEVICE T weight(int t) const {
-    T product = static_cast<T>(1);
-    GRID_SAMPLER_DET_UNROLL
-    for (int a = kDims - 1; a >= 0; --a) {
-      const T factor = axis[a].weight[tap_along(t, a)];
-      product = a == kDims - 1 ? factor : mul_rn(product, factor);
-    }
-    return product;
-  }
-  // The weight the forward gives tap t. Bilinear and trilinear sampling
-  // multiply the axes' weights in scalar_t, as stock does. Bicubic sampling
-  // interpolates one axis at a time, so the weight of a tap in its output is
-  // the product of the axes' coefficients, formed in opmath (exact in 2-D
-  // for Half and BFloat16).
+  // The weight the forward gives tap t: the product of the axes' weights,
+  // multiplied from x outwards as stock writes it ((wx * wy) * wz).
+  // Bilinear and trilinear sampling multiply in scalar_t, as stock does.
+  // Bicubic sampling interpolates one axis at a time, so the weight of a tap
+  // in its output is the product of the axes' coefficients, formed in opmath
+  // (exact in 2-D for Half and BFloat16).
   template <typename scalar_t>
   C10_HOST_DEVICE T sample_weight(int t) const {
-    if constexpr (kTaps != 2) {
-      return weight(t);
-    } else {
-      T product = static_cast<T>(1);
-      GRID_SAMPLER_DET_UNROLL
-      for (int a = kDims - 1; a >= 0; --a) {
-        const T factor = axis[a].weight[tap_along(t, a)];
-        product = a == kDims - 1 ? factor : mul_s<scalar_t>(product, factor);
-      }
-      return product;
+    T product = axis[kDims - 1].weight[tap_along(t, kDims - 1)];
+    GRID_SAMPLER_DET_UNROLL
+    for (int a = kDims - 2; a >= 0; --a) {
+      const T factor = axis[a].weight[tap_along(t, a)];
+      product = kTaps == 2 ? mul_s<scalar_t>(product, factor)
+                           : mul_rn(product, factor);
     }
+    return product;
   }
 };
 
@@ -836,7 +823,6 @@ struct BackwardArgs {
   using scalar_type = scalar_t;
   static constexpr int dims = kDims;
 
-  View<const scalar_t, index_t, kDims> input;
   View<const scalar_t, index_t, kDims> grad_output;
   View<const scalar_t, index_t, kDims> grid;
   index_t batch;
@@ -887,8 +873,6 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   const TensorBase& input = call.input;
   const TensorBase& grid = call.grid;
   BackwardArgs<scalar_t, index_t, kDims> args;
-  args.input = image_view<index_t, kDims>(
-      input.const_data_ptr<scalar_t>(), input.strides());
   args.grad_output = image_view<index_t, kDims>(
       grad_output.const_data_ptr<scalar_t>(), grad_output.strides());
   args.grid = grid_view<index_t, kDims>(

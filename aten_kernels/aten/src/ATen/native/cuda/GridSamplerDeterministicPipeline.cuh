@@ -23,8 +23,6 @@
 //                                 every i in [0, count), of int32 values.
 // [end stack: hot-fold]
 //   allocate(bytes) -> c10::DataPtr, zero(data, bytes).
-//   begin_chunk()                 marks where a chunk's stages begin (for
-//                                 work counters and profiler ranges).
 // Each of these is one launch (or one CUB call) on CUDA; none is called with
 // a count of zero. Stages are plain structs with C10_HOST_DEVICE call
 // operators, passed by value, so a CUDA launch takes no parameter's address.
@@ -284,11 +282,6 @@ inline ChunkPlan plan_chunks(
 constexpr int64_t kDefaultBlockSize = 256;
 constexpr int64_t kMaxBlockSize = 512;
 constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
-
-struct LaunchShape {
-  int64_t block_size = kDefaultBlockSize;
-  int64_t max_blocks = kDefaultMaxBlocks;
-};
 
 // Every choice a backward call runs with, decided before it runs.
 // plan_backward() makes them from the shapes; any plan that keeps the
@@ -672,7 +665,6 @@ void reduce_grad_input(
   // [end stack: dense]
   auto point_pass_and_sort = [&](int64_t first_point, int64_t count) {
     const int32_t num_items = static_cast<int32_t>(count * items_per_point);
-    ex.begin_chunk();
     ex.for_each(
         static_cast<index_t>(count),
         PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point), point_fills(count)}); // [stack: fused-fills replaces: PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});]
