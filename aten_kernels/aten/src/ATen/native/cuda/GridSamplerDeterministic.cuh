@@ -812,9 +812,9 @@ View<scalar_t, index_t, kDims> grid_view(
 }
 
 // Everything one stage needs to know about a backward call with kDims
-// spatial dimensions. Points are numbered n * out_numel + (row-major output
-// position), destinations (the spatial elements of grad_input)
-// n * inp_numel + (row-major input position). index_t is the type of every
+// spatial dimensions. Points are numbered n * points_per_image() +
+// (row-major output position), destinations (the spatial elements of
+// grad_input) n * destinations_per_image() + (row-major input position). index_t is the type of every
 // offset and count derived from the tensors (int when they all fit).
 template <typename scalar_t, typename index_t, int kDims>
 struct BackwardArgs {
@@ -1280,10 +1280,9 @@ struct BlockOffsets {
 };
 
 // Where a reduce finds the running sums of earlier chunks and puts its
-// results. Sums are opmath values laid out as the block (ElementBlock::
-// offset): grad_input itself for float and double (whose block is all of
-// it), a float carry for Half/BFloat16 while an element's records span
-// chunks. `sums_in` is read for the images that earlier chunks reached;
+// results. Sums are opmath values laid out as the block (BlockOffsets):
+// grad_input itself for float and double (whose block is all of it), a
+// float carry for Half/BFloat16 while an element's records span chunks. `sums_in` is read for the images that earlier chunks reached;
 // results go to `sums_out`, or, where that is null, rounded to grad_input.
 template <typename scalar_t, typename index_t>
 struct ReduceOutput {

@@ -90,7 +90,7 @@ C10_HOST_DEVICE inline bool holds_hot_key(const SortedRecordIds& ids) {
 // [end stack: hot-fold]
 
 // Where the dense reduce finds one destination's records, from the segment
-// bounds of step 1. PerTap: the destination's own segment.
+// bounds of step 1: with a key per tap, the destination's own segment.
 template <typename index_t>
 struct DestinationSegments {
   // [stack: hot-fold]

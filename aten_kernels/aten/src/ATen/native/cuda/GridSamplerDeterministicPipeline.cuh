@@ -300,13 +300,15 @@ struct BackwardPlan {
   // [end stack: hot-fold]
   // [stack: channel-groups]
   // Whether a dense reduce thread folds a group of channels (kChannelGroup)
-  // of its destination rather than one channel.
+  // of its destination rather than one channel. plan_backward() always
+  // groups; without groups (the step before them) the bits are the same.
   bool channel_groups = true;
   // [end stack: channel-groups]
   // [stack: fused-fills]
   // Whether the point pass zero-fills a dense chunk's segment table and
   // makes its channels-last copy of grad_output (up to kFusedGatherChannels
-  // channels) rather than launches of their own.
+  // channels) rather than launches of their own. plan_backward() always
+  // fuses them; apart (the step before), the bits are the same.
   bool fused_fills = true;
   // [end stack: fused-fills]
 };
