@@ -227,9 +227,9 @@ struct CountingExecutor {
  private:
   // What a stage tells the counters before its launch: a point pass begins
   // a chunk (every chunk has one) and the chunk channel_merges counts, a
-  // reduce its passes over the chunk's records. A reduce that sweeps part of its
-  // rows' columns (a float carry's block of columns) counts them where its
-  // block begins at column 0, so that a row's blocks count it once.
+  // reduce its passes over the chunk's records. A reduce that sweeps part
+  // of its rows' columns (a float carry's block of columns) counts them
+  // where its block begins at column 0, so that a row's blocks count it once.
   template <typename Stage>
   void note(const Stage& /*stage*/, int64_t /*rows*/) const {}
 
