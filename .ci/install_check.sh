@@ -13,11 +13,13 @@
 #  2. the wheel installed into a fresh venv (torch 2.14.1+cu130, no compiler
 #     on PATH) loads, has its CUDA kernels, registers its overrides, and runs
 #     --version;
-#  3. the version guard: the same wheel's detgrid refuses, in one line, to
+#  3. the tests of the compiled extension (.ci/extension_tests.sh) pass with
+#     the wheel's build: CI's one build against 2.14.1;
+#  4. the version guard: the same wheel's detgrid refuses, in one line, to
 #     load under a torch it was not built for (its build record doctored to
 #     another torch).
 #
-#   bash .ci/install_check.sh      (~7 min on 2 cores, most of it nvcc; pip's
+#   bash .ci/install_check.sh      (~9 min on 2 cores, most of it nvcc; pip's
 #                                   cache makes each fresh venv about a minute)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -114,8 +116,19 @@ print(f"detgrid wheel loads on torch {torch.__version__} with no compiler on PAT
       "CUDA kernels present, overrides register")
 PY
 
+# CI builds the extension against 2.14.1 only here: the wheel's build takes
+# the tests .ci/cuda_build_check.sh runs on its own build of 2.15.0. They read
+# the kit's source tree (setup.py, the repro scripts), so they run there, the
+# wheel's compiled extension and build record in place of a build of its own.
+step "the tests of the compiled extension with the wheel's build"
+quiet_pip "$run_venv/bin/python" -m pip install -q --disable-pip-version-check \
+  pytest expecttest hypothesis matplotlib
+package=$("$run_venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("detgrid").submodule_search_locations[0])')
+cp "$package"/_C*.so "$package/_build_info.py" "$work/src/tools/detgrid/"
+(cd "$work/src" && PYTHONPATH="$work/src/tools" bash "$root/.ci/extension_tests.sh" "$run_venv/bin/python")
+
 step "version guard: the installed build record doctored to another torch"
-info=$("$run_venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("detgrid").submodule_search_locations[0])')/_build_info.py
+info=$package/_build_info.py
 sed -i 's/^TORCH_VERSION = .*/TORCH_VERSION = "2.13.0+cpu"/; s/^TORCH_CUDA = .*/TORCH_CUDA = None/' "$info"
 if "$run_venv/bin/python" -c "import detgrid" 2>"$work/guard.err"; then
   echo "install_check: detgrid loaded under a torch it was not built for" >&2

@@ -8,10 +8,10 @@
 # --upto core`), the units that read a file the core changes compiled again.
 # No GPU needed; nothing is linked or run. Fails (never skips) when the tree
 # or the toolchain cannot be had.
-#   PYTHON   python with detgrid's dependencies (default .venv/bin/python)
+#   PYTHON   python for the kit, which needs no torch (default python3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-python=${PYTHON:-$root/.venv/bin/python}
+python=${PYTHON:-python3}
 export PYTHONPATH="$root/tools${PYTHONPATH:+:$PYTHONPATH}"
 
 if ! tree=$("$python" -m detgrid.kit.upstream_tree); then

@@ -1,8 +1,9 @@
 # Owner(s): ["module: nn"]
 """CI's script (.ci/run) runs README's test command as README gives it and
-times every step; cuda_build_check.sh reruns only the tests of the compiled
-extension against each CUDA build of torch, leaving out only the kit's
-tooling tests, each of which exists."""
+times every step; extension_tests.sh reruns only the tests of the compiled
+extension against each CUDA build of torch (cuda_build_check.sh's build,
+install_check.sh's installed wheel), leaving out only the kit's tooling
+tests, each of which exists."""
 
 import os
 import re
@@ -55,9 +56,9 @@ class TestCiRun(TestCase):
         self.assertIn('((${side_status:-0} == 0)) || {', script)
 
 
-class TestCudaBuildCheck(TestCase):
+class TestExtensionTests(TestCase):
     def ignored(self):
-        script = read(".ci", "cuda_build_check.sh")
+        script = read(".ci", "extension_tests.sh")
         names = re.search(r"kit_tests=\(([^)]*)\)", script).group(1).split()
         self.assertIn('"${kit_tests[@]/#/--ignore=tests/}"', script)
         return names
@@ -72,6 +73,17 @@ class TestCudaBuildCheck(TestCase):
         subjects = re.compile(r"^(from detgrid_testing import|import detgrid$)", re.M)
         for name in self.ignored():
             self.assertIsNone(subjects.search(read("tests", name)), name)
+
+    def test_every_cuda_build_in_ci_runs_them(self):
+        # CI builds the CUDA kernels twice: cuda_build_check.sh (2.15.0) and
+        # install_check.sh's wheel (2.14.1); each runs the tests on its build.
+        self.assertIn("bash .ci/cuda_build_check.sh 2.15.0", read(".ci", "run"))
+        self.assertIn("bash .ci/install_check.sh", read(".ci", "run"))
+        for script in ("cuda_build_check.sh", "install_check.sh"):
+            self.assertRegex(
+                "\n".join(commands(read(".ci", script))),
+                r'bash "\$root/\.ci/extension_tests\.sh" "\$(venv|run_venv)/bin/python"',
+                script)
 
 
 if __name__ == "__main__":
