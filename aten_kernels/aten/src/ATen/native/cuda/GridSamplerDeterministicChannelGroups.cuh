@@ -175,9 +175,11 @@ struct ReduceDenseChannelGroups {
     fold_group<kGroup>(
         ids, fold.records, fold.records.gout_channel(c), group.count, acc);
     if (hot) {
+      // The group's channels share the destination, so its units too.
+      const HotUnits units = fold.hot_units(group.n, s);
       GRID_SAMPLER_DET_ROLLED
       for (int k = 0; k < group.count; ++k) {
-        fold.finish_hot(group.n, group.row + k, s);
+        fold.finish_hot(units, group.n, group.row + k, s);
       }
       return;
     }

@@ -170,7 +170,7 @@ struct DenseFold {
     // [stack: hot-fold]
     // The fold read a hot key as empty.
     if (hot) {
-      finish_hot(n, row, s);
+      finish_hot(hot_units(n, s), n, row, s);
       return;
     }
     // [end stack: hot-fold]
@@ -188,9 +188,13 @@ struct DenseFold {
     return false;
   }
   // Hot destination (n, s)'s element of row `row`: its running sum plus its
-  // stored partials, in order; HotFold wrote it where they did not fit.
-  C10_HOST_DEVICE void finish_hot(index_t n, index_t row, index_t s) const {
-    const HotUnits units = hot_units(n, s);
+  // stored partials (`units`, hot_units(n, s)), in order; HotFold wrote it
+  // where they did not fit.
+  C10_HOST_DEVICE void finish_hot(
+      const HotUnits& units,
+      index_t n,
+      index_t row,
+      index_t s) const {
     if (units.count > 0) {
       const int64_t c = row - int64_t{n} * channels;
       out.write(row, s, stored.add(c, units, initial_sum(n, row, s)));
