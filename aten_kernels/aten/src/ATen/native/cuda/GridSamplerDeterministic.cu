@@ -121,9 +121,9 @@ __device__ __forceinline__ void grid_stride_loop(
     count_t count) {
   using ucount_t = std::make_unsigned_t<count_t>;
   const ucount_t stride = static_cast<ucount_t>(blockDim.x) * gridDim.x;
-  for (ucount_t i = static_cast<ucount_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < static_cast<ucount_t>(count);
-       i += stride) {
+  const ucount_t first =
+      static_cast<ucount_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (ucount_t i = first; i < static_cast<ucount_t>(count); i += stride) {
     stage(static_cast<count_t>(i));
   }
 }

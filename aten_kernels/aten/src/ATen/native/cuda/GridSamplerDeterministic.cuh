@@ -82,27 +82,17 @@ constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
 // conversion saturates at int's bounds, +-2^31 in any floating type.
 constexpr double kIntRange = 2147483648.0; // 2^31
 
-// Explicitly rounded arithmetic. nvcc contracts a * b + c into an FMA unless
-// told otherwise and the host compiler does not; the intrinsics pin the
-// device side, the host side is built with -ffp-contract=off.
+// Explicitly rounded products and quotients. nvcc contracts a * b + c into
+// an FMA unless told otherwise, and the host compiler does not: a product
+// rounded by __fmul_rn never joins an FMA, so sums need no intrinsic, and
+// __fdiv_rn rounds whatever -prec-div says. The host side is built with
+// -ffp-contract=off.
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-C10_HOST_DEVICE inline float add_rn(float a, float b) {
-  return __fadd_rn(a, b);
-}
-C10_HOST_DEVICE inline float sub_rn(float a, float b) {
-  return __fsub_rn(a, b);
-}
 C10_HOST_DEVICE inline float mul_rn(float a, float b) {
   return __fmul_rn(a, b);
 }
 C10_HOST_DEVICE inline float div_rn(float a, float b) {
   return __fdiv_rn(a, b);
-}
-C10_HOST_DEVICE inline double add_rn(double a, double b) {
-  return __dadd_rn(a, b);
-}
-C10_HOST_DEVICE inline double sub_rn(double a, double b) {
-  return __dsub_rn(a, b);
 }
 C10_HOST_DEVICE inline double mul_rn(double a, double b) {
   return __dmul_rn(a, b);
@@ -111,14 +101,6 @@ C10_HOST_DEVICE inline double div_rn(double a, double b) {
   return __ddiv_rn(a, b);
 }
 #else
-template <typename T>
-inline T add_rn(T a, T b) {
-  return a + b;
-}
-template <typename T>
-inline T sub_rn(T a, T b) {
-  return a - b;
-}
 template <typename T>
 inline T mul_rn(T a, T b) {
   return a * b;
@@ -143,11 +125,11 @@ C10_HOST_DEVICE inline T round_to_scalar(T x) {
 // scalar_t arithmetic carried out in T = opmath_type<scalar_t>.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T add_s(T a, T b) {
-  return round_to_scalar<scalar_t>(add_rn(a, b));
+  return round_to_scalar<scalar_t>(a + b);
 }
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T sub_s(T a, T b) {
-  return round_to_scalar<scalar_t>(sub_rn(a, b));
+  return round_to_scalar<scalar_t>(a - b);
 }
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T mul_s(T a, T b) {
@@ -192,11 +174,10 @@ C10_HOST_DEVICE inline T unnormalize(
   *mult = mul_s<scalar_t>(integer_s<scalar_t, T>(extent_pixels), half);
   const T extent = static_cast<T>(extent_pixels);
   if (align_corners) {
-    return round_to_scalar<scalar_t>(
-        mul_rn(mul_rn(add_rn(coord, one), half), extent));
+    return round_to_scalar<scalar_t>(mul_rn(mul_rn(coord + one, half), extent));
   }
   return round_to_scalar<scalar_t>(
-      mul_rn(sub_rn(mul_rn(add_rn(coord, one), extent), one), half));
+      mul_rn(mul_rn(coord + one, extent) - one, half));
 }
 
 // Clamps to [0, size - 1] (size - 1 as scalar_t holds it); the borders count
@@ -322,39 +303,26 @@ C10_HOST_DEVICE inline T source_coordinate(
 // Not stock's get_cubic_upsampling_coefficients: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4]) {
-  const T one = static_cast<T>(1);
+  // a x + b in scalar_t arithmetic, rounded twice as stock's expressions are
+  auto mul_add = [](T a, T x, T b) {
+    return add_s<scalar_t>(mul_s<scalar_t>(a, x), b);
+  };
   // ((A + 2) x - (A + 3)) x x + 1 for |x| <= 1
-  auto near = [](T x) {
-    return add_s<scalar_t>(
-        mul_s<scalar_t>(
-            mul_s<scalar_t>(
-                sub_s<scalar_t>(
-                    mul_s<scalar_t>(static_cast<T>(1.25), x),
-                    static_cast<T>(2.25)),
-                x),
-            x),
-        static_cast<T>(1));
+  auto near = [&](T x) {
+    const T inner = mul_add(static_cast<T>(1.25), x, static_cast<T>(-2.25));
+    return mul_add(mul_s<scalar_t>(inner, x), x, static_cast<T>(1));
   };
   // ((A x - 5A) x + 8A) x - 4A for 1 < |x| < 2
-  auto far = [](T x) {
-    return sub_s<scalar_t>(
-        mul_s<scalar_t>(
-            add_s<scalar_t>(
-                mul_s<scalar_t>(
-                    add_s<scalar_t>(
-                        mul_s<scalar_t>(static_cast<T>(-0.75), x),
-                        static_cast<T>(3.75)),
-                    x),
-                static_cast<T>(-6)),
-            x),
-        static_cast<T>(-3));
+  auto far = [&](T x) {
+    const T inner = mul_add(static_cast<T>(-0.75), x, static_cast<T>(3.75));
+    return mul_add(mul_add(inner, x, static_cast<T>(-6)), x, static_cast<T>(3));
   };
+  const T one = static_cast<T>(1);
   const T one_minus_t = sub_s<scalar_t>(one, t);
   weight[0] = far(add_s<scalar_t>(t, one));
   weight[1] = near(t);
   weight[2] = near(one_minus_t);
   weight[3] = far(add_s<scalar_t>(one_minus_t, one));
-
 }
 
 // The taps of one point along one spatial axis; kTaps is 1 (nearest),
@@ -444,7 +412,10 @@ C10_HOST_DEVICE inline T cubic_tap_position(
 // int's range is converted.
 // Not stock's within_bounds_2d: it tests an int; this refuses NaN first.
 template <typename T>
-C10_HOST_DEVICE inline bool tap_index(T position, int64_t size, int64_t* index) {
+C10_HOST_DEVICE inline bool tap_index(
+    T position,
+    int64_t size,
+    int64_t* index) {
   *index = 0;
   if (!(position > static_cast<T>(-1) &&
         position < static_cast<T>(kIntRange))) {
@@ -814,8 +785,9 @@ View<scalar_t, index_t, kDims> grid_view(
 // Everything one stage needs to know about a backward call with kDims
 // spatial dimensions. Points are numbered n * points_per_image() +
 // (row-major output position), destinations (the spatial elements of
-// grad_input) n * destinations_per_image() + (row-major input position). index_t is the type of every
-// offset and count derived from the tensors (int when they all fit).
+// grad_input) n * destinations_per_image() + (row-major input position).
+// index_t is the type of every offset and count derived from the tensors
+// (int when they all fit).
 template <typename scalar_t, typename index_t, int kDims>
 struct BackwardArgs {
   using opmath_t = at::opmath_type<scalar_t>;
@@ -1032,11 +1004,9 @@ C10_HOST_DEVICE inline void emit_tap_records(
   }
 }
 
-// The records of one point.
 // [stack: index32]
-// Its keys are as wide as the chunk says: a uniform branch, as every point
-// of a launch takes the same way.
-// [end stack: index32]
+// The records of one point. Its keys are as wide as the chunk says: a
+// uniform branch, as every point of a launch takes the same way.
 // [stack: cells]
 // Keyed as the chunk says.
 // [end stack: cells]
@@ -1059,14 +1029,13 @@ C10_HOST_DEVICE inline void emit_records(
     }
   }
   // [end stack: cells]
-  // [stack: index32]
   if (!chunk.keys.wide) {
     emit_tap_records<int32_t>(args, taps, n, chunk_point, chunk);
     return;
   }
-  // [end stack: index32]
   emit_tap_records<int64_t>(args, taps, n, chunk_point, chunk);
 }
+// [end stack: index32]
 
 // The taps of point `point` (numbered as in BackwardArgs), and where it
 // lies: its image *n and its output position.
@@ -1106,7 +1075,7 @@ C10_HOST_DEVICE inline void process_point(
   Spatial<index_t, kDims> out_position;
   const auto taps =
       locate_point_taps<kTaps>(args, point, &n, &out_position);
-  emit_records(args, taps, n, chunk_point, chunk);
+  emit_records(args, taps, n, chunk_point, chunk); // [stack: index32 replaces: emit_tap_records<int64_t>(args, taps, n, chunk_point, chunk);]
   chunk.gout_offsets[chunk_point] = args.grad_output.offset(n, 0, out_position);
 }
 
@@ -1175,7 +1144,7 @@ C10_HOST_DEVICE inline T next_partial(
       break;
     }
     const T gout = static_cast<T>(gout_channel[gout_offsets[id >> tap_bits]]);
-    partial = add_rn(partial, mul_rn(weights[id], gout));
+    partial += mul_rn(weights[id], gout);
     records.pop();
   }
   return partial;
@@ -1190,9 +1159,7 @@ C10_HOST_DEVICE inline T fold_records(
     int tap_bits,
     T acc) {
   while (!records.done()) {
-    acc = add_rn(
-        acc,
-        next_partial(records, weights, gout_offsets, gout_channel, tap_bits));
+    acc += next_partial(records, weights, gout_offsets, gout_channel, tap_bits);
   }
   return acc;
 }
@@ -1282,8 +1249,9 @@ struct BlockOffsets {
 // Where a reduce finds the running sums of earlier chunks and puts its
 // results. Sums are opmath values laid out as the block (BlockOffsets):
 // grad_input itself for float and double (whose block is all of it), a
-// float carry for Half/BFloat16 while an element's records span chunks. `sums_in` is read for the images that earlier chunks reached;
-// results go to `sums_out`, or, where that is null, rounded to grad_input.
+// float carry for Half/BFloat16 while an element's records span chunks.
+// `sums_in` is read for the images that earlier chunks reached; results go
+// to `sums_out`, or, where that is null, rounded to grad_input.
 template <typename scalar_t, typename index_t>
 struct ReduceOutput {
   using T = at::opmath_type<scalar_t>;

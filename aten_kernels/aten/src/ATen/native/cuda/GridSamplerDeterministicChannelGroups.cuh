@@ -48,7 +48,7 @@ C10_HOST_DEVICE inline void next_group_partial(
         break;
       }
       const T g = static_cast<T>(gout[k * records.gout_stride_c]);
-      partial[k] = add_rn(partial[k], mul_rn(weight, g));
+      partial[k] += mul_rn(weight, g);
     }
     ids.pop();
   }
@@ -71,7 +71,7 @@ C10_HOST_DEVICE inline void fold_group(
       if (k == count) {
         break;
       }
-      acc[k] = add_rn(acc[k], partial[k]);
+      acc[k] += partial[k];
     }
   }
 }

@@ -75,7 +75,7 @@ struct StoredPartials {
     for (int32_t u = hot.first; u < end;) {
       const int32_t count = partial_counts[u];
       for (int32_t k = 0; k < count; ++k) {
-        sum = add_rn(sum, partial[u + k]);
+        sum += partial[u + k];
       }
       u += count > 0 ? count : 1;
     }

@@ -70,7 +70,10 @@ C10_HOST_DEVICE inline bool begins_run(const Keys& keys, int32_t i) {
   return i == 0 || keys[i - 1] != keys[i];
 }
 template <typename Keys>
-C10_HOST_DEVICE inline int32_t run_end(const Keys& keys, int32_t begin, int32_t count) {
+C10_HOST_DEVICE inline int32_t run_end(
+    const Keys& keys,
+    int32_t begin,
+    int32_t count) {
   const auto key = keys[begin];
   int32_t end = begin + 1;
   while (end < count && keys[end] == key) {
@@ -349,7 +352,8 @@ struct CarryBlocks {
       : rows(rows), cols(cols) {
     const int64_t capacity =
         carry_elements > 0 ? carry_elements : int64_t{rows} * cols;
-    rows_per_block = std::max<int64_t>(1, capacity / std::max<index_t>(cols, 1));
+    rows_per_block =
+        std::max<int64_t>(1, capacity / std::max<index_t>(cols, 1));
     cols_per_block = std::max<int64_t>(1, std::min<int64_t>(cols, capacity));
   }
   int64_t blocks_per_row() const {
@@ -485,7 +489,8 @@ void reduce_grad_input(
   const auto sorted_keys = ex.allocate(capacity * key_bytes);
   const auto ids = ex.allocate(capacity * sizeof(int32_t));
   const auto sorted_ids = ex.allocate(capacity * sizeof(int32_t));
-  const auto weights = ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
+  const auto weights =
+      ex.allocate(points_per_chunk * kTapsPerPoint * sizeof(T));
   const auto gout_offsets = ex.allocate(points_per_chunk * sizeof(index_t));
   // [stack: dense]
   // Dense: the segment table, one fill per chunk.
@@ -833,7 +838,10 @@ void reduce_grad_input(
             static_cast<int64_t>(block.row_end - block.row_begin),
             static_cast<int64_t>(block.width()),
             RoundCarry<scalar_t, int64_t>{
-                sums, grad_input, wide_block, static_cast<int64_t>(image_size)});
+                sums,
+                grad_input,
+                wide_block,
+                static_cast<int64_t>(image_size)});
       }
     }
   }
@@ -1020,25 +1028,26 @@ inline ChunkPlan plan_reduction( // [stack: index32 replaces: inline ChunkPlan p
       channels_fastest && !blocked); // [stack: channels-fastest]
 }
 
-inline BackwardPlan plan_keyed( // [stack: index32 replaces: inline BackwardPlan plan_keyed(const BackwardProblem& problem) {]
-    bool index_32bit, // [stack: index32]
+// [stack: index32]
+// A plan with index math as wide as `index_32bit` says.
+inline BackwardPlan plan_keyed(
+    bool index_32bit,
     Keying keying, // [stack: cells]
-    const BackwardProblem& problem) { // [stack: index32]
+    const BackwardProblem& problem) {
   BackwardPlan plan;
-  plan.index_32bit = index_32bit; // [stack: index32]
+  plan.index_32bit = index_32bit;
   plan.keying = keying; // [stack: cells]
-  // [stack: index32]
   plan.key_32bit = keys_fit_32bit(problem.table_entries(keying)); // [stack: cells replaces: plan.key_32bit = keys_fit_32bit(problem.table_entries());]
-  // [end stack: index32]
-  plan.chunks = plan_reduction( // [stack: index32 replaces: plan.chunks = plan_reduction(problem);]
-      plan.key_32bit, // [stack: index32]
-      index_32bit, // [stack: index32]
+  plan.chunks = plan_reduction(
+      plan.key_32bit,
+      index_32bit,
       prefers_channels_fastest(problem.channels), // [stack: channels-fastest]
       keying, // [stack: cells]
-      problem); // [stack: index32]
+      problem);
   plan.hot_fold = index_32bit && plan.chunks.dense; // [stack: hot-fold]
   return plan;
 }
+// [end stack: index32]
 
 // [stack: index32]
 // Whether 32-bit index math may run the problem: where it fits, and the
@@ -1070,7 +1079,7 @@ inline BackwardPlan plan_backward(const BackwardProblem& problem) {
     }
   }
   // [end stack: cells]
-  return plan_keyed( // [stack: index32 replaces: return plan_keyed(problem);]
+  return plan_keyed( // [stack: index32 replaces: return BackwardPlan{plan_reduction(problem)};]
       index_32bit, // [stack: index32]
       Keying::PerTap, // [stack: cells]
       problem); // [stack: index32]
