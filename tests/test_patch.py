@@ -222,7 +222,7 @@ class TestPatchRealTree(TestCase):
             self.assertEqual((tree / rel).read_text(), text)
         cu = (tree / P.CU).read_text()
         for dims in P.DIMS:
-            self.assertIn(P.DET_LAUNCHERS[dims] + "(", cu)
+            self.assertIn(P.DET_LAUNCHER + "(", cu)
             # deterministic on both: the backward alerts are gone, not merely unreachable
             self.assertNotIn(f'alertNotDeterministic("grid_sampler_{dims}d_backward_cuda")', cu)
         # one commit on the base, by the user's identity, holding the whole change
@@ -292,9 +292,9 @@ class TestPatchRealTree(TestCase):
             # grad_input by the deterministic launcher, then the existing kernel for grad_grid
             # alone (output_mask[0] cleared): one writer per grad_grid element
             branch = ("if (output_mask[0] && globalContext().deterministicAlgorithms()) {\n"
-                      f"    {P.DET_LAUNCHERS[dims]}(\n"
-                      "        grad_input, grad_output, input, grid,\n"
-                      "        interpolation_mode, padding_mode, align_corners);\n"
+                      f"    {P.DET_LAUNCHER}(\n"
+                      "        {grad_input, grad_output, input, grid,\n"
+                      "         interpolation_mode, padding_mode, align_corners});\n"
                       "    output_mask[0] = false;\n  }\n")
             self.assertEqual(body.count(branch), 1, body[:1500])
             # after the shape checks, before the atomicAdd kernel is launched
@@ -534,11 +534,11 @@ class TestPatch196856(FixtureTree):
         self.assertNotIn("grid_sampler_3d_backward_det(", cu)
         self.assertEqual(cu.count("deterministicAlgorithms()"), 2)
         assert_one_decision_per_call(self, self.tree, FIXTURE_196856)
-        self.assertIn(f"{P.DET_LAUNCHERS[2]}(\n        grad_in, gout, self, coords,", cu)
+        self.assertIn(f"{P.DET_LAUNCHER}(\n        {{grad_in, gout, self, coords,", cu)
         # 3D: renamed parameters, and upstream's if/else collapsed into our branch + its else body
         self.assertIn("if (mask[0] && at::globalContext().deterministicAlgorithms()) {\n"
-                      f"    {P.DET_LAUNCHERS[3]}(\n        grad_volume, gout, volume, coords,\n"
-                      "        interp, padding, corners);\n    mask[0] = false;\n  }\n"
+                      f"    {P.DET_LAUNCHER}(\n        {{grad_volume, gout, volume, coords,\n"
+                      "         interp, padding, corners});\n    mask[0] = false;\n  }\n"
                       "  if (gout.numel() > 0) { /* the atomicAdd kernel */ }\n}", cu)
         self.assertNotIn("alertNotDeterministic", cu)
         # the replaced branches' header is no longer included; ours is, once
@@ -636,14 +636,14 @@ class TestPatch196856(FixtureTree):
         self.assertIn("#include <ATen/native/cuda/GridSamplerDet.h>\n", (self.tree / P.CU).read_text())
         self.assertNotIn("removed #include", stdout)
 
-    def test_kit_without_3d_launcher_is_refused(self):
+    def test_kit_without_its_launcher_is_refused(self):
         kit = self.tmp / "kit"
         shutil.copytree(KERNELS, kit / "aten_kernels" / P.KERNEL_DIR)
         header = kit / "aten_kernels" / P.KERNEL_DIR / P.DET_HEADER
         text = header.read_text()
-        start = text.index(f"void {P.DET_LAUNCHERS[3]}(")
+        start = text.index(f"void {P.DET_LAUNCHER}(")
         header.write_text(text[:start] + text[text.index(";", start) + 1 :])
-        self.assert_refused(P.DET_LAUNCHERS[3], "3D launcher", env={"DETGRID_KIT_ROOT": str(kit)})
+        self.assert_refused(P.DET_LAUNCHER, "its launcher", env={"DETGRID_KIT_ROOT": str(kit)})
 
     def test_notes_page_gets_a_section(self):
         # a page that does not mention grid_sample yet; a "# comment" in a code block after the
@@ -697,7 +697,7 @@ class TestPatchMain(FixtureTree):
         for dims in P.DIMS:
             body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
             self.assertIn("if (output_mask[0] && globalContext().deterministicAlgorithms()) {\n"
-                          f"    {P.DET_LAUNCHERS[dims]}(", body)
+                          f"    {P.DET_LAUNCHER}(", body)
             self.assertNotIn("alertNotDeterministic", body)
             # the comments say what the code does, nothing about where it came from
             comments = " ".join(re.findall(r"//([^\n]*)", body)).lower()

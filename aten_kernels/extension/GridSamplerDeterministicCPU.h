@@ -12,7 +12,7 @@ namespace detgrid {
 
 // The extension's backward for the call's CPU tensors (2-D for a 4-D input,
 // 3-D for a 5-D one), grad_input requested: grad_input as
-// at::native::launch_grid_sampler_{2d,3d}_backward_deterministic_kernel
+// at::native::launch_grid_sampler_backward_deterministic_kernel
 // writes it (every element, contiguous), and grad_grid when output_mask[1]
 // by the grid-gradient pass (GridGradientPass.cuh). The caller checks the
 // arguments as for those, and makes the plan; grain_size is

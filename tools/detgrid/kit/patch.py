@@ -55,7 +55,7 @@ KERNEL_FILES = stack.kernel_files()  # the whole stack's; stack.kernel_files(lev
 DET_HEADER = "GridSamplerDeterministic.h"
 DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
-DET_LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_deterministic_kernel" for d in DIMS}
+DET_LAUNCHER = "launch_grid_sampler_backward_deterministic_kernel"  # for both dims
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
@@ -307,8 +307,8 @@ def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
         f"{ind}// the kernel below computes grad_grid alone: one writer per element.\n"
         f"{ind}if ({mask}[0] && {ctx}.deterministicAlgorithms()) {{\n"
         f"{ind}  {det}(\n"
-        f"{ind}      {a['grad_input']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
-        f"{ind}      {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']});\n"
+        f"{ind}      {{{a['grad_input']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
+        f"{ind}       {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']}}});\n"
         f"{ind}  {mask}[0] = false;\n"
         f"{ind}}}\n"
     )
@@ -319,7 +319,7 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
     """Put the deterministic branch in place of launch_grid_sampler_<dims>d_backward_kernel's
     nondeterministic alert. Another deterministic branch found there is replaced only with
     ``replace_existing``; otherwise ExistingDeterministicPath refuses the whole change."""
-    launcher, det = LAUNCHERS[dims], DET_LAUNCHERS[dims]
+    launcher, det = LAUNCHERS[dims], DET_LAUNCHER
     defs = _find_defs(text, r"\bvoid", launcher)
     if len(defs) != 1:
         raise AnchorError(path, f"void {launcher}(...) {{...}}", f"{len(defs)} definitions found")
@@ -1313,12 +1313,11 @@ def detect_base(tree: Path) -> Base:
 
 
 def check_kit_header(path: str, header: bytes) -> None:
-    """The dispatch calls one launcher per dims: a kit header that lacks one would give a
+    """Both dispatches call the kit's launcher: a kit header that lacks it would give a
     patched tree that does not compile, so refuse before planning anything."""
     code = _code_only(header.decode("utf-8"))
-    for dims, det in DET_LAUNCHERS.items():
-        if not re.search(rf"\bvoid\s+{det}\s*\(", code):
-            raise AnchorError(path, f"void {det}(...);", f"the kit does not declare the {dims}D launcher")
+    if not re.search(rf"\bvoid\s+{DET_LAUNCHER}\s*\(", code):
+        raise AnchorError(path, f"void {DET_LAUNCHER}(...);", "the kit does not declare its launcher")
 
 
 def kit_root(explicit: Optional[Path] = None) -> Path:

@@ -436,52 +436,17 @@ struct CudaExecutor {
   }
 };
 
+} // namespace
+
 // The default plan on the current stream, for arguments that the caller,
 // GridSampler.cu's launcher, has checked.
-void launch_cuda_backward(const GridSamplerBackwardCall& call) {
+void launch_grid_sampler_backward_deterministic_kernel(
+    const GridSamplerBackwardCall& call) {
   const CudaExecutor executor{
       LaunchConfig{kDefaultBlockSize, kDefaultMaxBlocks},
       at::cuda::getCurrentCUDAStream()};
   run_deterministic_backward(
       executor, call, plan_backward(describe_backward(call)));
-}
-
-} // namespace
-
-void launch_grid_sampler_2d_backward_deterministic_kernel(
-    const TensorBase& grad_input,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners) {
-  launch_cuda_backward(
-      {grad_input,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners});
-}
-
-void launch_grid_sampler_3d_backward_deterministic_kernel(
-    const TensorBase& grad_input,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners) {
-  launch_cuda_backward(
-      {grad_input,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners});
 }
 
 } // namespace at::native
