@@ -2,8 +2,8 @@
 """CI's script (.ci/run) runs README's test command as README gives it and
 times every step; extension_tests.sh reruns only the tests of the compiled
 extension against each CUDA build of torch (cuda_build_check.sh's build,
-install_check.sh's installed wheel), leaving out only the kit's tooling
-tests, each of which exists."""
+install_check.sh's wheel), leaving out only the kit's tooling tests, each of
+which exists."""
 
 import os
 import re

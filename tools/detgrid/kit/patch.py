@@ -292,7 +292,7 @@ def _calls(code: str) -> List[str]:
     return out
 
 
-def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
+def _det_block(ind: str, ctx: str, a: Dict[str, str]) -> str:
     """The dispatch that replaces a launcher's alert. Only grad_input is accumulated with
     atomicAdd: in deterministic mode the deterministic path makes grad_input, and the existing
     kernel then runs for grad_grid alone (output_mask[0] cleared), with one writer per grad_grid
@@ -306,7 +306,7 @@ def _det_block(ind: str, ctx: str, det: str, a: Dict[str, str]) -> str:
         f"{ind}// GridSamplerDeterministic.cu instead, which writes each element once, and\n"
         f"{ind}// the kernel below computes grad_grid alone: one writer per element.\n"
         f"{ind}if ({mask}[0] && {ctx}.deterministicAlgorithms()) {{\n"
-        f"{ind}  {det}(\n"
+        f"{ind}  {DET_LAUNCHER}(\n"
         f"{ind}      {{{a['grad_input']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
         f"{ind}       {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']}}});\n"
         f"{ind}  {mask}[0] = false;\n"
@@ -319,13 +319,13 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
     """Put the deterministic branch in place of launch_grid_sampler_<dims>d_backward_kernel's
     nondeterministic alert. Another deterministic branch found there is replaced only with
     ``replace_existing``; otherwise ExistingDeterministicPath refuses the whole change."""
-    launcher, det = LAUNCHERS[dims], DET_LAUNCHER
+    launcher = LAUNCHERS[dims]
     defs = _find_defs(text, r"\bvoid", launcher)
     if len(defs) != 1:
         raise AnchorError(path, f"void {launcher}(...) {{...}}", f"{len(defs)} definitions found")
     f = defs[0]
     body = text[f.body_open : f.body_close + 1]
-    if f"{det}(" in body:
+    if f"{DET_LAUNCHER}(" in body:
         notes.append(f"{path}: {dims}D deterministic dispatch already present")
         return text
     a = _launcher_args(path, f, launcher)
@@ -356,7 +356,7 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
         raise AnchorError(path, f"{late.group(1)}(...) in {launcher}",
                           "runs after the nondeterministic alert, where the deterministic branch "
                           "goes: that path would skip the check")
-    block = _det_block(alert.group("ind"), alert.group("ctx"), det, a)
+    block = _det_block(alert.group("ind"), alert.group("ctx"), a)
     body = body[: alert.start()] + block + body[alert.end() :]
     return text[: f.body_open] + body + text[f.body_close + 1 :]
 
