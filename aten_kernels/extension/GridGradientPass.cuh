@@ -80,9 +80,7 @@ C10_HOST_DEVICE inline void weight_derivatives(
     dweight[0] = static_cast<T>(-1);
     dweight[1] = static_cast<T>(1);
   } else if constexpr (kTaps == 4) {
-    T unused_mult;
-    const T coord =
-        unnormalize<scalar_t>(grid_coord, size, align_corners, &unused_mult);
+    const T coord = unnormalize<scalar_t>(grid_coord, size, align_corners);
     const T t = sub_s<scalar_t>(coord, std::floor(coord));
     const T one = static_cast<T>(1);
     T x = sub_s<scalar_t>(-one, t);
@@ -113,13 +111,75 @@ C10_HOST_DEVICE inline void weight_derivatives(
   }
 }
 
+// The derivative of clip at `coord`: 0 on and beyond the borders, as stock's
+// clip_coordinates_set_grad gives it; 1 for NaN.
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T clip_derivative(T coord, int64_t size) {
+  const bool border_or_beyond =
+      coord <= static_cast<T>(0) || coord >= integer_s<scalar_t, T>(size - 1);
+  return static_cast<T>(border_or_beyond ? 0 : 1);
+}
+
+// The derivative of reflect at `coord`, as stock's
+// reflect_coordinates_set_grad gives it: the sign of the distance from the
+// low bound, negated by an odd number of flips (counted as reflect does).
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T reflect_derivative(
+    T coord,
+    int64_t twice_low,
+    int64_t twice_high) {
+  if (twice_low == twice_high) {
+    return static_cast<T>(0);
+  }
+  const T half = static_cast<T>(0.5);
+  const T low = mul_s<scalar_t>(integer_s<scalar_t, T>(twice_low), half);
+  const T span =
+      mul_s<scalar_t>(integer_s<scalar_t, T>(twice_high - twice_low), half);
+  const T distance = sub_s<scalar_t>(coord, low);
+  const int32_t flips =
+      gpu_float_to_int(std::floor(div_s<scalar_t>(std::fabs(distance), span)));
+  const bool negative = (distance < static_cast<T>(0)) != (flips % 2 != 0);
+  return static_cast<T>(negative ? -1 : 1);
+}
+
+// d source coordinate / d grid coordinate of one axis, as stock's
+// grid_sampler_unnormalize_set_grad and (bilinear sampling) the padding's
+// *_set_grad helpers form it: scalar_t(size - 1) / 2 or scalar_t(size) / 2
+// in scalar_t (bfloat16 holds 257 as 256, so its multiplier is 128), times
+// the padding's derivative. Bicubic sampling pads each tap, not the
+// coordinate, so its multiplier is unnormalize's alone.
+template <typename scalar_t, typename T, int kTaps>
+C10_HOST_DEVICE inline T coordinate_multiplier(
+    T grid_coord,
+    int64_t size,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  const int64_t extent = align_corners ? size - 1 : size;
+  const T mult =
+      mul_s<scalar_t>(integer_s<scalar_t, T>(extent), static_cast<T>(0.5));
+  if (kTaps == 4 || padding_mode == GridSamplerPadding::Zeros) {
+    return mult;
+  }
+  const T coord = unnormalize<scalar_t>(grid_coord, size, align_corners);
+  if (padding_mode == GridSamplerPadding::Border) {
+    return mul_rn(mult, clip_derivative<scalar_t>(coord, size));
+  }
+  const int64_t twice_low = align_corners ? 0 : -1;
+  const int64_t twice_high = align_corners ? 2 * (size - 1) : 2 * size - 1;
+  const T reflected = reflect<scalar_t>(coord, twice_low, twice_high);
+  return mul_rn(
+      mul_rn(mult, reflect_derivative<scalar_t>(coord, twice_low, twice_high)),
+      clip_derivative<scalar_t>(reflected, size));
+}
+
 // d loss / d grid of one point, single writer, in the grid's coordinate
 // order (x first), with the arithmetic of stock's backward kernels, which
 // already write grad_grid once per point: scalar_t sums over channels in
 // ascending order and over taps in stock's order (stock_grid_tap), each term
 // ((value * d weight along the coordinate's axis) * the other axes' weights,
 // x first) * grad_output in scalar_t, and the sum times stock's scalar_t
-// multiplier (see unnormalize). dweight[a] are axis a's weight_derivatives.
+// multiplier. dweight[a] and mult[a] are axis a's weight_derivatives and
+// coordinate_multiplier.
 // Bilinear and trilinear skip a tap out of bounds; bicubic reads 0 for it
 // (get_value_bounded) and adds its term.
 // Residual: stock's fp32 and fp64 builds may contract a term's last multiply
@@ -128,6 +188,7 @@ template <typename scalar_t, typename index_t, typename T, int kTaps, int kDims>
 C10_HOST_DEVICE inline void point_grid_gradient(
     const PointTaps<T, kTaps, kDims>& taps,
     const T (&dweight)[kDims][kTaps],
+    const T (&mult)[kDims],
     View<const scalar_t, index_t, kDims> input,
     View<const scalar_t, index_t, kDims> grad_output,
     index_t n,
@@ -200,7 +261,7 @@ C10_HOST_DEVICE inline void point_grid_gradient(
     }
     DETGRID_UNROLL
     for (int k = 0; k < kDims; ++k) {
-      grad[k] = mul_s<scalar_t>(taps.axis[kDims - 1 - k].mult, sum[k]);
+      grad[k] = mul_s<scalar_t>(mult[kDims - 1 - k], sum[k]);
     }
   }
 }
@@ -213,19 +274,22 @@ C10_HOST_DEVICE inline void write_grid_gradient(
     index_t n,
     const Spatial<index_t, kDims>& out_position) {
   T dweight[kDims][kTaps];
+  T mult[kDims];
   DETGRID_UNROLL
   for (int a = 0; a < kDims; ++a) {
+    const T grid_coord =
+        static_cast<T>(args.grid.at(n, kDims - 1 - a, out_position));
+    const int64_t size = static_cast<int64_t>(args.inp_size.v[a]);
     weight_derivatives<scalar_t>(
-        taps.axis[a],
-        static_cast<T>(args.grid.at(n, kDims - 1 - a, out_position)),
-        static_cast<int64_t>(args.inp_size.v[a]),
-        args.align_corners,
-        dweight[a]);
+        taps.axis[a], grid_coord, size, args.align_corners, dweight[a]);
+    mult[a] = coordinate_multiplier<scalar_t, T, kTaps>(
+        grid_coord, size, args.padding_mode, args.align_corners);
   }
   T grad[kDims];
   point_grid_gradient(
       taps,
       dweight,
+      mult,
       args.input,
       args.grad_output,
       n,

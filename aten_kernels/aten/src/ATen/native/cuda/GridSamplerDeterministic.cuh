@@ -155,24 +155,14 @@ C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
       x <= static_cast<T>(kMaxSafeCoordinate);
 }
 
-// Maps a normalized grid coordinate in [-1, 1] to pixel units; `mult` is
-// d(pixel coordinate) / d(grid coordinate) as stock's
-// grid_sampler_unnormalize_set_grad forms it: scalar_t(size - 1) / 2 or
-// scalar_t(size) / 2 in scalar_t (bfloat16 holds 257 as 256, so its
-// multiplier is 128). Stock computes the coordinate in float (double for
-// double) and returns it as scalar_t.
+// Maps a normalized grid coordinate in [-1, 1] to pixel units. Stock
+// computes it in float (double for double) and returns it as scalar_t.
 // Not stock's unnormalize: __device__ only, and nvcc may fuse it to an FMA.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T unnormalize(
-    T coord,
-    int64_t size,
-    bool align_corners,
-    T* mult) {
+C10_HOST_DEVICE inline T unnormalize(T coord, int64_t size, bool align_corners) {
   const T one = static_cast<T>(1);
   const T half = static_cast<T>(0.5);
-  const int64_t extent_pixels = align_corners ? size - 1 : size;
-  *mult = mul_s<scalar_t>(integer_s<scalar_t, T>(extent_pixels), half);
-  const T extent = static_cast<T>(extent_pixels);
+  const T extent = static_cast<T>(align_corners ? size - 1 : size);
   if (align_corners) {
     return round_to_scalar<scalar_t>(mul_rn(mul_rn(coord + one, half), extent));
   }
@@ -180,22 +170,15 @@ C10_HOST_DEVICE inline T unnormalize(
       mul_rn(mul_rn(coord + one, extent) - one, half));
 }
 
-// Clamps to [0, size - 1] (size - 1 as scalar_t holds it); the borders count
-// as outside for the gradient.
+// Clamps to [0, size - 1] (size - 1 as scalar_t holds it); NaN stays NaN.
 // Not stock's clip_coordinates_set_grad: __device__ only.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T clip(T coord, int64_t size, T* grad) {
+C10_HOST_DEVICE inline T clip(T coord, int64_t size) {
   const T upper = integer_s<scalar_t, T>(size - 1);
   if (coord <= static_cast<T>(0)) {
-    *grad = static_cast<T>(0);
     return static_cast<T>(0);
   }
-  if (coord >= upper) {
-    *grad = static_cast<T>(0);
-    return upper;
-  }
-  *grad = static_cast<T>(1);
-  return coord;
+  return coord >= upper ? upper : coord;
 }
 
 // static_cast<int>(x) as the GPU computes it (cvt.rzi.s32): truncation,
@@ -224,60 +207,40 @@ C10_HOST_DEVICE inline int32_t gpu_float_to_int(T x) {
 // rounding.
 // Not stock's reflect_coordinates: __device__ only; its int cast is UB here.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T reflect(
-    T coord,
-    int64_t twice_low,
-    int64_t twice_high,
-    T* grad) {
+C10_HOST_DEVICE inline T reflect(T coord, int64_t twice_low, int64_t twice_high) {
   if (twice_low == twice_high) {
-    *grad = static_cast<T>(0);
     return static_cast<T>(0);
   }
   const T half = static_cast<T>(0.5);
   const T low = mul_s<scalar_t>(integer_s<scalar_t, T>(twice_low), half);
   const T span =
       mul_s<scalar_t>(integer_s<scalar_t, T>(twice_high - twice_low), half);
-  T distance = sub_s<scalar_t>(coord, low);
-  T sign = static_cast<T>(1);
-  if (distance < static_cast<T>(0)) {
-    sign = static_cast<T>(-1);
-    distance = -distance;
-  }
+  const T distance = std::fabs(sub_s<scalar_t>(coord, low));
   const T extra = std::fmod(distance, span);
   const int32_t flips =
       gpu_float_to_int(std::floor(div_s<scalar_t>(distance, span)));
   if (flips % 2 == 0) {
-    *grad = sign;
     return add_s<scalar_t>(extra, low);
   }
-  *grad = -sign;
   return add_s<scalar_t>(sub_s<scalar_t>(span, extra), low);
 }
 
 // Pads a pixel coordinate as stock's compute_coordinates does (clip, or
-// reflect then clip), multiplying *mult by the derivative of the padding.
+// reflect then clip).
 // Not stock's compute_coordinates: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T pad_coordinate(
     T coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners,
-    T* mult) {
-  if (padding_mode == GridSamplerPadding::Border) {
-    T grad_clip;
-    coord = clip<scalar_t>(coord, size, &grad_clip);
-    *mult = mul_rn(*mult, grad_clip);
-  } else if (padding_mode == GridSamplerPadding::Reflection) {
-    T grad_reflect;
-    T grad_clip;
-    coord = align_corners
-        ? reflect<scalar_t>(coord, 0, 2 * (size - 1), &grad_reflect)
-        : reflect<scalar_t>(coord, -1, 2 * size - 1, &grad_reflect);
-    coord = clip<scalar_t>(coord, size, &grad_clip);
-    *mult = mul_rn(mul_rn(*mult, grad_reflect), grad_clip);
+    bool align_corners) {
+  if (padding_mode == GridSamplerPadding::Reflection) {
+    coord = align_corners ? reflect<scalar_t>(coord, 0, 2 * (size - 1))
+                          : reflect<scalar_t>(coord, -1, 2 * size - 1);
   }
-  return coord;
+  return padding_mode == GridSamplerPadding::Zeros
+      ? coord
+      : clip<scalar_t>(coord, size);
 }
 
 // The padded source coordinate of bilinear and nearest sampling, as in
@@ -289,11 +252,12 @@ C10_HOST_DEVICE inline T source_coordinate(
     T coord,
     int64_t size,
     GridSamplerPadding padding_mode,
-    bool align_corners,
-    T* mult) {
-  coord = unnormalize<scalar_t>(coord, size, align_corners, mult);
+    bool align_corners) {
   return pad_coordinate<scalar_t>(
-      coord, size, padding_mode, align_corners, mult);
+      unnormalize<scalar_t>(coord, size, align_corners),
+      size,
+      padding_mode,
+      align_corners);
 }
 
 // Cubic convolution (A = -0.75) weights of the four taps at offsets
@@ -335,7 +299,6 @@ struct AxisTaps {
   int64_t index[kTaps];
   bool in_bounds[kTaps];
   T weight[kTaps]; // interpolation weight along this axis
-  T mult; // d source coordinate / d grid coordinate
   // false when the coordinate is NaN or infinite, or (bilinear and
   // nearest) when its padded value lies beyond kMaxSafeCoordinate
   bool usable;
@@ -398,11 +361,9 @@ C10_HOST_DEVICE inline T cubic_tap_position(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  T unused_mult = static_cast<T>(1);
   const T position = add_s<scalar_t>(
       sub_s<scalar_t>(base, static_cast<T>(1)), static_cast<T>(k));
-  return pad_coordinate<scalar_t>(
-      position, size, padding_mode, align_corners, &unused_mult);
+  return pad_coordinate<scalar_t>(position, size, padding_mode, align_corners);
 }
 
 // Whether a padded tap position is in bounds, and its pixel, as stock's
@@ -437,8 +398,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
     bool align_corners) {
   AxisTaps<T, 4> taps;
   taps.usable = true;
-  const T coord =
-      unnormalize<scalar_t>(grid_coord, size, align_corners, &taps.mult);
+  const T coord = unnormalize<scalar_t>(grid_coord, size, align_corners);
   if (!(std::fabs(coord) <= std::numeric_limits<T>::max())) {
     make_void(taps);
     return taps;
@@ -480,7 +440,7 @@ C10_HOST_DEVICE inline bool start_padded_axis(
     T* coord) {
   taps.usable = true;
   *coord = source_coordinate<scalar_t>(
-      grid_coord, size, padding_mode, align_corners, &taps.mult);
+      grid_coord, size, padding_mode, align_corners);
   if (!is_safe_coordinate(*coord)) {
     make_void(taps);
     return false;
