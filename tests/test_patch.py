@@ -210,6 +210,12 @@ class TestPatchRealTree(TestCase):
     def fresh(self, name):
         return upstream_tree.fresh_git_copy(self.tmp / name, real_tree())
 
+    def test_pristine_copies_of_one_tree_share_their_base_commit(self):
+        # PR.md names the base commit: it must not move each time the patch is regenerated
+        first = git(self.fresh("pristine-a"), "rev-parse", "HEAD").strip()
+        second = git(self.fresh("pristine-b"), "rev-parse", "HEAD").strip()
+        self.assertEqual(first, second)
+
     def test_applies_as_one_commit_then_noop(self):
         tree = self.fresh("apply")
         base = git(tree, "rev-parse", "HEAD").strip()

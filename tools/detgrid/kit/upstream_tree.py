@@ -104,6 +104,10 @@ def fetch(refresh: bool = False) -> Path:
     return tree
 
 
+# The pristine commit's date: v2.6.0's release day.
+PRISTINE_DATE = "2025-01-29T00:00:00Z"
+
+
 def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0") -> Path:
     """Copy the tree's files the patch tool reads or writes into ``dest`` as a one-commit git repo.
 
@@ -131,8 +135,11 @@ def fresh_git_copy(dest: Path, source: Optional[Path] = None, tag: str = "v2.6.0
         elif src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+    # A fixed identity and date make the pristine commit's hash a function of the tree alone,
+    # so the base commit that PR.md and the patches name does not move between regenerations.
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
+               GIT_COMMITTER_EMAIL="t@t", GIT_AUTHOR_DATE=PRISTINE_DATE,
+               GIT_COMMITTER_DATE=PRISTINE_DATE)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "commit", "-q", "-m", "pristine"], ["git", "tag", tag]):
         r = subprocess.run(cmd, cwd=dest, capture_output=True, text=True, env=env)
