@@ -131,11 +131,8 @@ C10_HOST_DEVICE inline T reflect_derivative(
   if (twice_low == twice_high) {
     return static_cast<T>(0);
   }
-  const T half = static_cast<T>(0.5);
-  const T low = mul_s<scalar_t>(integer_s<scalar_t, T>(twice_low), half);
-  const T span =
-      mul_s<scalar_t>(integer_s<scalar_t, T>(twice_high - twice_low), half);
-  const T distance = sub_s<scalar_t>(coord, low);
+  const T distance = sub_s<scalar_t>(coord, half_of<scalar_t, T>(twice_low));
+  const T span = half_of<scalar_t, T>(twice_high - twice_low);
   const int32_t flips =
       gpu_float_to_int(std::floor(div_s<scalar_t>(std::fabs(distance), span)));
   const bool negative = (distance < static_cast<T>(0)) != (flips % 2 != 0);
@@ -154,9 +151,7 @@ C10_HOST_DEVICE inline T coordinate_multiplier(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  const int64_t extent = align_corners ? size - 1 : size;
-  const T mult =
-      mul_s<scalar_t>(integer_s<scalar_t, T>(extent), static_cast<T>(0.5));
+  const T mult = half_of<scalar_t, T>(align_corners ? size - 1 : size);
   if (kTaps == 4 || padding_mode == GridSamplerPadding::Zeros) {
     return mult;
   }

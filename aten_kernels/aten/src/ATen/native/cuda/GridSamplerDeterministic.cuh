@@ -159,7 +159,8 @@ C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
 // computes it in float (double for double) and returns it as scalar_t.
 // Not stock's unnormalize: __device__ only, and nvcc may fuse it to an FMA.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T unnormalize(T coord, int64_t size, bool align_corners) {
+C10_HOST_DEVICE inline T
+unnormalize(T coord, int64_t size, bool align_corners) {
   const T one = static_cast<T>(1);
   const T half = static_cast<T>(0.5);
   const T extent = static_cast<T>(align_corners ? size - 1 : size);
@@ -198,6 +199,13 @@ C10_HOST_DEVICE inline int32_t gpu_float_to_int(T x) {
   return static_cast<int32_t>(x);
 }
 
+// Half of an integer in scalar_t, scalar_t(twice) * 0.5, as stock forms
+// reflection's bounds.
+template <typename scalar_t, typename T>
+C10_HOST_DEVICE inline T half_of(int64_t twice) {
+  return mul_s<scalar_t>(integer_s<scalar_t, T>(twice), static_cast<T>(0.5));
+}
+
 // Reflects into [twice_low / 2, twice_high / 2], in scalar_t arithmetic as
 // stock's reflect_coordinates_set_grad does; reflect_coordinates, the
 // forward's, gives the same coordinate. The number of flips is stock's:
@@ -207,14 +215,13 @@ C10_HOST_DEVICE inline int32_t gpu_float_to_int(T x) {
 // rounding.
 // Not stock's reflect_coordinates: __device__ only; its int cast is UB here.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T reflect(T coord, int64_t twice_low, int64_t twice_high) {
+C10_HOST_DEVICE inline T
+reflect(T coord, int64_t twice_low, int64_t twice_high) {
   if (twice_low == twice_high) {
     return static_cast<T>(0);
   }
-  const T half = static_cast<T>(0.5);
-  const T low = mul_s<scalar_t>(integer_s<scalar_t, T>(twice_low), half);
-  const T span =
-      mul_s<scalar_t>(integer_s<scalar_t, T>(twice_high - twice_low), half);
+  const T low = half_of<scalar_t, T>(twice_low);
+  const T span = half_of<scalar_t, T>(twice_high - twice_low);
   const T distance = std::fabs(sub_s<scalar_t>(coord, low));
   const T extra = std::fmod(distance, span);
   const int32_t flips =
