@@ -338,10 +338,12 @@ void run_grid_gradient_pass(const Executor& ex, const BackwardCall& call) {
         constexpr int kDims = decltype(dims)::value;
         const gsd::GridGradientArgs<scalar_t, index_t, kDims> args{
             gsd::make_backward_args<scalar_t, index_t, kDims>(call),
-            gsd::image_view<index_t, kDims>(
+            gsd::strided_view<index_t, kDims>(
                 call.input.const_data_ptr<scalar_t>(), call.input.strides()),
-            gsd::grid_view<index_t, kDims>(
-                call.grad_grid.data_ptr<scalar_t>(), call.grad_grid.strides())};
+            gsd::strided_view<index_t, kDims>(
+                call.grad_grid.data_ptr<scalar_t>(),
+                call.grad_grid.strides(),
+                /*coordinate_last=*/true)};
         gsd::dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
           constexpr int kTaps = decltype(taps)::value;
           if constexpr (kTaps == 1) {

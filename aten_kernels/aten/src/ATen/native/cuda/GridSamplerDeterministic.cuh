@@ -715,36 +715,24 @@ struct View {
   }
 };
 
-// View of an (N, C, spatial...) tensor from its data and strides.
+// View of an (N, C, spatial...) tensor from its data and strides, or, with
+// `coordinate_last`, of an (N, spatial..., kDims) grid, the coordinate axis
+// in C's place.
 template <typename index_t, int kDims, typename scalar_t>
-View<scalar_t, index_t, kDims> image_view(
+View<scalar_t, index_t, kDims> strided_view(
     scalar_t* data,
-    c10::IntArrayRef strides) {
+    c10::IntArrayRef strides,
+    bool coordinate_last = false) {
+  const int channel_dim = coordinate_last ? kDims + 1 : 1;
+  const int first_spatial_dim = coordinate_last ? 1 : 2;
   View<scalar_t, index_t, kDims> view{
       data,
       static_cast<index_t>(strides[0]),
-      static_cast<index_t>(strides[1]),
+      static_cast<index_t>(strides[channel_dim]),
       {}};
   GRID_SAMPLER_DET_UNROLL
   for (int a = 0; a < kDims; ++a) {
-    view.stride[a] = static_cast<index_t>(strides[2 + a]);
-  }
-  return view;
-}
-
-// View of an (N, spatial..., kDims) grid, the coordinate axis in C's place.
-template <typename index_t, int kDims, typename scalar_t>
-View<scalar_t, index_t, kDims> grid_view(
-    scalar_t* data,
-    c10::IntArrayRef strides) {
-  View<scalar_t, index_t, kDims> view{
-      data,
-      static_cast<index_t>(strides[0]),
-      static_cast<index_t>(strides[kDims + 1]),
-      {}};
-  GRID_SAMPLER_DET_UNROLL
-  for (int a = 0; a < kDims; ++a) {
-    view.stride[a] = static_cast<index_t>(strides[1 + a]);
+    view.stride[a] = static_cast<index_t>(strides[first_spatial_dim + a]);
   }
   return view;
 }
@@ -759,7 +747,7 @@ template <typename scalar_t, typename index_t, int kDims>
 struct BackwardArgs {
   using opmath_t = at::opmath_type<scalar_t>;
   using index_type = index_t;
-  using scalar_type = scalar_t;
+  using scalar_type = scalar_t; // [stack: fused-fills]
   static constexpr int dims = kDims;
 
   View<const scalar_t, index_t, kDims> grad_output;
@@ -812,10 +800,12 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   const TensorBase& input = call.input;
   const TensorBase& grid = call.grid;
   BackwardArgs<scalar_t, index_t, kDims> args;
-  args.grad_output = image_view<index_t, kDims>(
+  args.grad_output = strided_view<index_t, kDims>(
       grad_output.const_data_ptr<scalar_t>(), grad_output.strides());
-  args.grid = grid_view<index_t, kDims>(
-      grid.const_data_ptr<scalar_t>(), grid.strides());
+  args.grid = strided_view<index_t, kDims>(
+      grid.const_data_ptr<scalar_t>(),
+      grid.strides(),
+      /*coordinate_last=*/true);
   args.batch = static_cast<index_t>(input.size(0));
   args.channels = static_cast<index_t>(input.size(1));
   GRID_SAMPLER_DET_UNROLL
