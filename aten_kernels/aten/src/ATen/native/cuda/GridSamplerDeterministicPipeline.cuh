@@ -42,7 +42,6 @@
 #include <c10/core/Allocator.h>
 
 #include <algorithm>
-#include <array>
 #include <limits>
 #include <type_traits>
 
@@ -131,35 +130,20 @@ struct ReduceSparse {
   }
 };
 
-// Rounds a block's finished float sums into grad_input, one thread per
-// (row, column) of the block.
+// Rounds a block's finished float sums, which `out` reads from the carry,
+// into grad_input, one thread per (row, column) of the block.
 template <typename scalar_t, typename index_t>
 struct RoundCarry {
-  const at::opmath_type<scalar_t>* carry;
-  scalar_t* grad_input;
-  ElementBlock<index_t> block;
-  BlockOffsets<index_t> offset;
-  index_t destinations_per_image;
-
-  RoundCarry(
-      const at::opmath_type<scalar_t>* carry,
-      scalar_t* grad_input,
-      const ElementBlock<index_t>& block,
-      index_t destinations_per_image)
-      : carry(carry),
-        grad_input(grad_input),
-        block(block),
-        offset(block),
-        destinations_per_image(destinations_per_image) {}
+  ReduceOutput<scalar_t, index_t> out;
 
   C10_HOST_DEVICE index_t row(index_t r) const {
-    return block.row_begin + r;
+    return out.block.row_begin + r;
   }
 
   C10_HOST_DEVICE void operator()(index_t row, index_t col) const {
-    const index_t s = block.col_begin + col;
-    grad_input[row * destinations_per_image + s] =
-        static_cast<scalar_t>(carry[offset(row, s)]);
+    const index_t s = out.block.col_begin + col;
+    out.grad_input[row * out.destinations_per_image + s] =
+        static_cast<scalar_t>(out.running_sum(row, s));
   }
 };
 
@@ -837,11 +821,12 @@ void reduce_grad_input(
         ex.for_each_row(
             static_cast<int64_t>(block.row_end - block.row_begin),
             static_cast<int64_t>(block.width()),
-            RoundCarry<scalar_t, int64_t>{
-                sums,
+            RoundCarry<scalar_t, int64_t>{ReduceOutput<scalar_t, int64_t>(
                 grad_input,
+                sums,
+                nullptr,
                 wide_block,
-                static_cast<int64_t>(image_size)});
+                static_cast<int64_t>(image_size))});
       }
     }
   }
@@ -850,8 +835,10 @@ void reduce_grad_input(
 // What the planner reads of a backward call: shapes, strides and element
 // sizes, never data.
 struct BackwardProblem {
+  // [stack: index32]
   int64_t dims; // spatial: 2 for a 4-D input, 3 for a 5-D one
   int64_t taps_per_axis;
+  // [end stack: index32]
   int64_t taps_per_point;
   int64_t num_points;
   int64_t channels;
@@ -889,8 +876,8 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
       static_cast<GridSamplerInterpolation>(call.interpolation_mode));
   const int64_t batch = call.input.size(0);
   BackwardProblem problem{
-      dims,
-      taps,
+      dims, // [stack: index32]
+      taps, // [stack: index32]
       ipow(static_cast<int>(taps), static_cast<int>(dims)),
       batch,
       call.input.size(1),
