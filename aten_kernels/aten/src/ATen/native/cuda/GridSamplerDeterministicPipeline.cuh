@@ -1106,34 +1106,6 @@ void dispatch_backward_types(
       });
 }
 
-// For checked arguments: calls fn(args, grad_input) with the call's
-// BackwardArgs and grad_input's data.
-template <typename Fn>
-void with_backward_args(
-    const GridSamplerBackwardCall& call,
-    const BackwardPlan& plan, // [stack: index32]
-    const Fn& fn) {
-  // [stack: index32]
-  // 32-bit index math over larger tensors would address out of bounds.
-  TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
-  // [end stack: index32]
-  dispatch_backward_types(
-      call,
-      plan.index_32bit, // [stack: index32]
-      [&](auto scalar, auto index, auto dims) {
-        using scalar_t = decltype(scalar);
-        using index_t = decltype(index);
-        constexpr int kDims = decltype(dims)::value;
-        using Args = BackwardArgs<scalar_t, index_t, kDims>;
-        TORCH_CHECK(
-            call.grad_input.is_contiguous(),
-            Args::op_name(),
-            " (deterministic): expected a contiguous grad_input");
-        fn(make_backward_args<scalar_t, index_t, kDims>(call),
-           call.grad_input.data_ptr<scalar_t>());
-      });
-}
-
 // grad_input of the backward of grid_sampler_2d (4-D input) or
 // grid_sampler_3d (5-D input) on `ex`, for checked arguments, as `plan`
 // says: writes every element of a contiguous grad_input (grad_grid is the
@@ -1157,21 +1129,35 @@ void run_deterministic_backward(
       !plan.index_32bit || has_32bit_index_math(taps_per_axis(mode), dims),
       "grid_sampler_3d_backward (deterministic): 3-D bicubic sampling runs "
       "with 64-bit index math only, but the plan asks for 32-bit");
+  // 32-bit index math over larger tensors would address out of bounds.
+  TORCH_INTERNAL_ASSERT(!plan.index_32bit || fits_32bit_indexing(call));
   // [end stack: index32]
-  with_backward_args(call, plan, [&](const auto& args, auto* grad_input) { // [stack: index32 replaces: with_backward_args(call, [&](const auto& args, auto* grad_input) {]
-    using Args = std::decay_t<decltype(args)>; // [stack: index32]
-    dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
-      constexpr int kTaps = decltype(taps)::value;
-      // [stack: index32]
-      if constexpr (
-          !has_32bit_index_math(kTaps, Args::dims) &&
-          std::is_same_v<typename Args::index_type, int32_t>) {
-        return; // not built; refused above
-      } else
-      // [end stack: index32]
-      reduce_grad_input<kTaps>(ex, args, grad_input, plan);
-    });
-  });
+  dispatch_backward_types(
+      call,
+      plan.index_32bit, // [stack: index32]
+      [&](auto scalar, auto index, auto spatial_dims) {
+        using scalar_t = decltype(scalar);
+        using index_t = decltype(index);
+        constexpr int kDims = decltype(spatial_dims)::value;
+        using Args = BackwardArgs<scalar_t, index_t, kDims>;
+        TORCH_CHECK(
+            call.grad_input.is_contiguous(),
+            Args::op_name(),
+            " (deterministic): expected a contiguous grad_input");
+        const Args args = make_backward_args<scalar_t, index_t, kDims>(call);
+        scalar_t* const grad_input = call.grad_input.data_ptr<scalar_t>();
+        dispatch_taps_per_axis(args.interpolation_mode, [&](auto taps) {
+          constexpr int kTaps = decltype(taps)::value;
+          // [stack: index32]
+          if constexpr (
+              !has_32bit_index_math(kTaps, kDims) &&
+              std::is_same_v<index_t, int32_t>) {
+            return; // not built; refused above
+          } else
+          // [end stack: index32]
+          reduce_grad_input<kTaps>(ex, args, grad_input, plan);
+        });
+      });
 }
 
 } // namespace at::native::grid_sampler_deterministic
