@@ -895,7 +895,12 @@ C10_HOST_DEVICE inline key_t cell_key(
 
 // The PerCell record of point `chunk_point`: its cell's key, its point
 // number as the payload, and the weights of its taps.
-template <typename key_t, typename scalar_t, typename index_t, int kDims, typename T>
+template <
+    typename key_t,
+    typename scalar_t,
+    typename index_t,
+    int kDims,
+    typename T>
 C10_HOST_DEVICE inline void emit_cell_record(
     const BackwardArgs<scalar_t, index_t, kDims>& args,
     const PointTaps<T, 2, kDims>& taps,

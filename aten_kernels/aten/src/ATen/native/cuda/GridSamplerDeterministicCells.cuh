@@ -60,8 +60,8 @@ struct MergedCellRecords {
   // [end stack: hot-fold]
   // The record id at `position` of a way whose records reach the
   // destination through `tap`, or kExhausted at its end.
-  C10_HOST_DEVICE uint32_t head_at(int32_t position, int32_t limit, uint32_t tap)
-      const {
+  C10_HOST_DEVICE uint32_t
+  head_at(int32_t position, int32_t limit, uint32_t tap) const {
     // Reads an id either way (index 0 past the end: a chunk has at least
     // one sorted point), so that the load needs no branch.
     const bool valid = position < limit;

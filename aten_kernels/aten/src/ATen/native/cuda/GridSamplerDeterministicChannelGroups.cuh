@@ -19,7 +19,12 @@ constexpr int kChannelGroup = sizeof(T) == sizeof(double) ? 8 : 16;
 // next_partial() for channels [0, count) of a group (count <= kGroup),
 // channel k's grad_output at gout_first + k * records.gout_stride_c: the
 // next partial of every channel, from one walk of the records.
-template <int kGroup, typename RecordIds, typename T, typename scalar_t, typename index_t>
+template <
+    int kGroup,
+    typename RecordIds,
+    typename T,
+    typename scalar_t,
+    typename index_t>
 C10_HOST_DEVICE inline void next_group_partial(
     RecordIds& ids,
     const SortedRecords<scalar_t, index_t>& records,
@@ -56,7 +61,12 @@ C10_HOST_DEVICE inline void next_group_partial(
 
 // fold_records() for channels [0, count) of a group: every partial of
 // every channel added to its running sum in acc.
-template <int kGroup, typename RecordIds, typename T, typename scalar_t, typename index_t>
+template <
+    int kGroup,
+    typename RecordIds,
+    typename T,
+    typename scalar_t,
+    typename index_t>
 C10_HOST_DEVICE inline void fold_group(
     RecordIds ids,
     const SortedRecords<scalar_t, index_t>& records,

@@ -79,8 +79,10 @@ struct GatherChannelsLast {
 // BFloat16 as the uint16_t that is each one's only member, so that one
 // kernel per index width copies both; other types as themselves.
 template <typename scalar_t>
-using CopiedAs =
-    std::conditional_t<sizeof(scalar_t) == sizeof(uint16_t), uint16_t, scalar_t>;
+using CopiedAs = std::conditional_t<
+    sizeof(scalar_t) == sizeof(uint16_t),
+    uint16_t,
+    scalar_t>;
 static_assert(
     std::is_standard_layout_v<c10::Half> && sizeof(c10::Half) == 2 &&
         std::is_standard_layout_v<c10::BFloat16> && sizeof(c10::BFloat16) == 2,

@@ -120,7 +120,8 @@ struct HotKeys {
     return low;
   }
   C10_HOST_DEVICE bool is_hot(int64_t k, int32_t begin) const {
-    return begin + key_limit < marks.count && marks.keys[begin + key_limit] == k;
+    return begin + key_limit < marks.count &&
+        marks.keys[begin + key_limit] == k;
   }
 
   // The hot key of slot `slot`, if it has one: a hot key beginning in the

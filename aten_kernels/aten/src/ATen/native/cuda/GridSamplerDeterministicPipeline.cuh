@@ -407,8 +407,9 @@ void reduce_grad_input(
   const int64_t points_per_chunk = std::min(num_points, chunk_points);
   const int64_t capacity = points_per_chunk * items_per_point;
   // The keys are 0 .. table_entries - 1; table_entries itself is "nowhere".
-  const int64_t table_entries =
-      per_cell ? args.num_cells() : static_cast<int64_t>(args.num_destinations()); // [stack: cells replaces: static_cast<int64_t>(args.num_destinations());]
+  const int64_t table_entries = per_cell // [stack: cells replaces: const int64_t table_entries =]
+      ? args.num_cells() // [stack: cells]
+      : static_cast<int64_t>(args.num_destinations()); // [stack: cells replaces: static_cast<int64_t>(args.num_destinations());]
   // The numbering limits of kMaxChunkRecords, which plan_chunks keeps.
   TORCH_INTERNAL_ASSERT(
       chunk_points % kTilePoints == 0 &&
@@ -464,9 +465,14 @@ void reduce_grad_input(
   };
   const int64_t spare_bytes = (chunk_points - points_per_chunk) *
       chunk_bytes_per_point(
-          items_per_point, kTapsPerPoint, key_bytes, sizeof(T), sizeof(index_t));
+          items_per_point,
+          kTapsPerPoint,
+          key_bytes,
+          sizeof(T),
+          sizeof(index_t));
   const int64_t hot_pool_extra = hot_capable
-      ? std::clamp<int64_t>(hot_pool_need() - capacity * key_bytes, 0, spare_bytes)
+      ? std::clamp<int64_t>(
+            hot_pool_need() - capacity * key_bytes, 0, spare_bytes)
       : 0;
   // [end stack: hot-fold]
   const auto keys = ex.allocate(capacity * key_bytes + hot_pool_extra); // [stack: hot-fold replaces: const auto keys = ex.allocate(capacity * key_bytes);]
@@ -658,7 +664,11 @@ void reduce_grad_input(
     const int32_t num_items = static_cast<int32_t>(count * items_per_point);
     ex.for_each(
         static_cast<index_t>(count),
-        PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point), point_fills(count)}); // [stack: fused-fills replaces: PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});]
+        PointPass<kTaps, Args>{ // [stack: fused-fills replaces: PointPass<kTaps, Args>{args, chunk, static_cast<index_t>(first_point)});]
+            args, // [stack: fused-fills]
+            chunk, // [stack: fused-fills]
+            static_cast<index_t>(first_point), // [stack: fused-fills]
+            point_fills(count)}); // [stack: fused-fills]
     sort_items(num_items);
     // [stack: dense]
     // Dense: the segment table's zero fill, then the bounds of every key.
@@ -692,7 +702,8 @@ void reduce_grad_input(
                           int64_t count, // [stack: hot-fold]
                           int64_t first_fresh_image) {
     auto sweep = [&](const auto& segments_of) {
-      using Fold = DenseFold<std::decay_t<decltype(segments_of)>, scalar_t, index_t>;
+      using Segments = std::decay_t<decltype(segments_of)>;
+      using Fold = DenseFold<Segments, scalar_t, index_t>;
       Fold fold{
           sorted,
           segments_of,
@@ -788,11 +799,13 @@ void reduce_grad_input(
         // their rows of the block, or all of the block's rows up to them
         // when it rounds the block.
         const int64_t first_image = first_point / points_per_image;
-        const int64_t end_image = (first_point + count - 1) / points_per_image + 1;
+        const int64_t end_image =
+            (first_point + count - 1) / points_per_image + 1;
         reduce_dense(
             out,
-            round_now ? int64_t{block.row_begin}
-                      : std::max<int64_t>(first_image * channels, block.row_begin),
+            round_now
+                ? int64_t{block.row_begin}
+                : std::max<int64_t>(first_image * channels, block.row_begin),
             std::min<int64_t>(end_image * channels, block.row_end),
             count, // [stack: hot-fold]
             first_fresh_image);
@@ -1042,7 +1055,8 @@ inline BackwardPlan plan_keyed(
 inline bool index_32bit_for(const BackwardProblem& problem) {
   return problem.index_fits_32bit &&
       has_32bit_index_math(
-          static_cast<int>(problem.taps_per_axis), static_cast<int>(problem.dims));
+          static_cast<int>(problem.taps_per_axis),
+          static_cast<int>(problem.dims));
 }
 // [end stack: index32]
 
