@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
-import unittest
 from pathlib import Path
 
 from torch.testing._internal.common_utils import (
@@ -329,8 +328,11 @@ class TestCheckedInStack(TestCase):
             text = (STACK / f"{level.patch}.md").read_text()
             self.assertLessEqual(visible_words(text), 250, level.patch)
 
-    @unittest.skipUnless(upstream_tree.cached_tree().is_dir(), "the v2.6.0 tree is not cached")
     def test_patches_are_what_the_tool_writes_today_and_stack_to_the_whole_patch(self):
+        # Asked when the test runs, not when it is collected: on a fresh machine test_patch
+        # fetches the tree earlier in the same run, and this check must not be skipped there.
+        if not upstream_tree.cached_tree().is_dir():
+            self.skipTest("the v2.6.0 tree is not cached")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "stack"
             self.assertEqual(stack_patches.write_patches(out, "t", "t@t"), 0)
