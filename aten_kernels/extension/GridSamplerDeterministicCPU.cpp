@@ -95,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> point_taps(
       ") and 2 or 3 input sizes");
   const auto mode = static_cast<GridSamplerInterpolation>(interpolation_mode);
   const auto padding = static_cast<GridSamplerPadding>(padding_mode);
-  const int64_t taps = at::native::grid_sampler_deterministic::ipow(
+  const int64_t taps = at::native::grid_sampler_deterministic::taps_per_point(
       at::native::grid_sampler_deterministic::taps_per_axis(mode),
       static_cast<int>(dims));
   const at::Tensor coords = grid.contiguous();

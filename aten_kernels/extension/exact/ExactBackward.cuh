@@ -341,7 +341,7 @@ void reduce_grad_input_exact(
   using Args = gsd::BackwardArgs<scalar_t, index_t, kDims>;
   using T = at::opmath_type<scalar_t>;
   constexpr int kWords = Format<T>::kWords;
-  constexpr int kTapsPerPoint = gsd::ipow(kTaps, kDims);
+  constexpr int kTapsPerPoint = gsd::taps_per_point(kTaps, kDims);
   constexpr bool kPerTap = kKeying == gsd::Keying::PerTap;
   constexpr int kItemsPerPoint = kPerTap ? kTapsPerPoint : 1;
   TORCH_INTERNAL_ASSERT(kPerTap || (plan.dense && !atomic));

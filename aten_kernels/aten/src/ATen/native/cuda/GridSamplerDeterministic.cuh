@@ -393,12 +393,10 @@ C10_HOST_DEVICE inline bool tap_index(
   return *index < size;
 }
 
-// Bicubic: four taps around floor(coord), each position padded on its own
-// (as stock does), not the coordinate. Only a non-finite source coordinate
-// voids the axis (see the file comment).
+// Bicubic: four taps around floor(coord), each padded on its own, as stock
+// does. Only a non-finite source coordinate voids the axis.
 template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
-    std::integral_constant<int, 4>,
+C10_HOST_DEVICE inline AxisTaps<T, 4> cubic_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
@@ -412,9 +410,8 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   }
   const T base = std::floor(coord);
   cubic_weights<scalar_t>(sub_s<scalar_t>(coord, base), taps.weight);
-  // One copy of the padding for the four taps (a rolled loop; padding is
-  // the bulk of a bicubic point pass's code), each result written by
-  // selects, as an array indexed at run time would live in local memory.
+  // One copy of the padding, the bulk of the code, for the four taps;
+  // results go by selects, as an array indexed at run time would spill.
   GRID_SAMPLER_DET_UNROLL
   for (int j = 0; j < 4; ++j) {
     taps.index[j] = 0;
@@ -435,71 +432,41 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> compute_axis_taps(
   return taps;
 }
 
-// Bilinear and nearest sampling start from the padded source coordinate;
-// false (and a void axis) when that coordinate is unusable.
-template <typename scalar_t, typename T, int kTaps>
-C10_HOST_DEVICE inline bool start_padded_axis(
-    AxisTaps<T, kTaps>& taps,
-    T grid_coord,
-    int64_t size,
-    GridSamplerPadding padding_mode,
-    bool align_corners,
-    T* coord) {
-  taps.usable = true;
-  *coord = source_coordinate<scalar_t>(
-      grid_coord, size, padding_mode, align_corners);
-  if (!is_safe_coordinate(*coord)) {
-    make_void(taps);
-    return false;
-  }
-  return true;
-}
-
-// Bilinear: the two pixels around the padded source coordinate.
-template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline AxisTaps<T, 2> compute_axis_taps(
-    std::integral_constant<int, 2>,
+// The taps along one axis. Bilinear takes the two pixels around the padded
+// source coordinate, nearest the one at it (rounded half to even).
+template <typename scalar_t, int kTaps, typename T>
+C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
     T grid_coord,
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  AxisTaps<T, 2> taps;
-  T coord;
-  if (!start_padded_axis<scalar_t>(
-          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
+  if constexpr (kTaps == 4) {
+    return cubic_axis_taps<scalar_t>(
+        grid_coord, size, padding_mode, align_corners);
+  } else {
+    AxisTaps<T, kTaps> taps;
+    const T coord = source_coordinate<scalar_t>(
+        grid_coord, size, padding_mode, align_corners);
+    taps.usable = is_safe_coordinate(coord);
+    if (!taps.usable) {
+      make_void(taps);
+    } else if constexpr (kTaps == 1) {
+      taps.index[0] = static_cast<int64_t>(std::nearbyint(coord));
+      taps.in_bounds[0] = taps.index[0] >= 0 && taps.index[0] < size;
+      taps.weight[0] = static_cast<T>(1);
+    } else {
+      const int64_t low = static_cast<int64_t>(std::floor(coord));
+      for (int k = 0; k < 2; ++k) {
+        taps.index[k] = low + k;
+        taps.in_bounds[k] = low + k >= 0 && low + k < size;
+      }
+      // Same expressions as stock, in scalar_t: (low + 1 - coord) and
+      // (coord - low); low + 1 rounds where scalar_t's integers are sparse.
+      taps.weight[0] = sub_s<scalar_t>(integer_s<scalar_t, T>(low + 1), coord);
+      taps.weight[1] = sub_s<scalar_t>(coord, integer_s<scalar_t, T>(low));
+    }
     return taps;
   }
-  const int64_t low = static_cast<int64_t>(std::floor(coord));
-  for (int k = 0; k < 2; ++k) {
-    taps.index[k] = low + k;
-    taps.in_bounds[k] = low + k >= 0 && low + k < size;
-  }
-  // Same expressions as stock, in scalar_t: (low + 1 - coord) and
-  // (coord - low); low + 1 rounds where scalar_t's integers are sparse.
-  taps.weight[0] = sub_s<scalar_t>(integer_s<scalar_t, T>(low + 1), coord);
-  taps.weight[1] = sub_s<scalar_t>(coord, integer_s<scalar_t, T>(low));
-  return taps;
-}
-
-// Nearest: the pixel at the padded source coordinate, rounded half to even.
-template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline AxisTaps<T, 1> compute_axis_taps(
-    std::integral_constant<int, 1>,
-    T grid_coord,
-    int64_t size,
-    GridSamplerPadding padding_mode,
-    bool align_corners) {
-  AxisTaps<T, 1> taps;
-  T coord;
-  if (!start_padded_axis<scalar_t>(
-          taps, grid_coord, size, padding_mode, align_corners, &coord)) {
-    return taps;
-  }
-  const int64_t index = static_cast<int64_t>(std::nearbyint(coord));
-  taps.index[0] = index;
-  taps.in_bounds[0] = index >= 0 && index < size;
-  taps.weight[0] = static_cast<T>(1);
-  return taps;
 }
 
 // A spatial position or extent, outermost axis first: (y, x) in 2-D,
@@ -547,18 +514,13 @@ C10_HOST_DEVICE inline out_t ravel(
   return linear;
 }
 
-C10_HOST_DEVICE constexpr int ipow(int base, int exponent) {
-  int result = 1;
-  for (int i = 0; i < exponent; ++i) {
-    result *= base;
-  }
-  return result;
-}
-
-// log2 of the taps per point, ipow(taps_per_axis, dims): taps_per_axis is 1,
-// 2 or 4, so the folds divide a record id by the taps with a shift.
+// log2 of the taps per point, taps_per_axis^dims: taps_per_axis is 1, 2 or
+// 4, so the folds divide a record id by the taps with a shift.
 C10_HOST_DEVICE constexpr int log2_taps_per_point(int taps_per_axis, int dims) {
   return dims * (taps_per_axis == 4 ? 2 : taps_per_axis - 1);
+}
+C10_HOST_DEVICE constexpr int taps_per_point(int taps_per_axis, int dims) {
+  return 1 << log2_taps_per_point(taps_per_axis, dims);
 }
 
 // The taps of one point, the product of its axes' taps. Tap t is numbered
@@ -566,13 +528,13 @@ C10_HOST_DEVICE constexpr int log2_taps_per_point(int taps_per_axis, int dims) {
 // tne, ..., bse in 3-D, the order stock's kernels visit them.
 template <typename T, int kTaps, int kDims>
 struct PointTaps {
-  static constexpr int count = ipow(kTaps, kDims);
+  static constexpr int count = taps_per_point(kTaps, kDims);
   AxisTaps<T, kTaps> axis[kDims]; // outermost first; axis[kDims - 1] is x
 
   // Which of axis a's taps tap t uses: its base-kTaps digit for that axis.
   // kTaps is a power of two, so this is shifts and masks, which fold to
   // constants once the loops over taps and axes unroll.
-  static constexpr int kDigitBits = kTaps == 4 ? 2 : (kTaps == 2 ? 1 : 0);
+  static constexpr int kDigitBits = log2_taps_per_point(kTaps, 1);
   C10_HOST_DEVICE static int tap_along(int t, int a) {
     return (t >> (kDigitBits * (kDims - 1 - a))) & (kTaps - 1);
   }
@@ -653,7 +615,6 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     const Spatial<index_t, kDims>& inp_size,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  const std::integral_constant<int, kTaps> taps_per_axis_c;
   PointTaps<T, kTaps, kDims> taps;
   bool usable = true;
   // One copy of an axis's coordinate math for all of them (a rolled loop:
@@ -661,8 +622,7 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   // selects, as arrays indexed at run time would live in local memory.
   GRID_SAMPLER_DET_ROLLED
   for (int a = 0; a < kDims; ++a) {
-    const AxisTaps<T, kTaps> axis = compute_axis_taps<scalar_t>(
-        taps_per_axis_c,
+    const AxisTaps<T, kTaps> axis = compute_axis_taps<scalar_t, kTaps>(
         select_tap(grid_coord, kDims - 1 - a),
         static_cast<int64_t>(select_tap(inp_size.v, a)),
         padding_mode,

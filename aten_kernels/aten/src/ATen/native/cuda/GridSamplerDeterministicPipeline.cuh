@@ -382,7 +382,7 @@ void reduce_grad_input(
     const BackwardPlan& plan) {
   using Args = BackwardArgs<scalar_t, index_t, kDims>;
   using T = at::opmath_type<scalar_t>;
-  constexpr int kTapsPerPoint = ipow(kTaps, kDims);
+  constexpr int kTapsPerPoint = taps_per_point(kTaps, kDims);
   constexpr bool kReducedPrecision = !std::is_same_v<scalar_t, T>;
   const ChunkPlan& chunking = plan.chunks;
   // [stack: cells]
@@ -891,7 +891,7 @@ inline BackwardProblem describe_backward(const GridSamplerBackwardCall& call) {
   BackwardProblem problem{
       dims, // [stack: index32]
       taps, // [stack: index32]
-      ipow(static_cast<int>(taps), static_cast<int>(dims)),
+      taps_per_point(static_cast<int>(taps), static_cast<int>(dims)),
       batch,
       call.input.size(1),
       batch,
