@@ -1,17 +1,12 @@
 // Deterministic CUDA backward of grid_sampler_2d and grid_sampler_3d:
 // grad_input without floating-point atomics. grad_grid stays the existing
-// kernel's (GridSampler.cu runs it for grad_grid alone after this), which
-// has one writer per element, so deterministic mode changes nothing of it.
+// kernel's, which has one writer per element.
 //
-// Pipeline (GridSamplerDeterministicPipeline.cuh, written once over an
-// executor; this file holds the CUDA executor: one named kernel per stage,
-// launched on the current stream, at::cuda::cub, the caching allocator),
-// per chunk of points (whole tiles of kTilePoints points):
-//   1. grid_sampler_point_records_kernel, one thread per point: source
-//      coordinates once, the weight of every tap, the point's grad_output
-//      offset, and one sort item per tap,
-//      keyed by the destination (n, y, x) or (n, z, y, x) of grad_input, or
-//      "nowhere" when the tap is out of bounds.
+// Pipeline (GridSamplerDeterministicPipeline.cuh; this file holds its CUDA
+// executor), per chunk of points (whole tiles of kTilePoints points):
+//   1. grid_sampler_point_records_kernel, one thread per point: the weight
+//      of every tap, the point's grad_output offset, and one sort item per
+//      tap keyed by its destination in grad_input, or "nowhere".
 // [stack: index32]
 //      Keys are 32 bits wide where the key space fits, else 64.
 // [end stack: index32]
@@ -22,10 +17,8 @@
 // [end stack: cells]
 //   2. stable radix sort of the items by key (at::cuda::cub), so each key's
 //      records are in ascending record id (point * taps + tap).
-//   3. reduce: the single writer of each grad_input element folds its
-//      records in the canonical order; no atomics. A zero fill, then one
-//      thread per (sorted record, channel) (sum_runs_kernel): the thread of
-//      the first record of a destination's run folds the run.
+//   3. reduce: a zero fill, then one thread per (sorted record, channel)
+//      (sum_runs_kernel); the thread of a run's first record folds the run.
 // [stack: dense]
 //      Dense instead where the table of keys has no more entries than a
 //      chunk has records (mark_segment_bounds_kernel, then one thread per
@@ -50,18 +43,14 @@
 // (a) Canonical order. grad_input[n][c][position] is
 //       fold_+ over partials P of (fold_+ over the records r in P of
 //       round(weight(r) * grad_output(r, c)))
-//     starting from zero, where the records are those whose tap lands on
-//     (n, position) in ascending record id, and a partial is a run of at most
-//     kRecordsPerPartial of them that does not cross a tile boundary. Sums
-//     are in opmath_type (float for Half/BFloat16), rounded once to the
-//     output dtype. Every operation is explicitly rounded, so the
-//     order is a pure function of the shapes and the grid values: it does
-//     not depend on GPU model, SM count, block size, chunk size (chunks are
-//     whole tiles and carry the running sum), stream or free memory.
-// (b) Bounded workspace: at most kWorkspaceBytes (64 MiB) from the caching
-//     allocator whatever the input: per chunk, sort keys and payloads in and
-//     out, CUB's radix-sort scratch (1 MiB is kept for its histograms), the
-//     weight of every tap and a grad_output offset per point.
+//     from zero, over the records that land on (n, position) in ascending
+//     record id; a partial is a run of at most kRecordsPerPartial of them
+//     within a tile. Sums are in opmath_type, rounded once to the output
+//     dtype. So the order depends on the shapes and the grid alone: not on
+//     GPU model, SM count, block size, chunk size, stream or free memory.
+// (b) Bounded workspace: at most kWorkspaceBytes (64 MiB) whatever the
+//     input: per chunk, sort keys and payloads, CUB's scratch, the weight
+//     of every tap and a grad_output offset per point.
 // [stack: dense]
 //     The dense reduction's segment table.
 // [end stack: dense]
@@ -74,12 +63,10 @@
 //     The hot fold's tables reuse the unsorted sort items.
 // [end stack: hot-fold]
 //     Half/BFloat16 sums over several chunks wait in a float carry of at
-//     most kCarryBytes, planned into the budget; where grad_input needs
-//     more, its sums are made block by block, each block re-running the
-//     point passes and sorts of its images' chunks.
-// (c) Safe coordinates and (d) fidelity: no index is formed from a
-//     non-finite or huge value, and taps and weights are those the existing
-//     CUDA backward forms, in every dtype (GridSamplerDeterministic.cuh).
+//     most kCarryBytes; beyond it grad_input is made block by block, each
+//     block re-running its images' chunks.
+// (c) Safe coordinates and (d) fidelity: no index comes from a non-finite
+//     or huge value; taps and weights are the existing backward's.
 
 #define TORCH_ASSERT_NO_OPERATORS
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
@@ -104,17 +91,14 @@ using namespace grid_sampler_deterministic;
 // gridDim.y's limit; rows beyond it are taken by the grid-stride loop.
 constexpr int64_t kMaxGridRows = 65535;
 
-// Threads per block the kernels are built for, with one resident block per
-// SM as the occupancy floor. Point passes keep every tap of a point in
-// registers (16 in bicubic sampling, 64 in tricubic), so they are built for
-// at most kPointPassBlockSize threads: ptxas may then give them up to 255
-// registers, and it spills nothing. The other stages fit in kMaxBlockSize.
+// Point passes keep a point's taps in registers (64 in tricubic sampling):
+// built for kPointPassBlockSize threads, they may take 255 registers and
+// spill nothing. The other stages are built for kMaxBlockSize.
 constexpr int kPointPassBlockSize = 256;
 
-// Grid-stride loops, which every kernel below runs over its stage. Loop
-// counters are unsigned: count < 2^31 (or 2^63) and the grid stride is at
-// most kDefaultMaxBlocks * kMaxBlockSize = 2^29, so i + stride never wraps,
-// and the loop stays 32-bit for 32-bit counts.
+// Grid-stride loops with unsigned counters: count < 2^31 (or 2^63) and the
+// stride is at most 2^29, so i + stride never wraps, and 32-bit counts keep
+// a 32-bit loop.
 template <typename Stage, typename count_t>
 __device__ __forceinline__ void grid_stride_loop(
     const Stage& stage,
@@ -224,9 +208,8 @@ __global__ void round_float_sums_kernel(
   grid_stride_rows(stage, rows, cols);
 }
 
-// The kernel of each stage, StageKernel<Stage>::kernel<count types...>, and
-// for the 1-D stages the most threads per block it is built for (2-D launches
-// take the configured block size, at most kMaxBlockSize).
+// The kernel of each stage, and for 1-D stages the most threads per block
+// it is built for.
 template <typename Stage>
 struct StageKernel;
 
@@ -312,8 +295,8 @@ struct StageKernel<RoundCarry<scalar_t, index_t>> {
       &round_float_sums_kernel<RoundCarry<scalar_t, index_t>, row_t, col_t>;
 };
 
-// Threads per block, at most kMaxBlockSize (the kernels' launch bounds), and
-// blocks per launch, at most kDefaultMaxBlocks (the loops' unsigned counters).
+// Threads per block (at most kMaxBlockSize) and blocks per launch (at most
+// kDefaultMaxBlocks).
 struct LaunchConfig {
   int64_t block_size;
   int64_t max_blocks;

@@ -1,35 +1,22 @@
 #pragma once
 // Per-point math and the canonical reduction order of the deterministic
-// grid_sampler backward (see GridSamplerDeterministic.cu for the pipeline
-// and the invariants).
+// grid_sampler backward (GridSamplerDeterministic.cu: pipeline, invariants).
 //
-// Everything here is C10_HOST_DEVICE on purpose: the CUDA kernels and a host
-// executor run these same functions, and every floating-point operation is
-// rounded explicitly (no FMA contraction; the exact library functions
-// floor, trunc, nearbyint, fmod, fabs round once or not at all), so the two
-// produce the same bits for every dtype.
+// Everything here is C10_HOST_DEVICE: the CUDA kernels and a host executor
+// run the same functions, every floating-point operation rounded explicitly
+// (no FMA contraction), so both give the same bits in every dtype.
 //
-// Taps and weights are those stock's CUDA backward (GridSampler.cu and .cuh)
-// forms, for every finite coordinate and dtype. Its coordinate helpers
-// compute in scalar_t: for Half and BFloat16 the source coordinate is
-// rounded to scalar_t once unnormalized, and clipping, reflection, bicubic
-// tap positions, the bilinear weights and the cubic coefficients are
-// scalar_t arithmetic, which c10::Half and c10::BFloat16 round after every
-// operation. The *_s operations below reproduce that: an explicitly rounded
-// float result converted to scalar_t and back. Where stock converts a
-// float to int (reflection's flip count), the conversion is the GPU's:
-// saturating, NaN to 0 (gpu_float_to_int). Residual: stock's fp32 and fp64
-// builds may contract unnormalize's (coord + 1) * size - 1 into one FMA,
-// which moves a coordinate by about an ulp.
+// Taps and weights are stock's CUDA backward's for every finite coordinate.
+// Its coordinate helpers compute in scalar_t, which Half and BFloat16 round
+// after every operation; the *_s operations below do the same. A float to
+// int conversion is the GPU's (gpu_float_to_int). Residual: stock's fp32
+// and fp64 builds may contract unnormalize into an FMA (about an ulp).
 //
-// Non-finite coordinates get no tap, stock's backward rule for bilinear and
-// nearest (safe_downgrade_to_int_range); Border padding first clamps +-Inf to
-// the border, as stock does, in those modes. Stock is not consistent there: for
-// border padding its forward's clip_coordinates turns NaN into 0 (::max) while
-// its bilinear backward's clip_coordinates_set_grad keeps NaN, and its bicubic
-// backward, built on the forward's helpers, would scatter NaN coefficients onto
-// an edge pixel. No choice is faithful to all of them; this backward takes the
-// bilinear backward's, for every mode.
+// Non-finite coordinates get no tap, stock's bilinear backward rule
+// (safe_downgrade_to_int_range), after Border clamps +-Inf to the border.
+// Stock's other paths differ on NaN (its forward's clip turns it into 0,
+// its bicubic backward would scatter NaN onto an edge pixel); this takes
+// the bilinear backward's rule in every mode.
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/TensorBase.h>
@@ -45,11 +32,9 @@
 #include <limits>
 #include <type_traits>
 
-// Loops over axes and taps must unroll on the GPU, or their small arrays
-// spill to local memory; the host compiler has no such pragma.
-// GRID_SAMPLER_DET_ROLLED keeps a loop rolled where unrolling would multiply
-// its code, not speed it up. Both are undefined at the end of
-// GridSamplerDeterministicPipeline.cuh, which uses them too.
+// Loops over axes and taps unroll on the GPU, or their arrays spill to local
+// memory; ROLLED keeps one rolled where unrolling only multiplies its code.
+// GridSamplerDeterministicPipeline.cuh undefines both.
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define GRID_SAMPLER_DET_UNROLL _Pragma("unroll")
 #define GRID_SAMPLER_DET_ROLLED _Pragma("unroll 1")
@@ -63,30 +48,24 @@ namespace at::native::grid_sampler_deterministic {
 using detail::GridSamplerInterpolation;
 using detail::GridSamplerPadding;
 
-// A point is the unit of parallel work of the point pass; a tile is a fixed
-// run of consecutive points. Partial sums never straddle a tile, and chunks
-// are whole tiles, so the chunk size cannot change the reduction order.
+// A tile is a fixed run of points. Partial sums never straddle a tile and
+// chunks are whole tiles, so the chunk size cannot change the sums' order.
 constexpr int kTilePointsLog2 = 12;
 constexpr int64_t kTilePoints = int64_t{1} << kTilePointsLog2;
 // Longest run of one destination's records summed into a single partial.
 constexpr int64_t kRecordsPerPartial = 256;
-// What one chunk's buffers may take, CUB's sort scratch included; chunks are
-// sized to it (see the .cu file and plan_chunks in the pipeline).
+// What one chunk's buffers may take, CUB's sort scratch included.
 constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
-// Bilinear and nearest coordinates are converted to integers only inside
-// this range. They are padded first, so only a zeros-padded coordinate, far
-// outside the image, lies beyond it: such a point has no tap in bounds.
-// (Bicubic pads each tap on its own and never converts a huge value.)
+// Bilinear and nearest coordinates become integers only inside this range;
+// padded first, only a zeros-padded one far outside the image lies beyond.
 constexpr double kMaxSafeCoordinate = 1099511627776.0; // 2^40
 // Stock converts padded positions and flip counts to int; the GPU's
 // conversion saturates at int's bounds, +-2^31 in any floating type.
 constexpr double kIntRange = 2147483648.0; // 2^31
 
-// Explicitly rounded products and quotients. nvcc contracts a * b + c into
-// an FMA unless told otherwise, and the host compiler does not: a product
-// rounded by __fmul_rn never joins an FMA, so sums need no intrinsic, and
-// __fdiv_rn rounds whatever -prec-div says. The host side is built with
-// -ffp-contract=off.
+// Explicitly rounded products and quotients: nvcc contracts a * b + c into
+// an FMA, the host (-ffp-contract=off) does not, and a product rounded by
+// __fmul_rn never joins one; __fdiv_rn rounds whatever -prec-div says.
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 C10_HOST_DEVICE inline float mul_rn(float a, float b) {
   return __fmul_rn(a, b);
@@ -145,18 +124,16 @@ C10_HOST_DEVICE inline T integer_s(int64_t i) {
   return round_to_scalar<scalar_t>(static_cast<T>(i));
 }
 
-// True for finite values whose integer part fits comfortably in int64_t;
-// false for NaN and +-Inf. A bilinear or nearest coordinate is converted to
-// an integer only when this holds, so non-finite or huge grids never yield a
-// wild index.
+// False for NaN, +-Inf and values beyond kMaxSafeCoordinate, which never
+// become an index.
 template <typename T>
 C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
   return x >= static_cast<T>(-kMaxSafeCoordinate) &&
       x <= static_cast<T>(kMaxSafeCoordinate);
 }
 
-// Maps a normalized grid coordinate in [-1, 1] to pixel units. Stock
-// computes it in float (double for double) and returns it as scalar_t.
+// A grid coordinate in [-1, 1] in pixel units, computed in opmath and
+// returned as scalar_t, as stock does.
 // Not stock's unnormalize: __device__ only, and nvcc may fuse it to an FMA.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T
@@ -182,9 +159,8 @@ C10_HOST_DEVICE inline T clip(T coord, int64_t size) {
   return coord >= upper ? upper : coord;
 }
 
-// static_cast<int>(x) as the GPU computes it (cvt.rzi.s32): truncation,
-// saturating at INT_MIN and INT_MAX, NaN to 0. C++ leaves the conversion of
-// an out-of-range value undefined, so the host must not rely on it.
+// static_cast<int>(x) as the GPU computes it (cvt.rzi.s32): truncating,
+// saturating, NaN to 0; C++ leaves an out-of-range conversion undefined.
 template <typename T>
 C10_HOST_DEVICE inline int32_t gpu_float_to_int(T x) {
   if (x != x) {
@@ -206,13 +182,10 @@ C10_HOST_DEVICE inline T half_of(int64_t twice) {
   return mul_s<scalar_t>(integer_s<scalar_t, T>(twice), static_cast<T>(0.5));
 }
 
-// Reflects into [twice_low / 2, twice_high / 2], in scalar_t arithmetic as
-// stock's reflect_coordinates_set_grad does; reflect_coordinates, the
-// forward's, gives the same coordinate. The number of flips is stock's:
-// floor of the rounded quotient, converted to int as the GPU does, so beyond
-// 2^31 spans it saturates at INT_MAX (odd), and in float, between 2^24 and
-// 2^31 spans, the rounded quotient is even. fmod is exact and needs no
-// rounding.
+// Reflects into [twice_low / 2, twice_high / 2] in scalar_t arithmetic, as
+// stock's reflect_coordinates does. The flip count is stock's, floor of the
+// rounded quotient converted as the GPU converts it: beyond 2^31 spans it
+// saturates at INT_MAX (odd). fmod is exact.
 // Not stock's reflect_coordinates: __device__ only; its int cast is UB here.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T
@@ -232,8 +205,7 @@ reflect(T coord, int64_t twice_low, int64_t twice_high) {
   return add_s<scalar_t>(sub_s<scalar_t>(span, extra), low);
 }
 
-// Pads a pixel coordinate as stock's compute_coordinates does (clip, or
-// reflect then clip).
+// Pads a pixel coordinate as stock's compute_coordinates does.
 // Not stock's compute_coordinates: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T pad_coordinate(
@@ -250,9 +222,8 @@ C10_HOST_DEVICE inline T pad_coordinate(
       : clip<scalar_t>(coord, size);
 }
 
-// The padded source coordinate of bilinear and nearest sampling, as in
-// grid_sampler_compute_source_index_set_grad: the result may be NaN or out
-// of range; callers test it with is_safe_coordinate before using it.
+// The padded source coordinate of bilinear and nearest sampling; it may be
+// NaN or out of range (see is_safe_coordinate).
 // Not stock's grid_sampler_compute_source_index: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T source_coordinate(
@@ -267,10 +238,9 @@ C10_HOST_DEVICE inline T source_coordinate(
       align_corners);
 }
 
-// Cubic convolution (A = -0.75) weights of the four taps at offsets
-// -1, 0, 1, 2 from floor(coord), t = coord - floor, in scalar_t arithmetic
-// as stock's get_cubic_upsampling_coefficients computes them (the backward
-// instantiates it with scalar_t).
+// Cubic convolution (A = -0.75) weights of the taps at offsets -1 .. 2 from
+// floor(coord), t = coord - floor, in scalar_t arithmetic as stock's
+// backward instantiates get_cubic_upsampling_coefficients.
 // Not stock's get_cubic_upsampling_coefficients: __device__ only.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4]) {
@@ -297,9 +267,8 @@ C10_HOST_DEVICE inline void cubic_weights(T t, T weight[4]) {
 }
 
 // The taps of one point along one spatial axis; kTaps is 1 (nearest),
-// 2 (bilinear) or 4 (bicubic). A point's taps are the product of its axes'
-// taps, so the same code serves 2D and 3D. kTaps is a compile-time constant
-// so that these arrays live in registers on the GPU.
+// 2 (bilinear) or 4 (bicubic), a constant so that the arrays stay in
+// registers. A point's taps are the product of its axes' taps.
 template <typename T, int kTaps>
 struct AxisTaps {
   static constexpr int count = kTaps;
@@ -323,8 +292,7 @@ C10_HOST_DEVICE inline int taps_per_axis(
   }
 }
 
-// Calls fn(std::integral_constant<int, taps per axis>) for the mode, so
-// kernels are instantiated once per interpolation mode.
+// Calls fn(std::integral_constant<int, taps per axis>) for the mode.
 template <typename Fn>
 inline void dispatch_taps_per_axis(
     GridSamplerInterpolation interpolation_mode,
@@ -341,8 +309,7 @@ inline void dispatch_taps_per_axis(
   }
 }
 
-// An axis whose coordinate is unusable (see AxisTaps): no tap is in bounds,
-// and every weight is zero, so the point contributes nothing anywhere.
+// An axis whose coordinate is unusable: no tap in bounds, zero weights.
 template <typename T, int kTaps>
 C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   taps.usable = false;
@@ -354,13 +321,9 @@ C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   }
 }
 
-// The padded position of the bicubic tap at offset k - 1 from `base`
-// (floor of the source coordinate), as stock's backward forms it for
-// add_value_bounded and get_value_bounded: (base - 1) + k in scalar_t, which
-// rounds beyond scalar_t's run of consecutive integers (neighbouring taps
-// may coincide), padded like a coordinate (compute_coordinates). Border
-// clips and reflection reflects the position in floating point, so a tap
-// of a huge coordinate lands on the image whatever the coordinate's size.
+// The padded position of the bicubic tap at offset k - 1 from `base`, as
+// stock's add_value_bounded forms it: (base - 1) + k in scalar_t (which
+// rounds where scalar_t's integers are sparse), padded like a coordinate.
 template <typename scalar_t, typename T>
 C10_HOST_DEVICE inline T cubic_tap_position(
     T base,
@@ -373,11 +336,9 @@ C10_HOST_DEVICE inline T cubic_tap_position(
   return pad_coordinate<scalar_t>(position, size, padding_mode, align_corners);
 }
 
-// Whether a padded tap position is in bounds, and its pixel, as stock's
-// backward decides: safe_downgrade_to_int_range sends positions beyond
-// int's range out of bounds, static_cast<int> truncates (so (-1, 0) is
-// pixel 0), within_bounds_2d tests the int. Only a position known to lie in
-// int's range is converted.
+// Whether a padded tap position is in bounds, and its pixel, as stock
+// decides: beyond int's range is out, static_cast<int> truncates (so
+// (-1, 0) is pixel 0), and only a position within int's range is converted.
 // Not stock's within_bounds_2d: it tests an int; this refuses NaN first.
 template <typename T>
 C10_HOST_DEVICE inline bool tap_index(
@@ -469,8 +430,8 @@ C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
   }
 }
 
-// A spatial position or extent, outermost axis first: (y, x) in 2-D,
-// (z, y, x) in 3-D. Linear indices are row-major over it (x fastest).
+// A spatial position or extent, outermost axis first, x last; linear
+// indices are row-major over it.
 template <typename index_t, int kDims>
 struct Spatial {
   index_t v[kDims];
@@ -514,8 +475,7 @@ C10_HOST_DEVICE inline out_t ravel(
   return linear;
 }
 
-// log2 of the taps per point, taps_per_axis^dims: taps_per_axis is 1, 2 or
-// 4, so the folds divide a record id by the taps with a shift.
+// log2 of the taps per point: the folds divide a record id with a shift.
 C10_HOST_DEVICE constexpr int log2_taps_per_point(int taps_per_axis, int dims) {
   return dims * (taps_per_axis == 4 ? 2 : taps_per_axis - 1);
 }
@@ -523,17 +483,15 @@ C10_HOST_DEVICE constexpr int taps_per_point(int taps_per_axis, int dims) {
   return 1 << log2_taps_per_point(taps_per_axis, dims);
 }
 
-// The taps of one point, the product of its axes' taps. Tap t is numbered
-// row-major over the axes with x fastest: nw, ne, sw, se in 2-D and tnw,
-// tne, ..., bse in 3-D, the order stock's kernels visit them.
+// The taps of one point, numbered row-major over the axes (nw, ne, sw, se
+// in 2-D; tnw .. bse in 3-D), the order stock's kernels visit them.
 template <typename T, int kTaps, int kDims>
 struct PointTaps {
   static constexpr int count = taps_per_point(kTaps, kDims);
   AxisTaps<T, kTaps> axis[kDims]; // outermost first; axis[kDims - 1] is x
 
-  // Which of axis a's taps tap t uses: its base-kTaps digit for that axis.
-  // kTaps is a power of two, so this is shifts and masks, which fold to
-  // constants once the loops over taps and axes unroll.
+  // Which of axis a's taps tap t uses: its base-kTaps digit, shifts and
+  // masks that fold to constants once the loops unroll.
   static constexpr int kDigitBits = log2_taps_per_point(kTaps, 1);
   C10_HOST_DEVICE static int tap_along(int t, int a) {
     return (t >> (kDigitBits * (kDims - 1 - a))) & (kTaps - 1);
@@ -554,12 +512,10 @@ struct PointTaps {
     }
     return position;
   }
-  // The weight the forward gives tap t: the product of the axes' weights,
-  // multiplied from x outwards as stock writes it ((wx * wy) * wz).
-  // Bilinear and trilinear sampling multiply in scalar_t, as stock does.
-  // Bicubic sampling interpolates one axis at a time, so the weight of a tap
-  // in its output is the product of the axes' coefficients, formed in opmath
-  // (exact in 2-D for Half and BFloat16).
+  // The weight the forward gives tap t: the axes' weights multiplied from
+  // x outwards ((wx * wy) * wz), in scalar_t for bilinear as stock does. The
+  // bicubic forward interpolates one axis at a time, so its product is
+  // formed in opmath (exact in 2-D for Half and BFloat16).
   template <typename scalar_t>
   C10_HOST_DEVICE T sample_weight(int t) const {
     T product = axis[kDims - 1].weight[tap_along(t, kDims - 1)];
@@ -573,8 +529,7 @@ struct PointTaps {
   }
 };
 
-// values[i] for an i known only at run time (i < kTaps), by selects: a
-// register array indexed at run time would be placed in local memory.
+// values[i] for an i known only at run time, by selects (see above).
 template <typename V, int kTaps>
 C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
   V value = values[0];
@@ -585,9 +540,8 @@ C10_HOST_DEVICE inline V select_tap(const V (&values)[kTaps], int i) {
   return value;
 }
 
-// The taps of one plane of a point's taps: those whose outermost digit is
-// `plane`, as taps 0 .. count / kTaps - 1 of the result (its outermost axis
-// holds the plane's tap in every entry). The same values, so the same bits.
+// The taps whose outermost digit is `plane`, as taps 0 .. count / kTaps - 1
+// of the result (its outermost axis repeats the plane's tap).
 template <typename T, int kTaps, int kDims>
 C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> plane_of(
     const PointTaps<T, kTaps, kDims>& taps,
@@ -606,9 +560,7 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> plane_of(
   return result;
 }
 
-// grid_coord holds the point's grid coordinates in the grid's own order
-// (x first), converted to T from scalar_t; inp_size the input's spatial
-// sizes, outermost first.
+// grid_coord is in the grid's own order (x first); inp_size outermost first.
 template <int kTaps, typename scalar_t, int kDims, typename T, typename index_t>
 C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     const T (&grid_coord)[kDims],
@@ -617,9 +569,8 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
     bool align_corners) {
   PointTaps<T, kTaps, kDims> taps;
   bool usable = true;
-  // One copy of an axis's coordinate math for all of them (a rolled loop:
-  // it is most of a point pass's code); operands and results move by
-  // selects, as arrays indexed at run time would live in local memory.
+  // One copy of the coordinate math, most of a point pass's code, for all
+  // axes; operands and results move by selects.
   GRID_SAMPLER_DET_ROLLED
   for (int a = 0; a < kDims; ++a) {
     const AxisTaps<T, kTaps> axis = compute_axis_taps<scalar_t, kTaps>(
@@ -645,8 +596,8 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   return taps;
 }
 
-// Strided view of an (N, C, spatial...) tensor. The grid and its gradient,
-// laid out (N, spatial..., kDims), use it with the coordinate axis as C.
+// Strided view of an (N, C, spatial...) tensor, or of an (N, spatial...,
+// kDims) grid with the coordinate axis as C.
 template <typename scalar_t, typename index_t, int kDims>
 struct View {
   scalar_t* data;
@@ -675,9 +626,7 @@ struct View {
   }
 };
 
-// View of an (N, C, spatial...) tensor from its data and strides, or, with
-// `coordinate_last`, of an (N, spatial..., kDims) grid, the coordinate axis
-// in C's place.
+// View from data and strides, of a grid with `coordinate_last`.
 template <typename index_t, int kDims, typename scalar_t>
 View<scalar_t, index_t, kDims> strided_view(
     scalar_t* data,
@@ -697,12 +646,10 @@ View<scalar_t, index_t, kDims> strided_view(
   return view;
 }
 
-// Everything one stage needs to know about a backward call with kDims
-// spatial dimensions. Points are numbered n * points_per_image() +
-// (row-major output position), destinations (the spatial elements of
-// grad_input) n * destinations_per_image() + (row-major input position).
-// index_t is the type of every offset and count derived from the tensors
-// (int when they all fit).
+// What a stage knows of a backward call. Points are numbered
+// n * points_per_image() + output position, destinations (grad_input's
+// spatial elements) n * destinations_per_image() + input position. index_t
+// types every offset and count derived from the tensors.
 template <typename scalar_t, typename index_t, int kDims>
 struct BackwardArgs {
   using opmath_t = at::opmath_type<scalar_t>;
@@ -780,13 +727,10 @@ BackwardArgs<scalar_t, index_t, kDims> make_backward_args(
   return args;
 }
 
-// A chunk's records: one per tap, keyed for the sort by its destination,
-// or "nowhere" (num_destinations) when the tap is out of bounds, so it sorts
-// after every real destination. Record r of a chunk is tap r % taps of the
-// chunk's point r / taps, and r is its sort payload: record ids are
-// point * taps + tap. Beside the keys lie what the reduce needs of a record
-// without any integer division: the weight of every tap by record id, and
-// per point the offset of grad_output[n][0][position].
+// A chunk's records: one per tap, keyed by its destination, or "nowhere"
+// (num_destinations, sorting last) when out of bounds; its sort payload is
+// its record id, chunk point * taps + tap. Beside the keys: each record's
+// weight and each point's grad_output offset, so the reduce never divides.
 // [stack: cells]
 // How a chunk's records are keyed: PerTap, as above, or
 //   PerCell (bilinear and trilinear only): one record per point, keyed by
@@ -879,10 +823,9 @@ C10_HOST_DEVICE inline void emit_cell_record(
 
 // [end stack: cells]
 
-// The records of point `chunk_point`, one per tap: its destination's key
-// (or nowhere), its record id and its weight, in one loop. Tricubic
-// sampling's 64 taps go one plane of 16 at a time (a rolled loop): unrolled,
-// they took four times the machine code and more registers than there are.
+// The records of point `chunk_point`, one per tap. Tricubic sampling's 64
+// taps go a plane of 16 at a time: unrolled, they took four times the
+// machine code and more registers than there are.
 template <
     typename key_t,
     typename scalar_t,
@@ -959,8 +902,7 @@ C10_HOST_DEVICE inline void emit_records(
 }
 // [end stack: index32]
 
-// The taps of point `point` (numbered as in BackwardArgs), and where it
-// lies: its image *n and its output position.
+// The taps of point `point`, its image *n and its output position.
 template <int kTaps, typename scalar_t, typename index_t, int kDims>
 C10_HOST_DEVICE inline PointTaps<at::opmath_type<scalar_t>, kTaps, kDims>
 locate_point_taps(
@@ -984,9 +926,8 @@ locate_point_taps(
       args.align_corners);
 }
 
-// Point pass for one point: its records (see ChunkKeys). kTaps (taps per axis)
-// must match args.interpolation_mode; dispatch_taps_per_axis picks it.
-// `chunk_point` is the point's number within its chunk.
+// Point pass for one point, `chunk_point` within its chunk; kTaps must
+// match args.interpolation_mode.
 template <int kTaps, typename scalar_t, typename index_t, int kDims>
 C10_HOST_DEVICE inline void process_point(
     const BackwardArgs<scalar_t, index_t, kDims>& args,
@@ -1001,11 +942,9 @@ C10_HOST_DEVICE inline void process_point(
   chunk.gout_offsets[chunk_point] = args.grad_output.offset(n, 0, out_position);
 }
 
-// The record ids of one destination in ascending order, as a fold reads
-// them: front() is the next id, pop() moves past it; start_partial(n) opens
-// a partial of at most n records, and in_partial() says whether it may take
-// one more (then front() is valid). Here: a range of the sorted record ids
-// (the stable sort keeps them ascending).
+// One destination's record ids in ascending order, as a fold reads them:
+// start_partial(n) opens a partial of at most n records, in_partial() says
+// whether it takes one more, front(). Here, a range of the stable sort's.
 struct SortedRecordIds {
   const int32_t* ids;
   int32_t next;
@@ -1029,22 +968,14 @@ struct SortedRecordIds {
   }
 };
 
-// The canonical order of one grad_input element, channel c. `records`
-// yields the chunk's record ids of one destination in ascending order; the
-// contribution of record r is
-// round(weights[r] * gout_channel[gout_offsets[r >> tap_bits]]), where
-// 2^tap_bits is the number of taps per point (a power of two: 1, 4, 8, 16
-// or 64) and gout_channel points at grad_output[0][c][0...]. Records are
-// summed left to right into partials, a partial ends after
-// kRecordsPerPartial records or at a tile boundary (record ids are
-// chunk-relative and chunks are whole tiles, so a tile is a run of
-// taps * kTilePoints ids), and the partials are added left to right to
-// `acc`, which carries over from earlier chunks. The taps per point are a
-// run-time shift, not a template parameter: a shift by a register costs
-// what a shift by a constant does, and one reduce kernel serves every mode.
-//
-// next_partial() sums the next partial of `records` (which are not done);
-// fold_records() adds every partial to `acc` as it is made.
+// The canonical order of one grad_input element, channel c. Record r of
+// `records` (one destination's, ascending) contributes
+// round(weights[r] * gout_channel[gout_offsets[r >> tap_bits]]), with
+// 2^tap_bits taps per point (a run-time shift: one reduce kernel serves
+// every mode). Records are summed left to right into partials, which end
+// after kRecordsPerPartial records or at a tile boundary (a tile is
+// taps * kTilePoints ids), and the partials left to right into `acc`,
+// which carries over from earlier chunks.
 // [stack: hot-fold]
 // The parallel fold of hot destinations stores the partials of each tile
 // instead, and adds them to `acc` in the same order after.
@@ -1086,9 +1017,7 @@ C10_HOST_DEVICE inline T fold_records(
   return acc;
 }
 
-// What the reduce reads of a sorted chunk: the record ids in sorted order,
-// and by record id the weights and, by point, the grad_output offsets;
-// 2^tap_bits taps per point.
+// What the reduce reads of a sorted chunk.
 template <typename scalar_t, typename index_t>
 struct SortedRecords {
   const int32_t* ids;
@@ -1098,8 +1027,7 @@ struct SortedRecords {
   index_t gout_stride_c;
   int tap_bits;
 
-  // One wide multiply-add: the product is formed in 64 bits rather than
-  // sign-extended after.
+  // One wide multiply-add, not a product sign-extended after.
   C10_HOST_DEVICE const scalar_t* gout_channel(index_t c) const {
     return grad_output + static_cast<int64_t>(c) * gout_stride_c;
   }
@@ -1131,10 +1059,8 @@ Divider<index_t> divider(int64_t divisor) {
 }
 // [end stack: index32]
 
-// A block of grad_input's elements, viewed as rows (n, c), n * C + c, of
-// destinations_per_image columns s each: rows [row_begin, row_end) by
-// columns [col_begin, col_end). A reduce reads and writes only the elements
-// of its block.
+// A block of grad_input viewed as rows n * C + c of destinations_per_image
+// columns s. A reduce reads and writes only its block's elements.
 template <typename index_t>
 struct ElementBlock {
   index_t row_begin;
@@ -1153,8 +1079,7 @@ struct ElementBlock {
   }
 };
 
-// The place of element (row, s) of a block in a buffer that holds the block
-// alone: row * width + s - origin, one multiply-add per element.
+// Element (row, s) in a buffer of the block alone, one multiply-add.
 template <typename index_t>
 struct BlockOffsets {
   index_t width;
@@ -1168,12 +1093,10 @@ struct BlockOffsets {
   }
 };
 
-// Where a reduce finds the running sums of earlier chunks and puts its
-// results. Sums are opmath values laid out as the block (BlockOffsets):
-// grad_input itself for float and double (whose block is all of it), a
-// float carry for Half/BFloat16 while an element's records span chunks.
-// `sums_in` is read for the images that earlier chunks reached; results go
-// to `sums_out`, or, where that is null, rounded to grad_input.
+// Where a reduce finds earlier chunks' opmath sums (laid out as the block)
+// and puts its own: grad_input itself for float and double, a float carry
+// for Half/BFloat16 whose records span chunks. Results go to `sums_out`,
+// or, where that is null, rounded to grad_input.
 template <typename scalar_t, typename index_t>
 struct ReduceOutput {
   using T = at::opmath_type<scalar_t>;

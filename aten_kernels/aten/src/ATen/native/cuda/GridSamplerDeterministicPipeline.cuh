@@ -1,11 +1,8 @@
 #pragma once
 // The stages of the deterministic grid_sampler backward and their order,
-// written once over an executor. The CUDA launcher
-// (GridSamplerDeterministic.cu) calls run_deterministic_backward() below
-// with its executor. Why the seam: an executor that runs the same stages on
-// the CPU gives the same bits, so the order of the sums can be checked bit
-// for bit where no GPU is. The per-point math and the canonical reduction
-// order are in GridSamplerDeterministic.cuh.
+// written once over an executor. GridSamplerDeterministic.cu runs them with
+// the CUDA executor. Why the seam: an executor that runs the same stages on
+// the CPU gives the same bits, so the sums can be checked where no GPU is.
 //
 // An Executor provides:
 //   for_each(count, stage)        stage(i) for every i in [0, count), in any
@@ -23,9 +20,8 @@
 //                                 every i in [0, count), of int32 values.
 // [end stack: hot-fold]
 //   allocate(bytes) -> c10::DataPtr, zero(data, bytes).
-// Each of these is one launch (or one CUB call) on CUDA; none is called with
-// a count of zero. Stages are plain structs with C10_HOST_DEVICE call
-// operators, passed by value, so a CUDA launch takes no parameter's address.
+// Each is one launch or CUB call on CUDA, never with a count of zero.
+// Stages are plain structs with C10_HOST_DEVICE call operators.
 
 #include <ATen/native/cuda/GridSamplerDeterministic.cuh>
 #include <ATen/native/cuda/GridSamplerDeterministic.h>
@@ -62,8 +58,7 @@ struct PointPass {
   }
 };
 
-// Whether sorted record i begins a run of one key, and where the run that
-// begins at `begin` ends, among `count` records.
+// Whether sorted record i begins a run of one key, and where that run ends.
 template <typename Keys>
 C10_HOST_DEVICE inline bool begins_run(const Keys& keys, int32_t i) {
   return i == 0 || keys[i - 1] != keys[i];
@@ -81,11 +76,10 @@ C10_HOST_DEVICE inline int32_t run_end(
   return end;
 }
 
-// Sparse reduction: one thread per (channel row c, sorted record i). The
-// thread of a run's first record folds the run, the records of one
-// destination; the sort made them contiguous, so no scan or table is needed
-// to find them. The sums were zero-filled; runs of taps that land nowhere,
-// or outside the block, are skipped.
+// Sparse reduction: one thread per (channel, sorted record); the thread of
+// a run's first record folds the run, one destination's records, into sums
+// zero-filled before. Runs that land nowhere or outside the block are
+// skipped.
 template <typename scalar_t, typename index_t>
 struct ReduceSparse {
   using T = at::opmath_type<scalar_t>;
@@ -130,8 +124,7 @@ struct ReduceSparse {
   }
 };
 
-// Rounds a block's finished float sums, which `out` reads from the carry,
-// into grad_input, one thread per (row, column) of the block.
+// Rounds a block's finished carry into grad_input.
 template <typename scalar_t, typename index_t>
 struct RoundCarry {
   ReduceOutput<scalar_t, index_t> out;
@@ -162,11 +155,9 @@ T* as(const c10::DataPtr& data) {
   return static_cast<T*>(data.get());
 }
 
-// The numbering a chunk relies on. Its record ids (point * taps + tap) are
-// int32 in the sort payloads, and uint32 in fold_records' tile ends. A chunk
-// is whole tiles, so its record count is a multiple of a tile's records and
-// no tile end exceeds it: at most kMaxChunkRecords records per chunk keeps
-// all of them below 2^31.
+// A chunk's record ids are int32 sort payloads and uint32 tile ends; a
+// chunk is whole tiles, so at most kMaxChunkRecords records keeps both
+// below 2^31.
 constexpr int64_t kMaxChunkRecords = std::numeric_limits<int32_t>::max();
 // [stack: cells]
 // MergedCellRecords' kExhausted must lie above every record id and tile end,
@@ -176,16 +167,12 @@ static_assert(
     kMaxChunkRecords < int64_t{MergedCellRecords<4>::kExhausted},
     "kExhausted must exceed every record id and tile end");
 // [end stack: cells]
-// The default chunk is sized by kWorkspaceBytes, which a record's key and
-// payload (8 bytes at least) fill long before kMaxChunkRecords.
+// A record's key and payload fill kWorkspaceBytes long before that.
 static_assert(
     kWorkspaceBytes / (2 * int64_t{sizeof(int32_t)}) < kMaxChunkRecords,
     "the workspace budget must bound a chunk below kMaxChunkRecords");
 
-// The reduction of a chunk: one thread per (sorted record, channel), whose
-// record folds its run if it begins one (ReduceSparse), into sums zeroed
-// once. Its work and workspace are bounded by a chunk, not by the size of
-// the input.
+// How a chunk is reduced and how its sums are carried.
 // [stack: dense]
 // Dense where its table has no more entries than a chunk has taps, so that
 // a pass over every element costs no more than folding the chunk's records,
@@ -201,15 +188,12 @@ struct ChunkPlan {
   bool channels_fastest = false;
   bool copy_grad_output = false;
   // [end stack: channels-fastest]
-  // Half/BFloat16 over several chunks: the float carry's size in elements
-  // (see with_carry); 0 where sums need no carry.
+  // The float carry's elements (with_carry); 0 where there is none.
   int64_t carry_elements = 0;
 };
 
-// Bytes of workspace per point of a chunk: sort keys and payloads, in and
-// out, and CUB's scratch, which holds one more copy of both (the radix sort
-// with separate input and output buffers ping-pongs through its own); the
-// weight of every tap; the grad_output offset.
+// Workspace per point of a chunk: sort keys and payloads in and out, and
+// CUB's ping-pong copy of both; each tap's weight; the grad_output offset.
 inline int64_t chunk_bytes_per_point(
     int64_t items_per_point,
     int64_t taps_per_point,
@@ -220,13 +204,10 @@ inline int64_t chunk_bytes_per_point(
       taps_per_point * weight_bytes + index_bytes;
 }
 
-// Kept free of the budget for CUB's histograms and tile states, which grow
-// with the number of items far more slowly than its copy of them.
+// Kept for CUB's histograms and tile states, which grow slowly with items.
 constexpr int64_t kSortScratchSlack = int64_t{1} << 20;
 
-// Points per chunk: as many whole tiles as fit the workspace. Chunks must be
-// whole tiles, or the chunk size would change the partials and so the
-// result; a chunk's sort items are counted in int32.
+// Points per chunk: as many whole tiles as fit the workspace.
 // [stack: dense]
 // A dense reduction takes its table beside them.
 // [end stack: dense]
@@ -270,10 +251,8 @@ constexpr int64_t kDefaultBlockSize = 256;
 constexpr int64_t kMaxBlockSize = 512;
 constexpr int64_t kDefaultMaxBlocks = int64_t{1} << 20;
 
-// Every choice a backward call runs with, decided before it runs.
-// plan_backward() makes them from the shapes; any plan that keeps the
-// pipeline's limits (which it asserts) gives the same bits, because the
-// canonical order depends on none of them.
+// Every choice a backward call runs with, made from the shapes by
+// plan_backward(). Any plan within the asserted limits gives the same bits.
 struct BackwardPlan {
   bool index_32bit = true; // [stack: index32]
   Keying keying = Keying::PerTap; // [stack: cells]
@@ -321,10 +300,9 @@ inline bool keys_fit_32bit(int64_t table_entries) {
 }
 // [end stack: index32]
 
-// The blocks of grad_input's elements that a float carry of
-// carry_elements holds one at a time: runs of whole rows (n, c) where a row
-// fits it, else runs of one row's columns. All of grad_input, one block,
-// where there is no carry.
+// The blocks of grad_input a float carry of carry_elements holds in turn:
+// runs of whole rows where a row fits, else of one row's columns; one
+// block without a carry.
 template <typename index_t>
 struct CarryBlocks {
   index_t rows;
@@ -358,10 +336,8 @@ struct CarryBlocks {
   }
 };
 
-// The grad_input half of the backward for contiguous grad_input (see the .cu
-// file's pipeline): per block of grad_input (one, but for a float carry
-// smaller than grad_input), per chunk of the points whose images the block
-// holds: point pass, stable sort, reduce into the block.
+// grad_input of the backward (contiguous): per block of grad_input, per
+// chunk of the points of the block's images: point pass, sort, reduce.
 // [stack: cells]
 // Records are keyed as plan.keying says (PerCell needs bilinear or
 // trilinear sampling and a dense reduction).
@@ -422,8 +398,7 @@ void reduce_grad_input(
   // 32-bit keys that cannot hold the key space would collide.
   TORCH_INTERNAL_ASSERT(!plan.key_32bit || keys_fit_32bit(table_entries));
   // [end stack: index32]
-  // A float carry holds the sums of Half/BFloat16 elements whose records
-  // span chunks; with one chunk every sum is rounded as it is made.
+  // Half/BFloat16 sums span chunks in a float carry, or are rounded at once.
   const bool float_carry = chunking.carry_elements > 0;
   TORCH_INTERNAL_ASSERT(
       float_carry ==
