@@ -299,13 +299,11 @@ inline void dispatch_taps_per_axis(
     const Fn& fn) {
   switch (taps_per_axis(interpolation_mode)) {
     case 1:
-      fn(std::integral_constant<int, 1>{});
-      break;
+      return fn(std::integral_constant<int, 1>{});
     case 4:
-      fn(std::integral_constant<int, 4>{});
-      break;
+      return fn(std::integral_constant<int, 4>{});
     default:
-      fn(std::integral_constant<int, 2>{});
+      return fn(std::integral_constant<int, 2>{});
   }
 }
 
