@@ -222,22 +222,6 @@ C10_HOST_DEVICE inline T pad_coordinate(
       : clip<scalar_t>(coord, size);
 }
 
-// The padded source coordinate of bilinear and nearest sampling; it may be
-// NaN or out of range (see is_safe_coordinate).
-// Not stock's grid_sampler_compute_source_index: __device__ only.
-template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T source_coordinate(
-    T coord,
-    int64_t size,
-    GridSamplerPadding padding_mode,
-    bool align_corners) {
-  return pad_coordinate<scalar_t>(
-      unnormalize<scalar_t>(coord, size, align_corners),
-      size,
-      padding_mode,
-      align_corners);
-}
-
 // Cubic convolution (A = -0.75) weights of the taps at offsets -1 .. 2 from
 // floor(coord), t = coord - floor, in scalar_t arithmetic as stock's
 // backward instantiates get_cubic_upsampling_coefficients.
@@ -319,21 +303,6 @@ C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
   }
 }
 
-// The padded position of the bicubic tap at offset k - 1 from `base`, as
-// stock's add_value_bounded forms it: (base - 1) + k in scalar_t (which
-// rounds where scalar_t's integers are sparse), padded like a coordinate.
-template <typename scalar_t, typename T>
-C10_HOST_DEVICE inline T cubic_tap_position(
-    T base,
-    int k,
-    int64_t size,
-    GridSamplerPadding padding_mode,
-    bool align_corners) {
-  const T position = add_s<scalar_t>(
-      sub_s<scalar_t>(base, static_cast<T>(1)), static_cast<T>(k));
-  return pad_coordinate<scalar_t>(position, size, padding_mode, align_corners);
-}
-
 // Whether a padded tap position is in bounds, and its pixel, as stock
 // decides: beyond int's range is out, static_cast<int> truncates (so
 // (-1, 0) is pixel 0), and only a position within int's range is converted.
@@ -369,6 +338,7 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> cubic_axis_taps(
   }
   const T base = std::floor(coord);
   cubic_weights<scalar_t>(sub_s<scalar_t>(coord, base), taps.weight);
+  const T base_minus_one = sub_s<scalar_t>(base, static_cast<T>(1));
   // One copy of the padding, the bulk of the code, for the four taps;
   // results go by selects, as an array indexed at run time would spill.
   GRID_SAMPLER_DET_UNROLL
@@ -378,8 +348,13 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> cubic_axis_taps(
   }
   GRID_SAMPLER_DET_ROLLED
   for (int k = 0; k < 4; ++k) {
-    const T position = cubic_tap_position<scalar_t>(
-        base, k, size, padding_mode, align_corners);
+    // Stock's position (base - 1) + k in scalar_t, which rounds where
+    // scalar_t's integers are sparse, padded like a coordinate.
+    const T position = pad_coordinate<scalar_t>(
+        add_s<scalar_t>(base_minus_one, static_cast<T>(k)),
+        size,
+        padding_mode,
+        align_corners);
     int64_t index;
     const bool in_bounds = tap_index(position, size, &index);
     GRID_SAMPLER_DET_UNROLL
@@ -392,7 +367,9 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> cubic_axis_taps(
 }
 
 // The taps along one axis. Bilinear takes the two pixels around the padded
-// source coordinate, nearest the one at it (rounded half to even).
+// source coordinate, nearest the one at it (rounded half to even); an
+// unusable one (NaN, out of range) voids the axis.
+// Not stock's grid_sampler_compute_source_index: __device__ only.
 template <typename scalar_t, int kTaps, typename T>
 C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
     T grid_coord,
@@ -404,8 +381,11 @@ C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
         grid_coord, size, padding_mode, align_corners);
   } else {
     AxisTaps<T, kTaps> taps;
-    const T coord = source_coordinate<scalar_t>(
-        grid_coord, size, padding_mode, align_corners);
+    const T coord = pad_coordinate<scalar_t>(
+        unnormalize<scalar_t>(grid_coord, size, align_corners),
+        size,
+        padding_mode,
+        align_corners);
     taps.usable = is_safe_coordinate(coord);
     if (!taps.usable) {
       make_void(taps);
