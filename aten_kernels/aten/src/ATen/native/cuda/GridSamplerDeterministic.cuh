@@ -124,14 +124,6 @@ C10_HOST_DEVICE inline T integer_s(int64_t i) {
   return round_to_scalar<scalar_t>(static_cast<T>(i));
 }
 
-// False for NaN, +-Inf and values beyond kMaxSafeCoordinate, which never
-// become an index.
-template <typename T>
-C10_HOST_DEVICE inline bool is_safe_coordinate(T x) {
-  return x >= static_cast<T>(-kMaxSafeCoordinate) &&
-      x <= static_cast<T>(kMaxSafeCoordinate);
-}
-
 // A grid coordinate in [-1, 1] in pixel units, computed in opmath and
 // returned as scalar_t, as stock does.
 // Not stock's unnormalize: __device__ only, and nvcc may fuse it to an FMA.
@@ -367,8 +359,8 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> cubic_axis_taps(
 }
 
 // The taps along one axis. Bilinear takes the two pixels around the padded
-// source coordinate, nearest the one at it (rounded half to even); an
-// unusable one (NaN, out of range) voids the axis.
+// source coordinate, nearest the one at it (rounded half to even); NaN or
+// one beyond kMaxSafeCoordinate voids the axis and never becomes an index.
 // Not stock's grid_sampler_compute_source_index: __device__ only.
 template <typename scalar_t, int kTaps, typename T>
 C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
@@ -386,7 +378,8 @@ C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
         size,
         padding_mode,
         align_corners);
-    taps.usable = is_safe_coordinate(coord);
+    taps.usable = coord >= static_cast<T>(-kMaxSafeCoordinate) &&
+        coord <= static_cast<T>(kMaxSafeCoordinate);
     if (!taps.usable) {
       make_void(taps);
     } else if constexpr (kTaps == 1) {
@@ -902,22 +895,6 @@ locate_point_taps(
       args.inp_size,
       args.padding_mode,
       args.align_corners);
-}
-
-// Point pass for one point, `chunk_point` within its chunk; kTaps must
-// match args.interpolation_mode.
-template <int kTaps, typename scalar_t, typename index_t, int kDims>
-C10_HOST_DEVICE inline void process_point(
-    const BackwardArgs<scalar_t, index_t, kDims>& args,
-    index_t point,
-    index_t chunk_point,
-    const ChunkRecords<at::opmath_type<scalar_t>, index_t>& chunk) {
-  index_t n;
-  Spatial<index_t, kDims> out_position;
-  const auto taps =
-      locate_point_taps<kTaps>(args, point, &n, &out_position);
-  emit_records(args, taps, n, chunk_point, chunk); // [stack: index32 replaces: emit_tap_records<int64_t>(args, taps, n, chunk_point, chunk);]
-  chunk.gout_offsets[chunk_point] = args.grad_output.offset(n, 0, out_position);
 }
 
 // One destination's record ids in ascending order, as a fold reads them:

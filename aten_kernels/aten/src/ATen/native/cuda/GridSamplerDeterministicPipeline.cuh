@@ -43,7 +43,8 @@
 
 namespace at::native::grid_sampler_deterministic {
 
-// Point pass: the records of points [first_point, first_point + count).
+// Point pass: the records of points [first_point, first_point + count), one
+// thread per point; kTaps must match args.interpolation_mode.
 template <int kTaps, typename Args>
 struct PointPass {
   using index_t = typename Args::index_type;
@@ -53,7 +54,12 @@ struct PointPass {
   PointFills<typename Args::scalar_type, index_t> fills; // [stack: fused-fills]
 
   C10_HOST_DEVICE void operator()(index_t i) const {
-    process_point<kTaps>(args, first_point + i, i, chunk);
+    index_t n;
+    Spatial<index_t, Args::dims> out_position;
+    const auto taps =
+        locate_point_taps<kTaps>(args, first_point + i, &n, &out_position);
+    emit_records(args, taps, n, i, chunk); // [stack: index32 replaces: emit_tap_records<int64_t>(args, taps, n, i, chunk);]
+    chunk.gout_offsets[i] = args.grad_output.offset(n, 0, out_position);
     fills(i, chunk.gout_offsets[i]); // [stack: fused-fills]
   }
 };
