@@ -252,7 +252,8 @@ struct AxisTaps {
   bool in_bounds[kTaps];
   T weight[kTaps]; // interpolation weight along this axis
   // false when the coordinate is NaN or infinite, or (bilinear and
-  // nearest) when its padded value lies beyond kMaxSafeCoordinate
+  // nearest) when its padded value lies beyond kMaxSafeCoordinate; as in
+  // AxisTaps{}, an unusable axis has no tap in bounds and zero weights
   bool usable;
 };
 
@@ -283,18 +284,6 @@ inline void dispatch_taps_per_axis(
   }
 }
 
-// An axis whose coordinate is unusable: no tap in bounds, zero weights.
-template <typename T, int kTaps>
-C10_HOST_DEVICE inline void make_void(AxisTaps<T, kTaps>& taps) {
-  taps.usable = false;
-  GRID_SAMPLER_DET_UNROLL
-  for (int k = 0; k < kTaps; ++k) {
-    taps.index[k] = 0;
-    taps.in_bounds[k] = false;
-    taps.weight[k] = static_cast<T>(0);
-  }
-}
-
 // Whether a padded tap position is in bounds, and its pixel, as stock
 // decides: beyond int's range is out, static_cast<int> truncates (so
 // (-1, 0) is pixel 0), and only a position within int's range is converted.
@@ -321,23 +310,17 @@ C10_HOST_DEVICE inline AxisTaps<T, 4> cubic_axis_taps(
     int64_t size,
     GridSamplerPadding padding_mode,
     bool align_corners) {
-  AxisTaps<T, 4> taps;
-  taps.usable = true;
+  AxisTaps<T, 4> taps{};
   const T coord = unnormalize<scalar_t>(grid_coord, size, align_corners);
   if (!(std::fabs(coord) <= std::numeric_limits<T>::max())) {
-    make_void(taps);
     return taps;
   }
+  taps.usable = true;
   const T base = std::floor(coord);
   cubic_weights<scalar_t>(sub_s<scalar_t>(coord, base), taps.weight);
   const T base_minus_one = sub_s<scalar_t>(base, static_cast<T>(1));
   // One copy of the padding, the bulk of the code, for the four taps;
   // results go by selects, as an array indexed at run time would spill.
-  GRID_SAMPLER_DET_UNROLL
-  for (int j = 0; j < 4; ++j) {
-    taps.index[j] = 0;
-    taps.in_bounds[j] = false;
-  }
   GRID_SAMPLER_DET_ROLLED
   for (int k = 0; k < 4; ++k) {
     // Stock's position (base - 1) + k in scalar_t, which rounds where
@@ -372,7 +355,7 @@ C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
     return cubic_axis_taps<scalar_t>(
         grid_coord, size, padding_mode, align_corners);
   } else {
-    AxisTaps<T, kTaps> taps;
+    AxisTaps<T, kTaps> taps{};
     const T coord = pad_coordinate<scalar_t>(
         unnormalize<scalar_t>(grid_coord, size, align_corners),
         size,
@@ -381,8 +364,9 @@ C10_HOST_DEVICE inline AxisTaps<T, kTaps> compute_axis_taps(
     taps.usable = coord >= static_cast<T>(-kMaxSafeCoordinate) &&
         coord <= static_cast<T>(kMaxSafeCoordinate);
     if (!taps.usable) {
-      make_void(taps);
-    } else if constexpr (kTaps == 1) {
+      return taps;
+    }
+    if constexpr (kTaps == 1) {
       taps.index[0] = static_cast<int64_t>(std::nearbyint(coord));
       taps.in_bounds[0] = taps.index[0] >= 0 && taps.index[0] < size;
       taps.weight[0] = static_cast<T>(1);
@@ -559,10 +543,7 @@ C10_HOST_DEVICE inline PointTaps<T, kTaps, kDims> compute_point_taps(
   }
   // A point with one unusable coordinate has no tap in bounds at all.
   if (!usable) {
-    GRID_SAMPLER_DET_UNROLL
-    for (int a = 0; a < kDims; ++a) {
-      make_void(taps.axis[a]);
-    }
+    taps = PointTaps<T, kTaps, kDims>{};
   }
   return taps;
 }

@@ -36,6 +36,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/native/CanUse32BitIndexMath.h> // [stack: index32]
 #include <c10/core/Allocator.h>
+#include <c10/util/llvmMathExtras.h>
 
 #include <algorithm>
 #include <limits>
@@ -148,12 +149,7 @@ struct RoundCarry {
 
 // Bits a radix sort must look at for keys in [0, max_key] (at least one).
 inline int bits_for(int64_t max_key) {
-  int bits = 1;
-  while (max_key > 1) {
-    max_key >>= 1;
-    ++bits;
-  }
-  return bits;
+  return max_key > 1 ? static_cast<int>(c10::llvm::Log2_64(max_key)) + 1 : 1;
 }
 
 template <typename T>
