@@ -10,10 +10,12 @@ grid_sampler_3d (5-D input, `dims` = 3): the problem makers take D and out_D
 for 3-D, the calls dispatch on input.dim().
 """
 
+import functools
 import math
 import unittest
 
 import torch
+import torch.nn.functional as F
 from torch.testing._internal.common_utils import TestCase
 
 import detgrid
@@ -351,6 +353,37 @@ def stock_backward(grad_output, inp, grid, mode, padding, align_corners,
     with _determinism(False):
         return op(grad_output, inp, grid, mode, padding, align_corners,
                   list(output_mask))
+
+
+@functools.cache
+def stock_has_double_backward(dims=2):
+    """Whether this torch differentiates grid_sampler_{dims}d_backward: grid_sample's
+    double backward came with pytorch#177487 (torch 2.12); earlier releases raise
+    "derivative for aten::grid_sampler_2d_backward is not implemented" at the second
+    backward. Probed once per rank on a tiny CPU problem with stock's backward
+    (determinism off), as STOCK_HAS_TRICUBIC is; any other error propagates."""
+    inp = torch.ones((1, 1) + (2,) * dims, dtype=torch.double, requires_grad=True)
+    grid = torch.zeros((1,) + (1,) * dims + (dims,), dtype=torch.double, requires_grad=True)
+    with _determinism(False):
+        out = F.grid_sample(inp, grid, align_corners=False)
+        (grad_grid,) = torch.autograd.grad(out.sum(), grid, create_graph=True)
+        try:
+            torch.autograd.grad(grad_grid.sum(), inp)
+        except RuntimeError as e:
+            if "not implemented" not in str(e):
+                raise
+            return False
+    return True
+
+
+def skip_unless_stock_has_double_backward(dims=2):
+    """Skip a test that differentiates grid_sample's backward where this torch
+    cannot (a missing stock derivative is no detgrid failure). Looks the probe up
+    at call time, so a test can fake its answer with mock.patch.object."""
+    if not stock_has_double_backward(dims):
+        raise unittest.SkipTest(
+            f"torch {torch.__version__} has no double backward of {dims}-D grid_sample "
+            "(grid_sampler_backward is differentiable from torch 2.12, pytorch#177487)")
 
 
 class _determinism:

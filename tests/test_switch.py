@@ -23,6 +23,7 @@ from torch.testing._internal.common_utils import (
 )
 
 import detgrid
+import detgrid_testing
 from detgrid import ops
 from detgrid_testing import (
     BICUBIC,
@@ -40,6 +41,7 @@ from detgrid_testing import (
     make_zoom_problem,
     same_bits,
     sampler_name,
+    skip_unless_stock_has_double_backward,
     skip_unless_stock_samples,
     stock_backward,
 )
@@ -329,6 +331,7 @@ class TestSwitchOnCPU(DetgridTestCase):
     def test_double_backward_works_while_enabled(self, dims, grid_requires_grad):
         # StyleGAN2's R1 penalty differentiates the gradient w.r.t. the
         # sampled images once more.
+        skip_unless_stock_has_double_backward(dims)
         grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, seed=21,
                                               **depth_sizes(dims, 3, 2))
 
@@ -352,6 +355,24 @@ class TestSwitchOnCPU(DetgridTestCase):
             self.assertEqual(got[1], expected[1], rtol=1e-12, atol=1e-12)
         else:
             self.assertIsNone(got[1])
+
+    @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
+    def test_double_backward_tests_follow_the_probe(self, dims):
+        # The double-backward tests (test_enabled_cuda_double_backward_works
+        # shares the skip) are skipped exactly where the probe finds no stock
+        # derivative, and run where it finds one: faked True on a torch without
+        # it, the test reaches the missing derivative rather than skipping.
+        test = getattr(self, f"test_double_backward_works_while_enabled_grid_grad_{dims}d")
+        has_it = detgrid_testing.stock_has_double_backward(dims)
+        with mock.patch.object(detgrid_testing, "stock_has_double_backward", return_value=False), \
+                self.assertRaisesRegex(unittest.SkipTest, "no double backward"):
+            test()
+        with mock.patch.object(detgrid_testing, "stock_has_double_backward", return_value=True):
+            if has_it:
+                test()
+            else:
+                with self.assertRaisesRegex(RuntimeError, "derivative for .* is not implemented"):
+                    test()
 
     @unittest.skipIf(ops.has_cuda_kernels(), "this build has CUDA kernels")
     def test_enable_cuda_without_kernels_warns_and_does_nothing(self):
@@ -474,6 +495,7 @@ class TestSwitchOnCUDA(DetgridTestCase):
 
     @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
     def test_enabled_cuda_double_backward_works(self, dims):
+        skip_unless_stock_has_double_backward(dims)
         grad_output, inp, grid = make_problem(2, 3, 5, 6, 4, 4, device="cuda", seed=21,
                                               **depth_sizes(dims, 3, 2))
         with detgrid.enabled(), DeterministicGuard(True):
