@@ -8,6 +8,7 @@ Names here avoid the word the device run selects tests by (-k cuda), so the
 GPU check does not run these again.
 """
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -30,8 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
 
 # In the order the script runs them: what a verdict needs first.
-STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "routes", "tests", "memcheck",
-              "racecheck", "timing", "exact", "initcheck")
+STEP_NAMES = ("env", "deps", "build", "kernels", "bitwise", "routes", "tests", "racecheck",
+              "memcheck", "exact", "initcheck", "timing")
+OPTIONAL_STEPS = tuple(n for n in STEP_NAMES if n not in gpucheck_report.REQUIRED_STEPS)
 
 
 def strict_json(path):
@@ -41,6 +43,18 @@ def strict_json(path):
 
     with open(path) as f:
         return json.load(f, parse_constant=reject)
+
+
+@contextlib.contextmanager
+def stand_in_sanitizer(body):
+    """A bash script with body as compute-sanitizer, first on PATH."""
+    with tempfile.TemporaryDirectory() as bindir:
+        path = os.path.join(bindir, "compute-sanitizer")
+        with open(path, "w") as f:
+            f.write("#!/usr/bin/env bash\n" + body)
+        os.chmod(path, 0o755)
+        with mock.patch.dict(os.environ, {"PATH": bindir + os.pathsep + os.environ["PATH"]}):
+            yield
 
 
 def run_script(env_overrides, timeout=120):
@@ -59,6 +73,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <error message="RuntimeError: CUDA error">trace</error></testcase>
 </testsuite></testsuites>
 """
+PASSING_JUNIT = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
 
 SANITIZER_CLEAN = """========= COMPUTE-SANITIZER
 DETGRID_CASES_DONE cases=29 mismatches=0
@@ -165,11 +180,13 @@ def fake_timing():
 
 class TestGpuCheckReport(TestCase):
     def write_work(self, work, *, steps=None, bitwise=None, exact=None, memcheck="clean",
-                   junit=JUNIT, routes=None):
+                   junit=JUNIT, routes=None, replaced=None):
+        """A work folder as a run leaves it; replaced: fragments to replace,
+        or to leave out (None)."""
         steps = steps or [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
         with open(os.path.join(work, "steps.tsv"), "w") as f:
-            for name, status, rc, secs, limit in steps:
-                f.write(f"{name}\t{status}\t{rc}\t{secs}\t{limit}\t\n")
+            for name, status, rc, secs, limit, *note in steps:
+                f.write(f"{name}\t{status}\t{rc}\t{secs}\t{limit}\t{''.join(note)}\n")
         fragments = {
             "env.json": {"device_name": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0"},
             "build.json": {"require_cuda": True, "has_cuda_kernels": True,
@@ -181,10 +198,12 @@ class TestGpuCheckReport(TestCase):
             "sanitizer_memcheck.json": gpucheck.parse_sanitizer(
                 "memcheck", SANITIZER_CLEAN if memcheck == "clean" else SANITIZER_GVISOR, 0),
             "sanitizer_racecheck.json": gpucheck.parse_sanitizer("racecheck", RACECHECK_CLEAN, 0),
+            **(replaced or {}),
         }
         for name, data in fragments.items():
-            with open(os.path.join(work, name), "w") as f:
-                json.dump(data, f)
+            if data is not None:
+                with open(os.path.join(work, name), "w") as f:
+                    json.dump(data, f)
         path = os.path.join(work, "junit.xml")
         with open(path, "w") as f:
             f.write(junit)
@@ -203,16 +222,14 @@ class TestGpuCheckReport(TestCase):
         return {c["check"]: c["result"] for c in data["checks"]}
 
     def test_grid_only_error_under_enable_fails_the_verdict(self):
-        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
-        data, _, _ = self.report(junit=passing, routes=fake_routes(
+        data, _, _ = self.report(junit=PASSING_JUNIT, routes=fake_routes(
             "RuntimeError: grid_sampler_2d_backward_cuda does not have a deterministic "
             "implementation"))
         self.assertEqual(self.checks(data)["grid-only calls under enable(): no error"], "fail")
         self.assertEqual(data["verdict"], "FAIL")
 
     def test_report_assembles_every_fragment(self):
-        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
-        data, loaded, md = self.report(junit=passing)
+        data, loaded, md = self.report(junit=PASSING_JUNIT)
         self.assertEqual(loaded["verdict"], "PASS")
         self.assertEqual(loaded["env"]["device_name"], "NVIDIA H200")
         self.assertEqual([s["name"] for s in loaded["steps"]], list(STEP_NAMES))
@@ -244,6 +261,16 @@ class TestGpuCheckReport(TestCase):
                 self.assertEqual(checks[f"exact variants == host exact ({dtype}, {dims})"], "pass")
         self.assertEqual(checks["exact timing table"], "pass")
         self.assertIn("| bfloat16 | 3-D | 27 | 14 | 27 | 27 |", md)
+        # A timed workload that raised is a finding of the optional timing
+        # step, listed above the tables; the float32 grid-only row that
+        # differs is informative (a required step's), so not one.
+        self.assertEqual(loaded["blockers"], {"FAIL": [], "INCOMPLETE": []})
+        self.assertEqual(checks["timing table"], "fail")
+        self.assertEqual(loaded["optional_findings"],
+                         ["timing table: 1/2 workloads timed, raised: ['liif_nearest']"])
+        self.assertLess(md.index("**Optional findings**"), md.index("## Checks"))
+        self.assertIn("| timing table | fail (optional) |", md)
+        self.assertIn("| grid-only grad_grid == stock's (float32) | fail (info) |", md)
         self.assertIn("| rtdetr_l80 | 1.5 | 1.25 | 2.5 | 1.88 | 2.00 | 1.50 | 80.0 | 70.5 |", md)
 
     def test_failures_make_the_verdict_fail(self):
@@ -279,52 +306,111 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(self.checks(data)["device == host executor (float32, 3-D)"], "fail")
         self.assertEqual(data["verdict"], "FAIL")
 
-    def test_exact_variants_failing_make_the_verdict_fail(self):
-        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
-        data, _, md = self.report(junit=passing, exact=fake_exact(distinct_3d=2))
+    def test_exact_variants_failing_are_optional_findings(self):
+        # Wrong bits, but from an optional step: listed on top, the verdict
+        # is the required steps'.
+        data, _, md = self.report(junit=PASSING_JUNIT, exact=fake_exact(distinct_3d=2))
         checks = self.checks(data)
         self.assertEqual(checks["exact == exact_atomic over runs and knobs (2-D)"], "pass")
         self.assertEqual(checks["exact == exact_atomic over runs and knobs (3-D)"], "fail")
-        self.assertEqual(data["verdict"], "FAIL")
-        self.assertIn("'exact_atomic': 2", md)
-        # Half is required too: the exact sum is rounded once, on both sides alike.
-        data, _, md = self.report(junit=passing, exact=fake_exact(float16_host_equal=26))
+        self.assertEqual(data["verdict"], "PASS")
+        self.assertEqual(len(data["optional_findings"]), 2)  # and the timing row that raised
+        self.assertTrue(data["optional_findings"][0].startswith(
+            "exact == exact_atomic over runs and knobs (3-D): 34 runs of simplebev_lift_3d"))
+        self.assertIn("'exact_atomic': 2", md.split("## Checks")[0])
+        # Half is as strict: the exact sum is rounded once, on both sides alike.
+        data, _, md = self.report(junit=PASSING_JUNIT, exact=fake_exact(float16_host_equal=26))
         checks = self.checks(data)
         self.assertEqual(checks["exact variants == host exact (float16, 2-D)"], "fail")
         self.assertEqual(checks["exact variants == host exact (float16, 3-D)"], "pass")
-        self.assertEqual(data["verdict"], "FAIL")
-        self.assertIn("mismatches: ['zoom']", md)
+        self.assertEqual(data["verdict"], "PASS")
+        self.assertIn("| exact variants == host exact (float16, 2-D) | fail (optional) |", md)
+        self.assertIn("mismatches: ['zoom']", md.split("## Checks")[0])
 
     def test_exact_not_run_is_not_applicable(self):
-        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
-        data, _, md = self.report(junit=passing, exact={"device": "cuda"})
+        data, _, md = self.report(junit=PASSING_JUNIT, exact={"device": "cuda"})
         self.assertEqual(self.checks(data)["exact variants"], "n/a")
-        self.assertEqual(data["verdict"], "INCOMPLETE")
+        self.assertEqual(data["verdict"], "PASS")
         self.assertNotIn('## accumulate="exact"', md)
 
     def test_bitwise_not_run_is_not_applicable(self):
-        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
-        data, _, _ = self.report(junit=passing, bitwise={"device": "cuda"})
+        data, _, _ = self.report(junit=PASSING_JUNIT, bitwise={"device": "cuda"})
         checks = self.checks(data)
         for name in ("repeat runs bitwise identical", "knobs change no bit",
                      "device == host executor"):
             self.assertEqual(checks[name], "n/a")
         self.assertEqual(data["verdict"], "INCOMPLETE")
 
-    def test_unavailable_sanitizer_and_skipped_steps_are_incomplete(self):
-        passing = JUNIT.replace('errors="1" failures="1"', 'errors="0" failures="0"')
-        data, _, _ = self.report(junit=passing, memcheck="gvisor")
+    def test_unavailable_sanitizer_is_incomplete(self):
+        data, _, md = self.report(junit=PASSING_JUNIT, memcheck="gvisor")
         self.assertEqual(self.checks(data)["compute-sanitizer memcheck"], "n/a")
         self.assertEqual(data["verdict"], "INCOMPLETE")
-        steps = [(name, "ok", 0, 3, 60) for name in STEP_NAMES]
-        steps[STEP_NAMES.index("timing")] = ("timing", "timeout", 124, 60, 60)
-        data, _, md = self.report(junit=passing, steps=steps)
-        self.assertEqual(data["verdict"], "INCOMPLETE")
-        self.assertIn("| timing | timeout | 124 | 60 | 60 |", md)
-        # bitwise crashed before writing its results
-        steps[STEP_NAMES.index("bitwise")] = ("bitwise", "fail", 1, 5, 90)
-        data, _, _ = self.report(junit=passing, steps=steps)
-        self.assertEqual(data["verdict"], "FAIL")
+        self.assertIn("- INCOMPLETE: compute-sanitizer memcheck: n/a (unavailable", md)
+
+    def test_each_step_outcome_under_the_verdict_policy(self):
+        # One step not ok, every result passing: a required step decides
+        # (failed: FAIL; skipped or out of time: INCOMPLETE), an optional one
+        # never does, and one that failed is listed as a finding.
+        expected = {"fail": "FAIL", "skipped": "INCOMPLETE", "timeout": "INCOMPLETE"}
+        for name in STEP_NAMES:
+            for status, rc in (("fail", 1), ("skipped", ""), ("timeout", 124)):
+                with self.subTest(step=name, status=status):
+                    steps = [(n, "ok", 0, 3, 60) for n in STEP_NAMES]
+                    steps[STEP_NAMES.index(name)] = (name, status, rc, 60, 60)
+                    data, _, md = self.report(junit=PASSING_JUNIT, steps=steps)
+                    required = name in gpucheck_report.REQUIRED_STEPS
+                    self.assertEqual(data["verdict"], expected[status] if required else "PASS")
+                    line = f"step {name}: {status}"
+                    blocking = data["blockers"][expected[status]]
+                    self.assertEqual(any(b.startswith(line) for b in blocking), required)
+                    self.assertEqual(any(f.startswith(line) for f in data["optional_findings"]),
+                                     not required and status == "fail")
+                    self.assertEqual(f"{name} ({status}" in md.split("## Checks")[0],
+                                     not required and status != "fail")
+
+    def test_cold_run_without_the_optional_steps_passes(self):
+        # The budget ran out after the required steps: exact was cut and left
+        # nothing, initcheck and timing never started.
+        late = ("exact", "initcheck", "timing")
+        steps = [(n, "ok", 0, 3, 60) for n in STEP_NAMES if n not in late]
+        steps += [("exact", "timeout", 124, 21, 21, "limit cut to the budget's rest"),
+                  ("initcheck", "skipped", "", 0, 0, "out of budget"),
+                  ("timing", "skipped", "", 0, 0, "out of budget")]
+        data, _, md = self.report(junit=PASSING_JUNIT, steps=steps,
+                                  replaced={"exact.json": None, "timing.json": None})
+        self.assertEqual(data["verdict"], "PASS")
+        checks = self.checks(data)
+        for name in ("exact variants", "compute-sanitizer initcheck", "timing table"):
+            self.assertEqual(checks[name], "n/a")
+        self.assertEqual(data["optional_findings"], [])
+        self.assertIn("Optional steps not run to their end: exact (timeout, limit cut to the "
+                      "budget's rest), initcheck (skipped, out of budget), timing (skipped, out "
+                      "of budget).", md)
+
+    def test_sanitizer_out_of_its_time_is_not_run(self):
+        # compute-sanitizer stopped at its own limit (the step's, cut to what
+        # was left of the budget) checked nothing: a required sanitizer makes
+        # INCOMPLETE, not FAIL; an optional one changes nothing.
+        def timed_out(tool):
+            result = gpucheck.parse_sanitizer(tool, "========= COMPUTE-SANITIZER\n", None)
+            return {**result, "seconds": 37.0}
+
+        for tool in ("memcheck", "racecheck", "initcheck"):
+            with self.subTest(tool=tool):
+                steps = [(n, "ok", 0, 3, 60) for n in STEP_NAMES]
+                steps[STEP_NAMES.index(tool)] = (tool, "timeout", 124, 42, 42,
+                                                 "limit cut to the budget's rest")
+                data, _, md = self.report(junit=PASSING_JUNIT, steps=steps,
+                                          replaced={f"sanitizer_{tool}.json": timed_out(tool)})
+                self.assertEqual(self.checks(data)[f"compute-sanitizer {tool}"], "n/a")
+                self.assertIn("not run: out of its time limit after 37.0 s", md)
+                self.assertEqual(data["blockers"]["FAIL"], [])
+                if tool == "initcheck":
+                    self.assertEqual(data["verdict"], "PASS")
+                    continue
+                self.assertEqual(data["verdict"], "INCOMPLETE")
+                self.assertIn(f"- INCOMPLETE: step {tool}: timeout, rc 124, limit cut to the "
+                              "budget's rest", md)
 
     def test_empty_work_dir(self):
         with tempfile.TemporaryDirectory() as work:
@@ -364,12 +450,15 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(status("memcheck", crashed, 1)["status"], "case_failed")
         mismatch = SANITIZER_CLEAN.replace("mismatches=0", "mismatches=2")
         self.assertEqual(status("memcheck", mismatch, 1)["status"], "case_failed")
+        exits = {name: gpucheck.sanitize_exit_status(name) for name in
+                 ("clean", "unavailable", "errors", "case_failed", "failed", "timeout")}
+        self.assertEqual(exits, {"clean": 0, "unavailable": 0, "errors": 1, "case_failed": 1,
+                                 "failed": 1, "timeout": 124})
 
     def test_sanitizer_driver_with_a_stand_in_tool(self):
         # A stand-in compute-sanitizer that runs the case program on the
         # host executor and prints the real tool's summary line.
         fake = (
-            "#!/usr/bin/env bash\n"
             "echo '========= COMPUTE-SANITIZER'\n"
             "echo \"tool=$2 caching=$PYTORCH_NO_CUDA_MEMORY_CACHING\"\n"
             "while [[ \"$1\" == --* ]]; do shift 2; done\n"
@@ -377,21 +466,27 @@ class TestGpuCheckReport(TestCase):
             "\"${args[@]}\"; rc=$?\n"
             "echo '========= ERROR SUMMARY: 0 errors'\n"
             "exit $rc\n")
-        with tempfile.TemporaryDirectory() as bindir:
-            path = os.path.join(bindir, "compute-sanitizer")
-            with open(path, "w") as f:
-                f.write(fake)
-            os.chmod(path, 0o755)
-            old = os.environ["PATH"]
-            os.environ["PATH"] = bindir + os.pathsep + old
-            try:
-                result = gpucheck.run_sanitizer("racecheck", "tiny", timeout=60)
-            finally:
-                os.environ["PATH"] = old
+        with stand_in_sanitizer(fake):
+            result = gpucheck.run_sanitizer("racecheck", "tiny", timeout=60)
         self.assertEqual(result["status"], "clean", result["output_tail"])
         self.assertEqual((result["cases"], result["mismatches"]), (2, 0))
         self.assertIn("tool=racecheck caching=1", result["output_tail"])
         self.assertIn("--report-api-errors no", result["command"])
+
+    def test_sanitizer_out_of_its_time_exits_as_timeout_does(self):
+        # A stand-in compute-sanitizer that never finishes: `sanitize` stops
+        # it at --timeout and exits 124, which the driver records as a
+        # timeout (not run), not as a failure.
+        with tempfile.TemporaryDirectory() as work, stand_in_sanitizer(
+                "echo '========= COMPUTE-SANITIZER'\nexec sleep 60\n"):
+            path = os.path.join(work, "s.json")
+            with open(os.devnull, "w") as devnull, mock.patch.object(sys, "stdout", devnull):
+                rc = gpucheck.main(["sanitize", "--tool", "memcheck", "--set", "tiny",
+                                    "--timeout", "1", "--json", path])
+            result = strict_json(path)
+        self.assertEqual(rc, 124)
+        self.assertEqual(result["status"], "timeout")
+        self.assertLess(result["seconds"], 30)
 
     def test_jsonable(self):
         self.assertEqual(gpucheck_report.jsonable({"a": [math.nan, -math.inf, 1.5], "b": (math.inf,)}),
@@ -803,8 +898,14 @@ class TestGpuCheckScript(TestCase):
         with tempfile.TemporaryDirectory() as out:
             proc = run_script({"DETGRID_GPU_CHECK_DRY_RUN": "1", "OUT": out})
             self.assertEqual(proc.returncode, 0, proc.stdout)
-            for name in STEP_NAMES:
-                self.assertIn(f"dry-run: {name} ", proc.stdout)
+            order = [line.split("dry-run: ")[1].split()[0]
+                     for line in proc.stdout.splitlines() if "dry-run: " in line]
+            self.assertEqual(order, list(STEP_NAMES))
+            # The required steps right after the two cheap set-up steps, so a
+            # cold run that the budget cuts has still answered them.
+            self.assertEqual(tuple(order[2:2 + len(gpucheck_report.REQUIRED_STEPS)]),
+                             gpucheck_report.REQUIRED_STEPS)
+            self.assertIn("budget=300s", proc.stdout)
             data = strict_json(os.path.join(out, "gpu_check.json"))
             self.assertEqual(data["verdict"], "DRY-RUN")
             self.assertEqual({s["status"] for s in data["steps"]}, {"dry-run"})
@@ -840,50 +941,97 @@ class TestGpuCheckScript(TestCase):
         self.assertFalse(data["build"]["has_cuda_kernels"])
         self.assertEqual(data["verdict"], "INCOMPLETE")
 
-    def test_host_run_records_results_and_timeouts(self):
+    def test_host_run_records_results_and_optional_timeouts(self):
+        # Required steps, then the optional exact outliving what is left of
+        # the budget: it is killed and recorded, timing after it is skipped,
+        # the report still comes, and neither keeps the verdict from what the
+        # required steps make (INCOMPLETE only for those not selected, and
+        # for the claims a host run cannot make).
+        required = ("kernels", "bitwise", "routes", "memcheck")
         with tempfile.TemporaryDirectory() as out:
             proc = run_script({
                 "OUT": out,
                 "DETGRID_GPU_CHECK_DEVICE": "cpu",
                 "DETGRID_GPU_CHECK_SCALE": "0.005",
                 "DETGRID_GPU_CHECK_REPS": "2",
-                "DETGRID_GPU_CHECK_EXACT_REPS": "2",
-                "DETGRID_GPU_CHECK_STEPS": "env,kernels,bitwise,routes,exact,memcheck",
-            })
-            data = strict_json(os.path.join(out, "gpu_check.json"))
-            status = {s["name"]: s["status"] for s in data["steps"]}
-            ran = ("env", "kernels", "bitwise", "routes", "exact", "memcheck")
-            self.assertEqual({k: status[k] for k in ran}, dict.fromkeys(ran, "ok"), proc.stdout)
-            self.assertEqual(status["build"], "skipped")
-            self.assertEqual([k["distinct"] for k in data["bitwise"]["knobs"]], [1, 1])
-            self.assertEqual([r["distinct"] for r in data["exact"]["repeat"]], [1, 1])
-            checks = {c["check"]: c["result"] for c in data["checks"]}
-            self.assertEqual(checks["exact variants == host exact (bfloat16, 3-D)"], "pass")
-            self.assertEqual(checks["grid-only calls under enable(): no error"], "pass")
-            self.assertEqual(checks["grid-only grad_grid == stock's (half, bfloat16)"], "pass")
-            self.assertEqual(checks["cross-device"], "n/a")
-            self.assertIn(data["sanitizer"]["memcheck"]["status"], ("unavailable", "failed"))
-            self.assertEqual(data["verdict"], "INCOMPLETE")
-            self.assertNotEqual(proc.returncode, 0)
-            with open(os.path.join(out, "gpu_check.log")) as f:
-                self.assertIn("=================== bitwise", f.read())
-        with tempfile.TemporaryDirectory() as out:
-            # A step that outlives what is left of the budget is killed and
-            # recorded; the steps after it are skipped, the report still comes.
-            proc = run_script({
-                "OUT": out,
-                "DETGRID_GPU_CHECK_DEVICE": "cpu",
-                "DETGRID_GPU_CHECK_SCALE": "0.005",
-                "DETGRID_GPU_CHECK_REPS": "1000000",
-                "DETGRID_GPU_CHECK_BUDGET_S": "6",
+                "DETGRID_GPU_CHECK_EXACT_REPS": "1000000",
+                "DETGRID_GPU_CHECK_BUDGET_S": "40",
                 "DETGRID_GPU_CHECK_MIN_S": "2",
-                "DETGRID_GPU_CHECK_STEPS": "bitwise,timing",
+                "DETGRID_GPU_CHECK_STEPS": ",".join(required + ("exact", "timing")),
             })
             data = strict_json(os.path.join(out, "gpu_check.json"))
-            status = {s["name"]: s["status"] for s in data["steps"]}
-            self.assertEqual(status["bitwise"], "timeout", proc.stdout)
-            self.assertEqual(status["timing"], "skipped")
-            self.assertIn("bitwise: timeout", proc.stdout)
+            with open(os.path.join(out, "gpu_check.log")) as f:
+                log = f.read()
+        steps = {s["name"]: s for s in data["steps"]}
+        self.assertEqual({k: steps[k]["status"] for k in required}, dict.fromkeys(required, "ok"),
+                         proc.stdout)
+        self.assertEqual((steps["exact"]["status"], steps["exact"]["note"]),
+                         ("timeout", "limit cut to the budget's rest"))
+        self.assertEqual((steps["timing"]["status"], steps["timing"]["note"]),
+                         ("skipped", "out of budget"))
+        self.assertEqual(steps["build"]["note"], "not selected")
+        self.assertIn("exact: timeout", proc.stdout)
+        self.assertIn("=================== bitwise", log)
+        self.assertEqual([k["distinct"] for k in data["bitwise"]["knobs"]], [1, 1])
+        checks = {c["check"]: c["result"] for c in data["checks"]}
+        self.assertEqual(checks["device == host executor (float64, 3-D)"], "pass")
+        self.assertEqual(checks["grid-only calls under enable(): no error"], "pass")
+        self.assertEqual(checks["grid-only grad_grid == stock's (half, bfloat16)"], "pass")
+        self.assertEqual(checks["cross-device"], "n/a")
+        self.assertEqual(checks["exact variants"], "n/a")
+        self.assertEqual(data["sanitizer"]["memcheck"]["status"], "unavailable")
+        self.assertEqual(data["verdict"], "INCOMPLETE")
+        self.assertEqual(data["blockers"]["FAIL"], [])
+        not_selected = [f"step {name}: skipped, not selected" for name in
+                        gpucheck_report.REQUIRED_STEPS if name not in required]
+        self.assertEqual(data["blockers"]["INCOMPLETE"][:len(not_selected)], not_selected)
+        self.assertFalse([b for b in data["blockers"]["INCOMPLETE"]
+                          if "exact" in b or "timing" in b])
+        self.assertNotEqual(proc.returncode, 0)
+
+    def test_build_step_reuses_a_build_of_the_same_inputs(self):
+        # A warm rerun keeps build/ and the extension: the build step builds
+        # nothing while what it is made from is unchanged in content, even
+        # under new mtimes (a re-sent working tree), and builds again once a
+        # source changes or the extension is gone. setup.py is a stand-in.
+        with tempfile.TemporaryDirectory() as tmp:
+            for rel in ("tools/gpu_check.sh", "setup.py", "tools/detgrid/kit/toolchain.py"):
+                os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+                shutil.copy(os.path.join(ROOT, rel), os.path.join(tmp, rel))
+            shutil.copytree(os.path.join(ROOT, "aten_kernels"), os.path.join(tmp, "aten_kernels"))
+            python = os.path.join(tmp, "python")
+            with open(python, "w") as f:
+                f.write('#!/usr/bin/env bash\nif [[ "$1" == setup.py ]]; then '
+                        'echo STAND-IN BUILD; touch tools/detgrid/_C.stand_in.so; exit 0; fi\n'
+                        f'exec {sys.executable} "$@"\n')
+            os.chmod(python, 0o755)
+            source = os.path.join(tmp, "aten_kernels", "extension", "register.cpp")
+
+            def build():
+                proc = subprocess.run(
+                    ["bash", os.path.join(tmp, "tools", "gpu_check.sh"), "__step", "build"],
+                    cwd=tmp, env={**os.environ, "DETGRID_PYTHON": python}, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+                self.assertEqual(proc.returncode, 0, proc.stdout)
+                return "STAND-IN BUILD" in proc.stdout
+
+            self.assertTrue(build())
+            # What loading setup.py's helpers by path leaves behind.
+            cache = os.path.join(tmp, "aten_kernels", "hostify", "__pycache__")
+            os.makedirs(cache, exist_ok=True)
+            with open(os.path.join(cache, "hostify.cpython-312.pyc"), "wb") as f:
+                f.write(b"bytecode")
+            later = os.stat(source).st_mtime + 1000
+            for folder, _, files in os.walk(os.path.join(tmp, "aten_kernels")):
+                for name in files:
+                    os.utime(os.path.join(folder, name), (later, later))
+            self.assertFalse(build())
+            with open(source, "a") as f:
+                f.write("// changed\n")
+            self.assertTrue(build())
+            self.assertFalse(build())
+            os.remove(os.path.join(tmp, "tools", "detgrid", "_C.stand_in.so"))
+            self.assertTrue(build())
 
 
 if __name__ == "__main__":

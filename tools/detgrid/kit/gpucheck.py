@@ -736,6 +736,18 @@ def run_sanitizer(tool: str, set_name: str, timeout: float, seed: int = 0) -> Di
     return result
 
 
+# Out of its time limit the tool checked nothing: the step exits as
+# `timeout` does, so the driver records it as not run (a timeout), not as
+# a failure of the kernels.
+TIMEOUT_EXIT = 124
+
+
+def sanitize_exit_status(status: str) -> int:
+    if status == "timeout":
+        return TIMEOUT_EXIT
+    return 1 if status in ("errors", "case_failed", "failed") else 0
+
+
 # --------------------------------------------------------------------------
 # Environment and build facts
 # --------------------------------------------------------------------------
@@ -923,7 +935,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_sanitizer(args.tool, args.set, args.timeout, args.seed)
         print(result.pop("output_tail"))
         _write_json(args.json, result)
-        return 1 if result["status"] in ("errors", "case_failed", "failed", "timeout") else 0
+        return sanitize_exit_status(result["status"])
     if args.cmd == "report":
         data = write_report(args.work, args.out, args.junit)
         print(markdown_report(data))

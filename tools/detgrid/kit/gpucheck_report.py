@@ -75,38 +75,74 @@ def _load_json(path: str) -> Optional[Any]:
         return {"error": f"unreadable {os.path.basename(path)}: {e}"}
 
 
+# The steps whose results decide the verdict. Every other step (env, deps,
+# exact, initcheck, timing) only reports: a lease rarely leaves a cold
+# machine time for all of them, and a check that cannot finish in time must
+# not hold back a PASS the required ones earned.
+REQUIRED_STEPS = ("build", "kernels", "bitwise", "routes", "tests", "racecheck", "memcheck")
+SANITIZER_STEPS = ("racecheck", "memcheck", "initcheck")
+
+
 def _check(name: str, ok: Optional[bool], detail: str, required: bool = True) -> Dict[str, Any]:
     result = "n/a" if ok is None else ("pass" if ok else "fail")
     return {"check": name, "result": result, "detail": detail, "required": required}
 
 
+def from_step(step: str, checks: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """checks, tagged with the step that made them; an optional step's
+    checks never decide the verdict (a failing one is a finding)."""
+    for c in checks:
+        c["step"] = step
+        c["required"] = c["required"] and step in REQUIRED_STEPS
+    return checks
+
+
 def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     """pass / fail / n/a for each claim the GPU check is there to make."""
-    checks = []
-    build = data.get("build") or {}
-    if not build:
-        checks.append(_check("CUDA kernels built", None, "no build facts"))
-    else:
-        detail = (f"has_cuda_kernels={build.get('has_cuda_kernels')} "
-                  f"sass={build.get('sass_archs')}")
-        if build.get("import_error"):
-            detail += f"; {build['import_error'][:200]}"
-        if build.get("require_cuda", True):
-            checks.append(_check("CUDA kernels built", bool(build.get("has_cuda_kernels")), detail))
-        else:
-            checks.append(_check("CUDA kernels built", None, detail + " (cpu run)"))
-    tests = data.get("tests") or {}
-    if tests.get("present") and "tests" in tests:
-        bad = tests["failures"] + tests["errors"]
-        checks.append(_check("CUDA tests", bad == 0 and tests["tests"] > 0,
-                             f"{tests['passed']} passed, {tests['failures']} failed, "
-                             f"{tests['errors']} errors, {tests['skipped']} skipped"))
-    else:
-        checks.append(_check("CUDA tests", None, "no junit xml"))
     bw = data.get("bitwise") or {}
-    checks += repeat_checks(bw.get("repeat") or [])
-    checks += knob_checks(bw.get("knobs") or [])
-    for row in bw.get("executor") or []:
+    sanitizer = data.get("sanitizer") or {}
+    return (from_step("kernels", build_checks(data.get("build") or {}))
+            + from_step("tests", cuda_test_checks(data.get("tests") or {}))
+            + from_step("bitwise", repeat_checks(bw.get("repeat") or [])
+                        + knob_checks(bw.get("knobs") or [])
+                        + executor_checks(bw.get("executor") or [])
+                        + fidelity_checks(bw.get("fidelity") or []))
+            + from_step("routes", route_checks(data.get("routes") or {}))
+            + from_step("exact", exact_checks(data.get("exact") or {}))
+            + [c for tool in SANITIZER_STEPS
+               for c in from_step(tool, [sanitizer_check(tool, sanitizer.get(tool))])]
+            + from_step("timing", timing_checks(data.get("timing") or {})))
+
+
+def build_checks(build: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The extension has CUDA kernels (n/a on a --device cpu run)."""
+    if not build:
+        return [_check("CUDA kernels built", None, "no build facts")]
+    detail = f"has_cuda_kernels={build.get('has_cuda_kernels')} sass={build.get('sass_archs')}"
+    if build.get("import_error"):
+        detail += f"; {build['import_error'][:200]}"
+    if not build.get("require_cuda", True):
+        return [_check("CUDA kernels built", None, detail + " (cpu run)")]
+    return [_check("CUDA kernels built", bool(build.get("has_cuda_kernels")), detail)]
+
+
+def cuda_test_checks(tests: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """pytest -k cuda ran tests, and none failed."""
+    if not (tests.get("present") and "tests" in tests):
+        return [_check("CUDA tests", None, "no junit xml")]
+    bad = tests["failures"] + tests["errors"]
+    return [_check("CUDA tests", bad == 0 and tests["tests"] > 0,
+                   f"{tests['passed']} passed, {tests['failures']} failed, "
+                   f"{tests['errors']} errors, {tests['skipped']} skipped")]
+
+
+def executor_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The device backward against the host executor: bit for bit where the
+    dtype must be (float32, float64), informative elsewhere."""
+    if not rows:
+        return [_check("device == host executor", None, "not run")]
+    checks = []
+    for row in rows:
         exact = row.get("must_be_equal")
         ok = (row["bitwise_equal"] == row["cases"] and not row.get("errors")) if exact else (
             not row.get("errors"))
@@ -115,33 +151,45 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
             f"{row['bitwise_equal']}/{row['cases']} bitwise equal, max abs diff "
             f"{_fmt(row['max_abs_diff'])}" + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""),
             required=bool(exact)))
-    if not bw.get("executor"):
-        checks.append(_check("device == host executor", None, "not run"))
-    checks += fidelity_checks(bw.get("fidelity") or [])
-    checks += route_checks(data.get("routes") or {})
-    checks += exact_checks(data.get("exact") or {})
-    for key, required in (("memcheck", True), ("racecheck", True), ("initcheck", False)):
-        s = (data.get("sanitizer") or {}).get(key)
-        if not s:
-            checks.append(_check(f"compute-sanitizer {key}", None, "not run", required))
-            continue
-        status = s.get("status")
-        ok = None if status == "unavailable" else status == "clean"
-        detail = f"{status}, errors={s.get('errors')}"
-        if s.get("cases") is not None:
-            detail += f", {s['cases']} cases, mismatches={s.get('mismatches')}"
-        if s.get("reason"):
-            detail += f" ({s['reason']})"
-        checks.append(_check(f"compute-sanitizer {key}", ok, detail, required))
-    timing = data.get("timing") or {}
+    return checks
+
+
+def sanitizer_check(tool: str, s: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """compute-sanitizer's answer; n/a where it gave none: unavailable on this
+    runtime, or out of its time limit (its own, or the step's cut to the
+    budget), which says nothing about the kernels."""
+    name = f"compute-sanitizer {tool}"
+    if not s:
+        return _check(name, None, "not run")
+    status = s.get("status")
+    if status == "timeout":
+        return _check(name, None, f"not run: out of its time limit after {s.get('seconds')} s")
+    detail = f"{status}, errors={s.get('errors')}"
+    if s.get("cases") is not None:
+        detail += f", {s['cases']} cases, mismatches={s.get('mismatches')}"
+    if s.get("reason"):
+        detail += f" ({s['reason']})"
+    return _check(name, None if status == "unavailable" else status == "clean", detail)
+
+
+def timing_checks(timing: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The timing tables: fail where a workload raised (a wrong result, not
+    a slow one), n/a where none was timed (out of time)."""
     rows = timing.get("rows") or []
     timed = [r for r in rows if "detgrid_ms" in r]
-    checks.append(_check("timing table", bool(timed) if rows else None,
-                         f"{len(timed)}/{len(rows)} workloads timed", required=False))
+    errors = [r["name"] for r in rows if "error" in r]
     exact_timed = [r for r in timed if "exact_ms" in (r.get("exact") or {})]
-    checks.append(_check("exact timing table", bool(exact_timed) if timed else None,
-                         f"{len(exact_timed)}/{len(timed)} timed workloads", required=False))
-    return checks
+    exact_errors = [r["name"] for r in timed if "error" in (r.get("exact") or {})]
+    return [_check("timing table", _table_result(timed, errors),
+                   f"{len(timed)}/{len(rows)} workloads timed"
+                   + (f", raised: {errors[:3]}" if errors else "")),
+            _check("exact timing table", _table_result(exact_timed, exact_errors),
+                   f"{len(exact_timed)}/{len(timed)} timed workloads"
+                   + (f", raised: {exact_errors[:3]}" if exact_errors else ""))]
+
+
+def _table_result(timed: List[Any], errors: List[str]) -> Optional[bool]:
+    return False if errors else (True if timed else None)
 
 
 def route_checks(routes: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -181,8 +229,9 @@ def exact_checks(exact: Dict[str, Any]) -> List[Dict[str, Any]]:
     """accumulate="exact" and "exact_atomic": per high-collision case, one
     set of bits over every run and knob setting of both, and grad_input as
     the host executor's; per dtype and rank, the same on the executor
-    cases. Required in every dtype: the sum is rounded once, by the same
-    code on both sides."""
+    cases. Strict in every dtype (the sum is rounded once, by the same code
+    on both sides), but the exact step is optional: a failure is a finding,
+    never the verdict."""
     if not exact.get("repeat") and not exact.get("executor"):
         return [_check("exact variants", None, "not run")]
     checks = []
@@ -259,27 +308,60 @@ def knob_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             for row in rows]
 
 
-def overall(checks: List[Dict[str, Any]], steps: List[Dict[str, Any]]) -> str:
-    required = [c for c in checks if c["required"]]
-    if any(c["result"] == "fail" for c in required) or any(s["status"] == "fail" for s in steps):
-        return "FAIL"
+def _step_line(step: Dict[str, Any]) -> str:
+    rc = f", rc {step['rc']}" if step["rc"] is not None else ""
+    note = f", {step['note']}" if step["note"] else ""
+    return f"step {step['name']}: {step['status']}{rc}{note}"
+
+
+def blockers(checks: List[Dict[str, Any]], steps: List[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """What keeps the verdict from PASS, under the verdict each makes: a
+    required step that failed, or a failing required check, FAIL; a required
+    step not run to its end (skipped, timed out, not recorded), or a required
+    check without an answer, INCOMPLETE. Optional steps never appear."""
+    found: Dict[str, List[str]] = {"FAIL": [], "INCOMPLETE": []}
+    recorded = {s["name"]: s for s in steps}
+    for name in REQUIRED_STEPS:
+        step = recorded.get(name)
+        if step is None:
+            found["INCOMPLETE"].append(f"step {name}: not recorded")
+        elif step["status"] != "ok":
+            found["FAIL" if step["status"] == "fail" else "INCOMPLETE"].append(_step_line(step))
+    for c in checks:
+        if c["required"] and c["result"] != "pass":
+            found["FAIL" if c["result"] == "fail" else "INCOMPLETE"].append(
+                f"{c['check']}: {c['result']} ({c['detail']})")
+    return found
+
+
+def optional_findings(checks: List[Dict[str, Any]], steps: List[Dict[str, Any]]) -> List[str]:
+    """What the optional steps found wrong: a failing check, or the step
+    itself failing. A step skipped or out of time found nothing. Shown on top
+    of the report; they never change the verdict."""
+    found = [f"{c['check']}: {c['detail']}" for c in checks
+             if c["step"] not in REQUIRED_STEPS and c["result"] == "fail"]
+    return found + [_step_line(s) for s in steps
+                    if s["name"] not in REQUIRED_STEPS and s["status"] == "fail"]
+
+
+def overall(found: Dict[str, List[str]], steps: List[Dict[str, Any]]) -> str:
+    """The verdict from blockers() (found)."""
     if steps and all(s["status"] == "dry-run" for s in steps):
         return "DRY-RUN"
-    if any(c["result"] == "n/a" for c in required) or any(
-            s["status"] in ("timeout", "skipped") for s in steps):
-        return "INCOMPLETE"
-    return "PASS"
+    if found["FAIL"]:
+        return "FAIL"
+    return "INCOMPLETE" if found["INCOMPLETE"] else "PASS"
 
 
 def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
     """Everything the steps left in work/ (and the junit xml) as one dict."""
-    data: Dict[str, Any] = {"schema": 1}
+    data: Dict[str, Any] = {"schema": 2}
     data["steps"] = read_steps(os.path.join(work, "steps.tsv"))
     data["env"] = _load_json(os.path.join(work, "env.json"))
     data["build"] = _load_json(os.path.join(work, "build.json"))
     data["tests"] = junit_summary(junit) if junit else {"present": False}
     data["sanitizer"] = {}
-    for tool in ("memcheck", "racecheck", "initcheck"):
+    for tool in SANITIZER_STEPS:
         s = _load_json(os.path.join(work, f"sanitizer_{tool}.json"))
         if s is not None:
             data["sanitizer"][tool] = s
@@ -288,7 +370,9 @@ def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
     data["routes"] = _load_json(os.path.join(work, "routes.json"))
     data["timing"] = _load_json(os.path.join(work, "timing.json"))
     data["checks"] = verdict_checks(data)
-    data["verdict"] = overall(data["checks"], data["steps"])
+    data["blockers"] = blockers(data["checks"], data["steps"])
+    data["optional_findings"] = optional_findings(data["checks"], data["steps"])
+    data["verdict"] = overall(data["blockers"], data["steps"])
     return data
 
 
@@ -306,7 +390,7 @@ def _shape(s: Optional[Sequence[int]]) -> str:
 
 def markdown_report(data: Dict[str, Any]) -> str:
     env = data.get("env") or {}
-    lines = [f"# detgrid GPU check: {data.get('verdict')}", ""]
+    lines = [f"# detgrid GPU check: {data.get('verdict')}", ""] + verdict_markdown(data)
     if env:
         lines.append(
             f"{env.get('device_name', 'no GPU')} (sm {env.get('capability', '–')}, "
@@ -318,8 +402,7 @@ def markdown_report(data: Dict[str, Any]) -> str:
         lines.append("")
     lines += ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
     for c in data.get("checks", []):
-        mark = c["result"] + ("" if c["required"] else " (info)")
-        lines.append(f"| {c['check']} | {mark} | {c['detail']} |")
+        lines.append(f"| {c['check']} | {_mark(c)} | {c['detail']} |")
     lines += ["", "## Steps", "", "| step | status | rc | s | limit s | note |", "|---|---|---|---|---|---|"]
     for s in data.get("steps", []):
         lines.append(f"| {s['name']} | {s['status']} | {_fmt(s['rc'])} | {_fmt(s['seconds'])} | "
@@ -358,6 +441,36 @@ def markdown_report(data: Dict[str, Any]) -> str:
                 f"{_fmt(r['rel_err_grad_grid'], '.1e')} |")
         lines += exact_timing_markdown(rows, clock)
     return "\n".join(lines) + "\n"
+
+
+def verdict_markdown(data: Dict[str, Any]) -> List[str]:
+    """Why the verdict is what it is, then what the optional steps found
+    wrong and which did not run: the lines a reader needs before the tables."""
+    if data.get("verdict") == "DRY-RUN":
+        return []
+    lines = [f"The required steps ({', '.join(REQUIRED_STEPS)}) decide; the others only "
+             "report.", ""]
+    found = data.get("blockers") or {}
+    lines += [f"- {verdict}: {why}" for verdict in ("FAIL", "INCOMPLETE")
+              for why in found.get(verdict, [])]
+    findings = data.get("optional_findings") or []
+    if findings:
+        lines += ["", "**Optional findings** (wrong results an optional step found; "
+                  "they do not change the verdict):", ""] + [f"- {f}" for f in findings]
+    not_run = [s for s in data.get("steps", [])
+               if s["name"] not in REQUIRED_STEPS and s["status"] in ("skipped", "timeout")]
+    if not_run:
+        lines += ["", "Optional steps not run to their end: " + ", ".join(
+            f"{s['name']} ({s['status']}{', ' + s['note'] if s['note'] else ''})"
+            for s in not_run) + "."]
+    return lines + [""]
+
+
+def _mark(check: Dict[str, Any]) -> str:
+    """A check's result, and why it does not decide the verdict where it does not."""
+    if check["required"]:
+        return check["result"]
+    return check["result"] + (" (optional)" if check["step"] not in REQUIRED_STEPS else " (info)")
 
 
 def exact_markdown(exact: Dict[str, Any]) -> List[str]:
