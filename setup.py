@@ -16,9 +16,11 @@ opt-out. The build records the torch it was made for in
 detgrid/_build_info.py, and detgrid refuses to load under another.
 """
 
+import concurrent.futures
 import importlib.util
 import os
 import shlex
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -31,6 +33,12 @@ EXTENSION = os.path.join("aten_kernels", "extension")
 # GridSamplerDeterministic.cu whole (whose CUDA executor the exact
 # accumulation shares) and is compiled in its place.
 CUDA_SOURCE = os.path.join(EXTENSION, "exact", "ExactCuda.cu")
+# The next core (issue 59): the deterministic backward in PyTorch's idiom,
+# built for CUDA by nvcc and for the host from the same bytes (hostify).
+NEXT_CORE_SOURCE = os.path.join(
+    "aten_kernels", "next", "aten", "src", "ATen", "native", "cuda",
+    "GridSamplerDeterministic.cu")
+HOSTIFY = os.path.join("aten_kernels", "hostify")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
 VERSION = "0.1.0"
 
@@ -142,7 +150,7 @@ def extension(toolkit):
         os.path.join(EXTENSION, name)
         for name in ("register.cpp", "autograd.cpp", "checks.cpp",
                      "GridSamplerDeterministicCPU.cpp", "knobs.cpp",
-                     os.path.join("exact", "ExactCPU.cpp"))
+                     os.path.join("exact", "ExactCPU.cpp"), "next_core.cpp")
     ]
     include_dirs = [os.path.abspath(ATEN_SRC)]
     if toolkit is None:
@@ -170,6 +178,77 @@ def extension(toolkit):
     )
 
 
+def load_hostify():
+    """aten_kernels/hostify/hostify.py, loaded by path (as toolchain.py)."""
+    path = os.path.join(ROOT, HOSTIFY, "hostify.py")
+    spec = importlib.util.spec_from_file_location("detgrid_hostify", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def host_cuda_include():
+    try:
+        return toolchain.host_cuda_include(os.environ)
+    except toolchain.NoCudaHeaders as e:
+        sys.exit(str(e))
+
+
+class BuildWithHostify(cpp_extension.BuildExtension):
+    """BuildExtension, plus the next core's host build: its CUDA source made
+    into a host unit by hostify.py and compiled, with hostify's prelude first
+    and its stand-in headers ahead of torch's, into objects the extension
+    links (flags of their own, which one Extension cannot give one source).
+    The host build contracts a * b + c into FMAs, as nvcc does, where the
+    CPU has them (-mfma); elsewhere it rounds every product."""
+
+    def build_extensions(self):
+        for ext in self.extensions:
+            ext.extra_objects = list(ext.extra_objects or []) + self.hostify_objects()
+        super().build_extensions()
+
+    def hostify_objects(self):
+        import torch
+
+        out = os.path.join(os.path.abspath(self.build_temp), "hostify")
+        os.makedirs(out, exist_ok=True)
+        generated = os.path.join(out, "GridSamplerDeterministic.host.cpp")
+        with open(os.path.join(ROOT, NEXT_CORE_SOURCE), encoding="utf-8") as f:
+            text = load_hostify().hostify_source(f.read(), NEXT_CORE_SOURCE)
+        with open(generated, "w", encoding="utf-8") as f:
+            f.write(text)
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        flags = [
+            "-std=c++20", "-O2", "-fPIC", "-fno-fast-math", "-Wno-attributes",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            "-Dlaunch_grid_sampler_backward_deterministic_kernel="
+            "launch_grid_sampler_backward_deterministic_host_kernel",
+            "-include", os.path.join(ROOT, HOSTIFY, "prelude.h"),
+            "-I" + os.path.join(ROOT, HOSTIFY, "include"),
+        ] + ["-I" + folder for folder in cpp_extension.include_paths()] + [
+            "-I" + host_cuda_include()]
+        flags += ["-mfma", "-ffp-contract=fast"] if toolchain.cpu_has_fma() else [
+            "-ffp-contract=off"]
+        flags += EXTRA_CXX_FLAGS
+        sources = (generated,
+                   os.path.join(ROOT, HOSTIFY, "existing_kernel_reference.cpp"),
+                   os.path.join(ROOT, HOSTIFY, "control.cpp"))
+        objects = [os.path.join(out, os.path.basename(s) + ".o") for s in sources]
+        compiler = os.environ.get("CXX", "c++")
+        print("detgrid: hostify the next core (" + ", ".join(
+            os.path.basename(s) for s in sources) + ")", file=sys.stderr)
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            runs = list(pool.map(
+                lambda pair: subprocess.run(
+                    [compiler, "-c", pair[0], "-o", pair[1]] + flags,
+                    capture_output=True, text=True),
+                zip(sources, objects)))
+        for source, run in zip(sources, runs):
+            if run.returncode != 0:
+                sys.exit(f"detgrid: the host build of {source} failed:\n{run.stderr}")
+        return objects
+
+
 def install_requires():
     """The extension runs only on the torch release it was compiled against
     (buildinfo.py enforces it at import), so pin that release."""
@@ -189,7 +268,7 @@ setup(
     package_dir={"": "tools"},
     packages=find_packages("tools"),
     ext_modules=[extension(TOOLKIT)],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildWithHostify},
     entry_points={"console_scripts": ["detgrid = detgrid.kit.cli:main"]},
     python_requires=">=3.9",
     install_requires=install_requires(),

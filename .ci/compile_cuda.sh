@@ -23,7 +23,9 @@ for version in 2.14.1 2.15.0; do
   while IFS= read -r -d '' unit; do
     echo "nvcc (torch $version): ${unit#"$root"/}"
     "$nvcc" -c -std=c++20 -O2 -o /dev/null \
-      -DCUB_WRAPPED_NAMESPACE=at_cuda_detail \
+      -DCUB_WRAPPED_NAMESPACE=at_cuda_detail -D__CUDA_NO_HALF_OPERATORS__ \
+      -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
+      -D__CUDA_NO_HALF2_OPERATORS__ \
       --expt-relaxed-constexpr --expt-extended-lambda \
       -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC \
       "${includes[@]}" "$unit" || { echo "FAILED: $unit"; status=1; }

@@ -136,6 +136,46 @@ def find_toolkit(torch_cuda: str, env: Mapping[str, str] = os.environ,
     return Toolkit(home, source, version_of(nvcc) if os.path.isfile(nvcc) else None)
 
 
+# The CUDA headers the next core's host build needs (hostify's prelude).
+HOST_CUDA_HEADERS = ("cuda_runtime.h", "cuda_bf16.h", "cuda_fp16.h")
+
+
+class NoCudaHeaders(RuntimeError):
+    """The host build of the next core found no CUDA headers."""
+
+
+def host_cuda_include(env: Mapping[str, str] = os.environ,
+                      roots: Optional[Iterable[str]] = None,
+                      system_home: str = SYSTEM_HOME) -> str:
+    """The include folder whose CUDA runtime headers the host build compiles
+    against (declarations and types only: nothing of CUDA is linked): of
+    $CUDA_HOME, the system toolkit, pip's CUDA runtime wheels, the first that
+    has them all."""
+    roots = nvidia_package_roots() if roots is None else roots
+    candidates = [os.path.join(h, "include") for h in
+                  (env.get("CUDA_HOME") or env.get("CUDA_PATH"), system_home) if h]
+    for root in roots:
+        candidates += sorted(glob.glob(os.path.join(root, "cu*", "include")), reverse=True)
+    for folder in candidates:
+        if all(os.path.isfile(os.path.join(folder, h)) for h in HOST_CUDA_HEADERS):
+            return folder
+    raise NoCudaHeaders(
+        "detgrid: the host build needs CUDA's runtime headers (cuda_runtime.h, cuda_bf16.h), "
+        "and none were found in $CUDA_HOME, " + system_home + " or pip's nvidia packages; "
+        'fix: pip install "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-crt==13.0.*"')
+
+
+def cpu_has_fma(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has fused multiply-add (x86's fma flag), so that the
+    host build can contract a * b + c as nvcc does."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[-1]} "
+                       for line in f)
+    except OSError:
+        return False
+
+
 def pip_toolkit_command(torch_cuda: str) -> str:
     """The one command that installs the pip toolkit matching torch's CUDA release."""
     pins = " ".join(f'"{wheel}=={torch_cuda}.*"' for wheel in PIP_TOOLKIT_WHEELS)

@@ -1,0 +1,38 @@
+#pragma once
+// What the extension sets and reads of the host build (see prelude.h): how
+// launches run, and what a call launched, sorted and allocated, counted as
+// the CUDA build does it (a CUB call is one launch).
+
+#include <cstdint>
+
+namespace hostify {
+
+struct Config {
+  // Threads per block and blocks per launch in place of the launch's own
+  // (0 keeps them): every kernel loops over its work with a grid stride,
+  // so any shape covers it.
+  int64_t block_size = 0;
+  int64_t grid_size = 0;
+  // Nonzero: blocks, and threads within a block, run in an order permuted
+  // by this seed.
+  uint64_t shuffle_seed = 0;
+  // false: launches, sorts and fills are counted, not run (the host code
+  // never reads device memory, so a call runs through on shapes alone).
+  bool run = true;
+};
+
+struct Counters {
+  int64_t launches = 0; // kernels, CUB calls and fills
+  int64_t items_sorted = 0;
+  int64_t sort_end_bit = 0; // of the last sort
+  int64_t key_bytes = 0;
+  int64_t workspace_bytes = 0; // peak of the live allocations
+  int64_t live_bytes = 0;
+  int64_t threads = 0; // threads launched, over every kernel
+};
+
+// The one Config and Counters of the process (control.cpp).
+Config& config();
+Counters& counters();
+
+} // namespace hostify

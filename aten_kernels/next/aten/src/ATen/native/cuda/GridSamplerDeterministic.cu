@@ -1,0 +1,665 @@
+#define TORCH_ASSERT_NO_OPERATORS
+#include <ATen/native/cuda/GridSampler.h>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ceil_div.h>
+#include <ATen/core/TensorBase.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/cub.cuh>
+#include <ATen/cuda/detail/IndexUtils.cuh>
+#include <ATen/cuda/detail/KernelUtils.h>
+#include <ATen/cuda/detail/TensorInfo.cuh>
+#include <ATen/native/CanUse32BitIndexMath.h>
+#include <ATen/native/GridSamplerUtils.h>
+#include <ATen/native/cuda/GridSampler.cuh>
+#include <ATen/native/cuda/UpSample.cuh>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/macros/Macros.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+// Note [Deterministic grid_sampler backward]
+// The existing backward kernels scatter each term of grad_input with
+// atomicAdd, so the order of every sum changes from run to run. Here each
+// term is formed as the existing kernel forms it (the same helpers, the same
+// expression in scalar_t), and the terms of each grad_input element are
+// added in an order fixed by the shapes and the grid alone:
+//   1. grid_sampler_{2,3}d_records_kernel, one thread per output point: a
+//      record per tap, keyed by the grad_input position the tap lands on
+//      (out-of-bounds taps get `nowhere`, past every position), its value
+//      the record id point * taps + tap; the taps' weights; the point's
+//      grad_output offset.
+//   2. A stable radix sort of the records by key, so the records of each
+//      position are in ascending record id, and the start of each run of
+//      one key.
+//   3. Records are summed in partials of kPartialRecords consecutive records
+//      of a run; one thread per partial and channel sums those after a run's
+//      first (sum_run_partials_kernel), so a run of a million records (a
+//      constant grid) is no longer one thread's work.
+//   4. One thread per run and channel adds the run's partials in order to
+//      what earlier chunks left (sum_runs_kernel) and writes the element.
+// The points are taken in chunks of a fixed number of records, so the
+// partials, and with them the order of every sum, depend on the shapes and
+// the grid only: not on the GPU, its memory, the stream or the launch shape.
+// Sums are held in opmath_t and rounded to scalar_t once: a Half or BFloat16
+// grad_input whose points span several chunks is summed in a float scratch.
+// The terms are the existing kernel's, up to FMA contraction of the sums.
+
+namespace at::native {
+namespace {
+
+using at::cuda::detail::TensorInfo;
+using at::cuda::detail::getTensorInfo;
+
+constexpr int kThreads = 256;
+// Records summed by one thread before its sum is added to the element.
+constexpr int64_t kPartialRecords = 256;
+// Records per chunk: the workspace of a chunk stays within 64 MiB with
+// 64-bit keys, 16 MiB of it the partials of up to 256 channels; beyond 256
+// channels, chunks shrink by powers of two to keep that share.
+constexpr int64_t kMaxChunkRecords = int64_t{1} << 19;
+constexpr int64_t kPartialBytes = int64_t{16} << 20;
+
+// Record r of a chunk belongs to point r >> tap_bits, whose taps are visited
+// in the existing kernel's order: for bicubic, x outermost; otherwise nw,
+// ne, sw, se (tnw .. bse in 3-D).
+template <typename scalar_t, typename index_t>
+struct ChunkRecords {
+  index_t* keys;
+  int32_t* ids;
+  // Per record its weight; per bicubic point its four x then four y
+  // coefficients.
+  scalar_t* weights;
+  index_t* gout_offsets;
+};
+
+template <typename scalar_t, typename index_t>
+__device__ __forceinline__ void write_tap(
+    const ChunkRecords<scalar_t, index_t>& chunk,
+    int32_t record,
+    bool in_bounds,
+    index_t position,
+    index_t nowhere) {
+  chunk.keys[record] = in_bounds ? position : nowhere;
+  chunk.ids[record] = record;
+}
+
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void grid_sampler_2d_records_kernel(
+    const index_t count,
+    const index_t first_point,
+    TensorInfo<const scalar_t, index_t> grid,
+    TensorInfo<const scalar_t, index_t> grad_output,
+    const index_t inp_H,
+    const index_t inp_W,
+    const GridSamplerInterpolation interpolation_mode,
+    const GridSamplerPadding padding_mode,
+    const bool align_corners,
+    ChunkRecords<scalar_t, index_t> chunk) {
+  const index_t out_H = grid.sizes[1];
+  const index_t out_W = grid.sizes[2];
+  const index_t nowhere = grid.sizes[0] * inp_H * inp_W;
+  CUDA_KERNEL_LOOP_TYPE(i, count, index_t) {
+    const index_t index = first_point + i;
+    const index_t w = index % out_W;
+    const index_t h = (index / out_W) % out_H;
+    const index_t n = index / (out_H * out_W);
+    const index_t grid_offset =
+        n * grid.strides[0] + h * grid.strides[1] + w * grid.strides[2];
+    const scalar_t x = grid.data[grid_offset];
+    const scalar_t y = grid.data[grid_offset + grid.strides[3]];
+    chunk.gout_offsets[i] = n * grad_output.strides[0] +
+        h * grad_output.strides[2] + w * grad_output.strides[3];
+    const index_t image = n * inp_H * inp_W;
+    const int32_t first = static_cast<int32_t>(i);
+
+    if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+      scalar_t gix_mult, giy_mult;
+      const scalar_t ix = grid_sampler_unnormalize_set_grad(
+          x, inp_W, align_corners, &gix_mult);
+      const scalar_t iy = grid_sampler_unnormalize_set_grad(
+          y, inp_H, align_corners, &giy_mult);
+      const scalar_t ix_nw = std::floor(ix);
+      const scalar_t iy_nw = std::floor(iy);
+      scalar_t* coeffs = chunk.weights + 8 * i;
+      get_cubic_upsampling_coefficients<scalar_t>(coeffs, ix - ix_nw);
+      get_cubic_upsampling_coefficients<scalar_t>(coeffs + 4, iy - iy_nw);
+#pragma unroll 4
+      for (int t = 0; t < 4; ++t) {
+#pragma unroll 4
+        for (int u = 0; u < 4; ++u) {
+          // The position add_value_bounded gives the tap.
+          const int px = static_cast<int>(compute_coordinates(
+              ix_nw - 1 + t, inp_W, padding_mode, align_corners));
+          const int py = static_cast<int>(compute_coordinates(
+              iy_nw - 1 + u, inp_H, padding_mode, align_corners));
+          write_tap(
+              chunk,
+              16 * first + 4 * t + u,
+              within_bounds_2d(py, px, inp_H, inp_W),
+              image + py * inp_W + px,
+              nowhere);
+        }
+      }
+      continue;
+    }
+
+    scalar_t gix_mult, giy_mult;
+    const scalar_t ix = grid_sampler_compute_source_index_set_grad(
+        x, inp_W, padding_mode, align_corners, &gix_mult);
+    const scalar_t iy = grid_sampler_compute_source_index_set_grad(
+        y, inp_H, padding_mode, align_corners, &giy_mult);
+    if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+      const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
+      const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
+      write_tap(
+          chunk,
+          first,
+          within_bounds_2d(iy_nearest, ix_nearest, inp_H, inp_W),
+          image + iy_nearest * inp_W + ix_nearest,
+          nowhere);
+      continue;
+    }
+
+    const index_t ix_nw = static_cast<index_t>(std::floor(ix));
+    const index_t iy_nw = static_cast<index_t>(std::floor(iy));
+    const index_t ix_se = ix_nw + 1;
+    const index_t iy_se = iy_nw + 1;
+    // The surfaces as the existing kernel forms them: nw, ne, sw, se.
+    const scalar_t weight[4] = {
+        (ix_se - ix) * (iy_se - iy),
+        (ix - ix_nw) * (iy_se - iy),
+        (ix_se - ix) * (iy - iy_nw),
+        (ix - ix_nw) * (iy - iy_nw)};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const index_t tx = ix_nw + (t & 1);
+      const index_t ty = iy_nw + (t >> 1);
+      chunk.weights[4 * first + t] = weight[t];
+      write_tap(
+          chunk,
+          4 * first + t,
+          within_bounds_2d(ty, tx, inp_H, inp_W),
+          image + ty * inp_W + tx,
+          nowhere);
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void grid_sampler_3d_records_kernel(
+    const index_t count,
+    const index_t first_point,
+    TensorInfo<const scalar_t, index_t> grid,
+    TensorInfo<const scalar_t, index_t> grad_output,
+    const index_t inp_D,
+    const index_t inp_H,
+    const index_t inp_W,
+    const GridSamplerInterpolation interpolation_mode,
+    const GridSamplerPadding padding_mode,
+    const bool align_corners,
+    ChunkRecords<scalar_t, index_t> chunk) {
+  const index_t out_D = grid.sizes[1];
+  const index_t out_H = grid.sizes[2];
+  const index_t out_W = grid.sizes[3];
+  const index_t nowhere = grid.sizes[0] * inp_D * inp_H * inp_W;
+  CUDA_KERNEL_LOOP_TYPE(i, count, index_t) {
+    const index_t index = first_point + i;
+    const index_t w = index % out_W;
+    const index_t h = (index / out_W) % out_H;
+    const index_t d = (index / (out_H * out_W)) % out_D;
+    const index_t n = index / (out_D * out_H * out_W);
+    const index_t grid_offset = n * grid.strides[0] + d * grid.strides[1] +
+        h * grid.strides[2] + w * grid.strides[3];
+    scalar_t gix_mult, giy_mult, giz_mult;
+    const scalar_t ix = grid_sampler_compute_source_index_set_grad(
+        grid.data[grid_offset],
+        inp_W,
+        padding_mode,
+        align_corners,
+        &gix_mult);
+    const scalar_t iy = grid_sampler_compute_source_index_set_grad(
+        grid.data[grid_offset + grid.strides[4]],
+        inp_H,
+        padding_mode,
+        align_corners,
+        &giy_mult);
+    const scalar_t iz = grid_sampler_compute_source_index_set_grad(
+        grid.data[grid_offset + 2 * grid.strides[4]],
+        inp_D,
+        padding_mode,
+        align_corners,
+        &giz_mult);
+    chunk.gout_offsets[i] = n * grad_output.strides[0] +
+        d * grad_output.strides[2] + h * grad_output.strides[3] +
+        w * grad_output.strides[4];
+    const index_t image = n * inp_D * inp_H * inp_W;
+    const int32_t first = static_cast<int32_t>(i);
+
+    if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+      const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
+      const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
+      const index_t iz_nearest = static_cast<index_t>(std::nearbyint(iz));
+      write_tap(
+          chunk,
+          first,
+          within_bounds_3d(
+              iz_nearest, iy_nearest, ix_nearest, inp_D, inp_H, inp_W),
+          image + (iz_nearest * inp_H + iy_nearest) * inp_W + ix_nearest,
+          nowhere);
+      continue;
+    }
+
+    const index_t ix_tnw = static_cast<index_t>(std::floor(ix));
+    const index_t iy_tnw = static_cast<index_t>(std::floor(iy));
+    const index_t iz_tnw = static_cast<index_t>(std::floor(iz));
+    const index_t ix_bse = ix_tnw + 1;
+    const index_t iy_bse = iy_tnw + 1;
+    const index_t iz_bse = iz_tnw + 1;
+    // The volumes as the existing kernel forms them: tnw, tne, tsw, tse,
+    // bnw, bne, bsw, bse.
+    const scalar_t weight[8] = {
+        (ix_bse - ix) * (iy_bse - iy) * (iz_bse - iz),
+        (ix - ix_tnw) * (iy_bse - iy) * (iz_bse - iz),
+        (ix_bse - ix) * (iy - iy_tnw) * (iz_bse - iz),
+        (ix - ix_tnw) * (iy - iy_tnw) * (iz_bse - iz),
+        (ix_bse - ix) * (iy_bse - iy) * (iz - iz_tnw),
+        (ix - ix_tnw) * (iy_bse - iy) * (iz - iz_tnw),
+        (ix_bse - ix) * (iy - iy_tnw) * (iz - iz_tnw),
+        (ix - ix_tnw) * (iy - iy_tnw) * (iz - iz_tnw)};
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const index_t tx = ix_tnw + (t & 1);
+      const index_t ty = iy_tnw + ((t >> 1) & 1);
+      const index_t tz = iz_tnw + (t >> 2);
+      chunk.weights[8 * first + t] = weight[t];
+      write_tap(
+          chunk,
+          8 * first + t,
+          within_bounds_3d(tz, ty, tx, inp_D, inp_H, inp_W),
+          image + (tz * inp_H + ty) * inp_W + tx,
+          nowhere);
+    }
+  }
+}
+
+// What the sums read of a sorted chunk.
+template <typename scalar_t, typename index_t>
+struct SortedChunk {
+  const index_t* keys;
+  const int32_t* ids;
+  const int32_t* run_begins;
+  const int32_t* num_runs;
+  int32_t count;
+  const scalar_t* weights;
+  const index_t* gout_offsets;
+  const scalar_t* grad_output;
+  index_t gout_stride_c;
+  int tap_bits;
+  GridSamplerInterpolation interpolation_mode;
+
+  __device__ int32_t run_end(int32_t run) const {
+    return run + 1 < *num_runs ? run_begins[run + 1] : count;
+  }
+
+  // The run that holds sorted position p: the last one beginning at p or
+  // before (a binary search of the run begins).
+  __device__ int32_t run_holding(int32_t p) const {
+    int32_t low = 0;
+    int32_t high = *num_runs;
+    while (high - low > 1) {
+      const int32_t middle = low + (high - low) / 2;
+      if (run_begins[middle] <= p) {
+        low = middle;
+      } else {
+        high = middle;
+      }
+    }
+    return low;
+  }
+
+  // The term of record `id` in channel c, as the existing kernel forms it.
+  __device__ scalar_t term(int32_t id, index_t c) const {
+    const int32_t point = id >> tap_bits;
+    const scalar_t gOut =
+        grad_output[gout_offsets[point] + c * gout_stride_c];
+    if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+      return gOut;
+    }
+    if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+      const int32_t tap = id & 15;
+      return gOut * weights[8 * point + (tap >> 2)] *
+          weights[8 * point + 4 + (tap & 3)];
+    }
+    return weights[id] * gOut;
+  }
+
+  // The partial of the records at sorted positions [begin, end).
+  __device__ at::opmath_type<scalar_t> sum(
+      int32_t begin,
+      int32_t end,
+      index_t c) const {
+    at::opmath_type<scalar_t> partial = 0;
+    for (int32_t k = begin; k < end; ++k) {
+      partial += static_cast<at::opmath_type<scalar_t>>(term(ids[k], c));
+    }
+    return partial;
+  }
+};
+
+// The partials after a run's first: the one starting at sorted position p
+// is stored in slot p / kPartialRecords, which no other partial shares, as
+// the kPartialRecords positions before p belong to the same run.
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void sum_run_partials_kernel(
+    const int64_t slots_per_channel,
+    const index_t channels,
+    const index_t nowhere,
+    SortedChunk<scalar_t, index_t> chunk,
+    at::opmath_type<scalar_t>* partials) {
+  CUDA_KERNEL_LOOP_TYPE(item, slots_per_channel * channels, int64_t) {
+    const int32_t slot = static_cast<int32_t>(item % slots_per_channel);
+    const index_t c = static_cast<index_t>(item / slots_per_channel);
+    const int32_t first = slot * static_cast<int32_t>(kPartialRecords);
+    const int32_t r = chunk.run_holding(first);
+    const int32_t begin = chunk.run_begins[r];
+    const int32_t start = begin +
+        (first - begin + kPartialRecords - 1) / kPartialRecords *
+            kPartialRecords;
+    const int32_t end = chunk.run_end(r);
+    if (start == begin || start >= end || chunk.keys[begin] == nowhere) {
+      continue;
+    }
+    partials[item] = chunk.sum(
+        start, std::min<int32_t>(start + kPartialRecords, end), c);
+  }
+}
+
+// One writer per grad_input element: the sums of earlier chunks (in `sums`,
+// or in grad_input where sums is null), plus the run's partials in order.
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void sum_runs_kernel(
+    const int64_t max_runs,
+    const index_t channels,
+    const index_t positions_per_image,
+    const index_t nowhere,
+    SortedChunk<scalar_t, index_t> chunk,
+    const at::opmath_type<scalar_t>* partials,
+    const int64_t slots_per_channel,
+    at::opmath_type<scalar_t>* sums,
+    scalar_t* grad_input) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  CUDA_KERNEL_LOOP_TYPE(item, max_runs * channels, int64_t) {
+    const int32_t r = static_cast<int32_t>(item % max_runs);
+    const index_t c = static_cast<index_t>(item / max_runs);
+    if (r >= *chunk.num_runs) {
+      continue;
+    }
+    const int32_t begin = chunk.run_begins[r];
+    const index_t key = chunk.keys[begin];
+    if (key == nowhere) {
+      continue;
+    }
+    const index_t n = key / positions_per_image;
+    const index_t element =
+        (n * channels + c) * positions_per_image + (key - n * positions_per_image);
+    const int32_t end = chunk.run_end(r);
+    opmath_t total = sums != nullptr ? sums[element]
+                                     : static_cast<opmath_t>(grad_input[element]);
+    int32_t start = std::min<int32_t>(begin + kPartialRecords, end);
+    total += chunk.sum(begin, start, c);
+    for (; start < end; start += kPartialRecords) {
+      total += partials[c * slots_per_channel + start / kPartialRecords];
+    }
+    if (sums != nullptr) {
+      sums[element] = total;
+    } else {
+      grad_input[element] = static_cast<scalar_t>(total);
+    }
+  }
+}
+
+template <typename scalar_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void round_float_sums_kernel(
+    const int64_t numel,
+    const at::opmath_type<scalar_t>* sums,
+    scalar_t* grad_input) {
+  CUDA_KERNEL_LOOP_TYPE(i, numel, int64_t) {
+    grad_input[i] = static_cast<scalar_t>(sums[i]);
+  }
+}
+
+int bits_for(int64_t max_key) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= max_key) {
+    ++bits;
+  }
+  return bits;
+}
+
+// Launch bounds for grid-stride loops over `work` items.
+unsigned blocks_for(int64_t work) {
+  return static_cast<unsigned>(std::min<int64_t>(
+      std::max<int64_t>(at::cuda::detail::GET_BLOCKS(work, kThreads), 1), int64_t{1} << 20));
+}
+
+template <typename scalar_t, typename index_t>
+void sum_grad_input(
+    const TensorBase& grad_input,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    GridSamplerInterpolation interpolation_mode,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int dims = input.dim() - 2;
+  const bool bicubic = interpolation_mode == GridSamplerInterpolation::Bicubic;
+  const int tap_bits =
+      interpolation_mode == GridSamplerInterpolation::Nearest ? 0
+      : bicubic                                              ? 4
+                                                             : dims;
+  const int64_t channels = input.size(1);
+  const int64_t positions_per_image = input.numel() / (input.size(0) * channels);
+  const int64_t nowhere = input.size(0) * positions_per_image;
+  const int64_t num_points = grid.numel() / dims;
+
+  int64_t chunk_records = kMaxChunkRecords;
+  while (chunk_records > kPartialRecords &&
+         chunk_records / kPartialRecords * channels *
+                 static_cast<int64_t>(sizeof(opmath_t)) >
+             kPartialBytes) {
+    chunk_records /= 2;
+  }
+  const int64_t chunk_points = std::max<int64_t>(chunk_records >> tap_bits, 1);
+  const int64_t max_records = std::min(chunk_points, num_points) << tap_bits;
+  const int64_t slots_per_channel = ceil_div(max_records, kPartialRecords);
+
+  auto allocator = c10::cuda::CUDACachingAllocator::get();
+  auto buffer = [&](int64_t elements, size_t element_size) {
+    return allocator->allocate(elements * element_size);
+  };
+  auto keys = buffer(2 * max_records, sizeof(index_t));
+  auto ids = buffer(2 * max_records, sizeof(int32_t));
+  auto run_begins = buffer(max_records, sizeof(int32_t));
+  auto num_runs = buffer(1, sizeof(int32_t));
+  auto weights = buffer(
+      bicubic ? 8 * ceil_div(max_records, int64_t{16}) : max_records,
+      sizeof(scalar_t));
+  auto gout_offsets = buffer(max_records >> tap_bits, sizeof(index_t));
+  auto partials = buffer(slots_per_channel * channels, sizeof(opmath_t));
+
+  // Half and BFloat16 sums over several chunks wait in float.
+  c10::DataPtr sums;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  if (!std::is_same_v<scalar_t, opmath_t> && num_points > chunk_points) {
+    sums = buffer(grad_input.numel(), sizeof(opmath_t));
+    C10_CUDA_CHECK(cudaMemsetAsync(
+        sums.get(), 0, grad_input.numel() * sizeof(opmath_t), stream));
+  }
+
+  index_t* const keys_in = static_cast<index_t*>(keys.get());
+  int32_t* const ids_in = static_cast<int32_t*>(ids.get());
+  const ChunkRecords<scalar_t, index_t> records{
+      keys_in,
+      ids_in,
+      static_cast<scalar_t*>(weights.get()),
+      static_cast<index_t*>(gout_offsets.get())};
+  auto grid_info = getTensorInfo<const scalar_t, index_t>(grid);
+  auto grad_output_info = getTensorInfo<const scalar_t, index_t>(grad_output);
+  SortedChunk<scalar_t, index_t> sorted{
+      keys_in + max_records,
+      ids_in + max_records,
+      static_cast<int32_t*>(run_begins.get()),
+      static_cast<int32_t*>(num_runs.get()),
+      0,
+      records.weights,
+      records.gout_offsets,
+      grad_output.const_data_ptr<scalar_t>(),
+      static_cast<index_t>(grad_output.stride(1)),
+      tap_bits,
+      interpolation_mode};
+
+  for (int64_t first = 0; first < num_points; first += chunk_points) {
+    const int64_t points = std::min(chunk_points, num_points - first);
+    const int64_t count = points << tap_bits;
+    if (dims == 2) {
+      grid_sampler_2d_records_kernel<scalar_t, index_t>
+          <<<blocks_for(points), kThreads, 0, stream>>>(
+              static_cast<index_t>(points),
+              static_cast<index_t>(first),
+              grid_info,
+              grad_output_info,
+              static_cast<index_t>(input.size(2)),
+              static_cast<index_t>(input.size(3)),
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              records);
+    } else {
+      grid_sampler_3d_records_kernel<scalar_t, index_t>
+          <<<blocks_for(points), kThreads, 0, stream>>>(
+              static_cast<index_t>(points),
+              static_cast<index_t>(first),
+              grid_info,
+              grad_output_info,
+              static_cast<index_t>(input.size(2)),
+              static_cast<index_t>(input.size(3)),
+              static_cast<index_t>(input.size(4)),
+              interpolation_mode,
+              padding_mode,
+              align_corners,
+              records);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+    at::cuda::cub::radix_sort_pairs(
+        keys_in,
+        const_cast<index_t*>(sorted.keys),
+        ids_in,
+        const_cast<int32_t*>(sorted.ids),
+        count,
+        /*descending=*/false,
+        /*begin_bit=*/0,
+        /*end_bit=*/bits_for(nowhere));
+    at::cuda::cub::unique_by_key(
+        sorted.keys,
+        cccl_counting_iterator<int32_t>(0),
+        const_cast<int32_t*>(sorted.run_begins),
+        const_cast<int32_t*>(sorted.num_runs),
+        count);
+
+    sorted.count = static_cast<int32_t>(count);
+    const int64_t slots = ceil_div(count, kPartialRecords);
+    sum_run_partials_kernel<scalar_t, index_t>
+        <<<blocks_for(slots * channels), kThreads, 0, stream>>>(
+            slots,
+            static_cast<index_t>(channels),
+            static_cast<index_t>(nowhere),
+            sorted,
+            static_cast<opmath_t*>(partials.get()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+    const int64_t max_runs = std::min(count, nowhere + 1);
+    sum_runs_kernel<scalar_t, index_t>
+        <<<blocks_for(max_runs * channels), kThreads, 0, stream>>>(
+            max_runs,
+            static_cast<index_t>(channels),
+            static_cast<index_t>(positions_per_image),
+            static_cast<index_t>(nowhere),
+            sorted,
+            static_cast<const opmath_t*>(partials.get()),
+            slots,
+            static_cast<opmath_t*>(sums.get()),
+            grad_input.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  if constexpr (!std::is_same_v<scalar_t, opmath_t>) {
+    if (!sums) {
+      return;
+    }
+    round_float_sums_kernel<scalar_t>
+        <<<blocks_for(grad_input.numel()), kThreads, 0, stream>>>(
+            grad_input.numel(),
+            static_cast<const opmath_t*>(sums.get()),
+            grad_input.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+} // namespace
+
+// grad_input of grid_sampler_2d_backward (4-D input) or
+// grid_sampler_3d_backward (5-D input) without atomics; see Note
+// [Deterministic grid_sampler backward]. grad_input must be contiguous and
+// zero-filled, as GridSampler.cpp allocates it.
+void launch_grid_sampler_backward_deterministic_kernel(
+    const TensorBase& grad_input,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  if (grad_output.numel() == 0 || input.numel() == 0) {
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(grad_input.is_contiguous());
+  TORCH_CHECK(
+      input.dim() == 4 ||
+          interpolation_mode !=
+              static_cast<int64_t>(GridSamplerInterpolation::Bicubic),
+      "grid_sampler_3d_backward: deterministic algorithms do not support "
+      "bicubic interpolation of 5-D input");
+  const bool index_32bit = canUse32BitIndexMath(input) &&
+      canUse32BitIndexMath(grid) && canUse32BitIndexMath(grad_output);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      ScalarType::Half,
+      ScalarType::BFloat16,
+      input.scalar_type(),
+      "grid_sampler_backward_deterministic_cuda",
+      [&] {
+        const auto mode =
+            static_cast<GridSamplerInterpolation>(interpolation_mode);
+        const auto padding = static_cast<GridSamplerPadding>(padding_mode);
+        if (index_32bit) {
+          sum_grad_input<scalar_t, int32_t>(
+              grad_input, grad_output, input, grid, mode, padding, align_corners);
+        } else {
+          sum_grad_input<scalar_t, int64_t>(
+              grad_input, grad_output, input, grid, mode, padding, align_corners);
+        }
+      });
+}
+
+} // namespace at::native

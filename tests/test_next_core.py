@@ -1,0 +1,199 @@
+# Owner(s): ["module: nn"]
+"""The next core (aten_kernels/next/, issue 59): the deterministic backward
+written as plain PyTorch CUDA on the existing coordinate helpers, run here
+by its host build, which setup.py makes from the same source bytes
+(aten_kernels/hostify/). Its grad_input is checked against a serial run of
+the existing CUDA kernel's arithmetic built on the same helpers
+(hostify/existing_kernel_reference.cpp), non-finite and huge coordinates
+included, and its bits against every launch shape and thread order."""
+
+import hashlib
+import itertools
+import os
+
+import detgrid.ops  # noqa: F401  (registers torch.ops.detgrid)
+import torch
+from torch.testing._internal.common_utils import (
+    TestCase,
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = os.path.join(ROOT, "aten_kernels", "next", "aten", "src", "ATen", "native", "cuda",
+                      "GridSamplerDeterministic.cu")
+ops = torch.ops.detgrid
+
+BILINEAR, NEAREST, BICUBIC = 0, 1, 2
+MODES_2D = (BILINEAR, NEAREST, BICUBIC)
+MODES_3D = (BILINEAR, NEAREST)
+PADDINGS = (0, 1, 2)  # zeros, border, reflection
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# grad_input against the existing kernel's serial sums in the same dtype:
+# those round every add to the dtype, ours once.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 2e-2,
+             torch.bfloat16: 1e-1}
+# Coordinates the existing kernel's helpers treat specially: non-finite, far
+# beyond int's range, beyond 2^31 pixels, and ordinary ones beside them.
+HOSTILE = (float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 3e9, -3e9, 0.5, -0.9, 1.0)
+
+# At this many records a chunk ends (kMaxChunkRecords); bilinear has 4 per point.
+CHUNK_RECORDS = 1 << 19
+
+
+def problem(dims, dtype, points=(7, 9), image=(5, 6), channels=3, batch=2, seed=0,
+            coordinates=None):
+    """(grad_output, input, grid) with grid values in [-1.2, 1.2], or drawn
+    from `coordinates`."""
+    gen = torch.Generator().manual_seed(seed)
+    if dims == 3:
+        points, image = points + (3,), image + (4,)
+    inp = torch.randn((batch, channels) + image, generator=gen, dtype=torch.float64)
+    grid_shape = (batch,) + points + (dims,)
+    if coordinates is None:
+        grid = torch.rand(grid_shape, generator=gen, dtype=torch.float64) * 2.4 - 1.2
+    else:
+        values = torch.tensor(coordinates, dtype=torch.float64)
+        grid = values[torch.randint(0, len(values), grid_shape, generator=gen)]
+    grad_output = torch.randn((batch, channels) + points, generator=gen, dtype=torch.float64)
+    return grad_output.to(dtype), inp.to(dtype), grid.to(dtype)
+
+
+def cases(dims):
+    modes = MODES_2D if dims == 2 else MODES_3D
+    return itertools.product(modes, PADDINGS, (False, True))
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(torch.uint8),
+                                              b.contiguous().view(torch.uint8))
+
+
+class TestNextCore(TestCase):
+    def test_host_build_compiles_the_patch_source_bytes(self):
+        with open(SOURCE, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        self.assertEqual(ops._next_core_source_sha256(), digest)
+
+    @parametrize("dims", (2, 3))
+    @parametrize("dtype", DTYPES)
+    def test_grad_input_is_the_existing_kernels(self, dims, dtype):
+        for mode, padding, align in cases(dims):
+            args = problem(dims, dtype, seed=mode * 10 + padding) + (mode, padding, align)
+            ours = ops._next_core_grad_input(*args)
+            existing = ops._existing_kernel_reference(*args)
+            with self.subTest(mode=mode, padding=padding, align_corners=align):
+                self.assertEqual(ours.double(), existing.double(), atol=TOLERANCE[dtype],
+                                 rtol=TOLERANCE[dtype])
+
+    @parametrize("dims", (2, 3))
+    def test_existing_kernel_reference_agrees_with_the_cpu_kernel(self, dims):
+        # The reference itself, where aten's CPU kernel computes the same
+        # function (finite coordinates, float64).
+        backward = (torch.ops.aten.grid_sampler_2d_backward if dims == 2
+                    else torch.ops.aten.grid_sampler_3d_backward)
+        for mode, padding, align in cases(dims):
+            args = problem(dims, torch.float64, seed=padding) + (mode, padding, align)
+            with self.subTest(mode=mode, padding=padding, align_corners=align):
+                self.assertEqual(ops._existing_kernel_reference(*args),
+                                 backward(*args, [True, False])[0])
+
+    @parametrize("dims", (2, 3))
+    @parametrize("dtype", (torch.float64, torch.float32))
+    def test_non_finite_and_huge_coordinates_give_the_existing_kernels_result(
+            self, dims, dtype):
+        # The same NaN and infinity in the same elements (bicubic with border
+        # or reflection padding puts a NaN coordinate's terms on an edge
+        # pixel), and the same finite values.
+        for mode, padding, align in cases(dims):
+            args = problem(dims, dtype, points=(9, 9), image=(4, 5), channels=2, batch=1,
+                           seed=padding, coordinates=HOSTILE) + (mode, padding, align)
+            ours = ops._next_core_grad_input(*args)
+            existing = ops._existing_kernel_reference(*args)
+            with self.subTest(mode=mode, padding=padding, align_corners=align):
+                self.assertEqual(ours.isnan(), existing.isnan())
+                self.assertEqual(ours.isinf(), existing.isinf())
+                finite = ours.isfinite()
+                self.assertEqual(ours[finite], existing[finite], atol=1e-4, rtol=1e-4)
+
+    def test_bicubic_nan_coordinate_reaches_an_edge_pixel_under_border_padding(self):
+        grad_output, inp, grid = problem(2, torch.float64, points=(1, 1), image=(4, 4),
+                                         channels=1, batch=1)
+        grid[...] = float("nan")
+        ours = ops._next_core_grad_input(grad_output, inp, grid, BICUBIC, 1, False)
+        self.assertTrue(ours[0, 0, 0, 0].isnan())
+        self.assertEqual(ours.isnan().sum().item(), 1)
+
+    @parametrize("dtype", DTYPES)
+    def test_bits_do_not_depend_on_launch_shape_or_thread_order(self, dtype):
+        # Two chunks, a hot position (every point on it) and ordinary ones.
+        grad_output, inp, grid = problem(2, dtype, points=(400, 400), image=(8, 8),
+                                         channels=2, batch=1, seed=3)
+        grid[0, :200, :, :] = 0.0
+        shapes = ((0, 0, 0), (32, 0, 0), (0, 7, 0), (64, 3, 11), (256, 0, 5), (1, 1, 1))
+        results = [ops._next_core_grad_input(grad_output, inp, grid, BILINEAR, 0, False,
+                                             *shape) for shape in shapes]
+        for shape, result in zip(shapes[1:], results[1:]):
+            with self.subTest(block_size=shape[0], grid_size=shape[1], seed=shape[2]):
+                self.assertTrue(same_bits(result, results[0]))
+
+    @parametrize("dims", (2, 3))
+    def test_bitwise_reproducible_over_runs(self, dims):
+        for mode, padding, align in cases(dims):
+            args = problem(dims, torch.float32, seed=1) + (mode, padding, align)
+            first = ops._next_core_grad_input(*args)
+            with self.subTest(mode=mode, padding=padding, align_corners=align):
+                for _ in range(3):
+                    self.assertTrue(same_bits(ops._next_core_grad_input(*args), first))
+
+    @parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
+    def test_sums_over_several_chunks_match_the_float64_sum(self, dtype):
+        # 360,000 points: three chunks; Half and BFloat16 sums wait in float.
+        grad_output, inp, grid = problem(2, dtype, points=(600, 600), image=(16, 16),
+                                         channels=2, batch=1, seed=4)
+        ours = ops._next_core_grad_input(grad_output, inp, grid, BILINEAR, 0, False)
+        exact = ops._existing_kernel_reference(grad_output.double(), inp.double(),
+                                               grid.double(), BILINEAR, 0, False)
+        counters = ops._next_core_counters(grad_output, inp, grid, BILINEAR, 0, False)
+        self.assertGreater(counters[1], 2 * CHUNK_RECORDS)  # items sorted: 3 chunks
+        # Relative to the largest element: each term carries the dtype's
+        # rounding of its coordinate and product, the sum only one rounding.
+        scale = exact.abs().max()
+        bound = {torch.float16: 1e-2, torch.bfloat16: 8e-2, torch.float32: 1e-5}[dtype]
+        self.assertLess(((ours.double() - exact).abs().max() / scale).item(), bound)
+
+    def test_constant_grid_is_summed_in_bounded_partials(self):
+        # A million points on one pixel's corner: every output element equals
+        # the float64 sum, and the call runs in eight chunks, five launches each.
+        grad_output, inp, _ = problem(2, torch.float32, points=(1024, 1024), image=(2, 2),
+                                      channels=1, batch=1)
+        grid = torch.zeros(1, 1024, 1024, 2)
+        ours = ops._next_core_grad_input(grad_output, inp, grid, BILINEAR, 0, False)
+        exact = grad_output.double().sum() * 0.25
+        self.assertEqual(ours.double(), exact.expand(1, 1, 2, 2), atol=1e-3, rtol=1e-5)
+        launches, items = ops._next_core_counters(grad_output, inp, grid, BILINEAR, 0,
+                                                  False)[:2]
+        self.assertEqual(items, 4 * 1024 * 1024)
+        self.assertEqual(launches, 5 * (items // CHUNK_RECORDS))
+
+    @parametrize("channels", (1, 256, 4096))
+    def test_workspace_stays_within_64_mib(self, channels):
+        # Shapes alone (meta tensors): the largest chunk, 64-bit keys.
+        meta = {"device": "meta", "dtype": torch.float64}
+        inp = torch.empty(4, channels, 512, 512, **meta)
+        grid = torch.empty(4, 512, 512, 2, **meta)
+        grad_output = torch.empty(4, channels, 512, 512, **meta)
+        counters = ops._next_core_counters(grad_output, inp, grid, BICUBIC, 0, False)
+        self.assertLessEqual(counters[4], 64 << 20)
+
+    def test_5d_bicubic_is_refused_in_one_line(self):
+        grad_output, inp, grid = problem(3, torch.float32)
+        with self.assertRaisesRegex(RuntimeError, "bicubic interpolation of 5-D input"):
+            ops._next_core_grad_input(grad_output, inp, grid, BICUBIC, 0, False)
+
+
+instantiate_parametrized_tests(TestNextCore)
+
+if __name__ == "__main__":
+    run_tests()
