@@ -59,6 +59,21 @@ class TestFusedFills(DetgridTestCase):
                 detgrid_backward(*problem, BILINEAR, ZEROS, False, serial_fold=1,
                                  separate_fills=1, **knobs), str(knobs))
 
+    @parametrize("dims", (2, 3))
+    def test_a_one_point_last_chunk_gives_the_bits_of_one_chunk(self, device, dims):
+        # A dense table of 4096 cells and a last chunk of one point, whose
+        # table the executor's zero fill clears rather than its one thread
+        # (test_work_counters): the bits of one chunk, and of separate fills.
+        side = 63 if dims == 2 else 15
+        problem = make_problem(1, 2, side, side, 1, TILE_POINTS + 1,
+                               **depth_sizes(dims, side, 1), device=device, seed=dims)
+        expected = detgrid_backward(*problem, BILINEAR, ZEROS, False)
+        for knobs in ({}, {"separate_fills": 1}):
+            assert_pair_bitwise_equal(
+                self, detgrid_backward(*problem, BILINEAR, ZEROS, False,
+                                       chunk_points=TILE_POINTS, **knobs),
+                expected, str(knobs))
+
     def test_a_dense_chunk_launches_neither_fill(self, device):
         # point pass, sort, mark segments, reduce
         self.assertEqual(_launches_per_chunk((1, 3, 8, 8), (16, 16)), 4)

@@ -152,6 +152,39 @@ class TestWorkCounters(TestCase):
         # beyond 64 channels).
         self.assertEqual(_counters((1, 65, 8, 8), (16, 16))["launches_per_chunk"], 5)
 
+    def test_a_one_point_last_chunk_leaves_the_table_to_a_zero_fill(self):
+        # 64 x 64 = 4096 cells: a dense table of 8192 words, chunks of 4096
+        # points. The full chunk's point pass zero-fills it, 2 words a
+        # thread; the last chunk's one point would fill all 8192 alone, so
+        # the executor's zero fill clears the table there: the full chunk's
+        # point pass, sort, mark segments and reduce, then the same with the
+        # zero fill (serial_fold=1 keeps the hot fold's launches out).
+        c = _counters((1, 1, 63, 63), (1, 4097), chunk_points=4096, serial_fold=1)
+        self.assertEqual(c["chunks"], 2)
+        self.assertEqual(c["longest_fill"], 2)
+        self.assertEqual(c["launches"], 4 + 5)
+        # Apart (separate_fills=1), every chunk's table is the zero fill's.
+        apart = _counters((1, 1, 63, 63), (1, 4097), chunk_points=4096, serial_fold=1,
+                          separate_fills=1)
+        self.assertEqual(apart["longest_fill"], 0)
+        self.assertEqual(apart["launches"], 5 + 5)
+
+    @parametrize("input_shape,mode,taps",
+                 [((1, 1, 63, 63), BILINEAR, 4), ((1, 1, 256, 256), BICUBIC, 16),
+                  ((1, 1, 15, 15, 15), BILINEAR, 8), ((1, 1, 15, 15, 15), NEAREST, 1)],
+                 name_fn=lambda shape, mode, taps: f"{len(shape) - 2}d_{taps}_taps")
+    def test_no_point_pass_thread_fills_more_than_two_table_words_per_tap(
+            self, input_shape, mode, taps):
+        # Dense tables as large as a chunk of 4096 points allows, and last
+        # chunks of every size: a thread's share of the table stays within
+        # that of a full chunk (one two-word entry per tap at most).
+        dims = len(input_shape) - 2
+        for last in (0, 1, 100, 2047, 4095):
+            grid_spatial = (1,) * (dims - 1) + (4096 + last,)
+            c = _counters(input_shape, grid_spatial, mode=mode, chunk_points=4096)
+            self.assertGreater(c["longest_fill"], 0, f"last chunk of {last}")
+            self.assertLessEqual(c["longest_fill"], 2 * taps, f"last chunk of {last}")
+
     def test_unknown_gather_is_a_one_line_error(self):
         with self.assertRaisesRegex(RuntimeError, "gather must be 0 \\(automatic\\), 1"):
             _counters((1, 1, 8, 8), (4, 4), gather=3)

@@ -57,6 +57,10 @@ struct WorkCounters {
   // destination's records in the reduce's stead, with its passes. -1 for an
   // exact accumulation.
   int64_t channel_merges = 0;
+  // The most words of a dense chunk's segment table that one thread of a
+  // point pass zero-fills (PointFills), over the chunks; 0 where no point
+  // pass fills it (the executor's zero fill does).
+  int64_t longest_fill = 0;
 };
 
 // What the grid-gradient pass launches for a call with output_mask

@@ -239,6 +239,10 @@ struct CountingExecutor {
           pass,
       int64_t count) const {
     ++counters->chunks;
+    const auto& fills = pass.fills;
+    counters->longest_fill = std::max(
+        counters->longest_fill,
+        std::min(fills.words_per_point, fills.table_words));
     chunk = ChunkItems{
         int64_t{pass.first_point},
         count,

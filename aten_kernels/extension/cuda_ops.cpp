@@ -10,11 +10,7 @@
 #include <ATen/ops/cudnn_grid_sampler_backward_native.h>
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
 #include <ATen/ops/grid_sampler_3d_backward_native.h>
-#include <ATen/DeviceGuard.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAGuard.h>
-
-#include <type_traits>
 
 namespace detgrid {
 namespace {
@@ -167,52 +163,38 @@ std::tuple<at::Tensor, at::Tensor> aten_cudnn_backward(
       BackwardOptions{});
 }
 
-// The device of a call's first tensor argument.
-template <typename... Args>
-std::optional<c10::Device> device_of_first_tensor(const Args&... args) {
-  std::optional<c10::Device> device;
-  auto consider = [&](const auto& arg) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, at::Tensor>) {
-      if (!device) {
-        device = at::device_of(arg);
-      }
-    }
-  };
-  (consider(args), ...);
-  return device;
-}
-
-// The generated CUDA wrappers that the overrides replace make the device of
-// the call's tensors current before the kernel runs, and stock's kernels and
-// cuDNN launch on the current device; every override runs under the same
-// guard, before anything else (tensors on cuda:1 while cuda:0 is current).
-template <auto kernel>
-struct DeviceGuarded;
-
-template <typename Result, typename... Args, Result (*kernel)(Args...)>
-struct DeviceGuarded<kernel> {
-  static Result call(Args... args) {
-    const c10::OptionalDeviceGuard device_guard(device_of_first_tensor(args...));
-    return kernel(args...);
-  }
-};
+// The generated wrappers the overrides replace.
+constexpr GeneratedWrapper kBackward2d{
+    "wrapper_CUDA__grid_sampler_2d_backward",
+    {"grad_output", "input", "grid"}};
+constexpr GeneratedWrapper kBackward3d{
+    "wrapper_CUDA__grid_sampler_3d_backward",
+    {"grad_output", "input", "grid"}};
+constexpr GeneratedWrapper kCudnnBackward{
+    "wrapper_CUDA__cudnn_grid_sampler_backward",
+    {"self", "grid", "grad_output"}};
 
 } // namespace
 
 void register_cuda_overrides(torch::Library& aten_cuda) {
   aten_cuda.impl(
       "grid_sampler_2d_backward",
-      TORCH_FN((DeviceGuarded<&routed_backward<
-                    with_default_options<backward_cuda<2>>,
-                    at::native::grid_sampler_2d_backward_cuda>>::call)));
+      TORCH_FN((AsGeneratedWrapper<
+                 &routed_backward<
+                     with_default_options<backward_cuda<2>>,
+                     at::native::grid_sampler_2d_backward_cuda>,
+                 kBackward2d>::call)));
   aten_cuda.impl(
       "grid_sampler_3d_backward",
-      TORCH_FN((DeviceGuarded<&routed_backward<
-                    with_default_options<backward_cuda<3>>,
-                    at::native::grid_sampler_3d_backward_cuda>>::call)));
+      TORCH_FN((AsGeneratedWrapper<
+                 &routed_backward<
+                     with_default_options<backward_cuda<3>>,
+                     at::native::grid_sampler_3d_backward_cuda>,
+                 kBackward3d>::call)));
   aten_cuda.impl(
       "cudnn_grid_sampler_backward",
-      TORCH_FN(DeviceGuarded<&aten_cudnn_backward>::call));
+      TORCH_FN(
+          (AsGeneratedWrapper<&aten_cudnn_backward, kCudnnBackward>::call)));
 }
 
 } // namespace detgrid

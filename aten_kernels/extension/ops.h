@@ -3,17 +3,23 @@
 // the routing behind detgrid.enable().
 
 #include <ATen/Context.h>
+#include <ATen/DeviceGuard.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/op_registration/adaption.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/record_function.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "knobs.h"
 #include "routing.h"
 
 #include <array>
-#include <optional>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <tuple>
+#include <type_traits>
 
 namespace detgrid {
 
@@ -188,6 +194,21 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
           align_corners)};
 }
 
+// aten's grid_sampler backward kernels return a grad_grid whatever
+// output_mask says (stock's compute it anyway, the meta kernel allocates
+// it), and C++ callers read it (cpp-wrapper fallbacks, functorch's batch
+// rule); its values are no part of the contract. A routed call that did not
+// request it returns zeros: the same bits on every run, for one fill.
+inline std::tuple<at::Tensor, at::Tensor> with_aten_grad_grid(
+    std::tuple<at::Tensor, at::Tensor> gradients,
+    const at::Tensor& grid) {
+  at::Tensor& grad_grid = std::get<1>(gradients);
+  if (!grad_grid.defined()) {
+    grad_grid = at::zeros_like(grid, at::MemoryFormat::Contiguous);
+  }
+  return gradients;
+}
+
 // A routed call runs inside the aten op's own profiler range, which looks
 // the same whether stock or detgrid ran; this range, named after the
 // operator torch.ops.detgrid exposes, shows a trace that detgrid ran.
@@ -227,15 +248,79 @@ std::tuple<at::Tensor, at::Tensor> routed_backward(
   }
   check_as_stock_backward(input, grid, interpolation_mode);
   DETGRID_RECORD_ROUTED(input.dim() - 2, grad_output, input, grid);
-  return deterministic(
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask);
+  return with_aten_grad_grid(
+      deterministic(
+          grad_output,
+          input,
+          grid,
+          interpolation_mode,
+          padding_mode,
+          align_corners,
+          output_mask),
+      grid);
 }
+
+// The generated wrapper (RegisterCPU.cpp, RegisterCUDA.cpp) of the aten
+// kernel an override replaces: its name and its tensor arguments' names in
+// schema order, which stock's device-check error reports.
+struct GeneratedWrapper {
+  const char* name;
+  std::array<const char*, 3> tensors;
+};
+
+// The device of a call's first tensor argument, which the generated
+// wrappers make current.
+template <typename... Args>
+std::optional<c10::Device> device_of_first_tensor(const Args&... args) {
+  std::optional<c10::Device> device;
+  auto consider = [&](const auto& arg) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, at::Tensor>) {
+      if (!device) {
+        device = at::device_of(arg);
+      }
+    }
+  };
+  (consider(args), ...);
+  return device;
+}
+
+// `kernel` as an override of `wrapper`'s kernel: what the generated CUDA
+// wrapper does before its kernel, done before any routing. It checks that
+// the call's tensors share a device, with stock's error (a direct aten call
+// with grad_output on another device must not reach a kernel with a foreign
+// pointer), then makes that device current (stock's kernels and cuDNN
+// launch on the current device: tensors on cuda:1 while cuda:0 is
+// current). The CPU wrapper does neither, and both are no-ops for any call
+// the dispatcher sends to CPU; the CPU overrides take them all the same, so
+// that CPU tests reach the path of the CUDA ones.
+template <auto kernel, const GeneratedWrapper& wrapper>
+struct AsGeneratedWrapper;
+
+template <
+    typename Result,
+    typename... Args,
+    Result (*kernel)(Args...),
+    const GeneratedWrapper& wrapper>
+struct AsGeneratedWrapper<kernel, wrapper> {
+  static_assert(
+      (std::is_same_v<std::decay_t<Args>, at::Tensor> + ...) ==
+      wrapper.tensors.size());
+
+  static Result call(Args... args) {
+    std::optional<c10::Device> common_device;
+    size_t tensor_index = 0;
+    auto check = [&](const auto& arg) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, at::Tensor>) {
+        c10::impl::check_and_update_common_device(
+            common_device, arg, wrapper.name, wrapper.tensors[tensor_index++]);
+      }
+    };
+    (check(args), ...);
+    const c10::OptionalDeviceGuard device_guard(
+        device_of_first_tensor(args...));
+    return kernel(args...);
+  }
+};
 
 #ifdef DETGRID_WITH_CUDA
 at::Tensor grid_gradient_cuda(

@@ -189,8 +189,8 @@ int64_t longest_fold_of(
 
 // detgrid.ops.work_counters: what the CUDA pipeline would do for these
 // tensors (their sizes, strides and dtype; meta tensors will do), counted by
-// running it with the counting executor; the fields of WorkCounters, in
-// order, then the longest fold.
+// running it with the counting executor: the values of WORK_COUNTER_FIELDS
+// (tools/detgrid/ops.py), in its order.
 std::vector<int64_t> backward_work_counters(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -234,7 +234,7 @@ std::vector<int64_t> backward_work_counters(
     // workspace or fold.
     const int64_t launches =
         output_mask[1] ? count_grid_gradient_work(call).launches : 0;
-    return {launches, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    return {launches, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   }
   BackwardOptions knobs;
   knobs.chunk_points = chunk_points;
@@ -265,7 +265,8 @@ std::vector<int64_t> backward_work_counters(
       counters.elements_swept,
       counters.atomics,
       longest_fold_of(grad_output, input, grid, call, plan, accumulate),
-      accumulate == kAccumulateOrdered ? counters.channel_merges : -1};
+      accumulate == kAccumulateOrdered ? counters.channel_merges : -1,
+      counters.longest_fill};
 }
 
 // detgrid.ops.backward_route: the route of routing.h, by name.
@@ -326,6 +327,14 @@ class DropOverrideWarning : public c10::WarningHandler {
   c10::WarningHandler* next_;
 };
 
+// The generated wrappers the CPU overrides replace.
+constexpr GeneratedWrapper kCpuBackward2d{
+    "wrapper_CPU__grid_sampler_2d_backward",
+    {"grad_output", "input", "grid"}};
+constexpr GeneratedWrapper kCpuBackward3d{
+    "wrapper_CPU__grid_sampler_3d_backward",
+    {"grad_output", "input", "grid"}};
+
 // Registrations on the aten namespace live exactly as long as these
 // libraries; dropping one restores the stock kernels.
 std::unique_ptr<torch::Library>& override_slot(c10::DispatchKey key) {
@@ -365,14 +374,18 @@ void set_aten_override(const std::string& device, bool enabled) {
     // switch itself be tested on machines without a GPU.
     library->impl(
         "grid_sampler_2d_backward",
-        TORCH_FN((routed_backward<
-                  with_default_options<backward_cpu<2>>,
-                  at::native::grid_sampler_2d_backward_cpu>)));
+        TORCH_FN((AsGeneratedWrapper<
+                  &routed_backward<
+                      with_default_options<backward_cpu<2>>,
+                      at::native::grid_sampler_2d_backward_cpu>,
+                  kCpuBackward2d>::call)));
     library->impl(
         "grid_sampler_3d_backward",
-        TORCH_FN((routed_backward<
-                  with_default_options<backward_cpu<3>>,
-                  at::native::grid_sampler_3d_backward_cpu>)));
+        TORCH_FN((AsGeneratedWrapper<
+                  &routed_backward<
+                      with_default_options<backward_cpu<3>>,
+                      at::native::grid_sampler_3d_backward_cpu>,
+                  kCpuBackward3d>::call)));
   }
 #ifdef DETGRID_WITH_CUDA
   else {

@@ -192,7 +192,8 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
                        "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes",
-                       "elements_swept", "atomics", "longest_fold", "channel_merges")
+                       "elements_swept", "atomics", "longest_fold", "channel_merges",
+                       "longest_fill")
 
 
 def work_counters(

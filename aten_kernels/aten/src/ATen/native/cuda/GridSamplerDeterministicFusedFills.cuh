@@ -49,6 +49,12 @@ struct PointFills {
   }
 };
 
+// A point's thread zero-fills at most a full dense chunk's share of the
+// table per tap (dense_table_fits: one SegmentBounds per tap at most); where
+// a short chunk's share is larger, the executor's zero fill clears it.
+constexpr int64_t kFusedFillWordsPerTap =
+    sizeof(SegmentBounds) / sizeof(int32_t);
+
 // Up to this many channels a point's thread copies its row of grad_output
 // (its loads coalesce across the warp's points, channel by channel); beyond
 // it the copy stays a launch of its own (GatherChannelsLast), a thread per

@@ -531,16 +531,22 @@ void reduce_grad_input(
 
   // [stack: fused-fills]
   // What the point pass of a chunk of `count` points fills besides the
-  // records (PointFills).
-  const bool fuse_table = plan.fused_fills && dense;
+  // records (PointFills): the dense table where each thread's share stays
+  // within kFusedFillWordsPerTap words per tap.
+  const int64_t table_words =
+      table_bytes / static_cast<int64_t>(sizeof(int32_t));
+  auto fuses_table = [&](int64_t count) {
+    return plan.fused_fills && dense &&
+        table_words <= count * kTapsPerPoint * kFusedFillWordsPerTap;
+  };
   const bool fuse_gather =
       plan.fused_fills && copy && channels <= kFusedGatherChannels;
   auto point_fills = [&](int64_t count) {
     PointFills<scalar_t, index_t> fills;
-    if (fuse_table) {
+    if (fuses_table(count)) {
       fills.table = reinterpret_cast<int32_t*>(segment_table);
-      fills.table_words = table_bytes / static_cast<int64_t>(sizeof(int32_t));
-      fills.words_per_point = (fills.table_words + count - 1) / count;
+      fills.table_words = table_words;
+      fills.words_per_point = (table_words + count - 1) / count;
     }
     if (fuse_gather) {
       fills.grad_output = args.grad_output.data;
@@ -650,7 +656,7 @@ void reduce_grad_input(
     // [stack: dense]
     // Dense: the segment table's zero fill, then the bounds of every key.
     if (dense) {
-      ex.zero(segment_table, fuse_table ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
+      ex.zero(segment_table, fuses_table(count) ? 0 : table_bytes); // [stack: fused-fills replaces: ex.zero(segment_table, table_bytes);]
     }
     // [end stack: dense]
     // [stack: hot-fold]
