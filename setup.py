@@ -166,7 +166,7 @@ def extension(toolkit):
         toolkit.home, os.path.join(ROOT, "build", "detgrid-link"))
     return cpp_extension.CUDAExtension(
         "detgrid._C",
-        sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE],
+        sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE, NEXT_CORE_SOURCE],
         include_dirs=include_dirs,
         library_dirs=[cudart_dir] if cudart_dir else [],
         define_macros=[("DETGRID_WITH_CUDA", None)],

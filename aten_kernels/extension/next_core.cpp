@@ -16,7 +16,22 @@
 #include <string>
 #include <vector>
 
+#ifdef DETGRID_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 namespace at::native {
+#ifdef DETGRID_WITH_CUDA
+// The CUDA build (nvcc) of the same source.
+void launch_grid_sampler_backward_deterministic_kernel(
+    const TensorBase& grad_input,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
+#endif
 // The host build's name for launch_grid_sampler_backward_deterministic_kernel
 // (setup.py renames it, so that a CUDA build holds both).
 void launch_grid_sampler_backward_deterministic_host_kernel(
@@ -69,6 +84,36 @@ at::Tensor zeroed_grad_input(const at::Tensor& input) {
   return at::zeros(input.sizes(), input.options());
 }
 
+// The CUDA build's grad_input; the launch shape is the kernel's own there.
+at::Tensor cuda_grad_input(
+    const at::Tensor& grad_input,
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    bool launch_shape_given) {
+  TORCH_CHECK(
+      !launch_shape_given,
+      "next core: block_size, grid_size and shuffle_seed shape the host "
+      "build's launches only");
+#ifdef DETGRID_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(input.device());
+  at::native::launch_grid_sampler_backward_deterministic_kernel(
+      grad_input,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners);
+  return grad_input;
+#else
+  TORCH_CHECK(false, "next core: this build of detgrid has no CUDA kernels");
+#endif
+}
+
 at::Tensor next_core_grad_input(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -81,9 +126,22 @@ at::Tensor next_core_grad_input(
     int64_t shuffle_seed) {
   check_backward_inputs(
       input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
-  TORCH_CHECK(
-      input.device().is_cpu(), "next core: the host build takes CPU tensors");
   at::Tensor grad_input = zeroed_grad_input(input);
+  if (input.is_cuda()) {
+    return cuda_grad_input(
+        grad_input,
+        grad_output,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        block_size != 0 || grid_size != 0 || shuffle_seed != 0);
+  }
+  TORCH_CHECK(
+      input.device().is_cpu(),
+      "next core: expected CPU or CUDA tensors, got ",
+      input.device());
   const LaunchShape shape(block_size, grid_size, shuffle_seed, /*run=*/true);
   at::native::launch_grid_sampler_backward_deterministic_host_kernel(
       grad_input,

@@ -129,20 +129,25 @@ __global__ void grid_sampler_2d_records_kernel(
       scalar_t* coeffs = chunk.weights + 8 * i;
       get_cubic_upsampling_coefficients<scalar_t>(coeffs, ix - ix_nw);
       get_cubic_upsampling_coefficients<scalar_t>(coeffs + 4, iy - iy_nw);
-#pragma unroll 4
+      // The positions add_value_bounded gives the taps: tap (t, u) lies at
+      // column px of x offset t and row py[u] of y offset u.
+      int py[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        py[u] = static_cast<int>(compute_coordinates(
+            iy_nw - 1 + u, inp_H, padding_mode, align_corners));
+      }
+#pragma unroll 1
       for (int t = 0; t < 4; ++t) {
-#pragma unroll 4
+        const int px = static_cast<int>(compute_coordinates(
+            ix_nw - 1 + t, inp_W, padding_mode, align_corners));
+#pragma unroll
         for (int u = 0; u < 4; ++u) {
-          // The position add_value_bounded gives the tap.
-          const int px = static_cast<int>(compute_coordinates(
-              ix_nw - 1 + t, inp_W, padding_mode, align_corners));
-          const int py = static_cast<int>(compute_coordinates(
-              iy_nw - 1 + u, inp_H, padding_mode, align_corners));
           write_tap(
               chunk,
               16 * first + 4 * t + u,
-              within_bounds_2d(py, px, inp_H, inp_W),
-              image + py * inp_W + px,
+              within_bounds_2d(py[u], px, inp_H, inp_W),
+              image + py[u] * inp_W + px,
               nowhere);
         }
       }
