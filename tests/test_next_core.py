@@ -177,6 +177,27 @@ class TestNextCore(TestCase):
         self.assertEqual(items, 4 * 1024 * 1024)
         self.assertEqual(launches, 5 * (items // CHUNK_RECORDS))
 
+    @parametrize("seed", range(6))
+    def test_clustered_grids_sum_to_the_float64_total(self, seed):
+        # Points piled on a few positions in runs of every length around the
+        # partial size (255 .. 513 records and longer), beside scattered
+        # ones: every run's partials, stored or folded, are summed once.
+        gen = torch.Generator().manual_seed(seed)
+        grad_output, inp, grid = problem(2, torch.float64, points=(300, 300), image=(6, 7),
+                                         channels=2, batch=2, seed=seed)
+        flat = grid.view(-1, 2)
+        hot = torch.rand(5, 2, generator=gen, dtype=torch.float64) * 2 - 1
+        lengths = torch.tensor([255, 256, 257, 512, 513, 40000])[
+            torch.randperm(6, generator=gen)[:5]]
+        starts = torch.randint(0, flat.shape[0] - 40000, (5,), generator=gen)
+        for position, start, length in zip(hot, starts, lengths):
+            flat[start:start + length] = position
+        for mode in MODES_2D:
+            args = (grad_output, inp, grid, mode, seed % 3, bool(seed % 2))
+            with self.subTest(mode=mode):
+                self.assertEqual(ops._next_core_grad_input(*args),
+                                 ops._existing_kernel_reference(*args), atol=1e-9, rtol=1e-9)
+
     @parametrize("channels", (1, 256, 4096))
     def test_workspace_stays_within_64_mib(self, channels):
         # Shapes alone (meta tensors): the largest chunk, 64-bit keys.

@@ -84,12 +84,3 @@ void unique_by_key(
 }
 
 } // namespace at::cuda::cub
-
-template <typename T>
-struct cccl_counting_iterator {
-  T first;
-  explicit cccl_counting_iterator(T first) : first(first) {}
-  T operator[](int64_t i) const {
-    return static_cast<T>(first + i);
-  }
-};

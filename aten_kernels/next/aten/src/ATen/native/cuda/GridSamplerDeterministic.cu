@@ -576,9 +576,11 @@ void sum_grad_input(
         /*descending=*/false,
         /*begin_bit=*/0,
         /*end_bit=*/bits_for(nowhere));
+    // The unsorted ids are 0 .. count - 1: each run's first one is where
+    // the run begins.
     at::cuda::cub::unique_by_key(
         sorted.keys,
-        cccl_counting_iterator<int32_t>(0),
+        ids_in,
         const_cast<int32_t*>(sorted.run_begins),
         const_cast<int32_t*>(sorted.num_runs),
         count);
