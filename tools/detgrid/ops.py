@@ -241,7 +241,10 @@ def work_counters(
     channel_merges (record merges of the ordered pipeline's reduces, summed
     over channel passes: each chunk's sorted items times the threads that
     walk a destination's records, one per channel or, with channel groups,
-    one per group of up to 16 channels; -1 for an exact accumulation).
+    one per group of up to 16 channels; -1 for an exact accumulation),
+    longest_fill (the most words of a dense chunk's segment table one thread
+    of a point pass zero-fills, where the point pass fills it; 0 where the
+    table is left to a fill of its own, as a short last chunk's is).
     Also `points` and `records` (points x taps), from the shapes.
     """
     dims = input.dim() - 2
