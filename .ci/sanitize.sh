@@ -29,7 +29,7 @@ PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
 
 default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
 tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py \
-tests/test_exact.py tests/test_differential.py tests/test_hot_fold.py"
+tests/test_exact.py tests/test_differential.py tests/test_hot_fold.py tests/test_next_core.py"
 [[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
 read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
 
@@ -71,6 +71,7 @@ export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH=$tree/tools
 export PYTHONMALLOC=malloc # every Python allocation seen by ASan too
+export DETGRID_SANITIZERS=1 # tests leave out what is undefined on the host only
 
 cd "$tree"
 "$PY" -c 'import detgrid, sys; sys.exit(not detgrid.__file__.startswith(sys.argv[1]))' \

@@ -229,6 +229,9 @@ TORCH_LIBRARY_FRAGMENT(detgrid, m) {
   m.def("_next_core_source_sha256() -> str", [] {
     return std::string(hostify::kHostifiedSourceSha256);
   });
+  m.def("_next_core_host_contracts() -> bool", [] {
+    return hostify::contracts_multiply_adds();
+  });
 }
 
 } // namespace detgrid

@@ -12,4 +12,12 @@ Counters& counters() {
   return value;
 }
 
+bool contracts_multiply_adds() {
+#ifdef __FMA__
+  return true;
+#else
+  return false;
+#endif
+}
+
 } // namespace hostify

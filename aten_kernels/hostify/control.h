@@ -35,4 +35,8 @@ struct Counters {
 Config& config();
 Counters& counters();
 
+// Whether the host build contracts a * b + c into fused multiply-adds, as
+// nvcc does (setup.py builds it so where the CPU has them).
+bool contracts_multiply_adds();
+
 } // namespace hostify
