@@ -378,13 +378,13 @@ class TestPatchRealTree(TestCase):
         gradgrad = "test_grid_sample_backward_deterministic_gradgradcheck"
         self.assertNotIn(gradgrad, nn)
         self.assertIn(f"not adding {gradgrad}", stdout)
-        for name in (n for n in P.NN_TEST_NAMES if n != gradgrad):
+        for name in (n for n in P.upstream_nn_tests().names if n != gradgrad):
             self.assertEqual(nn.count(f"def {name}("), 1)
             self.assertTrue(cls < nn.index(f"def {name}(") < end, name)
         self.assertEqual(P._module_imports(P.TEST_NN, nn)["DeterministicGuard"], 1)
         compile(nn, P.TEST_NN, "exec")
         message = git(tree, "log", "-1", "--format=%B")
-        for name in (n for n in P.NN_TEST_NAMES if n != gradgrad):
+        for name in (n for n in P.upstream_nn_tests().names if n != gradgrad):
             self.assertIn(f"adds {name}\n", message)
         self.assertNotIn("no longer picks cuDNN", message)
 
@@ -876,7 +876,7 @@ class TestPatchMain(FixtureTree):
     def test_every_kit_test_is_added_with_one_import(self):
         self.patch_ok()
         nn = (self.tree / P.TEST_NN).read_text()
-        for name in P.NN_TEST_NAMES:
+        for name in P.upstream_nn_tests().names:
             self.assertEqual(nn.count(f"def {name}("), 1)
         self.assertEqual(P._module_imports(P.TEST_NN, nn)["DeterministicGuard"], 1)
         self.assert_noop()
@@ -924,7 +924,7 @@ class TestTestsOnly(FixtureTree):
         self.assertNotIn("Fixes #68959", text)
         self.assertFalse((self.tree / P.KERNEL_DIR / P.DET_HEADER).exists())
         nn = (self.tree / P.TEST_NN).read_text()
-        for name in P.NN_TEST_NAMES:  # main as known: the gradgradcheck too
+        for name in P.upstream_nn_tests().names:  # main as known: the gradgradcheck too
             self.assertEqual(nn.count(f"def {name}("), 1, name)
         tt = (self.tree / P.TEST_TORCH).read_text()
         self.assertEqual(len(re.findall(r"'grid_sampler_\dd_backward_cuda',\n\s+False\)", tt)), 2)

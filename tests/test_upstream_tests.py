@@ -1,12 +1,16 @@
 # Owner(s): ["module: nn"]
-"""The tests the patch adds to upstream's test/test_nn.py, run against the extension.
+"""The tests the patch adds to upstream's test/test_nn.py (tools/detgrid/kit/upstream_test_nn.py),
+run against the extension.
 
 On CPU they run through the host executor, which runs the kernel's pipeline code, so
 they run against every build of the extension (CI's cuda_build_check.sh too); on a GPU
 the same tests run through the CUDA kernels (tools/gpu_check.sh), the grid-only one
-excepted (IN_TREE_ONLY_ON_CUDA says why). The gradgradcheck runs on its own, skipped where
+excepted (names() says why). The gradgradcheck runs on its own, skipped where
 torch has no double backward (before 2.12)."""
 
+import importlib
+import inspect
+import re
 import subprocess
 import tempfile
 import unittest
@@ -23,6 +27,8 @@ import detgrid_testing
 from detgrid.kit import patch as P
 from detgrid_testing import skip_unless_stock_has_double_backward
 from test_patch import linter
+
+SUITE = P.upstream_nn_tests()
 
 
 def _recording_dtypes(*dtypes):
@@ -44,30 +50,30 @@ class TestGeneratedNNTests(TestCase):
                   unittest=unittest, TEST_CUDNN=False, TEST_WITH_ROCM=False, TestCase=TestCase,
                   onlyCUDA=lambda f: f, dtypes=_recording_dtypes,
                   largeTensorTest=lambda *_, **__: (lambda f: f))
-        source = P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS)
-        exec("class Generated(TestCase):\n" + source, ns)
+        exec("class Generated(TestCase):\n" + SUITE.block(list(SUITE.tests)), ns)
         return getattr(ns["Generated"](name), name)
 
     # CUDA-only: cuDNN, streams and graphs; and 8.6 GB tensors
     CUDA_ONLY = ("test_grid_sample_2d_backward_deterministic_cudnn",
                  "test_grid_sample_backward_deterministic_side_stream_and_graph",
                  "test_grid_sample_backward_deterministic_large_index")
-    # In-tree only on CUDA: its claim, the default backward's float32 bits for a grid-only call,
-    # holds in the patched build, where stock's kernel makes both sides. Through the extension
-    # the deterministic side is detgrid's grid-gradient pass, and stock's float32 build may fuse
-    # a multiply and add, which README gives as "about an ulp" per term: no bound a tolerance
-    # could take once the sums over channels and taps carry it. So skipping is cleaner than
-    # loosening the generated test's atol=0 from outside; test_switch.py tests the extension's
-    # grid-only route instead (no alert, warn-only included; detgrid's grid_gradient bit for
-    # bit; stock's bits in half and bfloat16). On CPU both sides are stock's kernel: it runs.
-    IN_TREE_ONLY_ON_CUDA = ("test_grid_sample_backward_deterministic_grid_only",)
 
     def names(self, device, double_backward):
         """The generated tests to run on `device`: those that differentiate the backward
         (gradgradcheck) or those that do not, so that the former can be skipped on their own
         where torch has no double backward."""
-        left_out = self.CUDA_ONLY if device == "cpu" else self.IN_TREE_ONLY_ON_CUDA
-        return [t.name for t in P.NN_TESTS
+        # In-tree only on CUDA (the file's in_tree_only_on_cuda: the grid-only test): its claim,
+        # the default backward's float32 bits for a grid-only call, holds in the patched build,
+        # where stock's kernel makes both sides. Through the extension the deterministic side is
+        # detgrid's grid-gradient pass, and stock's float32 build may fuse a multiply and add,
+        # which README gives as "about an ulp" per term: no bound a tolerance could take once the
+        # sums over channels and taps carry it. So skipping is cleaner than loosening the
+        # generated test's atol=0 from outside; test_switch.py tests the extension's grid-only
+        # route instead (no alert, warn-only included; detgrid's grid_gradient bit for bit;
+        # stock's bits in half and bfloat16). On CPU both sides are stock's kernel: it runs.
+        left_out = (self.CUDA_ONLY if device == "cpu"
+                    else [t.name for t in SUITE.tests if t.in_tree_only_on_cuda])
+        return [t.name for t in SUITE.tests
                 if t.needs_double_backward == double_backward and t.name not in left_out]
 
     def run_generated(self, names, device):
@@ -155,7 +161,7 @@ class TestGeneratedNNTests(TestCase):
 
     def test_added_tests_reach_every_path_of_the_kernel(self):
         # what each path needs, found in the generated source (the GPU check runs them)
-        source = {t.name: t.source for t in P.NN_TESTS}
+        source = {t.name: t.source for t in SUITE.tests}
         sparse = source["test_grid_sample_backward_deterministic_sparse_reduction"]
         self.assertIn("torch.randn(1, 3, 300, 200", sparse)  # 60,000 pixels, 30 points
         chunks = source["test_grid_sample_backward_deterministic_several_chunks"]
@@ -179,7 +185,7 @@ class TestGeneratedNNTests(TestCase):
         dispatch = source["test_grid_sample_backward_deterministic_dispatch"]
         for needed in ("warn_only", "(True, False)", "(False, True)", "assertNotWarn("):
             self.assertIn(needed, dispatch)
-        for t in P.NN_TESTS:
+        for t in SUITE.tests:
             self.assertNotIn("profile", t.source, t.name)
         grid_only = source["test_grid_sample_backward_deterministic_grid_only"]
         self.assertIn("assertNotWarn(", grid_only)
@@ -191,30 +197,62 @@ class TestGeneratedNNTests(TestCase):
         self.assertIn("@largeTensorTest('18GB', device='cuda')", large)
         self.assertNotIn("skipTest", source["test_grid_sample_backward_deterministic_gradgradcheck"])
         self.assertIn("@unittest.skipIf(TEST_WITH_ROCM", source["test_grid_sample_2d_backward_deterministic_cudnn"])
-        for t in P.NN_TESTS:
+        for t in SUITE.tests:
             self.assertTrue(t.source.startswith("    @onlyCUDA\n"), t.name)
 
-    def test_added_tests_pass_flake8(self):
-        cmd = linter("flake8")
+    def lint_the_file(self, name, *args):
+        # the file itself, as it is: the patch inserts its methods byte for byte (upstream's line
+        # length, 120; tests/test_patch.py lints the patched test_nn.py with the checkout's own
+        # configuration)
+        cmd = linter(name)
         if cmd is None:
-            raise unittest.SkipTest("flake8 is not installed")
+            raise unittest.SkipTest(f"{name} is not installed")
+        r = subprocess.run([*cmd, *args, str(P.NN_TESTS_FILE)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout)
+
+    def test_the_file_passes_flake8(self):
+        self.lint_the_file("flake8", "--max-line-length=120")
+
+    def test_the_file_passes_ruff(self):
+        self.lint_the_file("ruff", "check", "--isolated", "--no-cache", "--line-length=120", "--select=E,F,W")
+
+    def test_the_file_is_code_the_kit_reads_as_python_does(self):
+        # importable (with torch, decorators applied), and the kit's reading of it finds the
+        # methods Python finds in its class
+        cls = importlib.import_module("detgrid.kit.upstream_test_nn").TestNNDeviceType
+        methods = [name for name, v in vars(cls).items() if inspect.isfunction(v)]
+        self.assertEqual(methods, [*SUITE.helpers, *SUITE.names])
+
+    def test_a_test_brings_only_the_helpers_and_imports_it_uses(self):
+        by_name = {t.name: t for t in SUITE.tests}
+        grid_only = [by_name["test_grid_sample_backward_deterministic_grid_only"]]
+        self.assertNotIn("    def _", SUITE.block(grid_only))
+        matches = [by_name["test_grid_sample_2d_backward_deterministic_matches_default"]]
+        helpers = ["_grid_sample_grads", "_check_grid_sample_backward_matches_default"]  # calls the first
+        self.assertEqual(re.findall(r"^    def (_\w+)", SUITE.block(matches), re.M), helpers)
+        self.assertNotIn("    def _grid_sample_grads(", SUITE.block(matches, frozenset(helpers[:1])))
+        self.assertEqual(sorted(n for n in SUITE.needs(matches) if n in SUITE.imports),
+                         ["DeterministicGuard", "F", "dtypes", "onlyCUDA", "product", "torch"])
+
+    def load(self, table):
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "generated.py"
-            path.write_text("import unittest\nfrom itertools import product\n\nimport torch\n"
-                            "import torch.nn.functional as F\n"
-                            "from torch.testing._internal.common_cuda import TEST_CUDNN\n"
-                            "from torch.testing._internal.common_device_type import dtypes, "
-                            "largeTensorTest, onlyCUDA\n"
-                            "from torch.testing._internal.common_utils import DeterministicGuard, "
-                            "TEST_WITH_ROCM, TestCase\n\n\nclass Generated(TestCase):\n"
-                            + P.NN_HELPERS + "\n".join(t.source for t in P.NN_TESTS))
-            r = subprocess.run([*cmd, "--max-line-length=120", str(path)], capture_output=True, text=True)
-        self.assertEqual(r.stdout, "", r.stdout)
+            path = Path(tmp) / "tests.py"
+            path.write_text("class TestNNDeviceType:\n    def test_a(self, device):\n        pass\n\n\n"
+                            f"ADDED = {table!r}\n")
+            return P.load_nn_tests(path)
+
+    def test_every_test_has_its_row_and_every_row_its_test(self):
+        row = {"checks": "a", "covered_if": None}
+        self.assertEqual(self.load({"test_a": row}).names, ("test_a",))
+        with self.assertRaisesRegex(P.NotUsable, "test_a has no row in ADDED"):
+            self.load({})
+        with self.assertRaisesRegex(P.NotUsable, "ADDED has rows for no test: test_b"):
+            self.load({"test_a": row, "test_b": row})
 
     def test_every_test_says_what_upstream_test_would_cover_it(self):
         # each added test is skipped where an upstream test checks the same; on a tree without
         # deterministic tests none is
-        for t in P.NN_TESTS:
+        for t in SUITE.tests:
             self.assertFalse(t.covered(""), t.name)
             self.assertTrue(t.checks)
 

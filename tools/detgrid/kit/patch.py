@@ -25,7 +25,8 @@ What the change is, and why each edit has its shape:
   before allocating anything, as upstream main does; the forward and the composite's choice of
   cuDNN stay, so no forward result changes, ``warn_only`` users included;
 - the docstring and notes page list the op as deterministic; the alert tests expect no alert; the
-  tests added to ``test_nn.py`` are only those the checkout's own deterministic tests lack, and its
+  tests added to ``test_nn.py`` (upstream's code, in ``upstream_test_nn.py``) are only those the
+  checkout's own deterministic tests lack, with only the helpers and imports they use, and its
   gradgradcheck only where ``derivatives.yaml`` differentiates grid_sampler_2d_backward (#177487).
 
 ``--tests-only`` writes only the tests (test_torch.py, test_nn.py) as a patch of their own: a
@@ -587,472 +588,132 @@ def edit_test_torch(path: str, text: str, notes: List[str]) -> str:
 
 # The tests the patch adds to test/test_nn.py's TestNNDeviceType, each only where the checkout's own
 # deterministic grid_sample tests (upstream main has six, from #196856) do not already check the
-# behaviour: see NN_TESTS' `covered`.
-NN_HELPERS = '''\
-    def _grid_sample_grads(self, input, grid, grad_output, **kwargs):
-        input = input.detach().clone().requires_grad_()
-        grid = grid.detach().clone().requires_grad_()
-        out = F.grid_sample(input, grid, **kwargs)
-        out.backward(grad_output)
-        return input.grad, grid.grad
-
-    def _check_grid_sample_backward_reproducible(self, input, grid, grad_output, modes):
-        # Repeated runs in deterministic mode must agree bit for bit.
-        for mode, padding_mode, align_corners in product(
-                modes, ('zeros', 'border', 'reflection'), (False, True)):
-            kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-            with DeterministicGuard(True):
-                expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-                for _ in range(3):
-                    actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-                    self.assertEqual(actual[0], expected[0], atol=0, rtol=0)
-                    self.assertEqual(actual[1], expected[1], atol=0, rtol=0)
-
-    def _grid_sample_grads_of(self, input, grid, grad_output, **kwargs):
-        # Both gradients of the given tensors as they are: expanded and strided
-        # inputs reach the backward with their strides (a clone would not keep them).
-        input = input.detach().requires_grad_()
-        grid = grid.detach().requires_grad_()
-        return torch.autograd.grad(F.grid_sample(input, grid, **kwargs), (input, grid), grad_output)
-
-    def _check_grid_sample_backward_matches_default(self, input, grid, grad_output, modes):
-        # The two backwards round differently (the default one may contract into
-        # FMAs and accumulates grad_grid in the input's dtype), and grad_grid sums
-        # terms that cancel (bicubic: 16 taps per channel), so they can differ by
-        # several ulps of its largest element. Both are measured against a
-        # float64 oracle instead (in float64 the oracle is the default backward
-        # itself): the deterministic gradients must be as accurate as the default
-        # ones, up to a factor of two and 16 ulps of the largest element; a
-        # misplaced tap is off by O(1).
-        eps = torch.finfo(input.dtype).eps
-        for mode, padding_mode, align_corners in product(
-                modes, ('zeros', 'border', 'reflection'), (False, True)):
-            kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-            oracle = self._grid_sample_grads(
-                input.double(), grid.double(), grad_output.double(), **kwargs)
-            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-            with DeterministicGuard(True):
-                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-            for name, a, e, o in zip(('grad_input', 'grad_grid'), actual, expected, oracle):
-                default_error = (e.double() - o).abs().max().item()
-                bound = 2 * default_error + 16 * eps * o.abs().max().item()
-                self.assertLessEqual(
-                    (a.double() - o).abs().max().item(), bound, msg=f"{name}, {kwargs}")
-
-'''
+# behaviour. They are upstream's code in a module of their own, read here as text: importing it
+# would import torch, which `detgrid patch` must not (a checkout's torch/ may shadow it).
+NN_TESTS_FILE = Path(__file__).with_name("upstream_test_nn.py")
+NN_TESTS_CLASS = "TestNNDeviceType"
+NN_TESTS_TABLE = "ADDED"
 
 
 @dataclass(frozen=True)
-class NNTest:
+class NNMethod:
     name: str
-    checks: str  # the behaviour, in words (notes, the commit message)
-    covered: Callable[[str], bool]  # does this upstream deterministic test's source check it too?
-    source: str  # decorators and method, indented for the class body
-    needs_double_backward: bool = False  # added only where grid_sampler_2d_backward has a derivative
+    source: str  # decorators and method, indented for the class body, as the file has them
+    uses: frozenset  # the names of the file's imports and helper methods that it uses itself
 
 
-def _every_padding_bitwise(src: str) -> bool:
-    return (all(re.search(rf"['\"]{p}['\"]", src) for p in ("zeros", "border", "reflection"))
-            and bool(re.search(r"atol=0, rtol=0|\.view\(torch\.u?int", src)))
+@dataclass(frozen=True)
+class NNTest(NNMethod):
+    # the fields of its row in the file's ADDED table, which says what each means
+    checks: str
+    covered_if: Optional[Tuple[str, ...]]
+    needs_double_backward: bool = False
+    in_tree_only_on_cuda: bool = False
+
+    def covered(self, src: str) -> bool:
+        """Does this upstream deterministic test's source check it too?"""
+        return self.covered_if is not None and all(re.search(p, src) for p in self.covered_if)
 
 
-def _against_reference(src: str) -> bool:
-    return ".double()" in src  # a float64 (or CPU float64) oracle computed outside the guard
+@dataclass(frozen=True)
+class NNTests:
+    helpers: Dict[str, NNMethod]  # by name, in the file's order
+    tests: Tuple[NNTest, ...]  # in the file's order, which is the order they are added in
+    imports: Dict[str, str]  # each name the file imports -> the import of that name alone
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(t.name for t in self.tests)
+
+    def needs(self, tests: List[NNTest]) -> set:
+        """The helpers and imported names ``tests`` use, through the helpers they call too."""
+        needed, todo = set(), [name for t in tests for name in t.uses]
+        while todo:
+            name = todo.pop()
+            if name not in needed:
+                needed.add(name)
+                todo.extend(self.helpers[name].uses if name in self.helpers else ())
+        return needed
+
+    def block(self, tests: List[NNTest], present: frozenset = frozenset()) -> str:
+        """The class body text for ``tests``: the helpers they need but ``present``, then the
+        tests, each method followed by a blank line."""
+        needed = self.needs(tests)
+        helpers = [h for name, h in self.helpers.items() if name in needed and name not in present]
+        return "".join(m.source + "\n" for m in [*helpers, *tests])
 
 
-def _cudnn_route(src: str) -> bool:
-    return "CudnnGridSamplerBackward" in src or "cudnn_grid_sampler(" in src
+def _import_lines(tree: ast.Module) -> Dict[str, str]:
+    """Each name a module's imports bind -> the import of that name alone."""
+    lines = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                what = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+                from_ = f"from {node.module} " if isinstance(node, ast.ImportFrom) else ""
+                lines[(alias.asname or alias.name).split(".")[0]] = from_ + what
+    return lines
 
 
-def _grid_gradient_only(src: str) -> bool:
-    return bool(re.search(r"\(\s*False\s*,\s*True\s*\)|requires_grad_\(False\)", src))
+def _names_used(fn: ast.FunctionDef, known: set) -> frozenset:
+    """The names of ``known`` that ``fn`` (its decorators included) uses: as a name, or as an
+    attribute of self (a helper)."""
+    used = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            used.add(node.attr)
+    return frozenset(used & known)
 
 
-def _kernel_internal(src: str) -> bool:
-    """Paths of this kernel that only its own tests know of (its sparse reduction, its chunks,
-    its channels-fastest reduce, its 64-bit keys): no upstream test checks them."""
-    return False
+def _method_source(lines: List[str], fn: ast.FunctionDef) -> str:
+    """Its lines, from its first decorator (a comment between decorators included) to its end."""
+    start = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    return "".join(lines[start - 1 : fn.end_lineno])
 
 
-def _expanded_inputs(src: str) -> bool:
-    return ".expand(" in src
+def _class(tree: ast.Module, path: Path, name: str) -> ast.ClassDef:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise NotUsable(str(path), f"{path}: no class {name}")
 
 
-def _graph_capture(src: str) -> bool:
-    return "torch.cuda.graph(" in src or "CUDAGraph" in src
+def _table(tree: ast.Module, path: Path, name: str) -> dict:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise NotUsable(str(path), f"{path}: no {name} = {{...}} at module level")
 
 
-def _first_order(src: str) -> bool:
-    return "gradcheck(" in src
+def load_nn_tests(path: Path) -> NNTests:
+    """The methods of ``path``'s TestNNDeviceType as text, each test with its row of ADDED."""
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text, str(path))
+    cls, rows = _class(tree, path, NN_TESTS_CLASS), _table(tree, path, NN_TESTS_TABLE)
+    imports = _import_lines(tree)
+    methods = [fn for fn in cls.body if isinstance(fn, ast.FunctionDef)]
+    known = set(imports) | {fn.name for fn in methods}
+    lines = text.splitlines(keepends=True)
+    helpers, tests = {}, []
+    for fn in methods:
+        found = (fn.name, _method_source(lines, fn), _names_used(fn, known))
+        if not fn.name.startswith("test_"):
+            helpers[fn.name] = NNMethod(*found)
+        elif fn.name in rows:
+            tests.append(NNTest(*found, **rows[fn.name]))
+        else:
+            raise NotUsable(str(path), f"{path}: {fn.name} has no row in {NN_TESTS_TABLE}")
+    stray = sorted(set(rows) - {t.name for t in tests})
+    if stray:
+        raise NotUsable(str(path), f"{path}: {NN_TESTS_TABLE} has rows for no test: {', '.join(stray)}")
+    return NNTests(helpers, tuple(tests), imports)
 
 
-def _second_order(src: str) -> bool:
-    return "gradgradcheck(" in src
-
-
-def _every_output_mask_without_alert(src: str) -> bool:
-    return "warn_only" in src and bool(re.search(r"\(\s*True\s*,\s*False\s*\)", src)) \
-        and _grid_gradient_only(src)
-
-
-NN_TESTS = (
-    NNTest("test_grid_sample_2d_backward_deterministic",
-           "2-D backward bitwise reproducible for every mode, padding and align_corners, 4 dtypes",
-           _every_padding_bitwise, '''\
-    @onlyCUDA
-    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
-    def test_grid_sample_2d_backward_deterministic(self, device, dtype):
-        # A zoom-in grid: many samples land on each input pixel, which is where
-        # atomicAdd ordering would show.
-        torch.manual_seed(0)
-        input = torch.randn(2, 3, 7, 9, device=device, dtype=dtype)
-        grid = torch.rand(2, 40, 37, 2, device=device, dtype=dtype) * 0.6 - 0.3
-        grad_output = torch.randn(2, 3, 40, 37, device=device, dtype=dtype)
-        self._check_grid_sample_backward_reproducible(
-            input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
-'''),
-    NNTest("test_grid_sample_3d_backward_deterministic",
-           "3-D backward bitwise reproducible for every mode, padding and align_corners, 4 dtypes",
-           _every_padding_bitwise, '''\
-    @onlyCUDA
-    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
-    def test_grid_sample_3d_backward_deterministic(self, device, dtype):
-        # A zoom-in grid: many samples land on each input voxel.
-        torch.manual_seed(0)
-        input = torch.randn(2, 3, 4, 5, 6, device=device, dtype=dtype)
-        grid = torch.rand(2, 9, 11, 10, 3, device=device, dtype=dtype) * 0.6 - 0.3
-        grad_output = torch.randn(2, 3, 9, 11, 10, device=device, dtype=dtype)
-        self._check_grid_sample_backward_reproducible(
-            input, grid, grad_output, ('bilinear', 'nearest'))
-'''),
-    NNTest("test_grid_sample_2d_backward_deterministic_matches_default",
-           "2-D deterministic gradients as accurate as the default backward's against a float64 "
-           "oracle, 4 dtypes",
-           _against_reference, '''\
-    @onlyCUDA
-    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
-    def test_grid_sample_2d_backward_deterministic_matches_default(self, device, dtype):
-        torch.manual_seed(0)
-        input = torch.randn(2, 4, 11, 6, device=device, dtype=dtype)
-        grid = torch.rand(2, 23, 29, 2, device=device, dtype=dtype) * 2.4 - 1.2
-        grad_output = torch.randn(2, 4, 23, 29, device=device, dtype=dtype)
-        self._check_grid_sample_backward_matches_default(
-            input, grid, grad_output, ('bilinear', 'nearest', 'bicubic'))
-'''),
-    NNTest("test_grid_sample_3d_backward_deterministic_matches_default",
-           "3-D deterministic gradients as accurate as the default backward's against a float64 "
-           "oracle, 4 dtypes",
-           _against_reference, '''\
-    @onlyCUDA
-    @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
-    def test_grid_sample_3d_backward_deterministic_matches_default(self, device, dtype):
-        torch.manual_seed(0)
-        input = torch.randn(2, 4, 5, 7, 6, device=device, dtype=dtype)
-        grid = torch.rand(2, 8, 9, 7, 3, device=device, dtype=dtype) * 2.4 - 1.2
-        grad_output = torch.randn(2, 4, 8, 9, 7, device=device, dtype=dtype)
-        self._check_grid_sample_backward_matches_default(
-            input, grid, grad_output, ('bilinear', 'nearest'))
-'''),
-    NNTest("test_grid_sample_2d_backward_deterministic_cudnn",
-           "the cuDNN route's backward is the deterministic one",
-           _cudnn_route, '''\
-    @onlyCUDA
-    @unittest.skipIf(not TEST_CUDNN, 'CUDNN not available')
-    @unittest.skipIf(TEST_WITH_ROCM, 'torch.cudnn_grid_sampler is cuDNN only, MIOpen has none')
-    def test_grid_sample_2d_backward_deterministic_cudnn(self, device):
-        # Bilinear, zeros, align_corners=True is the combination the composite
-        # grid_sampler hands to cuDNN; cudnn_grid_sampler can also be called
-        # directly. In deterministic mode both backwards are the deterministic one.
-        torch.manual_seed(0)
-        input = torch.randn(2, 3, 8, 8, device=device)
-        grid = torch.rand(2, 32, 32, 2, device=device) * 0.5 - 0.25
-        grad_output = torch.randn(2, 3, 32, 32, device=device)
-        kwargs = dict(mode='bilinear', padding_mode='zeros', align_corners=True)
-        with DeterministicGuard(True):
-            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-            for _ in range(3):
-                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-                self.assertEqual(actual, expected, atol=0, rtol=0)
-                i = input.detach().clone().requires_grad_()
-                g = grid.detach().clone().requires_grad_()
-                torch.cudnn_grid_sampler(i, g).backward(grad_output)
-                self.assertEqual(i.grad, expected[0], atol=0, rtol=0)
-                self.assertEqual(g.grad, expected[1], atol=0, rtol=0)
-'''),
-    NNTest("test_grid_sample_backward_deterministic_grid_only",
-           "with only the grid gradient requested, no alert (warn_only included) and the default "
-           "backward's bits",
-           _grid_gradient_only, '''\
-    @onlyCUDA
-    def test_grid_sample_backward_deterministic_grid_only(self, device):
-        # Without grad_input the default backward has one writer per grad_grid
-        # element: deterministic mode keeps it, so it runs without an alert and
-        # gives the same bits as with deterministic mode off.
-        torch.manual_seed(0)
-        for dims in (2, 3):
-            input = torch.randn((2, 3) + (5,) * dims, device=device)
-            grid = torch.rand((2,) + (7,) * dims + (dims,), device=device) * 0.6 - 0.3
-            grid.requires_grad_()
-            grad_output = torch.randn((2, 3) + (7,) * dims, device=device)
-
-            def grad_grid():
-                output = F.grid_sample(input, grid, align_corners=False)
-                return torch.autograd.grad(output, grid, grad_output)[0]
-
-            expected = grad_grid()
-            for warn_only in (False, True):
-                with DeterministicGuard(True, warn_only=warn_only):
-                    self.assertNotWarn(grad_grid, f'{dims}D grid-only backward alerted')
-                    actual = grad_grid()
-                self.assertEqual(actual, expected, atol=0, rtol=0)
-'''),
-)
-NN_TESTS += (
-    NNTest("test_grid_sample_backward_deterministic_sparse_reduction",
-           "a few points on a large image (the sparse reduction) reproduce and match the default",
-           _kernel_internal, '''\
-    @onlyCUDA
-    @dtypes(torch.float, torch.double)
-    def test_grid_sample_backward_deterministic_sparse_reduction(self, device, dtype):
-        # Far fewer taps than pixels: the deterministic backward zero-fills
-        # grad_input and reduces per run of one pixel's records instead of
-        # passing over every pixel.
-        torch.manual_seed(0)
-        input = torch.randn(1, 3, 300, 200, device=device, dtype=dtype)
-        grid = torch.rand(1, 5, 6, 2, device=device, dtype=dtype) * 2 - 1
-        grad_output = torch.randn(1, 3, 5, 6, device=device, dtype=dtype)
-        modes = ('bilinear', 'nearest', 'bicubic')
-        self._check_grid_sample_backward_reproducible(input, grid, grad_output, modes)
-        for mode, padding_mode in product(modes, ('zeros', 'border', 'reflection')):
-            kwargs = dict(mode=mode, padding_mode=padding_mode, align_corners=False)
-            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)[0]
-            with DeterministicGuard(True):
-                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)[0]
-            self.assertEqual(actual, expected)
-'''),
-    NNTest("test_grid_sample_backward_deterministic_several_chunks",
-           "inputs needing several workspace chunks (float carry for half/bfloat16) reproduce "
-           "and match a float64 reference",
-           _kernel_internal, '''\
-    @onlyCUDA
-    @dtypes(torch.half, torch.bfloat16, torch.float)
-    def test_grid_sample_backward_deterministic_several_chunks(self, device, dtype):
-        # 1.7M bilinear points, or 0.2M bicubic ones (16 taps each), take more
-        # than one chunk of the deterministic backward's 64 MiB workspace; half
-        # and bfloat16 carry their running sums in float from chunk to chunk.
-        torch.manual_seed(0)
-        input = torch.randn(1, 1, 16, 16, device=device, dtype=dtype)
-        for mode, size in (('bilinear', 1300), ('bicubic', 450)):
-            grid = torch.rand(1, size, size, 2, device=device, dtype=dtype) * 2 - 1
-            grad_output = torch.randn(1, 1, size, size, device=device, dtype=dtype)
-            kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
-            with DeterministicGuard(True):
-                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-                again = self._grid_sample_grads(input, grid, grad_output, **kwargs)
-            self.assertEqual(again, actual, atol=0, rtol=0)
-            expected = self._grid_sample_grads(
-                input.double(), grid.double(), grad_output.double(), **kwargs)[0]
-            # thousands of samples per pixel: a tolerance on the scale of the sums
-            self.assertEqual(actual[0].double(), expected,
-                             atol=2e-2 * expected.abs().max().item(), rtol=0)
-'''),
-    NNTest("test_grid_sample_backward_deterministic_many_channels",
-           "from 16 channels, with and without the channels-last copy of grad_output, the same bits",
-           _kernel_internal, '''\
-    @onlyCUDA
-    @dtypes(torch.float, torch.double)
-    def test_grid_sample_backward_deterministic_many_channels(self, device, dtype):
-        # From 16 channels the deterministic reduce takes channels fastest, from
-        # a channels-last copy of grad_output unless its channel stride is 1
-        # already: neither the copy nor the channel count changes the bits.
-        torch.manual_seed(0)
-        for channels in (15, 16, 40):
-            input = torch.randn(2, channels, 9, 8, device=device, dtype=dtype)
-            grid = torch.rand(2, 20, 21, 2, device=device, dtype=dtype) * 2.4 - 1.2
-            grad_output = torch.randn(2, channels, 20, 21, device=device, dtype=dtype)
-            last = grad_output.contiguous(memory_format=torch.channels_last)
-            for mode in ('bilinear', 'bicubic'):
-                kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
-                with DeterministicGuard(True):
-                    plain = self._grid_sample_grads_of(input, grid, grad_output, **kwargs)
-                    copied = self._grid_sample_grads_of(input, grid, last, **kwargs)
-                    first = self._grid_sample_grads_of(
-                        input[:, :1], grid, grad_output[:, :1].contiguous(), **kwargs)
-                self.assertEqual(copied, plain, atol=0, rtol=0)
-                self.assertEqual(first[0], plain[0][:, :1], atol=0, rtol=0)
-                default = self._grid_sample_grads_of(input, grid, grad_output, **kwargs)
-                self.assertEqual(plain[0], default[0])
-'''),
-    NNTest("test_grid_sample_backward_deterministic_large_index",
-           "64-bit index math and 64-bit sort keys (more than 2^31 elements)",
-           _kernel_internal, '''\
-    @onlyCUDA
-    # The peak is the second half: a half input and its grad_input of 2^31 + 2^16
-    # elements (2 bytes each), plus up to 4 bytes of workspace per element.
-    @largeTensorTest('18GB', device='cuda')
-    def test_grid_sample_backward_deterministic_large_index(self, device):
-        # 64-bit index math: a view whose last element lies beyond 2^31 (as in
-        # test_grid_sample_large_index_2d) gives the bits of its contiguous copy.
-        torch.manual_seed(0)
-        image = torch.zeros(1, 1, 32769, 65536, device=device)
-        large_view = image[..., 127::128]
-        small_image = torch.rand_like(large_view)
-        large_view[...] = small_image
-        self.assertGreaterEqual(
-            sum(i * s for i, s in zip(large_view.size(), large_view.stride())), 2 ** 31)
-        grid = torch.rand(1, 4, 4, 2, device=device) * 2 - 1
-        grad_output = torch.randn(1, 1, 4, 4, device=device)
-        for mode in ('nearest', 'bilinear', 'bicubic'):
-            kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
-            with DeterministicGuard(True):
-                large = self._grid_sample_grads_of(large_view, grid, grad_output, **kwargs)
-                small = self._grid_sample_grads_of(small_image, grid, grad_output, **kwargs)
-            self.assertEqual(large, small, atol=0, rtol=0)
-        del image, large_view, small_image
-        # 64-bit sort keys: an input gradient of 2^31 + 2^16 elements, sampled
-        # (nearest, align_corners=True) at its four corners.
-        input = torch.zeros(1, 1, 32769, 65536, device=device, dtype=torch.half)
-        corners = torch.tensor([[[[-1., -1.], [1., -1.]], [[-1., 1.], [1., 1.]]]],
-                               device=device, dtype=torch.half)
-        grad_output = torch.arange(1., 5., device=device, dtype=torch.half).view(1, 1, 2, 2)
-        with DeterministicGuard(True):
-            grad_input = self._grid_sample_grads_of(
-                input, corners, grad_output, mode='nearest', align_corners=True)[0]
-        self.assertEqual(grad_input[0, 0, [0, 0, -1, -1], [0, -1, 0, -1]], grad_output.flatten(),
-                         atol=0, rtol=0)
-        self.assertEqual(grad_input.count_nonzero().item(), 4)
-'''),
-    NNTest("test_grid_sample_backward_deterministic_expanded_and_strided",
-           "expanded (zero-stride) and non-contiguous inputs give their contiguous copies' bits",
-           _expanded_inputs, '''\
-    @onlyCUDA
-    def test_grid_sample_backward_deterministic_expanded_and_strided(self, device):
-        # The order of the sums depends on shapes and values only, so strides
-        # change no bit: expanded input and grad_output, a transposed grid.
-        torch.manual_seed(0)
-        for dims in (2, 3):
-            input = torch.randn((1, 3) + (6,) * dims, device=device).expand((4, 3) + (6,) * dims)
-            grid = torch.rand((4,) + (9,) * (dims - 1) + (11, dims), device=device) * 2.4 - 1.2
-            grid = grid.transpose(1, 2).contiguous().transpose(1, 2)
-            grad_output = torch.randn((1, 3) + (9,) * (dims - 1) + (11,), device=device)
-            grad_output = grad_output.expand((4, 3) + (9,) * (dims - 1) + (11,))
-            modes = ('bilinear', 'nearest', 'bicubic') if dims == 2 else ('bilinear', 'nearest')
-            for mode in modes:
-                kwargs = dict(mode=mode, padding_mode='border', align_corners=False)
-                with DeterministicGuard(True):
-                    strided = self._grid_sample_grads_of(input, grid, grad_output, **kwargs)
-                    contiguous = self._grid_sample_grads_of(
-                        input.contiguous(), grid.contiguous(), grad_output.contiguous(), **kwargs)
-                self.assertEqual(strided, contiguous, atol=0, rtol=0)
-'''),
-    NNTest("test_grid_sample_backward_deterministic_side_stream_and_graph",
-           "on a side stream and captured in a CUDA graph, the eager bits",
-           _graph_capture, '''\
-    @onlyCUDA
-    def test_grid_sample_backward_deterministic_side_stream_and_graph(self, device):
-        # The deterministic backward runs on the current stream, allocates from
-        # the caching allocator and never waits for the host: it runs on a side
-        # stream and can be captured in a CUDA graph, with the eager bits. Dense
-        # and sparse reductions both.
-        torch.manual_seed(0)
-        for size in (9, 300):
-            input = torch.randn(2, 3, size, size, device=device)
-            grid = torch.rand(2, 30, 31, 2, device=device) * 0.6 - 0.3
-            grad_output = torch.randn(2, 3, 30, 31, device=device)
-
-            def backward():
-                return torch.ops.aten.grid_sampler_2d_backward(
-                    grad_output, input, grid, 0, 0, False, [True, True])
-
-            with DeterministicGuard(True):
-                expected = backward()
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    on_stream = backward()  # also the warm-up before the capture
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    captured = backward()
-                graph.replay()
-                torch.cuda.synchronize()
-            self.assertEqual(on_stream, expected, atol=0, rtol=0)
-            self.assertEqual(captured, expected, atol=0, rtol=0)
-'''),
-    NNTest("test_grid_sample_backward_deterministic_gradcheck",
-           "gradcheck in float64 through the deterministic backward",
-           _first_order, '''\
-    @onlyCUDA
-    def test_grid_sample_backward_deterministic_gradcheck(self, device):
-        torch.manual_seed(0)
-        for dims, modes in ((2, ('bilinear', 'nearest', 'bicubic')), (3, ('bilinear', 'nearest'))):
-            input = torch.randn((1, 2) + (4,) * dims, device=device, dtype=torch.double)
-            grid = torch.rand((1,) + (3,) * dims + (dims,), device=device, dtype=torch.double)
-            inputs = (input.requires_grad_(), (grid * 2.2 - 1.1).requires_grad_())
-            for mode, padding_mode in product(modes, ('zeros', 'border', 'reflection')):
-                def fn(input, grid):
-                    return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode,
-                                         align_corners=False)
-
-                with DeterministicGuard(True):
-                    self.assertTrue(torch.autograd.gradcheck(fn, inputs, nondet_tol=0))
-'''),
-    NNTest("test_grid_sample_backward_deterministic_gradgradcheck",
-           "gradgradcheck in float64 through the deterministic backward",
-           _second_order, needs_double_backward=True, source='''\
-    @onlyCUDA
-    def test_grid_sample_backward_deterministic_gradgradcheck(self, device):
-        torch.manual_seed(0)
-        input = torch.randn(1, 2, 4, 4, device=device, dtype=torch.double, requires_grad=True)
-        grid = torch.rand(1, 3, 3, 2, device=device, dtype=torch.double) * 2.2 - 1.1
-        grid.requires_grad_()
-        for padding_mode in ('zeros', 'border', 'reflection'):
-            def fn(input, grid):
-                return F.grid_sample(input, grid, padding_mode=padding_mode, align_corners=False)
-
-            with DeterministicGuard(True):
-                self.assertTrue(torch.autograd.gradgradcheck(fn, (input, grid), nondet_tol=0))
-'''),
-    NNTest("test_grid_sample_backward_deterministic_dispatch",
-           "no alert in deterministic mode (warn_only included) for every output mask, repeated "
-           "bits, and grad_input's bits whether or not grad_grid is requested",
-           _every_output_mask_without_alert, '''\
-    @onlyCUDA
-    def test_grid_sample_backward_deterministic_dispatch(self, device):
-        # Deterministic mode never alerts, whichever gradients are requested, and
-        # the requested ones repeat bit for bit; grad_input does not depend on
-        # whether grad_grid is requested too.
-        torch.manual_seed(0)
-        masks = ((True, True), (True, False), (False, True))
-        for dims in (2, 3):
-            input = torch.randn((2, 3) + (6,) * dims, device=device)
-            grid = torch.rand((2,) + (9,) * dims + (dims,), device=device) * 0.6 - 0.3
-            grad_output = torch.randn((2, 3) + (9,) * dims, device=device)
-            backward = getattr(torch.ops.aten, f'grid_sampler_{dims}d_backward')
-
-            def grads(mask):
-                return backward(grad_output, input, grid, 0, 0, False, list(mask))
-
-            for warn_only, mask in product((False, True), masks):
-                with DeterministicGuard(True, warn_only=warn_only):
-                    self.assertNotWarn(lambda mask=mask: grads(mask), f'{dims}D, {mask} alerted')
-                    first, again = grads(mask), grads(mask)
-                for requested, a, b in zip(mask, first, again):
-                    if requested:
-                        self.assertEqual(a, b, atol=0, rtol=0)
-            with DeterministicGuard(True):
-                both, input_only = grads((True, True)), grads((True, False))
-            self.assertEqual(input_only[0], both[0], atol=0, rtol=0)
-'''),
-)
-NN_TEST_NAMES = tuple(t.name for t in NN_TESTS)
-NN_TEST_NEEDS = ("onlyCUDA", "dtypes", "product", "TEST_CUDNN", "unittest", "F", "torch")
-# Names the new tests use that a test_nn.py may lack: imported by the patch where missing.
-NN_TEST_IMPORTS = {
-    "DeterministicGuard": "torch.testing._internal.common_utils",
-    "TEST_WITH_ROCM": "torch.testing._internal.common_utils",
-    "largeTensorTest": "torch.testing._internal.common_device_type",
-}
+@functools.cache
+def upstream_nn_tests() -> NNTests:
+    return load_nn_tests(NN_TESTS_FILE)
 
 
 def _module_imports(path: str, text: str) -> collections.Counter:
@@ -1095,30 +756,27 @@ def upstream_deterministic_tests(text: str, cls_start: int, cls_end: int) -> Dic
     found = {}
     for name, start, end in _test_methods(text, cls_start, cls_end):
         src = text[start:end]
-        if (name not in NN_TEST_NAMES and re.search(r"grid_sample", src)
+        if (name not in upstream_nn_tests().names and re.search(r"grid_sample", src)
                 and re.search(r"DeterministicGuard\(|use_deterministic_algorithms\(", src)):
             found[name] = src
     return found
 
 
-def _tests_for(path: str, double_backward: bool, notes: List[str]) -> List["NNTest"]:
+def _tests_for(path: str, double_backward: bool, notes: List[str]) -> List[NNTest]:
     """The tests this checkout can run: a gradgradcheck only where grid_sampler_2d_backward has a
     derivative (a test that cannot run would only be skipped)."""
+    tests = upstream_nn_tests().tests
     if double_backward:
-        return list(NN_TESTS)
-    left_out = [t.name for t in NN_TESTS if t.needs_double_backward]
+        return list(tests)
+    left_out = [t.name for t in tests if t.needs_double_backward]
     notes.append(f"{path}: not adding {', '.join(left_out)}: {DERIVATIVES} has no derivative of "
                  "grid_sampler_2d_backward")
-    return [t for t in NN_TESTS if not t.needs_double_backward]
+    return [t for t in tests if not t.needs_double_backward]
 
 
-def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) -> str:
-    cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
-    if cls is None:
-        raise AnchorError(path, "class TestNNDeviceType")
-    nxt = re.compile(r"^\S", re.M).search(text, cls.end())
-    cls_end = nxt.start() if nxt else len(text)
-    upstream = upstream_deterministic_tests(text, cls.start(), cls_end)
+def _wanted_tests(path: str, text: str, upstream: Dict[str, str], double_backward: bool,
+                  notes: List[str]) -> List[NNTest]:
+    """The tests to add: those the checkout can run, has not, and no upstream test covers."""
     wanted = []
     for t in _tests_for(path, double_backward, notes):
         if f"def {t.name}(" in text:
@@ -1128,13 +786,34 @@ def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) 
             notes.append(f"{path}: not adding {t.name} ({t.checks}): upstream's {by[0]} checks it")
         else:
             wanted.append(t)
+    return wanted
+
+
+def _add_imports(path: str, text: str, wanted: List[NNTest], imported: collections.Counter) -> str:
+    """The names the added methods use that the checkout does not import, imported as the kit's
+    file imports them, above its common_utils import."""
+    suite = upstream_nn_tests()
+    needed = suite.needs(wanted)
+    missing = [line for name, line in suite.imports.items() if name in needed and not imported[name]]
+    if not missing:
+        return text
+    im = re.search(r"^from torch\.testing\._internal\.common_utils import", text, re.M)
+    if im is None:
+        raise AnchorError(path, "from torch.testing._internal.common_utils import ...")
+    return text[: im.start()] + "".join(line + "\n" for line in missing) + text[im.start() :]
+
+
+def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) -> str:
+    cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
+    if cls is None:
+        raise AnchorError(path, "class TestNNDeviceType")
+    nxt = re.compile(r"^\S", re.M).search(text, cls.end())
+    cls_end = nxt.start() if nxt else len(text)
+    upstream = upstream_deterministic_tests(text, cls.start(), cls_end)
+    wanted = _wanted_tests(path, text, upstream, double_backward, notes)
     if not wanted:
         notes.append(f"{path}: deterministic grid_sample tests already present")
         return text
-    imported = _module_imports(path, text)
-    for name in NN_TEST_NEEDS:
-        if not imported[name]:
-            raise AnchorError(path, f"import of {name}", "the new tests need it")
     methods = _test_methods(text, cls.start(), cls_end)
     grid_tests = [m for m in methods if m[0].startswith("test_grid_sample")]
     if not grid_tests:
@@ -1142,16 +821,10 @@ def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) 
     # after upstream's deterministic tests when there are some, else above the first grid_sample test
     after = [m for m in methods if m[0] in upstream]
     at = after[-1][2] if after else grid_tests[0][1]
-    block = "" if "def _grid_sample_grads(" in text else NN_HELPERS
-    block += "\n".join(t.source for t in wanted) + "\n"
-    text = text[:at] + block + text[at:]
-    missing = [name for name in NN_TEST_IMPORTS if not imported[name]]
-    if missing:
-        im = re.search(r"^from torch\.testing\._internal\.common_utils import", text, re.M)
-        if im is None:
-            raise AnchorError(path, "from torch.testing._internal.common_utils import ...")
-        lines = "".join(f"from {NN_TEST_IMPORTS[name]} import {name}\n" for name in missing)
-        text = text[: im.start()] + lines + text[im.start() :]
+    present = frozenset(re.findall(r"^    def (\w+)\(", text[cls.start() : cls_end], re.M))
+    imported = _module_imports(path, text)
+    text = text[:at] + upstream_nn_tests().block(wanted, present) + text[at:]
+    text = _add_imports(path, text, wanted, imported)
     twice = [n for n, k in _module_imports(path, text).items() if k > imported[n] and k > 1]
     if twice:  # never redefine an import (flake8/ruff F811)
         raise AnchorError(path, "imports", f"the edit would import {', '.join(twice)} twice")
