@@ -13,6 +13,15 @@
 
 namespace at::cuda::cub {
 
+// The bits a radix sort looks at for keys up to max_key, as ATen's cub.h.
+inline int get_num_bits(uint64_t max_key) {
+  int bits = 1;
+  while (bits < 64 && (max_key >> bits) != 0) {
+    ++bits;
+  }
+  return bits;
+}
+
 template <typename key_t, typename value_t>
 void radix_sort_pairs(
     const key_t* keys_in,

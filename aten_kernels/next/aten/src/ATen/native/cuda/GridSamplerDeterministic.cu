@@ -6,61 +6,55 @@
 #include <ATen/ceil_div.h>
 #include <ATen/core/TensorBase.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/cub.cuh>
-#include <ATen/cuda/detail/IndexUtils.cuh>
 #include <ATen/cuda/detail/KernelUtils.h>
-#include <ATen/cuda/detail/TensorInfo.cuh>
 #include <ATen/native/CanUse32BitIndexMath.h>
 #include <ATen/native/GridSamplerUtils.h>
-#include <ATen/native/cuda/GridSampler.cuh>
-#include <ATen/native/cuda/UpSample.cuh>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/macros/Macros.h>
+#include <ATen/cuda/cub.cuh>
+#include <ATen/cuda/detail/IndexUtils.cuh>
+#include <ATen/cuda/detail/TensorInfo.cuh>
+#include <ATen/native/cuda/GridSampler.cuh>
+#include <ATen/native/cuda/UpSample.cuh>
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 // Note [Deterministic grid_sampler backward]
-// The existing backward kernels scatter each term of grad_input with
-// atomicAdd, so the order of every sum changes from run to run. Here each
-// term is formed as the existing kernel forms it (the same helpers, the same
-// expression in scalar_t), and the terms of each grad_input element are
-// added in an order fixed by the shapes and the grid alone:
-//   1. grid_sampler_{2,3}d_records_kernel, one thread per output point: a
-//      record per tap, keyed by the grad_input position the tap lands on
-//      (out-of-bounds taps get `nowhere`, past every position), its value
-//      the record id point * taps + tap; the taps' weights; the point's
-//      grad_output offset.
-//   2. A stable radix sort of the records by key, so the records of each
-//      position are in ascending record id, and the start of each run of
-//      one key.
-//   3. Records are summed in partials of kPartialRecords consecutive records
-//      of a run; one thread per partial and channel sums those after a run's
-//      first (sum_run_partials_kernel), so a run of a million records (a
-//      constant grid) is no longer one thread's work.
-//   4. One thread per run and channel adds the run's partials in order to
-//      what earlier chunks left (sum_runs_kernel) and writes the element.
-// The points are taken in chunks of a fixed number of records, so the
-// partials, and with them the order of every sum, depend on the shapes and
-// the grid only: not on the GPU, its memory, the stream or the launch shape.
-// Sums are held in opmath_t and rounded to scalar_t once: a Half or BFloat16
-// grad_input whose points span several chunks is summed in a float scratch.
-// The terms are the existing kernel's, up to FMA contraction of the sums.
+// The existing backward kernels scatter grad_input's terms with atomicAdd,
+// so each sum's order changes from run to run. Here each term is formed as
+// the existing kernel forms it, and each element's terms are added in an
+// order fixed by the shapes and the grid, per chunk of kMaxChunkRecords:
+//   1. A thread per output point writes a record per tap, keyed by the
+//      grad_input position it lands on (`nowhere` when out of bounds) and
+//      valued by its id, point * taps + tap.
+//   2. A stable radix sort by key leaves each position's records in
+//      ascending id; unique_by_key finds where each run of one key begins.
+//   3. Runs are summed in partials of kPartialRecords records; those after a
+//      run's first are summed in parallel, so that a constant grid's run of
+//      a million records is no one thread's work.
+//   4. A thread per run and channel adds its partials in order to what the
+//      earlier chunks left. Sums are in opmath_t, rounded once (Half and
+//      BFloat16 sums over several chunks wait in a float scratch).
+// The terms are the existing kernel's; the sums differ from its by their
+// order and by FMA contraction.
 
 namespace at::native {
 namespace {
 
-using at::cuda::detail::TensorInfo;
+using at::cuda::detail::GET_BLOCKS;
 using at::cuda::detail::getTensorInfo;
+using at::cuda::detail::TensorInfo;
 
 constexpr int kThreads = 256;
 // Records summed by one thread before its sum is added to the element.
 constexpr int64_t kPartialRecords = 256;
 // Records per chunk: the workspace of a chunk stays within 64 MiB with
 // 64-bit keys, 16 MiB of it the partials of up to 256 channels; beyond 256
-// channels, chunks shrink by powers of two to keep that share.
+// channels, chunks shrink to keep that share.
 constexpr int64_t kMaxChunkRecords = int64_t{1} << 19;
 constexpr int64_t kPartialBytes = int64_t{16} << 20;
 
@@ -75,35 +69,30 @@ struct ChunkRecords {
   // coefficients.
   scalar_t* weights;
   index_t* gout_offsets;
-};
+  index_t nowhere;
 
-template <typename scalar_t, typename index_t>
-__device__ __forceinline__ void write_tap(
-    const ChunkRecords<scalar_t, index_t>& chunk,
-    int32_t record,
-    bool in_bounds,
-    index_t position,
-    index_t nowhere) {
-  chunk.keys[record] = in_bounds ? position : nowhere;
-  chunk.ids[record] = record;
-}
+  __device__ void tap(int32_t record, bool in_bounds, index_t position) const {
+    keys[record] = in_bounds ? position : nowhere;
+    ids[record] = record;
+  }
+};
 
 template <typename scalar_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(kThreads)
 __global__ void grid_sampler_2d_records_kernel(
     const index_t count,
     const index_t first_point,
+    TensorInfo<const scalar_t, index_t> input,
     TensorInfo<const scalar_t, index_t> grid,
     TensorInfo<const scalar_t, index_t> grad_output,
-    const index_t inp_H,
-    const index_t inp_W,
     const GridSamplerInterpolation interpolation_mode,
     const GridSamplerPadding padding_mode,
     const bool align_corners,
     ChunkRecords<scalar_t, index_t> chunk) {
+  const index_t inp_H = input.sizes[2];
+  const index_t inp_W = input.sizes[3];
   const index_t out_H = grid.sizes[1];
   const index_t out_W = grid.sizes[2];
-  const index_t nowhere = grid.sizes[0] * inp_H * inp_W;
   CUDA_KERNEL_LOOP_TYPE(i, count, index_t) {
     const index_t index = first_point + i;
     const index_t w = index % out_W;
@@ -117,13 +106,12 @@ __global__ void grid_sampler_2d_records_kernel(
         h * grad_output.strides[2] + w * grad_output.strides[3];
     const index_t image = n * inp_H * inp_W;
     const int32_t first = static_cast<int32_t>(i);
-
+    scalar_t gix_mult, giy_mult;
     if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
-      scalar_t gix_mult, giy_mult;
-      const scalar_t ix = grid_sampler_unnormalize_set_grad(
-          x, inp_W, align_corners, &gix_mult);
-      const scalar_t iy = grid_sampler_unnormalize_set_grad(
-          y, inp_H, align_corners, &giy_mult);
+      const scalar_t ix =
+          grid_sampler_unnormalize_set_grad(x, inp_W, align_corners, &gix_mult);
+      const scalar_t iy =
+          grid_sampler_unnormalize_set_grad(y, inp_H, align_corners, &giy_mult);
       const scalar_t ix_nw = std::floor(ix);
       const scalar_t iy_nw = std::floor(iy);
       scalar_t* coeffs = chunk.weights + 8 * i;
@@ -143,18 +131,14 @@ __global__ void grid_sampler_2d_records_kernel(
             ix_nw - 1 + t, inp_W, padding_mode, align_corners));
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          write_tap(
-              chunk,
+          chunk.tap(
               16 * first + 4 * t + u,
               within_bounds_2d(py[u], px, inp_H, inp_W),
-              image + py[u] * inp_W + px,
-              nowhere);
+              image + py[u] * inp_W + px);
         }
       }
       continue;
     }
-
-    scalar_t gix_mult, giy_mult;
     const scalar_t ix = grid_sampler_compute_source_index_set_grad(
         x, inp_W, padding_mode, align_corners, &gix_mult);
     const scalar_t iy = grid_sampler_compute_source_index_set_grad(
@@ -162,15 +146,12 @@ __global__ void grid_sampler_2d_records_kernel(
     if (interpolation_mode == GridSamplerInterpolation::Nearest) {
       const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
       const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
-      write_tap(
-          chunk,
+      chunk.tap(
           first,
           within_bounds_2d(iy_nearest, ix_nearest, inp_H, inp_W),
-          image + iy_nearest * inp_W + ix_nearest,
-          nowhere);
+          image + iy_nearest * inp_W + ix_nearest);
       continue;
     }
-
     const index_t ix_nw = static_cast<index_t>(std::floor(ix));
     const index_t iy_nw = static_cast<index_t>(std::floor(iy));
     const index_t ix_se = ix_nw + 1;
@@ -186,12 +167,10 @@ __global__ void grid_sampler_2d_records_kernel(
       const index_t tx = ix_nw + (t & 1);
       const index_t ty = iy_nw + (t >> 1);
       chunk.weights[4 * first + t] = weight[t];
-      write_tap(
-          chunk,
+      chunk.tap(
           4 * first + t,
           within_bounds_2d(ty, tx, inp_H, inp_W),
-          image + ty * inp_W + tx,
-          nowhere);
+          image + ty * inp_W + tx);
     }
   }
 }
@@ -201,19 +180,19 @@ C10_LAUNCH_BOUNDS_1(kThreads)
 __global__ void grid_sampler_3d_records_kernel(
     const index_t count,
     const index_t first_point,
+    TensorInfo<const scalar_t, index_t> input,
     TensorInfo<const scalar_t, index_t> grid,
     TensorInfo<const scalar_t, index_t> grad_output,
-    const index_t inp_D,
-    const index_t inp_H,
-    const index_t inp_W,
     const GridSamplerInterpolation interpolation_mode,
     const GridSamplerPadding padding_mode,
     const bool align_corners,
     ChunkRecords<scalar_t, index_t> chunk) {
+  const index_t inp_D = input.sizes[2];
+  const index_t inp_H = input.sizes[3];
+  const index_t inp_W = input.sizes[4];
   const index_t out_D = grid.sizes[1];
   const index_t out_H = grid.sizes[2];
   const index_t out_W = grid.sizes[3];
-  const index_t nowhere = grid.sizes[0] * inp_D * inp_H * inp_W;
   CUDA_KERNEL_LOOP_TYPE(i, count, index_t) {
     const index_t index = first_point + i;
     const index_t w = index % out_W;
@@ -222,45 +201,34 @@ __global__ void grid_sampler_3d_records_kernel(
     const index_t n = index / (out_D * out_H * out_W);
     const index_t grid_offset = n * grid.strides[0] + d * grid.strides[1] +
         h * grid.strides[2] + w * grid.strides[3];
-    scalar_t gix_mult, giy_mult, giz_mult;
-    const scalar_t ix = grid_sampler_compute_source_index_set_grad(
-        grid.data[grid_offset],
-        inp_W,
-        padding_mode,
-        align_corners,
-        &gix_mult);
-    const scalar_t iy = grid_sampler_compute_source_index_set_grad(
-        grid.data[grid_offset + grid.strides[4]],
-        inp_H,
-        padding_mode,
-        align_corners,
-        &giy_mult);
-    const scalar_t iz = grid_sampler_compute_source_index_set_grad(
-        grid.data[grid_offset + 2 * grid.strides[4]],
-        inp_D,
-        padding_mode,
-        align_corners,
-        &giz_mult);
+    auto source_index = [&](int axis, index_t size) {
+      scalar_t multiplier;
+      return grid_sampler_compute_source_index_set_grad(
+          grid.data[grid_offset + axis * grid.strides[4]],
+          size,
+          padding_mode,
+          align_corners,
+          &multiplier);
+    };
+    const scalar_t ix = source_index(0, inp_W);
+    const scalar_t iy = source_index(1, inp_H);
+    const scalar_t iz = source_index(2, inp_D);
     chunk.gout_offsets[i] = n * grad_output.strides[0] +
         d * grad_output.strides[2] + h * grad_output.strides[3] +
         w * grad_output.strides[4];
     const index_t image = n * inp_D * inp_H * inp_W;
     const int32_t first = static_cast<int32_t>(i);
-
     if (interpolation_mode == GridSamplerInterpolation::Nearest) {
       const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
       const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
       const index_t iz_nearest = static_cast<index_t>(std::nearbyint(iz));
-      write_tap(
-          chunk,
+      chunk.tap(
           first,
           within_bounds_3d(
               iz_nearest, iy_nearest, ix_nearest, inp_D, inp_H, inp_W),
-          image + (iz_nearest * inp_H + iy_nearest) * inp_W + ix_nearest,
-          nowhere);
+          image + (iz_nearest * inp_H + iy_nearest) * inp_W + ix_nearest);
       continue;
     }
-
     const index_t ix_tnw = static_cast<index_t>(std::floor(ix));
     const index_t iy_tnw = static_cast<index_t>(std::floor(iy));
     const index_t iz_tnw = static_cast<index_t>(std::floor(iz));
@@ -284,19 +252,21 @@ __global__ void grid_sampler_3d_records_kernel(
       const index_t ty = iy_tnw + ((t >> 1) & 1);
       const index_t tz = iz_tnw + (t >> 2);
       chunk.weights[8 * first + t] = weight[t];
-      write_tap(
-          chunk,
+      chunk.tap(
           8 * first + t,
           within_bounds_3d(tz, ty, tx, inp_D, inp_H, inp_W),
-          image + (tz * inp_H + ty) * inp_W + tx,
-          nowhere);
+          image + (tz * inp_H + ty) * inp_W + tx);
     }
   }
 }
 
-// What the sums read of a sorted chunk.
+// What the sums read of a sorted chunk, and grad_input's shape: `channels`
+// rows of positions_per_image elements per image.
 template <typename scalar_t, typename index_t>
 struct SortedChunk {
+  index_t channels;
+  index_t positions_per_image;
+  index_t nowhere;
   const index_t* keys;
   const int32_t* ids;
   const int32_t* run_begins;
@@ -308,6 +278,10 @@ struct SortedChunk {
   index_t gout_stride_c;
   int tap_bits;
   GridSamplerInterpolation interpolation_mode;
+  // Per channel, the stored partials of runs longer than kPartialRecords, by
+  // slot (see sum_run_partials_kernel).
+  at::opmath_type<scalar_t>* partials;
+  int64_t slots;
 
   __device__ int32_t run_end(int32_t run) const {
     return run + 1 < *num_runs ? run_begins[run + 1] : count;
@@ -332,8 +306,7 @@ struct SortedChunk {
   // The term of record `id` in channel c, as the existing kernel forms it.
   __device__ scalar_t term(int32_t id, index_t c) const {
     const int32_t point = id >> tap_bits;
-    const scalar_t gOut =
-        grad_output[gout_offsets[point] + c * gout_stride_c];
+    const scalar_t gOut = grad_output[gout_offsets[point] + c * gout_stride_c];
     if (interpolation_mode == GridSamplerInterpolation::Nearest) {
       return gOut;
     }
@@ -363,15 +336,10 @@ struct SortedChunk {
 // the kPartialRecords positions before p belong to the same run.
 template <typename scalar_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(kThreads)
-__global__ void sum_run_partials_kernel(
-    const int64_t slots_per_channel,
-    const index_t channels,
-    const index_t nowhere,
-    SortedChunk<scalar_t, index_t> chunk,
-    at::opmath_type<scalar_t>* partials) {
-  CUDA_KERNEL_LOOP_TYPE(item, slots_per_channel * channels, int64_t) {
-    const int32_t slot = static_cast<int32_t>(item % slots_per_channel);
-    const index_t c = static_cast<index_t>(item / slots_per_channel);
+__global__ void sum_run_partials_kernel(SortedChunk<scalar_t, index_t> chunk) {
+  CUDA_KERNEL_LOOP_TYPE(item, chunk.slots * chunk.channels, int64_t) {
+    const int32_t slot = static_cast<int32_t>(item % chunk.slots);
+    const index_t c = static_cast<index_t>(item / chunk.slots);
     const int32_t first = slot * static_cast<int32_t>(kPartialRecords);
     const int32_t r = chunk.run_holding(first);
     const int32_t begin = chunk.run_begins[r];
@@ -379,11 +347,11 @@ __global__ void sum_run_partials_kernel(
         (first - begin + kPartialRecords - 1) / kPartialRecords *
             kPartialRecords;
     const int32_t end = chunk.run_end(r);
-    if (start == begin || start >= end || chunk.keys[begin] == nowhere) {
+    if (start == begin || start >= end || chunk.keys[begin] == chunk.nowhere) {
       continue;
     }
-    partials[item] = chunk.sum(
-        start, std::min<int32_t>(start + kPartialRecords, end), c);
+    chunk.partials[item] =
+        chunk.sum(start, std::min<int32_t>(start + kPartialRecords, end), c);
   }
 }
 
@@ -393,16 +361,11 @@ template <typename scalar_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(kThreads)
 __global__ void sum_runs_kernel(
     const int64_t max_runs,
-    const index_t channels,
-    const index_t positions_per_image,
-    const index_t nowhere,
     SortedChunk<scalar_t, index_t> chunk,
-    const at::opmath_type<scalar_t>* partials,
-    const int64_t slots_per_channel,
     at::opmath_type<scalar_t>* sums,
     scalar_t* grad_input) {
   using opmath_t = at::opmath_type<scalar_t>;
-  CUDA_KERNEL_LOOP_TYPE(item, max_runs * channels, int64_t) {
+  CUDA_KERNEL_LOOP_TYPE(item, max_runs * chunk.channels, int64_t) {
     const int32_t r = static_cast<int32_t>(item % max_runs);
     const index_t c = static_cast<index_t>(item / max_runs);
     if (r >= *chunk.num_runs) {
@@ -410,19 +373,21 @@ __global__ void sum_runs_kernel(
     }
     const int32_t begin = chunk.run_begins[r];
     const index_t key = chunk.keys[begin];
-    if (key == nowhere) {
+    if (key == chunk.nowhere) {
       continue;
     }
-    const index_t n = key / positions_per_image;
+    const index_t positions = chunk.positions_per_image;
+    const index_t n = key / positions;
     const index_t element =
-        (n * channels + c) * positions_per_image + (key - n * positions_per_image);
+        (n * chunk.channels + c) * positions + (key - n * positions);
     const int32_t end = chunk.run_end(r);
-    opmath_t total = sums != nullptr ? sums[element]
-                                     : static_cast<opmath_t>(grad_input[element]);
+    opmath_t total = sums != nullptr
+        ? sums[element]
+        : static_cast<opmath_t>(grad_input[element]);
     int32_t start = std::min<int32_t>(begin + kPartialRecords, end);
     total += chunk.sum(begin, start, c);
     for (; start < end; start += kPartialRecords) {
-      total += partials[c * slots_per_channel + start / kPartialRecords];
+      total += chunk.partials[c * chunk.slots + start / kPartialRecords];
     }
     if (sums != nullptr) {
       sums[element] = total;
@@ -443,18 +408,12 @@ __global__ void round_float_sums_kernel(
   }
 }
 
-int bits_for(int64_t max_key) {
-  int bits = 1;
-  while (bits < 63 && (int64_t{1} << bits) <= max_key) {
-    ++bits;
-  }
-  return bits;
-}
-
-// Launch bounds for grid-stride loops over `work` items.
-unsigned blocks_for(int64_t work) {
-  return static_cast<unsigned>(std::min<int64_t>(
-      std::max<int64_t>(at::cuda::detail::GET_BLOCKS(work, kThreads), 1), int64_t{1} << 20));
+// Device memory for `elements` of T, held by `workspace`.
+template <typename T>
+T* allocate(std::vector<c10::DataPtr>& workspace, int64_t elements) {
+  workspace.push_back(
+      c10::cuda::CUDACachingAllocator::get()->allocate(elements * sizeof(T)));
+  return static_cast<T*>(workspace.back().get());
 }
 
 template <typename scalar_t, typename index_t>
@@ -469,157 +428,114 @@ void sum_grad_input(
   using opmath_t = at::opmath_type<scalar_t>;
   const int dims = input.dim() - 2;
   const bool bicubic = interpolation_mode == GridSamplerInterpolation::Bicubic;
-  const int tap_bits =
-      interpolation_mode == GridSamplerInterpolation::Nearest ? 0
-      : bicubic                                              ? 4
-                                                             : dims;
+  const bool nearest = interpolation_mode == GridSamplerInterpolation::Nearest;
+  const int tap_bits = bicubic ? 4 : (nearest ? 0 : dims);
   const int64_t channels = input.size(1);
-  const int64_t positions_per_image = input.numel() / (input.size(0) * channels);
+  const int64_t positions_per_image =
+      input.numel() / (input.size(0) * channels);
   const int64_t nowhere = input.size(0) * positions_per_image;
   const int64_t num_points = grid.numel() / dims;
-
-  int64_t chunk_records = kMaxChunkRecords;
-  while (chunk_records > kPartialRecords &&
-         chunk_records / kPartialRecords * channels *
-                 static_cast<int64_t>(sizeof(opmath_t)) >
-             kPartialBytes) {
-    chunk_records /= 2;
-  }
+  const int64_t chunk_records = kPartialRecords *
+      std::clamp<int64_t>(kPartialBytes / (channels * sizeof(opmath_t)),
+                          1,
+                          kMaxChunkRecords / kPartialRecords);
   const int64_t chunk_points = std::max<int64_t>(chunk_records >> tap_bits, 1);
   const int64_t max_records = std::min(chunk_points, num_points) << tap_bits;
-  const int64_t slots_per_channel = ceil_div(max_records, kPartialRecords);
 
-  auto allocator = c10::cuda::CUDACachingAllocator::get();
-  auto buffer = [&](int64_t elements, size_t element_size) {
-    return allocator->allocate(elements * element_size);
-  };
-  auto keys = buffer(2 * max_records, sizeof(index_t));
-  auto ids = buffer(2 * max_records, sizeof(int32_t));
-  auto run_begins = buffer(max_records, sizeof(int32_t));
-  auto num_runs = buffer(1, sizeof(int32_t));
-  auto weights = buffer(
-      bicubic ? 8 * ceil_div(max_records, int64_t{16}) : max_records,
-      sizeof(scalar_t));
-  auto gout_offsets = buffer(max_records >> tap_bits, sizeof(index_t));
-  auto partials = buffer(slots_per_channel * channels, sizeof(opmath_t));
-
-  // Half and BFloat16 sums over several chunks wait in float.
-  c10::DataPtr sums;
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  if (!std::is_same_v<scalar_t, opmath_t> && num_points > chunk_points) {
-    sums = buffer(grad_input.numel(), sizeof(opmath_t));
-    C10_CUDA_CHECK(cudaMemsetAsync(
-        sums.get(), 0, grad_input.numel() * sizeof(opmath_t), stream));
-  }
-
-  index_t* const keys_in = static_cast<index_t*>(keys.get());
-  int32_t* const ids_in = static_cast<int32_t*>(ids.get());
+  std::vector<c10::DataPtr> workspace;
+  index_t* const keys = allocate<index_t>(workspace, 2 * max_records);
+  int32_t* const ids = allocate<int32_t>(workspace, 2 * max_records);
   const ChunkRecords<scalar_t, index_t> records{
-      keys_in,
-      ids_in,
-      static_cast<scalar_t*>(weights.get()),
-      static_cast<index_t*>(gout_offsets.get())};
-  auto grid_info = getTensorInfo<const scalar_t, index_t>(grid);
-  auto grad_output_info = getTensorInfo<const scalar_t, index_t>(grad_output);
+      keys,
+      ids,
+      allocate<scalar_t>(workspace, bicubic ? max_records / 2 : max_records),
+      allocate<index_t>(workspace, max_records >> tap_bits),
+      static_cast<index_t>(nowhere)};
   SortedChunk<scalar_t, index_t> sorted{
-      keys_in + max_records,
-      ids_in + max_records,
-      static_cast<int32_t*>(run_begins.get()),
-      static_cast<int32_t*>(num_runs.get()),
+      static_cast<index_t>(channels),
+      static_cast<index_t>(positions_per_image),
+      static_cast<index_t>(nowhere),
+      keys + max_records,
+      ids + max_records,
+      allocate<int32_t>(workspace, max_records),
+      allocate<int32_t>(workspace, 1),
       0,
       records.weights,
       records.gout_offsets,
       grad_output.const_data_ptr<scalar_t>(),
       static_cast<index_t>(grad_output.stride(1)),
       tap_bits,
-      interpolation_mode};
+      interpolation_mode,
+      allocate<opmath_t>(
+          workspace, ceil_div(max_records, kPartialRecords) * channels),
+      0};
+  const auto records_kernel = dims == 2
+      ? grid_sampler_2d_records_kernel<scalar_t, index_t>
+      : grid_sampler_3d_records_kernel<scalar_t, index_t>;
+
+  // Half and BFloat16 sums over several chunks wait in float.
+  opmath_t* sums = nullptr;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  if (!std::is_same_v<scalar_t, opmath_t> && num_points > chunk_points) {
+    sums = allocate<opmath_t>(workspace, grad_input.numel());
+    C10_CUDA_CHECK(cudaMemsetAsync(
+        sums, 0, grad_input.numel() * sizeof(opmath_t), stream));
+  }
 
   for (int64_t first = 0; first < num_points; first += chunk_points) {
     const int64_t points = std::min(chunk_points, num_points - first);
     const int64_t count = points << tap_bits;
-    if (dims == 2) {
-      grid_sampler_2d_records_kernel<scalar_t, index_t>
-          <<<blocks_for(points), kThreads, 0, stream>>>(
-              static_cast<index_t>(points),
-              static_cast<index_t>(first),
-              grid_info,
-              grad_output_info,
-              static_cast<index_t>(input.size(2)),
-              static_cast<index_t>(input.size(3)),
-              interpolation_mode,
-              padding_mode,
-              align_corners,
-              records);
-    } else {
-      grid_sampler_3d_records_kernel<scalar_t, index_t>
-          <<<blocks_for(points), kThreads, 0, stream>>>(
-              static_cast<index_t>(points),
-              static_cast<index_t>(first),
-              grid_info,
-              grad_output_info,
-              static_cast<index_t>(input.size(2)),
-              static_cast<index_t>(input.size(3)),
-              static_cast<index_t>(input.size(4)),
-              interpolation_mode,
-              padding_mode,
-              align_corners,
-              records);
-    }
+    records_kernel<<<GET_BLOCKS(points, kThreads), kThreads, 0, stream>>>(
+        static_cast<index_t>(points),
+        static_cast<index_t>(first),
+        getTensorInfo<const scalar_t, index_t>(input),
+        getTensorInfo<const scalar_t, index_t>(grid),
+        getTensorInfo<const scalar_t, index_t>(grad_output),
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        records);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
     at::cuda::cub::radix_sort_pairs(
-        keys_in,
+        keys,
         const_cast<index_t*>(sorted.keys),
-        ids_in,
+        ids,
         const_cast<int32_t*>(sorted.ids),
         count,
         /*descending=*/false,
         /*begin_bit=*/0,
-        /*end_bit=*/bits_for(nowhere));
+        /*end_bit=*/at::cuda::cub::get_num_bits(nowhere));
     // The unsorted ids are 0 .. count - 1: each run's first one is where
     // the run begins.
     at::cuda::cub::unique_by_key(
         sorted.keys,
-        ids_in,
+        ids,
         const_cast<int32_t*>(sorted.run_begins),
         const_cast<int32_t*>(sorted.num_runs),
         count);
-
     sorted.count = static_cast<int32_t>(count);
-    const int64_t slots = ceil_div(count, kPartialRecords);
+    sorted.slots = ceil_div(count, kPartialRecords);
     sum_run_partials_kernel<scalar_t, index_t>
-        <<<blocks_for(slots * channels), kThreads, 0, stream>>>(
-            slots,
-            static_cast<index_t>(channels),
-            static_cast<index_t>(nowhere),
-            sorted,
-            static_cast<opmath_t*>(partials.get()));
+        <<<GET_BLOCKS(sorted.slots * channels, kThreads),
+           kThreads,
+           0,
+           stream>>>(sorted);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-
     const int64_t max_runs = std::min(count, nowhere + 1);
     sum_runs_kernel<scalar_t, index_t>
-        <<<blocks_for(max_runs * channels), kThreads, 0, stream>>>(
-            max_runs,
-            static_cast<index_t>(channels),
-            static_cast<index_t>(positions_per_image),
-            static_cast<index_t>(nowhere),
-            sorted,
-            static_cast<const opmath_t*>(partials.get()),
-            slots,
-            static_cast<opmath_t*>(sums.get()),
-            grad_input.mutable_data_ptr<scalar_t>());
+        <<<GET_BLOCKS(max_runs * channels, kThreads), kThreads, 0, stream>>>(
+            max_runs, sorted, sums, grad_input.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
   if constexpr (!std::is_same_v<scalar_t, opmath_t>) {
-    if (!sums) {
+    if (sums == nullptr) {
       return;
     }
     round_float_sums_kernel<scalar_t>
-        <<<blocks_for(grad_input.numel()), kThreads, 0, stream>>>(
-            grad_input.numel(),
-            static_cast<const opmath_t*>(sums.get()),
-            grad_input.mutable_data_ptr<scalar_t>());
+        <<<GET_BLOCKS(grad_input.numel(), kThreads), kThreads, 0, stream>>>(
+            grad_input.numel(), sums, grad_input.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -661,10 +577,22 @@ void launch_grid_sampler_backward_deterministic_kernel(
         const auto padding = static_cast<GridSamplerPadding>(padding_mode);
         if (index_32bit) {
           sum_grad_input<scalar_t, int32_t>(
-              grad_input, grad_output, input, grid, mode, padding, align_corners);
+              grad_input,
+              grad_output,
+              input,
+              grid,
+              mode,
+              padding,
+              align_corners);
         } else {
           sum_grad_input<scalar_t, int64_t>(
-              grad_input, grad_output, input, grid, mode, padding, align_corners);
+              grad_input,
+              grad_output,
+              input,
+              grid,
+              mode,
+              padding,
+              align_corners);
         }
       });
 }
