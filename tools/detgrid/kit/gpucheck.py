@@ -198,6 +198,60 @@ def executor_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Di
     }
 
 
+# --------------------------------------------------------------------------
+# The next core (aten_kernels/next/, issue 59): CUDA build against host build
+# --------------------------------------------------------------------------
+
+
+def next_core_grad_input(case: Case) -> Optional[torch.Tensor]:
+    """The next core's grad_input for the case, on the case's device (the
+    host build on CPU, the nvcc build on CUDA); None where it refuses the
+    case (5-D bicubic)."""
+    if case.dim == 3 and case.interpolation_mode == 2:
+        return None
+    return torch.ops.detgrid._next_core_grad_input(
+        case.grad_output, case.input, case.grid, case.interpolation_mode,
+        case.padding_mode, case.align_corners)
+
+
+def next_core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
+    """The next core on the device against its host build, per case: "host
+    == CUDA bit for bit" is a measurement here, not a requirement, since
+    both builds contract multiply-adds into FMAs where their compilers
+    choose (on --device cpu the "device" run is the host build with a
+    shuffled launch, block size 64)."""
+    equal, worst, mismatches, errors, ran = 0, 0.0, [], [], 0
+    for case in cases:
+        try:
+            ref = next_core_grad_input(case)
+            if ref is None:
+                continue
+            if torch.device(device).type == "cpu":
+                got = torch.ops.detgrid._next_core_grad_input(
+                    case.grad_output, case.input, case.grid, case.interpolation_mode,
+                    case.padding_mode, case.align_corners, 64, 0, 7)
+            else:
+                got = next_core_grad_input(case.to(device))
+                synchronize(device)
+        except Exception as e:  # recorded, the other cases still run
+            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        ran += 1
+        same = same_bits_or_both_nan(got, ref)
+        equal += same
+        worst = max(worst, max_abs_diff(got, ref))
+        if not same:
+            mismatches.append(case.name)
+    return {"dtype": dtype, "dim": dim, "cases": ran, "bitwise_equal": equal,
+            "max_abs_diff": worst, "mismatches": mismatches[:10], "errors": errors[:10]}
+
+
+def next_core_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
+    """next_core_row per dtype and spatial dims, on the executor's cases."""
+    return [next_core_row(device, name, dim, executor_row_cases(name, dim, seed))
+            for name in dtypes for dim in DIMS]
+
+
 def _guarded(fn: Callable[[], Any]) -> Any:
     """fn(), or {"error": ...}: one failing part leaves the others' results."""
     try:
@@ -246,6 +300,12 @@ def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed:
         "knobs": [{"case": case.name, "dim": case.dim,
                    **_guarded(lambda: knob_invariance(case, device))} for case in cases],
         "executor": executor_match(device, dtypes, seed),
+        "next_core": next_core_match(device, dtypes, seed),
+        "next_core_repeat": [
+            {"case": case.name, "dim": case.dim,
+             **_guarded(lambda: repeat_hashes(
+                 lambda: (next_core_grad_input(case), None), reps, device))}
+            for case in cases],
         "fidelity": [fidelity_row(device, name, dim, seed)
                      for name in FIDELITY_DTYPES for dim in DIMS],
     }
@@ -638,6 +698,9 @@ def run_sanitizer_cases(device: str, set_name: str, seed: int = 0) -> Dict[str, 
     ran, mismatches = 0, []
     for case in sanitizer_cases(set_name, seed):
         got = run_detgrid(case.to(device))
+        # The next core's kernels under the same sanitizer (its bits are the
+        # bitwise step's to compare).
+        next_core_grad_input(case.to(device))
         synchronize(device)
         ran += 1
         if dtype_name(case.input.dtype) in EXACT_DTYPES:
