@@ -25,6 +25,12 @@
 #include <cstdint>
 #include <cstring>
 
+// Everything here is defined in namespace hostify, and named where CUDA's
+// builtins are by using-declarations: a definition of the builtin's own name
+// would be merged with CUDA's at link time where the extension's CUDA build
+// sits in the same library.
+namespace hostify {
+
 // Atomic.cuh names these for its gpuAtomicAdd overloads.
 inline int atomicCAS(int* address, int compare, int value) {
   const int old = *address;
@@ -65,7 +71,6 @@ inline c10::BFloat16 atomicAdd(__nv_bfloat16* address, c10::BFloat16 value) {
   return atomicAdd(reinterpret_cast<c10::BFloat16*>(address), value);
 }
 
-namespace hostify {
 template <typename To, typename From>
 To bit_cast(From from) {
   static_assert(sizeof(To) == sizeof(From));
@@ -73,23 +78,22 @@ To bit_cast(From from) {
   std::memcpy(&to, &from, sizeof to);
   return to;
 }
-} // namespace hostify
 
 inline float __int_as_float(int x) {
-  return hostify::bit_cast<float>(x);
+  return bit_cast<float>(x);
 }
 inline int __float_as_int(float x) {
-  return hostify::bit_cast<int>(x);
+  return bit_cast<int>(x);
 }
 inline double __longlong_as_double(long long x) {
-  return hostify::bit_cast<double>(x);
+  return bit_cast<double>(x);
 }
 inline long long __double_as_longlong(double x) {
-  return hostify::bit_cast<long long>(x);
+  return bit_cast<long long>(x);
 }
 inline __nv_bfloat16 __int2bfloat16_rz(int x) {
-  const auto bits = hostify::bit_cast<unsigned>(static_cast<float>(x));
-  return hostify::bit_cast<__nv_bfloat16>(static_cast<unsigned short>(bits >> 16));
+  const auto bits = bit_cast<unsigned>(static_cast<float>(x));
+  return bit_cast<__nv_bfloat16>(static_cast<unsigned short>(bits >> 16));
 }
 
 // CUDA's ::min and ::max of floating types are fminf and fmaxf: the operand
@@ -106,6 +110,18 @@ inline double min(double a, double b) {
 inline double max(double a, double b) {
   return std::fmax(a, b);
 }
+
+} // namespace hostify
+
+using hostify::__double_as_longlong;
+using hostify::__float_as_int;
+using hostify::__int2bfloat16_rz;
+using hostify::__int_as_float;
+using hostify::__longlong_as_double;
+using hostify::atomicAdd;
+using hostify::atomicCAS;
+using hostify::max;
+using hostify::min;
 using std::isfinite;
 
 // Launch bounds shape the device code alone.

@@ -2,7 +2,9 @@
 // hostify's stand-in (see ../../../prelude.h) for the at::cuda::cub calls
 // the source makes, with CUB's results: a stable radix sort over the key
 // bits [begin_bit, end_bit) of CUB's bit pattern (a signed key's sign bit
-// flipped), and the first value of each run of equal keys.
+// flipped), and the first value of each run of equal keys. at::cuda::cub
+// names namespace hostify::cub, so that no definition here is merged with
+// libtorch's at link time.
 #include "../../../launch.h"
 
 #include <algorithm>
@@ -11,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace at::cuda::cub {
+namespace hostify::cub {
 
 // The bits a radix sort looks at for keys up to max_key, as ATen's cub.h.
 inline int get_num_bits(uint64_t max_key) {
@@ -32,12 +34,12 @@ void radix_sort_pairs(
     bool descending = false,
     int64_t begin_bit = 0,
     int64_t end_bit = sizeof(key_t) * 8) {
-  auto& count = hostify::counters();
+  auto& count = counters();
   ++count.launches;
   count.items_sorted += n;
   count.sort_end_bit = end_bit;
   count.key_bytes = sizeof(key_t);
-  if (!hostify::config().run || n == 0) {
+  if (!config().run || n == 0) {
     return;
   }
   using bits_t = std::make_unsigned_t<key_t>;
@@ -46,7 +48,7 @@ void radix_sort_pairs(
       ? ~bits_t{0}
       : (bits_t{1} << (end_bit - begin_bit)) - 1;
   auto digits = [&](key_t key) {
-    bits_t bits = hostify::bit_cast<bits_t>(key);
+    bits_t bits = bit_cast<bits_t>(key);
     if constexpr (std::is_signed_v<key_t>) {
       bits ^= bits_t{1} << (kKeyBits - 1);
     }
@@ -78,9 +80,9 @@ void unique_by_key(
   using key_t = std::remove_cv_t<std::remove_reference_t<decltype(keys_in[0])>>;
   // CUB's unique keys, which ATen's wrapper allocates and drops.
   c10::DataPtr keys_out =
-      hostify::workspace_allocator()->allocate(num_input_items * sizeof(key_t));
-  ++hostify::counters().launches;
-  if (!hostify::config().run) {
+      workspace_allocator()->allocate(num_input_items * sizeof(key_t));
+  ++counters().launches;
+  if (!config().run) {
     return;
   }
   int64_t selected = 0;
@@ -92,4 +94,8 @@ void unique_by_key(
   *num_selected = selected;
 }
 
-} // namespace at::cuda::cub
+} // namespace hostify::cub
+
+namespace at::cuda {
+namespace cub = ::hostify::cub;
+} // namespace at::cuda
