@@ -141,11 +141,6 @@ inline WorkspaceAllocator* workspace_allocator() {
   return &allocator;
 }
 
-// Begins the counts of one call.
-inline void reset_counters() {
-  counters() = Counters{};
-}
-
 } // namespace hostify
 
 #define blockIdx (::hostify::position.block_idx)
