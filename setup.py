@@ -27,16 +27,17 @@ from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-ATEN_SRC = os.path.join("aten_kernels", "aten", "src")
+# The pipeline: the extension's speed path (detgrid.levels).
+PIPELINE_SRC = os.path.join("aten_kernels", "pipeline", "aten", "src")
 EXTENSION = os.path.join("aten_kernels", "extension")
 # The extension's CUDA translation unit: it includes ATen's
-# GridSamplerDeterministic.cu whole (whose CUDA executor the exact
+# pipeline's GridSamplerDeterministic.cu whole (whose CUDA executor the exact
 # accumulation shares) and is compiled in its place.
 CUDA_SOURCE = os.path.join(EXTENSION, "exact", "ExactCuda.cu")
-# The next core (issue 59): the deterministic backward in PyTorch's idiom,
-# built for CUDA by nvcc and for the host from the same bytes (hostify).
-NEXT_CORE_SOURCE = os.path.join(
-    "aten_kernels", "next", "aten", "src", "ATen", "native", "cuda",
+# The upstream core: the file the patch adds to ATen, built for CUDA by nvcc
+# and for the host from the same bytes (hostify).
+CORE_SOURCE = os.path.join(
+    "aten_kernels", "aten", "src", "ATen", "native", "cuda",
     "GridSamplerDeterministic.cu")
 HOSTIFY = os.path.join("aten_kernels", "hostify")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
@@ -150,9 +151,9 @@ def extension(toolkit):
         os.path.join(EXTENSION, name)
         for name in ("register.cpp", "autograd.cpp", "checks.cpp",
                      "GridSamplerDeterministicCPU.cpp", "knobs.cpp",
-                     os.path.join("exact", "ExactCPU.cpp"), "next_core.cpp")
+                     os.path.join("exact", "ExactCPU.cpp"), "core_ops.cpp")
     ]
-    include_dirs = [os.path.abspath(ATEN_SRC)]
+    include_dirs = [os.path.abspath(PIPELINE_SRC)]
     if toolkit is None:
         return cpp_extension.CppExtension(
             "detgrid._C",
@@ -166,7 +167,7 @@ def extension(toolkit):
         toolkit.home, os.path.join(ROOT, "build", "detgrid-link"))
     return cpp_extension.CUDAExtension(
         "detgrid._C",
-        sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE, NEXT_CORE_SOURCE],
+        sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE, CORE_SOURCE],
         include_dirs=include_dirs,
         library_dirs=[cudart_dir] if cudart_dir else [],
         define_macros=[("DETGRID_WITH_CUDA", None)],
@@ -195,7 +196,7 @@ def host_cuda_include():
 
 
 class BuildWithHostify(cpp_extension.BuildExtension):
-    """BuildExtension, plus the next core's host build: its CUDA source made
+    """BuildExtension, plus the core's host build: its CUDA source made
     into a host unit by hostify.py and compiled, with hostify's prelude first
     and its stand-in headers ahead of torch's, into objects the extension
     links (flags of their own, which one Extension cannot give one source).
@@ -213,8 +214,8 @@ class BuildWithHostify(cpp_extension.BuildExtension):
         out = os.path.join(os.path.abspath(self.build_temp), "hostify")
         os.makedirs(out, exist_ok=True)
         generated = os.path.join(out, "GridSamplerDeterministic.host.cpp")
-        with open(os.path.join(ROOT, NEXT_CORE_SOURCE), encoding="utf-8") as f:
-            text = load_hostify().hostify_source(f.read(), NEXT_CORE_SOURCE)
+        with open(os.path.join(ROOT, CORE_SOURCE), encoding="utf-8") as f:
+            text = load_hostify().hostify_source(f.read(), CORE_SOURCE)
         with open(generated, "w", encoding="utf-8") as f:
             f.write(text)
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -235,7 +236,7 @@ class BuildWithHostify(cpp_extension.BuildExtension):
                    os.path.join(ROOT, HOSTIFY, "control.cpp"))
         objects = [os.path.join(out, os.path.basename(s) + ".o") for s in sources]
         compiler = os.environ.get("CXX", "c++")
-        print("detgrid: hostify the next core (" + ", ".join(
+        print("detgrid: hostify the core (" + ", ".join(
             os.path.basename(s) for s in sources) + ")", file=sys.stderr)
         with concurrent.futures.ThreadPoolExecutor() as pool:
             runs = list(pool.map(

@@ -15,7 +15,7 @@ status=0
 for version in 2.14.1 2.15.0; do
   cache=$(PYTHON=$python bash "$root/.ci/fetch_cuda_headers.sh" "$version")
   includes=(
-    -I"$root/aten_kernels/aten/src"
+    -I"$root/aten_kernels/pipeline/aten/src"
     -I"$cache/torch/include"
     -I"$cache/torch/include/torch/csrc/api/include"
     -I"$cache/nvidia/cu13/include"

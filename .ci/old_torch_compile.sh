@@ -111,21 +111,21 @@ check() {
   fi
 }
 
-# The next core (issue 59), whose host build setup.py makes with flags of its
+# The core (issue 59), whose host build setup.py makes with flags of its
 # own: hostified, against the release's GridSampler.cuh and UpSample.cuh.
-next_core=$root/aten_kernels/next/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu
+core=$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu
 check_hostified() {
   local version=$1 folder=$2 start=$SECONDS unit=$work/$1/GridSamplerDeterministic.host.cpp
-  "$python" "$root/aten_kernels/hostify/hostify.py" "$next_core" "$unit"
+  "$python" "$root/aten_kernels/hostify/hostify.py" "$core" "$unit"
   if g++ -fsyntax-only -std=c++20 -Wno-attributes \
     -include "$root/aten_kernels/hostify/prelude.h" -I"$root/aten_kernels/hostify/include" \
     -I"$folder/torch/include" -I"$folder/torch/include/torch/csrc/api/include" \
     -I"$cuda_home/include" $("$python" -c \
       'import sysconfig; print("-I" + sysconfig.get_paths()["include"])') \
     "$unit" > "$work/log" 2>&1; then
-    echo "old torch compile: torch $version, hostified next core ok ($((SECONDS - start)) s)"
+    echo "old torch compile: torch $version, hostified core ok ($((SECONDS - start)) s)"
   else
-    echo "FAILED: torch $version, hostified next core; g++ said:"
+    echo "FAILED: torch $version, hostified core; g++ said:"
     grep -E "error" "$work/log" | sed -n 1,20p || tail -n 20 "$work/log"
     status=1
   fi
@@ -144,7 +144,7 @@ for version in 2.11.0 2.6.0; do
   done < <(find "$root/aten_kernels/extension" -name '*.cpp' -print0 | sort -z)
   if [ "$version" = 2.11.0 ]; then
     check "$version" nvcc "$nvcc" "$root/aten_kernels/extension/exact/ExactCuda.cu"
-    check "$version" nvcc "$nvcc" "$next_core"
+    check "$version" nvcc "$nvcc" "$core"
   fi
   check_hostified "$version" "$folder"
 done

@@ -193,7 +193,7 @@ def python_cflags():
 
 
 def command(kind, release, cxx_flags, nvcc_flags, root, late_includes):
-    aten_src = os.path.join(root, "aten_kernels", "aten", "src")
+    aten_src = os.path.join(root, "aten_kernels", "pipeline", "aten", "src")
     cuda = kind != "cpu"
     macros = ["-DDETGRID_WITH_CUDA"] if cuda else []
     include_dirs = [aten_src] + release.include_paths("cuda" if cuda else "cpu") + \

@@ -29,7 +29,7 @@ PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
 
 default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
 tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py \
-tests/test_exact.py tests/test_differential.py tests/test_hot_fold.py tests/test_next_core.py"
+tests/test_exact.py tests/test_differential.py tests/test_hot_fold.py tests/test_core.py"
 [[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
 read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
 

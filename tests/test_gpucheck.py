@@ -101,8 +101,8 @@ DETGRID_CASES_DONE cases=1 mismatches=0
 
 
 def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16,
-                 fidelity_failing=(), next_core_equal=24, next_core_errors=(),
-                 next_core_distinct=1):
+                 fidelity_failing=(), core_equal=24, core_errors=(),
+                 core_distinct=1):
     def repeat(case, dim, input_shape, grid_shape, det_distinct):
         return {"case": case, "dim": dim, "input_shape": input_shape, "grid_shape": grid_shape,
                 "detgrid": {"reps": 100, "grad_input_distinct": det_distinct,
@@ -130,11 +130,11 @@ def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16,
                       "failing": list(fidelity_failing) if (dtype, dim) == ("float16", 2) else [],
                       "max_abs_diff": 0.002, "errors": []}
                      for dtype in ("float16", "bfloat16") for dim in (2, 3)],
-        "next_core": [{"dtype": "float32", "dim": 2, "cases": 24,
-                       "bitwise_equal": next_core_equal, "max_abs_diff": 0.0,
-                       "mismatches": [], "errors": list(next_core_errors)}],
-        "next_core_repeat": [{"case": "tensorf_line", "dim": 2, "reps": 100,
-                              "grad_input_distinct": next_core_distinct,
+        "core": [{"dtype": "float32", "dim": 2, "cases": 24,
+                       "bitwise_equal": core_equal, "max_abs_diff": 0.0,
+                       "mismatches": [], "errors": list(core_errors)}],
+        "core_repeat": [{"case": "tensorf_line", "dim": 2, "reps": 100,
+                              "grad_input_distinct": core_distinct,
                               "grad_grid_distinct": None}],
     }
 
@@ -313,17 +313,17 @@ class TestGpuCheckReport(TestCase):
         self.assertEqual(self.checks(data)["device == host executor (float32, 3-D)"], "fail")
         self.assertEqual(data["verdict"], "FAIL")
 
-    def test_next_core_bits_against_its_host_build_are_reported_not_required(self):
+    def test_core_bits_against_its_host_build_are_reported_not_required(self):
         # FMA contraction may differ between nvcc and the host compiler: a
         # measurement; an error or a second hash over repeats is a failure.
-        data, _, md = self.report(bitwise=fake_bitwise(next_core_equal=20))
-        self.assertEqual(self.checks(data)["next core runs (float32, 2-D)"], "pass")
+        data, _, md = self.report(bitwise=fake_bitwise(core_equal=20))
+        self.assertEqual(self.checks(data)["core runs (float32, 2-D)"], "pass")
         self.assertIn("20/24 bitwise equal to its host build", md)
-        data, _, _ = self.report(bitwise=fake_bitwise(next_core_errors=["x: RuntimeError"]))
-        self.assertEqual(self.checks(data)["next core runs (float32, 2-D)"], "fail")
+        data, _, _ = self.report(bitwise=fake_bitwise(core_errors=["x: RuntimeError"]))
+        self.assertEqual(self.checks(data)["core runs (float32, 2-D)"], "fail")
         self.assertEqual(data["verdict"], "FAIL")
-        data, _, _ = self.report(bitwise=fake_bitwise(next_core_distinct=2))
-        self.assertEqual(self.checks(data)["next core repeat runs bitwise identical (2-D)"],
+        data, _, _ = self.report(bitwise=fake_bitwise(core_distinct=2))
+        self.assertEqual(self.checks(data)["core repeat runs bitwise identical (2-D)"],
                          "fail")
         self.assertEqual(data["verdict"], "FAIL")
 

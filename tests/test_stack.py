@@ -1,7 +1,7 @@
 # Owner(s): ["module: nn"]
-"""The upstream change as a stack (detgrid.kit.stack, patches/stack/): the markers cut the
-sources into levels, every level compiles on its own and gives the golden bits, and the
-checked-in patches and bodies are what the tools write from the sources today."""
+"""The pipeline's levels (detgrid.kit.stack, aten_kernels/pipeline/): the markers cut the
+sources into levels, and every level compiles on its own and gives the pipeline's golden bits.
+(The upstream stack's patches: tests/test_stack_patches.py.)"""
 
 import os
 import re
@@ -20,11 +20,10 @@ from torch.testing._internal.common_utils import (
 
 from detgrid import ops
 from detgrid.bench import workloads
-from detgrid.kit import stack, stack_patches, upstream_tree
+from detgrid.kit import stack
 from golden import corpus
 
 KIT = Path(__file__).resolve().parents[1]
-STACK = KIT / "patches" / "stack"
 GOLDEN = corpus.load()
 
 # Instantiates the whole pipeline over an executor that runs each stage once, so every stage
@@ -61,13 +60,13 @@ def visible_words(text: str) -> int:
 class TestCut(TestCase):
     def test_a_block_is_kept_from_its_level_on(self):
         text = "a\n// [stack: dense]\nb\n// [end stack: dense]\nc\n"
-        self.assertEqual(stack.cut(text, "core"), "a\nc\n")
+        self.assertEqual(stack.cut(text, "pipeline"), "a\nc\n")
         self.assertEqual(stack.cut(text, "index32"), "a\nc\n")
         self.assertEqual(stack.cut(text, "dense"), "a\nb\nc\n")
 
     def test_a_replaced_line_reads_its_older_code_before_its_level(self):
         text = "  x = wide(); // [stack: index32 replaces: x = narrow();]\n"
-        self.assertEqual(stack.cut(text, "core"), "  x = narrow();\n")
+        self.assertEqual(stack.cut(text, "pipeline"), "  x = narrow();\n")
         self.assertEqual(stack.cut(text, "index32"), "  x = wide();\n")
 
     def test_a_dropped_block_between_blank_lines_leaves_one(self):
@@ -78,13 +77,13 @@ class TestCut(TestCase):
         for text, why in (("// [stack: nope]\n// [end stack: nope]\n", "no level 'nope'"),
                           ("// [stack: dense]\n", "never closed"),
                           ("// [end stack: dense]\n", "closes nothing"),
-                          ("x; // [stack: core]\n", "no level 'core'"),
+                          ("x; // [stack: pipeline]\n", "no level 'pipeline'"),
                           ("x; // [stack: dense] and more\n", "must end its line")):
             with self.assertRaisesRegex(stack.StackError, why):
-                stack.cut(text, "core", where="f.cuh")
+                stack.cut(text, "pipeline", where="f.cuh")
 
     def test_the_whole_stack_is_the_sources_without_their_markers(self):
-        source = KIT / "aten_kernels" / stack.KERNEL_DIR
+        source = KIT / stack.PIPELINE_ROOT / stack.KERNEL_DIR
         for rel, text in stack.kernel_sources(KIT).items():
             original = (source / Path(rel).name).read_text()
             self.assertEqual(
@@ -93,9 +92,9 @@ class TestCut(TestCase):
                  for line in original.splitlines() if not re.match(r"\s*// \[(end )?stack:", line)],
                 rel)
 
-    def test_each_level_adds_its_files_and_the_core_file_set_is_fixed(self):
-        self.assertEqual(stack.kernel_files("core"), stack.KERNEL_CORE_FILES)
-        on_disk = sorted(p.name for p in (KIT / "aten_kernels" / stack.KERNEL_DIR).iterdir())
+    def test_each_level_adds_its_files_and_the_first_levels_file_set_is_fixed(self):
+        self.assertEqual(stack.kernel_files("pipeline"), stack.KERNEL_CORE_FILES)
+        on_disk = sorted(p.name for p in (KIT / stack.PIPELINE_ROOT / stack.KERNEL_DIR).iterdir())
         self.assertEqual(sorted(stack.kernel_files()), on_disk)
 
     def test_every_level_keeps_to_pytorchs_80_columns(self):
@@ -193,9 +192,9 @@ class TestEveryLevelGivesTheGoldenBits(TestCase):
             corpus.run(case, level="fast")
 
 
-# The core's files alone, run on the host: the pipeline with a serial executor of its own, so
-# nothing of the extension or of a later level is compiled in. It must give the golden bits,
-# and plan the chunks that level="core" plans.
+# The first level's files alone, run on the host with a serial executor of their own, so
+# nothing of the extension or of a later level is compiled in. They must give the golden bits,
+# and plan the chunks that level="pipeline" plans.
 CORE_UNIT = textwrap.dedent("""\
     #include <ATen/ATen.h>
     #include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
@@ -258,13 +257,13 @@ CORE_UNIT = textwrap.dedent("""\
     """)
 
 
-class TestTheCoreAloneRunsOnTheHost(TestCase):
+class TestTheFirstLevelAloneRunsOnTheHost(TestCase):
     @classmethod
     def setUpClass(cls):
         from torch.utils import cpp_extension
 
         cls.tmp = tempfile.mkdtemp(prefix="detgrid-core-")
-        for rel, text in stack.kernel_sources(KIT, "core").items():
+        for rel, text in stack.kernel_sources(KIT, "pipeline").items():
             path = Path(cls.tmp) / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
@@ -277,7 +276,7 @@ class TestTheCoreAloneRunsOnTheHost(TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def test_grad_input_has_the_golden_bits_and_level_core_plans_its_chunks(self):
+    def test_grad_input_has_the_golden_bits_and_level_pipeline_plans_its_chunks(self):
         wrong, chunks_differ = [], []
         for case in corpus.CASES:
             if not case.output_mask[0]:
@@ -290,7 +289,7 @@ class TestTheCoreAloneRunsOnTheHost(TestCase):
                 wrong.append(case.name)
             counted = ops.work_counters(grad_output, inp, grid, corpus.MODES[case.mode],
                                         corpus.PADDINGS[case.padding], case.align_corners,
-                                        [True, False], level="core")
+                                        [True, False], level="pipeline")
             if grad_input.numel() and counted["chunks"] != chunks:
                 chunks_differ.append((case.name, chunks, counted["chunks"]))
         self.assertEqual(wrong, [])
@@ -302,8 +301,8 @@ class TestLevelsRunTheirPrefix(TestCase):
         workload = workloads.BENCH_WORKLOADS["rtdetr_l80"]
         return workloads.full_size_work_counters(workload, "ordered", level=level)
 
-    def test_the_core_sorts_64_bit_keys_per_tap_and_reduces_sparsely(self):
-        core, top = self.counters("core"), self.counters(stack.TOP)
+    def test_the_first_level_sorts_64_bit_keys_per_tap_and_reduces_sparsely(self):
+        core, top = self.counters("pipeline"), self.counters(stack.TOP)
         self.assertEqual(core["elements_swept"], 0)
         self.assertEqual(core["key_bytes"], 8)
         self.assertEqual(core["items_sorted"], core["records"])
@@ -312,50 +311,6 @@ class TestLevelsRunTheirPrefix(TestCase):
     def test_the_whole_stack_is_the_default(self):
         workload = workloads.BENCH_WORKLOADS["rtdetr_l80"]
         self.assertEqual(self.counters(stack.TOP), workloads.full_size_work_counters(workload))
-
-
-class TestCheckedInStack(TestCase):
-    def test_bodies_are_what_the_tool_writes_today(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            stack_patches.write_bodies(Path(tmp))
-            for level in stack.LEVELS:
-                name = f"{level.patch}.md"
-                self.assertEqual((Path(tmp) / name).read_text(), (STACK / name).read_text(),
-                                 f"patches/stack/{name} is stale; run: {stack_patches.REGENERATE}")
-
-    def test_bodies_keep_to_250_visible_words(self):
-        for level in stack.LEVELS:
-            text = (STACK / f"{level.patch}.md").read_text()
-            self.assertLessEqual(visible_words(text), 250, level.patch)
-
-    def test_patches_are_what_the_tool_writes_today_and_stack_to_the_whole_patch(self):
-        # Asked when the test runs, not when it is collected: on a fresh machine test_patch
-        # fetches the tree earlier in the same run, and this check must not be skipped there.
-        if not upstream_tree.cached_tree().is_dir():
-            self.skipTest("the v2.6.0 tree is not cached")
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "stack"
-            self.assertEqual(stack_patches.write_patches(out, "t", "t@t"), 0)
-            for level in stack.LEVELS:
-                name = f"{level.patch}.patch"
-                self.assertEqual(_diff_part((out / name).read_text()),
-                                 _diff_part((STACK / name).read_text()),
-                                 f"patches/stack/{name} is stale; run: {stack_patches.REGENERATE}")
-            tree = upstream_tree.fresh_git_copy(Path(tmp) / "tree")
-            for level in stack.LEVELS:
-                subprocess.run(["git", "apply", str(STACK / f"{level.patch}.patch")], cwd=tree,
-                               check=True)
-            for rel, text in stack.kernel_sources(KIT).items():
-                self.assertEqual((tree / rel).read_text(), text, rel)
-            shutil.rmtree(tree)
-
-
-def _diff_part(text: str) -> str:
-    """The diffs of a format-patch, without its header and its trailer."""
-    start = text.index("\ndiff --git")
-    end = text.rfind("\n-- \n")
-    diffs = text[start:end if end > start else len(text)]
-    return "\n".join(line for line in diffs.splitlines() if not line.startswith("base-commit:"))
 
 
 if __name__ == "__main__":

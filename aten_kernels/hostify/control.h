@@ -19,6 +19,9 @@ struct Config {
   // false: launches, sorts and fills are counted, not run (the host code
   // never reads device memory, so a call runs through on shapes alone).
   bool run = true;
+  // The key of the records that land nowhere (the core's out-of-bounds
+  // taps), which the run lengths below leave out; -1 for none.
+  int64_t nowhere_key = -1;
 };
 
 struct Counters {
@@ -29,6 +32,10 @@ struct Counters {
   int64_t workspace_bytes = 0; // peak of the live allocations
   int64_t live_bytes = 0;
   int64_t threads = 0; // threads launched, over every kernel
+  // The longest run of equal keys unique_by_key found, Config::nowhere_key's
+  // left out: the most records of one grad_input position in a chunk.
+  // Counted only where the call runs.
+  int64_t longest_run = 0;
 };
 
 // The one Config and Counters of the process (control.cpp).

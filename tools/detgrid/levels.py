@@ -1,8 +1,16 @@
-"""The levels of the upstream stack (patches/stack/): the core, then one speed step each.
+"""What detgrid.ops' level= runs, and the upstream change as patches.
 
-detgrid.ops runs any level (level=): a level's ``options`` are the knobs that turn its own
-choice off, so the whole stack with the options of the levels after L runs what the prefix
-ending at L runs. detgrid.kit.stack cuts the ATen sources into the same levels.
+Two implementations live here until the pipeline's speed steps are rebuilt on
+the core (issue 60):
+
+- the upstream core (aten_kernels/aten/): the first patch of patches/stack/,
+  run by level="core";
+- the pipeline (aten_kernels/pipeline/): the extension's speed path, its
+  levels cut from one set of sources (detgrid.kit.stack). A level's
+  ``options`` are the knobs that turn its own choice off, so the whole
+  pipeline with the options of the levels after L runs what the prefix ending
+  at L runs. The pipeline sums in an order of its own: its levels share their
+  bits with one another, not with the core.
 """
 
 from dataclasses import dataclass, field
@@ -10,11 +18,27 @@ from typing import Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
+class UpstreamPatch:
+    name: str  # as `detgrid patch --upto` says it
+    patch: str  # patches/stack/<patch>.patch and .md
+    title: str  # the commit's subject line
+
+
+# patches/stack/, in order: the core, then the cuDNN route.
+UPSTREAM_STACK: Tuple[UpstreamPatch, ...] = (
+    UpstreamPatch("core", "01-core",
+                  "Add a deterministic CUDA backward for grid_sampler_2d/3d"),
+    UpstreamPatch("cudnn", "02-cudnn",
+                  "grid_sampler: leave cuDNN in deterministic mode"),
+)
+UPSTREAM_NAMES = tuple(p.name for p in UPSTREAM_STACK)
+CORE = UPSTREAM_NAMES[0]
+
+
+@dataclass(frozen=True)
 class Level:
     name: str  # as the markers and detgrid.ops' level= say it
-    patch: str  # patches/stack/<patch>.patch and .md
-    title: str  # the patch's subject line
-    files: Tuple[str, ...]  # new ATen files (basenames), from this level on
+    files: Tuple[str, ...]  # new pipeline files (basenames), from this level on
     options: Dict[str, int] = field(default_factory=dict)  # knobs that stop at this level
 
 
@@ -25,38 +49,22 @@ KERNEL_CORE_FILES = (
     "GridSamplerDeterministic.cu",
 )
 
-# Each level's options turn off its own choice and every later one: a prefix
-# of the stack runs with the options of the level after it.
+# The pipeline's levels. Each level's options turn off its own choice and
+# every later one: a prefix runs with the options of the level after it.
 LEVELS: Tuple[Level, ...] = (
-    Level("core", "01-core",
-          "Deterministic CUDA grid_sampler backward: grad_input by a stable sort, no atomics",
-          KERNEL_CORE_FILES),
-    Level("index32", "02-index32",
-          "grid_sampler deterministic backward: 32-bit sort keys and index math where they fit",
-          (), {"key_bits": 64, "index_bits": 64}),
-    Level("dense", "03-dense-reduce",
-          "grid_sampler deterministic backward: a dense reduce over a segment table",
-          ("GridSamplerDeterministicDense.cuh",), {"reduce": 1}),
-    Level("cells", "04-cell-keys",
-          "grid_sampler deterministic backward: one sort key per point for bilinear and trilinear",
-          ("GridSamplerDeterministicCells.cuh",), {"keying": 1}),
-    Level("channels-fastest", "05-channels-fastest",
-          "grid_sampler deterministic backward: channels fastest from 16 channels",
-          ("GridSamplerDeterministicChannelsFastest.cuh",), {"gather": 1}),
-    Level("hot-fold", "06-hot-fold",
-          "grid_sampler deterministic backward: fold hot destinations in parallel",
-          ("GridSamplerDeterministicHotFold.cuh",), {"serial_fold": 1}),
-    Level("channel-groups", "07-channel-groups",
-          "grid_sampler deterministic backward: one walk of a destination's records per "
-          "group of channels",
-          ("GridSamplerDeterministicChannelGroups.cuh",), {"channel_group": 1}),
-    Level("fused-fills", "08-fused-fills",
-          "grid_sampler deterministic backward: the point pass zero-fills the segment table "
-          "and copies grad_output channels last",
-          ("GridSamplerDeterministicFusedFills.cuh",), {"separate_fills": 1}),
+    Level("pipeline", KERNEL_CORE_FILES),
+    Level("index32", (), {"key_bits": 64, "index_bits": 64}),
+    Level("dense", ("GridSamplerDeterministicDense.cuh",), {"reduce": 1}),
+    Level("cells", ("GridSamplerDeterministicCells.cuh",), {"keying": 1}),
+    Level("channels-fastest", ("GridSamplerDeterministicChannelsFastest.cuh",), {"gather": 1}),
+    Level("hot-fold", ("GridSamplerDeterministicHotFold.cuh",), {"serial_fold": 1}),
+    Level("channel-groups", ("GridSamplerDeterministicChannelGroups.cuh",), {"channel_group": 1}),
+    Level("fused-fills", ("GridSamplerDeterministicFusedFills.cuh",), {"separate_fills": 1}),
 )
 LEVEL_NAMES = tuple(lv.name for lv in LEVELS)
 TOP = LEVEL_NAMES[-1]
+# Every name level= takes: the core, then the pipeline's prefixes.
+RUNNABLE = (CORE, *LEVEL_NAMES)
 
 
 class StackError(ValueError):
@@ -65,12 +73,12 @@ class StackError(ValueError):
 
 def level_index(name: str) -> int:
     if name not in LEVEL_NAMES:
-        raise StackError(f"unknown level {name!r}; the levels are {', '.join(LEVEL_NAMES)}")
+        raise StackError(f"unknown level {name!r}; the levels are {', '.join(RUNNABLE)}")
     return LEVEL_NAMES.index(name)
 
 
 def level_options(name: str) -> Dict[str, int]:
-    """The knobs that make the whole stack run what the prefix ending at ``name`` runs."""
+    """The knobs that make the whole pipeline run what the prefix ending at ``name`` runs."""
     options: Dict[str, int] = {}
     for lv in LEVELS[level_index(name) + 1:]:
         options.update(lv.options)
@@ -78,7 +86,7 @@ def level_options(name: str) -> Dict[str, int]:
 
 
 def kernel_files(upto: str = TOP) -> Tuple[str, ...]:
-    """The ATen files (basenames) of the prefix ending at ``upto``, in stack order."""
+    """The pipeline's files (basenames) of the prefix ending at ``upto``, in order."""
     return tuple(f for lv in LEVELS[: level_index(upto) + 1] for f in lv.files)
 
 

@@ -104,6 +104,34 @@ def _level_knobs(level: str, **given: int) -> Dict[str, int]:
     return {name: value or knobs.get(name, 0) for name, value in given.items()}
 
 
+def _refuse_pipeline_knobs(name: str, **given: int) -> None:
+    """level="core" runs the upstream core, which has none of the pipeline's knobs."""
+    set_ = [knob for knob, value in given.items() if value not in (0, "ordered")]
+    if set_:
+        raise ValueError(f"{name}(): level='core' runs the upstream core, which has no "
+                         f"{', '.join(set_)} (knobs of the pipeline's levels)")
+
+
+def _core_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                   output_mask, block_size: int, max_blocks: int) -> Gradients:
+    """The upstream core's grad_input (aten_kernels/aten/) and the grid-gradient pass's
+    grad_grid, as the patched GridSampler.cu returns them; block_size and max_blocks shape
+    the host build's launches."""
+    if input.requires_grad or grid.requires_grad or grad_output.requires_grad:
+        if torch.is_grad_enabled():
+            raise RuntimeError("level='core' is a backward with no derivative of its own; "
+                               "call it under torch.no_grad()")
+    grad_input = grad_grid = None
+    if output_mask[0]:
+        grad_input = torch.ops.detgrid._core_grad_input(
+            grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+            block_size, max_blocks)
+    if output_mask[1]:
+        grad_grid = torch.ops.detgrid._grid_gradient(
+            grad_output, input, grid, interpolation_mode, padding_mode, align_corners)
+    return grad_input, grad_grid
+
+
 def _backward_with_options(name: str):
     op = getattr(torch.ops.detgrid, f"_{name}_with_options")
 
@@ -132,6 +160,17 @@ def _backward_with_options(name: str):
         carry_elements: int = 0,
         level: str = levels.TOP,
     ) -> Gradients:
+        if level == levels.CORE:
+            _refuse_pipeline_knobs(
+                f"{name}_with_options", chunk_points=chunk_points, grain_size=grain_size,
+                key_bits=key_bits, index_bits=index_bits, keying=keying, gather=gather,
+                accumulate=accumulate, serial_fold=serial_fold, reduce=reduce,
+                channel_group=channel_group, separate_fills=separate_fills,
+                carry_elements=carry_elements)
+            return _core_backward(grad_output, input, grid,
+                                  *_aten_arguments(name, interpolation_mode, padding_mode,
+                                                   align_corners, output_mask),
+                                  block_size, max_blocks)
         knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
                              gather=gather, serial_fold=serial_fold, reduce=reduce,
                              channel_group=channel_group, separate_fills=separate_fills)
@@ -171,10 +210,14 @@ def _backward_with_options(name: str):
     carry_elements caps the float carry of Half/BFloat16 sums over several
     chunks (8 Mi elements), so that a small problem runs it in blocks.
 
-    level (detgrid.levels.LEVEL_NAMES) runs what that prefix of the
-    upstream stack runs: "core" is the first patch of patches/stack/, the
-    default the whole stack. It sets the knobs of the later levels' choices
-    (a knob given as well takes its own value).
+    level (detgrid.levels.RUNNABLE): "core" runs the upstream core, the
+    first patch of patches/stack/ (block_size and max_blocks shape its host
+    build's launches; it has none of the other knobs), with grad_grid from
+    the grid-gradient pass. A level of the pipeline runs what that prefix of
+    the pipeline runs, the default the whole pipeline: it sets the knobs of
+    the later levels' choices (a knob given as well takes its own value).
+    The pipeline sums grad_input in an order of its own: its levels share
+    their bits with one another, not with the core.
 
     accumulate (ACCUMULATE_MODES) is the one knob that changes results:
     "exact" and "exact_atomic" sum grad_input's terms exactly, in integers,
@@ -246,14 +289,82 @@ def work_counters(
     of a point pass zero-fills, where the point pass fills it; 0 where the
     table is left to a fill of its own, as a short last chunk's is).
     Also `points` and `records` (points x taps), from the shapes.
+
+    level="core" counts the upstream core's host build, which counts what
+    its CUDA build launches, sorts and allocates: workspace_bytes holds
+    CUB's temporary storage (sort_scratch_bytes is 0), launches_per_chunk
+    is launches over chunks, longest_fold is counted from the longest run of
+    one grad_input position in a chunk where the tensors are CPU tensors
+    (-1 otherwise), and channel_merges is -1 (the core has no such walk).
     """
     dims = input.dim() - 2
     interpolation_mode, padding_mode, align_corners, output_mask = _aten_arguments(
         f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
         output_mask)
-    knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
+    if level == levels.CORE:
+        _refuse_pipeline_knobs(
+            "work_counters", chunk_points=chunk_points, key_bits=key_bits,
+            index_bits=index_bits, keying=keying, gather=gather, accumulate=accumulate,
+            serial_fold=serial_fold, reduce=reduce, channel_group=channel_group,
+            separate_fills=separate_fills, carry_elements=carry_elements)
+        counters = _core_work_counters(grad_output, input, grid, interpolation_mode,
+                                       padding_mode, align_corners, output_mask)
+    else:
+        counters = _pipeline_work_counters(
+            grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+            output_mask, chunk_points, accumulate, carry_elements,
+            _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
                          gather=gather, serial_fold=serial_fold, reduce=reduce,
-                         channel_group=channel_group, separate_fills=separate_fills)
+                         channel_group=channel_group, separate_fills=separate_fills))
+    points = grid.numel() // dims
+    taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]
+    counters["points"] = points
+    counters["records"] = points * taps_per_axis ** dims if output_mask[0] else 0
+    return counters
+
+
+# The upstream core's chunk and partial sizes (kMaxChunkRecords and
+# kPartialRecords in aten_kernels/aten/.../GridSamplerDeterministic.cu).
+CORE_CHUNK_RECORDS = 1 << 19
+CORE_PARTIAL_RECORDS = 256
+
+
+def core_longest_fold(longest_run: int) -> int:
+    """The most terms one thread of the core adds in sequence, for a chunk whose longest run
+    of one grad_input position holds ``longest_run`` records: the run's first partial (up
+    to CORE_PARTIAL_RECORDS records) and then its stored partials, one per further
+    CORE_PARTIAL_RECORDS records (a partial is itself at most CORE_PARTIAL_RECORDS)."""
+    if longest_run <= 0:
+        return longest_run  # -1: not counted (no data to run on)
+    first = min(longest_run, CORE_PARTIAL_RECORDS)
+    return first + -(-(longest_run - first) // CORE_PARTIAL_RECORDS)
+
+
+def _core_work_counters(grad_output, input, grid, interpolation_mode, padding_mode,
+                        align_corners, output_mask) -> Dict[str, int]:
+    """work_counters' fields for the upstream core, from its host build's counts."""
+    counters = dict.fromkeys(WORK_COUNTER_FIELDS, 0)
+    if not output_mask[0]:
+        return counters  # the existing kernel's grid-only route: no sort, no workspace
+    (launches, items_sorted, sort_end_bit, key_bytes, workspace_bytes, threads,
+     longest_run) = torch.ops.detgrid._core_counters(
+        grad_output, input, grid, interpolation_mode, padding_mode, align_corners)
+    del sort_end_bit, threads
+    chunks = -(-items_sorted // CORE_CHUNK_RECORDS)
+    counters.update(
+        launches=launches, chunks=chunks,
+        launches_per_chunk=launches // chunks if chunks else 0,
+        items_sorted=items_sorted, key_bits=8 * key_bytes, key_bytes=key_bytes,
+        # CUB's temporary storage is allocated from the same allocator: in workspace_bytes
+        workspace_bytes=workspace_bytes, sort_scratch_bytes=0,
+        longest_fold=core_longest_fold(longest_run), channel_merges=-1)
+    return counters
+
+
+def _pipeline_work_counters(grad_output, input, grid, interpolation_mode, padding_mode,
+                            align_corners, output_mask, chunk_points, accumulate,
+                            carry_elements, knobs) -> Dict[str, int]:
+    dims = input.dim() - 2
     values = torch.ops.detgrid._backward_work_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
         output_mask, chunk_points, knobs["key_bits"], knobs["index_bits"], knobs["keying"],
@@ -261,12 +372,7 @@ def work_counters(
         _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate),
         knobs["serial_fold"], knobs["reduce"], knobs["channel_group"],
         knobs["separate_fills"], carry_elements)
-    counters = dict(zip(WORK_COUNTER_FIELDS, values))
-    points = grid.numel() // dims
-    taps_per_axis = {0: 2, 1: 1, 2: 4}[interpolation_mode]
-    counters["points"] = points
-    counters["records"] = points * taps_per_axis ** dims if output_mask[0] else 0
-    return counters
+    return dict(zip(WORK_COUNTER_FIELDS, values))
 
 
 def backward_route(device_type: str, deterministic: bool, warn_only: bool,

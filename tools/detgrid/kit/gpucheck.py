@@ -199,23 +199,23 @@ def executor_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Di
 
 
 # --------------------------------------------------------------------------
-# The next core (aten_kernels/next/, issue 59): CUDA build against host build
+# The core (aten_kernels/aten/, issue 59): CUDA build against host build
 # --------------------------------------------------------------------------
 
 
-def next_core_grad_input(case: Case) -> Optional[torch.Tensor]:
-    """The next core's grad_input for the case, on the case's device (the
+def core_grad_input(case: Case) -> Optional[torch.Tensor]:
+    """The core's grad_input for the case, on the case's device (the
     host build on CPU, the nvcc build on CUDA); None where it refuses the
     case (5-D bicubic)."""
     if case.dim == 3 and case.interpolation_mode == 2:
         return None
-    return torch.ops.detgrid._next_core_grad_input(
+    return torch.ops.detgrid._core_grad_input(
         case.grad_output, case.input, case.grid, case.interpolation_mode,
         case.padding_mode, case.align_corners)
 
 
-def next_core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
-    """The next core on the device against its host build, per case: "host
+def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
+    """The core on the device against its host build, per case: "host
     == CUDA bit for bit" is a measurement here, not a requirement, since
     both builds contract multiply-adds into FMAs where their compilers
     choose (on --device cpu the "device" run is the host build with a
@@ -223,15 +223,15 @@ def next_core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> D
     equal, worst, mismatches, errors, ran = 0, 0.0, [], [], 0
     for case in cases:
         try:
-            ref = next_core_grad_input(case)
+            ref = core_grad_input(case)
             if ref is None:
                 continue
             if torch.device(device).type == "cpu":
-                got = torch.ops.detgrid._next_core_grad_input(
+                got = torch.ops.detgrid._core_grad_input(
                     case.grad_output, case.input, case.grid, case.interpolation_mode,
                     case.padding_mode, case.align_corners, 64, 0, 7)
             else:
-                got = next_core_grad_input(case.to(device))
+                got = core_grad_input(case.to(device))
                 synchronize(device)
         except Exception as e:  # recorded, the other cases still run
             errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
@@ -246,9 +246,9 @@ def next_core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> D
             "max_abs_diff": worst, "mismatches": mismatches[:10], "errors": errors[:10]}
 
 
-def next_core_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
-    """next_core_row per dtype and spatial dims, on the executor's cases."""
-    return [next_core_row(device, name, dim, executor_row_cases(name, dim, seed))
+def core_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
+    """core_row per dtype and spatial dims, on the executor's cases."""
+    return [core_row(device, name, dim, executor_row_cases(name, dim, seed))
             for name in dtypes for dim in DIMS]
 
 
@@ -300,11 +300,11 @@ def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed:
         "knobs": [{"case": case.name, "dim": case.dim,
                    **_guarded(lambda: knob_invariance(case, device))} for case in cases],
         "executor": executor_match(device, dtypes, seed),
-        "next_core": next_core_match(device, dtypes, seed),
-        "next_core_repeat": [
+        "core": core_match(device, dtypes, seed),
+        "core_repeat": [
             {"case": case.name, "dim": case.dim,
              **_guarded(lambda: repeat_hashes(
-                 lambda: (next_core_grad_input(case), None), reps, device))}
+                 lambda: (core_grad_input(case), None), reps, device))}
             for case in cases],
         "fidelity": [fidelity_row(device, name, dim, seed)
                      for name in FIDELITY_DTYPES for dim in DIMS],
@@ -698,9 +698,9 @@ def run_sanitizer_cases(device: str, set_name: str, seed: int = 0) -> Dict[str, 
     ran, mismatches = 0, []
     for case in sanitizer_cases(set_name, seed):
         got = run_detgrid(case.to(device))
-        # The next core's kernels under the same sanitizer (its bits are the
+        # The core's kernels under the same sanitizer (its bits are the
         # bitwise step's to compare).
-        next_core_grad_input(case.to(device))
+        core_grad_input(case.to(device))
         synchronize(device)
         ran += 1
         if dtype_name(case.input.dtype) in EXACT_DTYPES:

@@ -106,7 +106,7 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
             + from_step("bitwise", repeat_checks(bw.get("repeat") or [])
                         + knob_checks(bw.get("knobs") or [])
                         + executor_checks(bw.get("executor") or [])
-                        + next_core_checks(bw)
+                        + core_checks(bw)
                         + fidelity_checks(bw.get("fidelity") or []))
             + from_step("routes", route_checks(data.get("routes") or {}))
             + from_step("exact", exact_checks(data.get("exact") or {}))
@@ -155,18 +155,18 @@ def executor_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return checks
 
 
-def next_core_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The next core (aten_kernels/next/) on the device: it runs every case
+def core_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The core (aten_kernels/aten/) on the device: it runs every case
     without an error, and its repeats hash the same. Its bits against its
     host build are reported, not required: both builds contract
     multiply-adds where their compilers choose, and that measurement is what
-    the row is for. A check for a run that recorded no next-core rows (a
+    the row is for. A check for a run that recorded no core rows (a
     results file from before them) says n/a."""
-    rows, repeats = bw.get("next_core"), bw.get("next_core_repeat")
+    rows, repeats = bw.get("core"), bw.get("core_repeat")
     if not rows and not repeats:
-        return [_check("next core runs and repeats", None, "not run", required=False)]
+        return [_check("core runs and repeats", None, "not run", required=False)]
     checks = [_check(
-        f"next core runs ({row['dtype']}, {row['dim']}-D)", not row.get("errors"),
+        f"core runs ({row['dtype']}, {row['dim']}-D)", not row.get("errors"),
         f"{row['bitwise_equal']}/{row['cases']} bitwise equal to its host build, max abs "
         f"diff {_fmt(row['max_abs_diff'])}"
         + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""))
@@ -174,7 +174,7 @@ def next_core_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
     for row in repeats or []:
         distinct = row.get("grad_input_distinct")
         checks.append(_check(
-            f"next core repeat runs bitwise identical ({row['dim']}-D)", distinct == 1,
+            f"core repeat runs bitwise identical ({row['dim']}-D)", distinct == 1,
             f"{row.get('reps')} runs of {row.get('case')}: distinct hashes {distinct}"
             + (f"; {row['error']}" if row.get("error") else "")))
     return checks

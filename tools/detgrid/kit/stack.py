@@ -1,9 +1,12 @@
-"""The upstream change as a stack of levels, cut from one set of sources.
+"""The pipeline's levels, cut from one set of sources; where the upstream files are.
 
-The ATen files under aten_kernels/ hold the whole stack: the kit builds them as
-they are. Each level after the core is a speed step that changes no bit. Its
-code lives in files of its own (``Level.files``) and joins the core's files at
-seams marked in them:
+The upstream change's new file is aten_kernels/aten/src/ATen/native/cuda/
+GridSamplerDeterministic.cu (``core_sources``). The pipeline, the extension's
+speed path until its steps are rebuilt on that core, lives under
+aten_kernels/pipeline/ with the same layout: the kit builds its files as they
+are. Each level after the first is a speed step that changes no bit. Its
+code lives in files of its own (``Level.files``) and joins the first level's
+files at seams marked in them:
 
     // [stack: NAME]                a block present from level NAME on
     ...
@@ -15,11 +18,12 @@ seams marked in them:
                                     one line that reads ``older code;`` before
                                     level NAME (same indentation)
 
-Blocks nest. ``cut(text, upto)`` gives a file as the prefix of the stack that
-ends with level ``upto`` has it, markers removed; at the last level it is the
-source without its marker comments. The extension runs any level through the
-same pipeline: ``Level.options`` are the knobs (detgrid.ops) that turn the later
-levels' choices off, so ``level="core"`` runs what the core's files run.
+Blocks nest. ``cut(text, upto)`` gives a file as the prefix of the pipeline
+that ends with level ``upto`` has it, markers removed; at the last level it is
+the source without its marker comments. The extension runs any level through
+the same pipeline: ``Level.options`` are the knobs (detgrid.ops) that turn the
+later levels' choices off, so ``level="pipeline"`` runs what the first level's
+files run.
 """
 
 import re
@@ -27,12 +31,16 @@ from typing import Dict, List, Tuple
 
 
 from detgrid.levels import (  # noqa: F401  (the levels, re-exported for the kit's tools)
+    CORE,
     KERNEL_CORE_FILES,
     LEVEL_NAMES,
     LEVELS,
     TOP,
     Level,
+    UPSTREAM_NAMES,
+    UPSTREAM_STACK,
     StackError,
+    UpstreamPatch,
     kernel_files,
     level_index,
     level_of_file,
@@ -58,7 +66,7 @@ def markers(text: str, where: str = "") -> List[Tuple[int, str]]:
             if m:
                 name = m.group("name") if pattern is _LINE else m.group(1)
                 if name not in LEVEL_NAMES or name == LEVEL_NAMES[0]:
-                    raise StackError(f"{where}:{number}: no level {name!r} after the core")
+                    raise StackError(f"{where}:{number}: no level {name!r} after the first")
                 if pattern is _BEGIN:
                     open_blocks.append((number, name))
                 elif pattern is _END:
@@ -115,12 +123,23 @@ def cut(text: str, upto: str = TOP, where: str = "") -> str:
 
 
 KERNEL_DIR = "aten/src/ATen/native/cuda"
+UPSTREAM_ROOT = "aten_kernels"  # the upstream files: aten_kernels/aten/...
+PIPELINE_ROOT = "aten_kernels/pipeline"  # the pipeline's: aten_kernels/pipeline/aten/...
+CORE_FILES = ("GridSamplerDeterministic.cu",)  # the files the core adds to the tree
+
+
+def core_sources(kit_root) -> Dict[str, str]:
+    """{path under the tree: text} of the files the upstream core adds."""
+    from pathlib import Path
+
+    source = Path(kit_root) / UPSTREAM_ROOT / KERNEL_DIR
+    return {f"{KERNEL_DIR}/{name}": (source / name).read_text() for name in CORE_FILES}
 
 
 def kernel_sources(kit_root, upto: str = TOP) -> Dict[str, str]:
-    """{path under the tree: text} of the ATen files of the prefix ending at ``upto``."""
+    """{path under the tree: text} of the pipeline's files of the prefix ending at ``upto``."""
     from pathlib import Path
 
-    source = Path(kit_root) / "aten_kernels" / KERNEL_DIR
+    source = Path(kit_root) / PIPELINE_ROOT / KERNEL_DIR
     return {f"{KERNEL_DIR}/{name}": cut((source / name).read_text(), upto, where=name)
             for name in kernel_files(upto)}

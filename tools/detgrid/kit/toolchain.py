@@ -136,12 +136,12 @@ def find_toolkit(torch_cuda: str, env: Mapping[str, str] = os.environ,
     return Toolkit(home, source, version_of(nvcc) if os.path.isfile(nvcc) else None)
 
 
-# The CUDA headers the next core's host build needs (hostify's prelude).
+# The CUDA headers the core's host build needs (hostify's prelude).
 HOST_CUDA_HEADERS = ("cuda_runtime.h", "cuda_bf16.h", "cuda_fp16.h")
 
 
 class NoCudaHeaders(RuntimeError):
-    """The host build of the next core found no CUDA headers."""
+    """The host build of the core found no CUDA headers."""
 
 
 def host_cuda_include(env: Mapping[str, str] = os.environ,

@@ -2,7 +2,8 @@
 // hostify's stand-in (see ../../../prelude.h) for the at::cuda::cub calls
 // the source makes, with CUB's results: a stable radix sort over the key
 // bits [begin_bit, end_bit) of CUB's bit pattern (a signed key's sign bit
-// flipped), and the first value of each run of equal keys. at::cuda::cub
+// flipped), and the first value of each run of equal keys (the longest
+// run counted, see control.h). at::cuda::cub
 // names namespace hostify::cub, so that no definition here is merged with
 // libtorch's at link time.
 #include "../../../launch.h"
@@ -86,9 +87,18 @@ void unique_by_key(
     return;
   }
   int64_t selected = 0;
-  for (int64_t i = 0; i < num_input_items; ++i) {
-    if (i == 0 || !(keys_in[i] == keys_in[i - 1])) {
+  int64_t run_begin = 0;
+  for (int64_t i = 0; i <= num_input_items; ++i) {
+    if (i < num_input_items && i > 0 && keys_in[i] == keys_in[i - 1]) {
+      continue;
+    }
+    if (i > 0 && static_cast<int64_t>(keys_in[i - 1]) != config().nowhere_key) {
+      counters().longest_run =
+          std::max<int64_t>(counters().longest_run, i - run_begin);
+    }
+    if (i < num_input_items) {
       values_out[selected++] = values_in[i];
+      run_begin = i;
     }
   }
   *num_selected = selected;

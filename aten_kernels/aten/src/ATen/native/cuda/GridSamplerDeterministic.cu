@@ -1,435 +1,600 @@
-// Deterministic CUDA backward of grid_sampler_2d and grid_sampler_3d:
-// grad_input without floating-point atomics. grad_grid stays the existing
-// kernel's, which has one writer per element.
-//
-// Pipeline (GridSamplerDeterministicPipeline.cuh; this file holds its CUDA
-// executor), per chunk of points (whole tiles of kTilePoints points):
-//   1. grid_sampler_point_records_kernel, one thread per point: the weight
-//      of every tap, the point's grad_output offset, and one sort item per
-//      tap keyed by its destination in grad_input, or "nowhere".
-// [stack: index32]
-//      Keys are 32 bits wide where the key space fits, else 64.
-// [end stack: index32]
-// [stack: cells]
-//      Bilinear and trilinear sampling with a dense reduction sort one item
-//      per point instead, keyed by its cell (the position of its lowest tap,
-//      plus one): see GridSamplerDeterministicCells.cuh.
-// [end stack: cells]
-//   2. stable radix sort of the items by key (at::cuda::cub), so each key's
-//      records are in ascending record id (point * taps + tap).
-//   3. reduce: a zero fill, then one thread per (sorted record, channel)
-//      (sum_runs_kernel); the thread of a run's first record folds the run.
-// [stack: dense]
-//      Dense instead where the table of keys has no more entries than a
-//      chunk has records (mark_segment_bounds_kernel, then one thread per
-//      (destination, channel) of the images the chunk's points lie in: see
-//      GridSamplerDeterministicDense.cuh).
-// [end stack: dense]
-// [stack: channels-fastest]
-//      From 16 channels the dense reduce's threads take channels fastest
-//      (sum_segments_channels_fastest_kernel; see
-//      GridSamplerDeterministicChannelsFastest.cuh).
-// [end stack: channels-fastest]
-// [stack: hot-fold]
-//      Where a key may be hot (more than 4096 records), a sum over the
-//      chunk's slots (at::cuda::cub) numbers the hot destinations' partials,
-//      and fold_hot_destinations_kernel marks the segments in place of
-//      mark_segment_bounds_kernel and stores the partials of their tiles in
-//      parallel; the reduce adds them in order
-//      (GridSamplerDeterministicHotFold.cuh).
-// [end stack: hot-fold]
-//
-// Invariants:
-// (a) Canonical order. grad_input[n][c][position] is
-//       fold_+ over partials P of (fold_+ over the records r in P of
-//       round(weight(r) * grad_output(r, c)))
-//     from zero, over the records that land on (n, position) in ascending
-//     record id; a partial is a run of at most kRecordsPerPartial of them
-//     within a tile. Sums are in opmath_type, rounded once to the output
-//     dtype. So the order depends on the shapes and the grid alone: not on
-//     GPU model, SM count, block size, chunk size, stream or free memory.
-// (b) Bounded workspace: at most kWorkspaceBytes (64 MiB) whatever the
-//     input: per chunk, sort keys and payloads, CUB's scratch, the weight
-//     of every tap and a grad_output offset per point.
-// [stack: dense]
-//     The dense reduction's segment table.
-// [end stack: dense]
-// [stack: channels-fastest]
-//     When its threads take channels fastest over a grad_output whose
-//     channel stride is not 1, a channels-last copy of the chunk's
-//     grad_output.
-// [end stack: channels-fastest]
-// [stack: hot-fold]
-//     The hot fold's tables reuse the unsorted sort items.
-// [end stack: hot-fold]
-//     Half/BFloat16 sums over several chunks wait in a float carry of at
-//     most kCarryBytes; beyond it grad_input is made block by block, each
-//     block re-running its images' chunks.
-// (c) Safe coordinates and (d) fidelity: no index comes from a non-finite
-//     or huge value; taps and weights are the existing backward's.
-
 #define TORCH_ASSERT_NO_OPERATORS
-#include <ATen/native/cuda/GridSamplerDeterministic.h>
+#include <ATen/native/cuda/GridSampler.h>
 
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ceil_div.h>
 #include <ATen/core/TensorBase.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/cub.cuh>
-#include <c10/core/Allocator.h>
+#include <ATen/cuda/detail/KernelUtils.h>
+#include <ATen/native/CanUse32BitIndexMath.h>
+#include <ATen/native/GridSamplerUtils.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/macros/Macros.h>
-#include <ATen/native/cuda/GridSamplerDeterministicPipeline.cuh>
+#include <ATen/cuda/cub.cuh>
+#include <ATen/cuda/detail/IndexUtils.cuh>
+#include <ATen/cuda/detail/TensorInfo.cuh>
+#include <ATen/native/cuda/GridSampler.cuh>
+#include <ATen/native/cuda/UpSample.cuh>
 
 #include <algorithm>
-#include <iterator> // [stack: hot-fold]
+#include <cstdint>
 #include <type_traits>
+#include <vector>
+
+// Note [Deterministic grid_sampler backward]
+// The existing backward kernels scatter grad_input's terms with atomicAdd,
+// so each sum's order changes from run to run. Here each term is formed as
+// the existing kernel forms it, and each element's terms are added in an
+// order fixed by the shapes and the grid, per chunk of kMaxChunkRecords:
+//   1. A thread per output point writes a record per tap, keyed by the
+//      grad_input position it lands on (`nowhere` when out of bounds) and
+//      valued by its id, point * taps + tap.
+//   2. A stable radix sort by key leaves each position's records in
+//      ascending id; unique_by_key finds where each run of one key begins.
+//   3. Runs are summed in partials of kPartialRecords records; those after a
+//      run's first are summed in parallel, so that a constant grid's run of
+//      a million records is no one thread's work.
+//   4. A thread per run and channel adds its partials in order to what the
+//      earlier chunks left. Sums are in opmath_t, rounded once (Half and
+//      BFloat16 sums over several chunks wait in a float scratch).
+// The terms are the existing kernel's; the sums differ from its by their
+// order and by FMA contraction.
 
 namespace at::native {
 namespace {
 
-using namespace grid_sampler_deterministic;
+using at::cuda::detail::GET_BLOCKS;
+using at::cuda::detail::getTensorInfo;
+using at::cuda::detail::TensorInfo;
 
-// gridDim.y's limit; rows beyond it are taken by the grid-stride loop.
-constexpr int64_t kMaxGridRows = 65535;
+constexpr int kThreads = 256;
+// Records summed by one thread before its sum is added to the element.
+constexpr int64_t kPartialRecords = 256;
+// Records per chunk: the workspace of a chunk stays within 64 MiB with
+// 64-bit keys, 16 MiB of it the partials of up to 256 channels; beyond 256
+// channels, chunks shrink to keep that share.
+constexpr int64_t kMaxChunkRecords = int64_t{1} << 19;
+constexpr int64_t kPartialBytes = int64_t{16} << 20;
 
-// Point passes keep a point's taps in registers (64 in tricubic sampling):
-// built for kPointPassBlockSize threads, they may take 255 registers and
-// spill nothing. The other stages are built for kMaxBlockSize.
-constexpr int kPointPassBlockSize = 256;
+// Record r of a chunk belongs to point r >> tap_bits, whose taps are visited
+// in the existing kernel's order: for bicubic, x outermost; otherwise nw,
+// ne, sw, se (tnw .. bse in 3-D).
+template <typename scalar_t, typename index_t>
+struct ChunkRecords {
+  index_t* keys;
+  int32_t* ids;
+  // Per record its weight; per bicubic point its four x then four y
+  // coefficients.
+  scalar_t* weights;
+  index_t* gout_offsets;
+  index_t nowhere;
 
-// Grid-stride loops with unsigned counters: count < 2^31 (or 2^63) and the
-// stride is at most 2^29, so i + stride never wraps, and 32-bit counts keep
-// a 32-bit loop.
-template <typename Stage, typename count_t>
-__device__ __forceinline__ void grid_stride_loop(
-    const Stage& stage,
-    count_t count) {
-  using ucount_t = std::make_unsigned_t<count_t>;
-  const ucount_t stride = static_cast<ucount_t>(blockDim.x) * gridDim.x;
-  const ucount_t first =
-      static_cast<ucount_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (ucount_t i = first; i < static_cast<ucount_t>(count); i += stride) {
-    stage(static_cast<count_t>(i));
+  __device__ void tap(int32_t record, bool in_bounds, index_t position) const {
+    keys[record] = in_bounds ? position : nowhere;
+    ids[record] = record;
   }
-}
+};
 
-// Rows along gridDim.y, columns along the grid-stride loop of gridDim.x.
-template <typename Stage, typename row_t, typename col_t>
-__device__ __forceinline__ void grid_stride_rows(
-    const Stage& stage,
-    row_t rows,
-    col_t cols) {
-  using urow_t = std::make_unsigned_t<row_t>;
-  using ucol_t = std::make_unsigned_t<col_t>;
-  const ucol_t stride = static_cast<ucol_t>(blockDim.x) * gridDim.x;
-  for (urow_t r = blockIdx.y; r < static_cast<urow_t>(rows); r += gridDim.y) {
-    const auto row = stage.row(static_cast<row_t>(r));
-    for (ucol_t c = static_cast<ucol_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-         c < static_cast<ucol_t>(cols);
-         c += stride) {
-      stage(row, static_cast<col_t>(c));
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void grid_sampler_2d_records_kernel(
+    const index_t count,
+    const index_t first_point,
+    TensorInfo<const scalar_t, index_t> input,
+    TensorInfo<const scalar_t, index_t> grid,
+    TensorInfo<const scalar_t, index_t> grad_output,
+    const GridSamplerInterpolation interpolation_mode,
+    const GridSamplerPadding padding_mode,
+    const bool align_corners,
+    ChunkRecords<scalar_t, index_t> chunk) {
+  const index_t inp_H = input.sizes[2];
+  const index_t inp_W = input.sizes[3];
+  const index_t out_H = grid.sizes[1];
+  const index_t out_W = grid.sizes[2];
+  CUDA_KERNEL_LOOP_TYPE(i, count, index_t) {
+    const index_t index = first_point + i;
+    const index_t w = index % out_W;
+    const index_t h = (index / out_W) % out_H;
+    const index_t n = index / (out_H * out_W);
+    const index_t grid_offset =
+        n * grid.strides[0] + h * grid.strides[1] + w * grid.strides[2];
+    const scalar_t x = grid.data[grid_offset];
+    const scalar_t y = grid.data[grid_offset + grid.strides[3]];
+    chunk.gout_offsets[i] = n * grad_output.strides[0] +
+        h * grad_output.strides[2] + w * grad_output.strides[3];
+    const index_t image = n * inp_H * inp_W;
+    const int32_t first = static_cast<int32_t>(i);
+    scalar_t gix_mult, giy_mult;
+    if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+      const scalar_t ix =
+          grid_sampler_unnormalize_set_grad(x, inp_W, align_corners, &gix_mult);
+      const scalar_t iy =
+          grid_sampler_unnormalize_set_grad(y, inp_H, align_corners, &giy_mult);
+      const scalar_t ix_nw = std::floor(ix);
+      const scalar_t iy_nw = std::floor(iy);
+      scalar_t* coeffs = chunk.weights + 8 * i;
+      get_cubic_upsampling_coefficients<scalar_t>(coeffs, ix - ix_nw);
+      get_cubic_upsampling_coefficients<scalar_t>(coeffs + 4, iy - iy_nw);
+      // The positions add_value_bounded gives the taps: tap (t, u) lies at
+      // column px of x offset t and row py[u] of y offset u.
+      int py[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        py[u] = static_cast<int>(compute_coordinates(
+            iy_nw - 1 + u, inp_H, padding_mode, align_corners));
+      }
+#pragma unroll 1
+      for (int t = 0; t < 4; ++t) {
+        const int px = static_cast<int>(compute_coordinates(
+            ix_nw - 1 + t, inp_W, padding_mode, align_corners));
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          chunk.tap(
+              16 * first + 4 * t + u,
+              within_bounds_2d(py[u], px, inp_H, inp_W),
+              image + py[u] * inp_W + px);
+        }
+      }
+      continue;
+    }
+    const scalar_t ix = grid_sampler_compute_source_index_set_grad(
+        x, inp_W, padding_mode, align_corners, &gix_mult);
+    const scalar_t iy = grid_sampler_compute_source_index_set_grad(
+        y, inp_H, padding_mode, align_corners, &giy_mult);
+    if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+      const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
+      const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
+      chunk.tap(
+          first,
+          within_bounds_2d(iy_nearest, ix_nearest, inp_H, inp_W),
+          image + iy_nearest * inp_W + ix_nearest);
+      continue;
+    }
+    const index_t ix_nw = static_cast<index_t>(std::floor(ix));
+    const index_t iy_nw = static_cast<index_t>(std::floor(iy));
+    const index_t ix_se = ix_nw + 1;
+    const index_t iy_se = iy_nw + 1;
+    // The surfaces as the existing kernel forms them: nw, ne, sw, se.
+    const scalar_t weight[4] = {
+        (ix_se - ix) * (iy_se - iy),
+        (ix - ix_nw) * (iy_se - iy),
+        (ix_se - ix) * (iy - iy_nw),
+        (ix - ix_nw) * (iy - iy_nw)};
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const index_t tx = ix_nw + (t & 1);
+      const index_t ty = iy_nw + (t >> 1);
+      chunk.weights[4 * first + t] = weight[t];
+      chunk.tap(
+          4 * first + t,
+          within_bounds_2d(ty, tx, inp_H, inp_W),
+          image + ty * inp_W + tx);
     }
   }
 }
 
-// One kernel per stage of the pipeline, named after what it computes.
-
-template <typename Pass, typename count_t>
-C10_LAUNCH_BOUNDS_2(kPointPassBlockSize, 1)
-__global__ void grid_sampler_point_records_kernel(
-    const Pass pass,
-    count_t count) {
-  grid_stride_loop(pass, count);
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void grid_sampler_3d_records_kernel(
+    const index_t count,
+    const index_t first_point,
+    TensorInfo<const scalar_t, index_t> input,
+    TensorInfo<const scalar_t, index_t> grid,
+    TensorInfo<const scalar_t, index_t> grad_output,
+    const GridSamplerInterpolation interpolation_mode,
+    const GridSamplerPadding padding_mode,
+    const bool align_corners,
+    ChunkRecords<scalar_t, index_t> chunk) {
+  const index_t inp_D = input.sizes[2];
+  const index_t inp_H = input.sizes[3];
+  const index_t inp_W = input.sizes[4];
+  const index_t out_D = grid.sizes[1];
+  const index_t out_H = grid.sizes[2];
+  const index_t out_W = grid.sizes[3];
+  CUDA_KERNEL_LOOP_TYPE(i, count, index_t) {
+    const index_t index = first_point + i;
+    const index_t w = index % out_W;
+    const index_t h = (index / out_W) % out_H;
+    const index_t d = (index / (out_H * out_W)) % out_D;
+    const index_t n = index / (out_D * out_H * out_W);
+    const index_t grid_offset = n * grid.strides[0] + d * grid.strides[1] +
+        h * grid.strides[2] + w * grid.strides[3];
+    auto source_index = [&](int axis, index_t size) {
+      scalar_t multiplier;
+      return grid_sampler_compute_source_index_set_grad(
+          grid.data[grid_offset + axis * grid.strides[4]],
+          size,
+          padding_mode,
+          align_corners,
+          &multiplier);
+    };
+    const scalar_t ix = source_index(0, inp_W);
+    const scalar_t iy = source_index(1, inp_H);
+    const scalar_t iz = source_index(2, inp_D);
+    chunk.gout_offsets[i] = n * grad_output.strides[0] +
+        d * grad_output.strides[2] + h * grad_output.strides[3] +
+        w * grad_output.strides[4];
+    const index_t image = n * inp_D * inp_H * inp_W;
+    const int32_t first = static_cast<int32_t>(i);
+    if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+      const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
+      const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
+      const index_t iz_nearest = static_cast<index_t>(std::nearbyint(iz));
+      chunk.tap(
+          first,
+          within_bounds_3d(
+              iz_nearest, iy_nearest, ix_nearest, inp_D, inp_H, inp_W),
+          image + (iz_nearest * inp_H + iy_nearest) * inp_W + ix_nearest);
+      continue;
+    }
+    const index_t ix_tnw = static_cast<index_t>(std::floor(ix));
+    const index_t iy_tnw = static_cast<index_t>(std::floor(iy));
+    const index_t iz_tnw = static_cast<index_t>(std::floor(iz));
+    const index_t ix_bse = ix_tnw + 1;
+    const index_t iy_bse = iy_tnw + 1;
+    const index_t iz_bse = iz_tnw + 1;
+    // The volumes as the existing kernel forms them: tnw, tne, tsw, tse,
+    // bnw, bne, bsw, bse.
+    const scalar_t weight[8] = {
+        (ix_bse - ix) * (iy_bse - iy) * (iz_bse - iz),
+        (ix - ix_tnw) * (iy_bse - iy) * (iz_bse - iz),
+        (ix_bse - ix) * (iy - iy_tnw) * (iz_bse - iz),
+        (ix - ix_tnw) * (iy - iy_tnw) * (iz_bse - iz),
+        (ix_bse - ix) * (iy_bse - iy) * (iz - iz_tnw),
+        (ix - ix_tnw) * (iy_bse - iy) * (iz - iz_tnw),
+        (ix_bse - ix) * (iy - iy_tnw) * (iz - iz_tnw),
+        (ix - ix_tnw) * (iy - iy_tnw) * (iz - iz_tnw)};
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const index_t tx = ix_tnw + (t & 1);
+      const index_t ty = iy_tnw + ((t >> 1) & 1);
+      const index_t tz = iz_tnw + (t >> 2);
+      chunk.weights[8 * first + t] = weight[t];
+      chunk.tap(
+          8 * first + t,
+          within_bounds_3d(tz, ty, tx, inp_D, inp_H, inp_W),
+          image + (tz * inp_H + ty) * inp_W + tx);
+    }
+  }
 }
 
-// [stack: dense]
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void mark_segment_bounds_kernel(
-    const MarkDestinationSegments stage,
-    int32_t count) {
-  grid_stride_loop(stage, count);
-}
-// [end stack: dense]
+// What the sums read of a sorted chunk, and grad_input's shape: `channels`
+// rows of positions_per_image elements per image.
+template <typename scalar_t, typename index_t>
+struct SortedChunk {
+  index_t channels;
+  index_t positions_per_image;
+  index_t nowhere;
+  const index_t* keys;
+  const int32_t* ids;
+  const int32_t* run_begins;
+  const int32_t* num_runs;
+  int32_t count;
+  const scalar_t* weights;
+  const index_t* gout_offsets;
+  const scalar_t* grad_output;
+  index_t gout_stride_c;
+  int tap_bits;
+  GridSamplerInterpolation interpolation_mode;
+  // Per channel, the stored partials of runs longer than kPartialRecords, by
+  // slot (see sum_run_partials_kernel).
+  at::opmath_type<scalar_t>* partials;
+  int64_t slots;
 
-// [stack: channels-fastest]
-template <typename Stage, typename row_t, typename col_t>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void gather_grad_output_channels_last_kernel(
-    const Stage stage,
-    row_t rows,
-    col_t cols) {
-  grid_stride_rows(stage, rows, cols);
-}
-// [end stack: channels-fastest]
+  __device__ int32_t run_end(int32_t run) const {
+    return run + 1 < *num_runs ? run_begins[run + 1] : count;
+  }
 
-// [stack: hot-fold]
-template <typename Stage>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void fold_hot_destinations_kernel(
-    const Stage stage,
-    int32_t rows,
-    int32_t cols) {
-  grid_stride_rows(stage, rows, cols);
-}
-// [end stack: hot-fold]
+  // The run that holds sorted position p: the last one beginning at p or
+  // before (a binary search of the run begins).
+  __device__ int32_t run_holding(int32_t p) const {
+    int32_t low = 0;
+    int32_t high = *num_runs;
+    while (high - low > 1) {
+      const int32_t middle = low + (high - low) / 2;
+      if (run_begins[middle] <= p) {
+        low = middle;
+      } else {
+        high = middle;
+      }
+    }
+    return low;
+  }
 
-// [stack: dense]
-template <typename Reduce, typename row_t, typename col_t>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void sum_segments_per_destination_kernel(
-    const Reduce reduce,
-    row_t rows,
-    col_t cols) {
-  grid_stride_rows(reduce, rows, cols);
-}
-// [end stack: dense]
+  // The term of record `id` in channel c, as the existing kernel forms it.
+  __device__ scalar_t term(int32_t id, index_t c) const {
+    const int32_t point = id >> tap_bits;
+    const scalar_t gOut = grad_output[gout_offsets[point] + c * gout_stride_c];
+    if (interpolation_mode == GridSamplerInterpolation::Nearest) {
+      return gOut;
+    }
+    if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+      const int32_t tap = id & 15;
+      return gOut * weights[8 * point + (tap >> 2)] *
+          weights[8 * point + 4 + (tap & 3)];
+    }
+    return weights[id] * gOut;
+  }
 
-// [stack: channels-fastest]
-template <typename Reduce, typename count_t>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void sum_segments_channels_fastest_kernel(
-    const Reduce reduce,
-    count_t count) {
-  grid_stride_loop(reduce, count);
-}
-// [end stack: channels-fastest]
+  // The partial of the records at sorted positions [begin, end).
+  __device__ at::opmath_type<scalar_t> sum(
+      int32_t begin,
+      int32_t end,
+      index_t c) const {
+    at::opmath_type<scalar_t> partial = 0;
+    for (int32_t k = begin; k < end; ++k) {
+      partial += static_cast<at::opmath_type<scalar_t>>(term(ids[k], c));
+    }
+    return partial;
+  }
+};
 
-template <typename Reduce, typename row_t, typename col_t>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
-__global__ void sum_runs_kernel(const Reduce reduce, row_t rows, col_t cols) {
-  grid_stride_rows(reduce, rows, cols);
+// The partials after a run's first: the one starting at sorted position p
+// is stored in slot p / kPartialRecords, which no other partial shares, as
+// the kPartialRecords positions before p belong to the same run.
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void sum_run_partials_kernel(SortedChunk<scalar_t, index_t> chunk) {
+  CUDA_KERNEL_LOOP_TYPE(item, chunk.slots * chunk.channels, int64_t) {
+    const int32_t slot = static_cast<int32_t>(item % chunk.slots);
+    const index_t c = static_cast<index_t>(item / chunk.slots);
+    const int32_t first = slot * static_cast<int32_t>(kPartialRecords);
+    const int32_t r = chunk.run_holding(first);
+    const int32_t begin = chunk.run_begins[r];
+    const int32_t start = begin +
+        (first - begin + kPartialRecords - 1) / kPartialRecords *
+            kPartialRecords;
+    const int32_t end = chunk.run_end(r);
+    if (start == begin || start >= end || chunk.keys[begin] == chunk.nowhere) {
+      continue;
+    }
+    chunk.partials[item] =
+        chunk.sum(start, std::min<int32_t>(start + kPartialRecords, end), c);
+  }
 }
 
-template <typename Stage, typename row_t, typename col_t>
-C10_LAUNCH_BOUNDS_2(kMaxBlockSize, 1)
+// One writer per grad_input element: the sums of earlier chunks (in `sums`,
+// or in grad_input where sums is null), plus the run's partials in order.
+template <typename scalar_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
+__global__ void sum_runs_kernel(
+    const int64_t max_runs,
+    SortedChunk<scalar_t, index_t> chunk,
+    at::opmath_type<scalar_t>* sums,
+    scalar_t* grad_input) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  CUDA_KERNEL_LOOP_TYPE(item, max_runs * chunk.channels, int64_t) {
+    const int32_t r = static_cast<int32_t>(item % max_runs);
+    const index_t c = static_cast<index_t>(item / max_runs);
+    if (r >= *chunk.num_runs) {
+      continue;
+    }
+    const int32_t begin = chunk.run_begins[r];
+    const index_t key = chunk.keys[begin];
+    if (key == chunk.nowhere) {
+      continue;
+    }
+    const index_t positions = chunk.positions_per_image;
+    const index_t n = key / positions;
+    const index_t element =
+        (n * chunk.channels + c) * positions + (key - n * positions);
+    const int32_t end = chunk.run_end(r);
+    opmath_t total = sums != nullptr
+        ? sums[element]
+        : static_cast<opmath_t>(grad_input[element]);
+    int32_t start = std::min<int32_t>(begin + kPartialRecords, end);
+    total += chunk.sum(begin, start, c);
+    for (; start < end; start += kPartialRecords) {
+      total += chunk.partials[c * chunk.slots + start / kPartialRecords];
+    }
+    if (sums != nullptr) {
+      sums[element] = total;
+    } else {
+      grad_input[element] = static_cast<scalar_t>(total);
+    }
+  }
+}
+
+template <typename scalar_t>
+C10_LAUNCH_BOUNDS_1(kThreads)
 __global__ void round_float_sums_kernel(
-    const Stage stage,
-    row_t rows,
-    col_t cols) {
-  grid_stride_rows(stage, rows, cols);
+    const int64_t numel,
+    const at::opmath_type<scalar_t>* sums,
+    scalar_t* grad_input) {
+  CUDA_KERNEL_LOOP_TYPE(i, numel, int64_t) {
+    grad_input[i] = static_cast<scalar_t>(sums[i]);
+  }
 }
 
-// The kernel of each stage, and for 1-D stages the most threads per block
-// it is built for.
-template <typename Stage>
-struct StageKernel;
-
-template <int kTaps, typename Args>
-struct StageKernel<PointPass<kTaps, Args>> {
-  static constexpr int kMaxThreads = kPointPassBlockSize;
-  template <typename count_t>
-  static constexpr auto kernel =
-      &grid_sampler_point_records_kernel<PointPass<kTaps, Args>, count_t>;
-};
-
-// [stack: dense]
-template <>
-struct StageKernel<MarkDestinationSegments> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
-  template <typename count_t>
-  static constexpr auto kernel = &mark_segment_bounds_kernel;
-};
-// [end stack: dense]
-
-// [stack: channels-fastest]
-template <typename scalar_t, typename index_t>
-struct StageKernel<GatherChannelsLast<scalar_t, index_t>> {
-  template <typename row_t, typename col_t>
-  static constexpr auto kernel = &gather_grad_output_channels_last_kernel<
-      GatherChannelsLast<scalar_t, index_t>,
-      row_t,
-      col_t>;
-};
-// [end stack: channels-fastest]
-
-// [stack: hot-fold]
-template <typename Fold>
-struct StageKernel<HotFold<Fold>> {
-  template <typename row_t, typename col_t>
-  static constexpr auto kernel = &fold_hot_destinations_kernel<HotFold<Fold>>;
-};
-// [end stack: hot-fold]
-
-// [stack: dense]
-template <typename Fold>
-struct StageKernel<ReduceDense<Fold>> {
-  template <typename row_t, typename col_t>
-  static constexpr auto kernel =
-      &sum_segments_per_destination_kernel<ReduceDense<Fold>, row_t, col_t>;
-};
-// [end stack: dense]
-
-// [stack: channel-groups]
-template <typename Fold>
-struct StageKernel<ReduceDenseChannelGroups<Fold>> {
-  template <typename row_t, typename col_t>
-  static constexpr auto kernel = &sum_segments_per_destination_kernel<
-      ReduceDenseChannelGroups<Fold>,
-      row_t,
-      col_t>;
-};
-// [end stack: channel-groups]
-
-// [stack: channels-fastest]
-template <typename Fold>
-struct StageKernel<ReduceDenseChannelsFastest<Fold>> {
-  static constexpr int kMaxThreads = kMaxBlockSize;
-  template <typename count_t>
-  static constexpr auto kernel =
-      &sum_segments_channels_fastest_kernel<
-          ReduceDenseChannelsFastest<Fold>,
-          count_t>;
-};
-// [end stack: channels-fastest]
+// Device memory for `elements` of T, held by `workspace`.
+template <typename T>
+T* allocate(std::vector<c10::DataPtr>& workspace, int64_t elements) {
+  workspace.push_back(
+      c10::cuda::CUDACachingAllocator::get()->allocate(elements * sizeof(T)));
+  return static_cast<T*>(workspace.back().get());
+}
 
 template <typename scalar_t, typename index_t>
-struct StageKernel<ReduceSparse<scalar_t, index_t>> {
-  template <typename row_t, typename col_t>
-  static constexpr auto kernel =
-      &sum_runs_kernel<ReduceSparse<scalar_t, index_t>, row_t, col_t>;
-};
+void sum_grad_input(
+    const TensorBase& grad_input,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    GridSamplerInterpolation interpolation_mode,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int dims = input.dim() - 2;
+  const bool bicubic = interpolation_mode == GridSamplerInterpolation::Bicubic;
+  const bool nearest = interpolation_mode == GridSamplerInterpolation::Nearest;
+  const int tap_bits = bicubic ? 4 : (nearest ? 0 : dims);
+  const int64_t channels = input.size(1);
+  const int64_t positions_per_image =
+      input.numel() / (input.size(0) * channels);
+  const int64_t nowhere = input.size(0) * positions_per_image;
+  const int64_t num_points = grid.numel() / dims;
+  const int64_t chunk_records = kPartialRecords *
+      std::clamp<int64_t>(kPartialBytes / (channels * sizeof(opmath_t)),
+                          1,
+                          kMaxChunkRecords / kPartialRecords);
+  const int64_t chunk_points = std::max<int64_t>(chunk_records >> tap_bits, 1);
+  const int64_t max_records = std::min(chunk_points, num_points) << tap_bits;
 
-template <typename scalar_t, typename index_t>
-struct StageKernel<RoundCarry<scalar_t, index_t>> {
-  template <typename row_t, typename col_t>
-  static constexpr auto kernel =
-      &round_float_sums_kernel<RoundCarry<scalar_t, index_t>, row_t, col_t>;
-};
+  std::vector<c10::DataPtr> workspace;
+  index_t* const keys = allocate<index_t>(workspace, 2 * max_records);
+  int32_t* const ids = allocate<int32_t>(workspace, 2 * max_records);
+  const ChunkRecords<scalar_t, index_t> records{
+      keys,
+      ids,
+      allocate<scalar_t>(workspace, bicubic ? max_records / 2 : max_records),
+      allocate<index_t>(workspace, max_records >> tap_bits),
+      static_cast<index_t>(nowhere)};
+  SortedChunk<scalar_t, index_t> sorted{
+      static_cast<index_t>(channels),
+      static_cast<index_t>(positions_per_image),
+      static_cast<index_t>(nowhere),
+      keys + max_records,
+      ids + max_records,
+      allocate<int32_t>(workspace, max_records),
+      allocate<int32_t>(workspace, 1),
+      0,
+      records.weights,
+      records.gout_offsets,
+      grad_output.const_data_ptr<scalar_t>(),
+      static_cast<index_t>(grad_output.stride(1)),
+      tap_bits,
+      interpolation_mode,
+      allocate<opmath_t>(
+          workspace, ceil_div(max_records, kPartialRecords) * channels),
+      0};
+  const auto records_kernel = dims == 2
+      ? grid_sampler_2d_records_kernel<scalar_t, index_t>
+      : grid_sampler_3d_records_kernel<scalar_t, index_t>;
 
-// Threads per block (at most kMaxBlockSize) and blocks per launch (at most
-// kDefaultMaxBlocks).
-struct LaunchConfig {
-  int64_t block_size;
-  int64_t max_blocks;
-
-  int64_t blocks_for(int64_t work_items) const {
-    return std::min(max_blocks, (work_items + block_size - 1) / block_size);
+  // Half and BFloat16 sums over several chunks wait in float.
+  opmath_t* sums = nullptr;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  if (!std::is_same_v<scalar_t, opmath_t> && num_points > chunk_points) {
+    sums = allocate<opmath_t>(workspace, grad_input.numel());
+    C10_CUDA_CHECK(cudaMemsetAsync(
+        sums, 0, grad_input.numel() * sizeof(opmath_t), stream));
   }
-  LaunchConfig at_most(int64_t threads) const {
-    return {std::min(block_size, threads), max_blocks};
-  }
-};
 
-// [stack: hot-fold]
-// The values term(0), term(1), ... as CUB reads its input: a random-access
-// iterator whose element i is computed where it is read.
-template <typename Term>
-struct TermIterator {
-  using value_type = int32_t;
-  using reference = int32_t;
-  using pointer = void;
-  using difference_type = std::ptrdiff_t;
-  using iterator_category = std::random_access_iterator_tag;
-  Term term;
-  difference_type offset;
-
-  __host__ __device__ int32_t operator*() const {
-    return term(static_cast<int32_t>(offset));
-  }
-  __host__ __device__ int32_t operator[](difference_type i) const {
-    return term(static_cast<int32_t>(offset + i));
-  }
-  __host__ __device__ TermIterator operator+(difference_type i) const {
-    return TermIterator{term, offset + i};
-  }
-};
-// [end stack: hot-fold]
-
-// The executor of GridSamplerDeterministicPipeline.cuh on one CUDA stream.
-struct CudaExecutor {
-  LaunchConfig config;
-  cudaStream_t stream;
-
-  template <typename count_t, typename Stage>
-  void for_each(count_t count, const Stage& stage) const {
-    if (count == 0) {
-      return;
-    }
-    const LaunchConfig launch = config.at_most(StageKernel<Stage>::kMaxThreads);
-    StageKernel<Stage>::template kernel<count_t><<<
-        launch.blocks_for(count),
-        launch.block_size,
-        0,
-        stream>>>(stage, count);
+  for (int64_t first = 0; first < num_points; first += chunk_points) {
+    const int64_t points = std::min(chunk_points, num_points - first);
+    const int64_t count = points << tap_bits;
+    records_kernel<<<GET_BLOCKS(points, kThreads), kThreads, 0, stream>>>(
+        static_cast<index_t>(points),
+        static_cast<index_t>(first),
+        getTensorInfo<const scalar_t, index_t>(input),
+        getTensorInfo<const scalar_t, index_t>(grid),
+        getTensorInfo<const scalar_t, index_t>(grad_output),
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        records);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
 
-  template <typename row_t, typename col_t, typename Stage>
-  void for_each_row(row_t rows, col_t cols, const Stage& stage) const {
-    if (rows == 0 || cols == 0) {
-      return;
-    }
-    const int64_t columns = config.blocks_for(cols);
-    const int64_t grid_rows = std::min<int64_t>(
-        {static_cast<int64_t>(rows),
-         kMaxGridRows,
-         std::max<int64_t>(1, config.max_blocks / columns)});
-    const dim3 grid(
-        static_cast<unsigned>(columns), static_cast<unsigned>(grid_rows));
-    StageKernel<Stage>::template kernel<row_t, col_t>
-        <<<grid, config.block_size, 0, stream>>>(stage, rows, cols);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-
-  template <typename key_t>
-  void stable_sort_pairs(
-      const key_t* keys_in,
-      key_t* keys_out,
-      const int32_t* values_in,
-      int32_t* values_out,
-      int32_t count,
-      int end_bit) const {
-    if (count == 0) {
-      return;
-    }
     at::cuda::cub::radix_sort_pairs(
-        keys_in,
-        keys_out,
-        values_in,
-        values_out,
+        keys,
+        const_cast<index_t*>(sorted.keys),
+        ids,
+        const_cast<int32_t*>(sorted.ids),
         count,
         /*descending=*/false,
         /*begin_bit=*/0,
-        end_bit);
+        /*end_bit=*/at::cuda::cub::get_num_bits(nowhere));
+    // The unsorted ids are 0 .. count - 1: each run's first one is where
+    // the run begins.
+    at::cuda::cub::unique_by_key(
+        sorted.keys,
+        ids,
+        const_cast<int32_t*>(sorted.run_begins),
+        const_cast<int32_t*>(sorted.num_runs),
+        count);
+    sorted.count = static_cast<int32_t>(count);
+    sorted.slots = ceil_div(count, kPartialRecords);
+    sum_run_partials_kernel<scalar_t, index_t>
+        <<<GET_BLOCKS(sorted.slots * channels, kThreads),
+           kThreads,
+           0,
+           stream>>>(sorted);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int64_t max_runs = std::min(count, nowhere + 1);
+    sum_runs_kernel<scalar_t, index_t>
+        <<<GET_BLOCKS(max_runs * channels, kThreads), kThreads, 0, stream>>>(
+            max_runs, sorted, sums, grad_input.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
-  // [stack: hot-fold]
-  template <typename Term>
-  void inclusive_sum(int32_t count, const Term& term, int32_t* out) const {
-    if (count == 0) {
+  if constexpr (!std::is_same_v<scalar_t, opmath_t>) {
+    if (sums == nullptr) {
       return;
     }
-    CUB_WRAPPER(
-        NO_ROCM(at_cuda_detail)::cub::DeviceScan::InclusiveSum,
-        TermIterator<Term>{term, 0},
-        out,
-        count,
-        stream);
+    round_float_sums_kernel<scalar_t>
+        <<<GET_BLOCKS(grad_input.numel(), kThreads), kThreads, 0, stream>>>(
+            grad_input.numel(), sums, grad_input.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  // [end stack: hot-fold]
-
-  c10::DataPtr allocate(size_t bytes) const {
-    return at::cuda::getCUDADeviceAllocator()->allocate(bytes);
-  }
-
-  void zero(void* data, size_t bytes) const {
-    if (bytes == 0) {
-      return;
-    }
-    C10_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream));
-  }
-};
+}
 
 } // namespace
 
-// The default plan on the current stream, for arguments that the caller,
-// GridSampler.cu's launcher, has checked.
+// grad_input of grid_sampler_2d_backward (4-D input) or
+// grid_sampler_3d_backward (5-D input) without atomics; see Note
+// [Deterministic grid_sampler backward]. grad_input must be contiguous and
+// zero-filled, as GridSampler.cpp allocates it.
 void launch_grid_sampler_backward_deterministic_kernel(
-    const GridSamplerBackwardCall& call) {
-  const CudaExecutor executor{
-      LaunchConfig{kDefaultBlockSize, kDefaultMaxBlocks},
-      at::cuda::getCurrentCUDAStream()};
-  run_deterministic_backward(
-      executor, call, plan_backward(describe_backward(call)));
+    const TensorBase& grad_input,
+    const TensorBase& grad_output,
+    const TensorBase& input,
+    const TensorBase& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  if (grad_output.numel() == 0 || input.numel() == 0) {
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(grad_input.is_contiguous());
+  TORCH_CHECK(
+      input.dim() == 4 ||
+          interpolation_mode !=
+              static_cast<int64_t>(GridSamplerInterpolation::Bicubic),
+      "grid_sampler_3d_backward: deterministic algorithms do not support "
+      "bicubic interpolation of 5-D input");
+  const bool index_32bit = canUse32BitIndexMath(input) &&
+      canUse32BitIndexMath(grid) && canUse32BitIndexMath(grad_output);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      ScalarType::Half,
+      ScalarType::BFloat16,
+      input.scalar_type(),
+      "grid_sampler_backward_deterministic_cuda",
+      [&] {
+        const auto mode =
+            static_cast<GridSamplerInterpolation>(interpolation_mode);
+        const auto padding = static_cast<GridSamplerPadding>(padding_mode);
+        if (index_32bit) {
+          sum_grad_input<scalar_t, int32_t>(
+              grad_input,
+              grad_output,
+              input,
+              grid,
+              mode,
+              padding,
+              align_corners);
+        } else {
+          sum_grad_input<scalar_t, int64_t>(
+              grad_input,
+              grad_output,
+              input,
+              grid,
+              mode,
+              padding,
+              align_corners);
+        }
+      });
 }
 
 } // namespace at::native

@@ -1,5 +1,5 @@
 # Owner(s): ["module: nn"]
-"""The next core (aten_kernels/next/, issue 59): the deterministic backward
+"""The core (aten_kernels/aten/, issue 59): the deterministic backward
 written as plain PyTorch CUDA on the existing coordinate helpers, run here
 by its host build, which setup.py makes from the same source bytes
 (aten_kernels/hostify/). Its grad_input is checked against a serial run of
@@ -22,7 +22,7 @@ from torch.testing._internal.common_utils import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCE = os.path.join(ROOT, "aten_kernels", "next", "aten", "src", "ATen", "native", "cuda",
+SOURCE = os.path.join(ROOT, "aten_kernels", "aten", "src", "ATen", "native", "cuda",
                       "GridSamplerDeterministic.cu")
 ops = torch.ops.detgrid
 
@@ -80,18 +80,18 @@ def same_bits(a, b):
                                               b.contiguous().view(torch.uint8))
 
 
-class TestNextCore(TestCase):
+class TestCore(TestCase):
     def test_host_build_compiles_the_patch_source_bytes(self):
         with open(SOURCE, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-        self.assertEqual(ops._next_core_source_sha256(), digest)
+        self.assertEqual(ops._core_source_sha256(), digest)
 
     @parametrize("dims", (2, 3))
     @parametrize("dtype", DTYPES)
     def test_grad_input_is_the_existing_kernels(self, dims, dtype):
         for mode, padding, align in cases(dims):
             args = problem(dims, dtype, seed=mode * 10 + padding) + (mode, padding, align)
-            ours = ops._next_core_grad_input(*args)
+            ours = ops._core_grad_input(*args)
             existing = ops._existing_kernel_reference(*args)
             with self.subTest(mode=mode, padding=padding, align_corners=align):
                 self.assertEqual(ours.double(), existing.double(), atol=TOLERANCE[dtype],
@@ -121,7 +121,7 @@ class TestNextCore(TestCase):
         for mode, padding, align in cases(dims):
             args = problem(dims, dtype, points=(9, 9), image=(4, 5), channels=2, batch=1,
                            seed=padding, coordinates=HOSTILE) + (mode, padding, align)
-            ours = ops._next_core_grad_input(*args)
+            ours = ops._core_grad_input(*args)
             existing = ops._existing_kernel_reference(*args)
             with self.subTest(mode=mode, padding=padding, align_corners=align):
                 self.assertEqual(ours.isnan(), existing.isnan())
@@ -133,7 +133,7 @@ class TestNextCore(TestCase):
         grad_output, inp, grid = problem(2, torch.float64, points=(1, 1), image=(4, 4),
                                          channels=1, batch=1)
         grid[...] = float("nan")
-        ours = ops._next_core_grad_input(grad_output, inp, grid, BICUBIC, 1, False)
+        ours = ops._core_grad_input(grad_output, inp, grid, BICUBIC, 1, False)
         self.assertTrue(ours[0, 0, 0, 0].isnan())
         self.assertEqual(ours.isnan().sum().item(), 1)
 
@@ -146,7 +146,7 @@ class TestNextCore(TestCase):
                                          channels=2, batch=1, seed=3)
         grid[0, :200, :, :] = 0.0
         shapes = ((0, 0, 0), (32, 0, 0), (0, 7, 0), (64, 3, 11), (256, 0, 5), (1, 1, 1))
-        results = [ops._next_core_grad_input(grad_output, inp, grid, BILINEAR, 0, False,
+        results = [ops._core_grad_input(grad_output, inp, grid, BILINEAR, 0, False,
                                              *shape) for shape in shapes]
         for shape, result in zip(shapes[1:], results[1:]):
             with self.subTest(block_size=shape[0], grid_size=shape[1], seed=shape[2]):
@@ -156,10 +156,10 @@ class TestNextCore(TestCase):
     def test_bitwise_reproducible_over_runs(self, dims):
         for mode, padding, align in cases(dims):
             args = problem(dims, torch.float32, seed=1) + (mode, padding, align)
-            first = ops._next_core_grad_input(*args)
+            first = ops._core_grad_input(*args)
             with self.subTest(mode=mode, padding=padding, align_corners=align):
                 for _ in range(3):
-                    self.assertTrue(same_bits(ops._next_core_grad_input(*args), first))
+                    self.assertTrue(same_bits(ops._core_grad_input(*args), first))
 
     @parametrize("dtype", (torch.float16, torch.bfloat16, torch.float32))
     def test_sums_over_several_chunks_match_the_float64_sum(self, dtype):
@@ -168,10 +168,11 @@ class TestNextCore(TestCase):
         # 360,000 points: three chunks; Half and BFloat16 sums wait in float.
         grad_output, inp, grid = problem(2, dtype, points=(600, 600), image=(16, 16),
                                          channels=2, batch=1, seed=4)
-        ours = ops._next_core_grad_input(grad_output, inp, grid, BILINEAR, 0, False)
+        ours = ops._core_grad_input(grad_output, inp, grid, BILINEAR, 0, False)
         exact = ops._existing_kernel_reference(grad_output.double(), inp.double(),
                                                grid.double(), BILINEAR, 0, False)
-        counters = ops._next_core_counters(grad_output, inp, grid, BILINEAR, 0, False)
+        counters = ops._core_counters(grad_output.to("meta"), inp.to("meta"),
+                                      grid.to("meta"), BILINEAR, 0, False)
         self.assertGreater(counters[1], 2 * CHUNK_RECORDS)  # items sorted: 3 chunks
         # Relative to the largest element: each term carries the dtype's
         # rounding of its coordinate and product, the sum only one rounding.
@@ -185,13 +186,16 @@ class TestNextCore(TestCase):
         grad_output, inp, _ = problem(2, torch.float32, points=(1024, 1024), image=(2, 2),
                                       channels=1, batch=1)
         grid = torch.zeros(1, 1024, 1024, 2)
-        ours = ops._next_core_grad_input(grad_output, inp, grid, BILINEAR, 0, False)
+        ours = ops._core_grad_input(grad_output, inp, grid, BILINEAR, 0, False)
         exact = grad_output.double().sum() * 0.25
         self.assertEqual(ours.double(), exact.expand(1, 1, 2, 2), atol=1e-3, rtol=1e-5)
-        launches, items = ops._next_core_counters(grad_output, inp, grid, BILINEAR, 0,
-                                                  False)[:2]
-        self.assertEqual(items, 4 * 1024 * 1024)
-        self.assertEqual(launches, 5 * (items // CHUNK_RECORDS))
+        counted = detgrid.ops.work_counters(grad_output, inp, grid, BILINEAR, 0, False,
+                                            [True, False], level="core")
+        self.assertEqual(counted["items_sorted"], 4 * 1024 * 1024)
+        self.assertEqual(counted["launches"], 5 * (counted["items_sorted"] // CHUNK_RECORDS))
+        # Each chunk's run of 2^17 records per pixel: a first partial of 256
+        # records, then 511 stored partials.
+        self.assertEqual(counted["longest_fold"], 256 + 511)
 
     @parametrize("seed", range(6))
     def test_clustered_grids_sum_to_the_float64_total(self, seed):
@@ -211,7 +215,7 @@ class TestNextCore(TestCase):
         for mode in MODES_2D:
             args = (grad_output, inp, grid, mode, seed % 3, bool(seed % 2))
             with self.subTest(mode=mode):
-                self.assertEqual(ops._next_core_grad_input(*args),
+                self.assertEqual(ops._core_grad_input(*args),
                                  ops._existing_kernel_reference(*args), atol=1e-9, rtol=1e-9)
 
     @parametrize("channels", (1, 256, 4096))
@@ -221,16 +225,26 @@ class TestNextCore(TestCase):
         inp = torch.empty(4, channels, 512, 512, **meta)
         grid = torch.empty(4, 512, 512, 2, **meta)
         grad_output = torch.empty(4, channels, 512, 512, **meta)
-        counters = ops._next_core_counters(grad_output, inp, grid, BICUBIC, 0, False)
+        counters = ops._core_counters(grad_output, inp, grid, BICUBIC, 0, False)
         self.assertLessEqual(counters[4], 64 << 20)
+
+    def test_work_counters_take_the_chunk_and_partial_sizes_of_the_source(self):
+        with open(SOURCE, encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn("kMaxChunkRecords = int64_t{1} << 19;", text)
+        self.assertIn("kPartialRecords = 256;", text)
+        self.assertEqual((detgrid.ops.CORE_CHUNK_RECORDS, detgrid.ops.CORE_PARTIAL_RECORDS),
+                         (1 << 19, 256))
+        self.assertEqual([detgrid.ops.core_longest_fold(n) for n in (-1, 1, 256, 257, 512, 513)],
+                         [-1, 1, 256, 257, 257, 258])
 
     def test_5d_bicubic_is_refused_in_one_line(self):
         grad_output, inp, grid = problem(3, torch.float32)
         with self.assertRaisesRegex(RuntimeError, "bicubic interpolation of 5-D input"):
-            ops._next_core_grad_input(grad_output, inp, grid, BICUBIC, 0, False)
+            ops._core_grad_input(grad_output, inp, grid, BICUBIC, 0, False)
 
 
-instantiate_parametrized_tests(TestNextCore)
+instantiate_parametrized_tests(TestCore)
 
 if __name__ == "__main__":
     run_tests()

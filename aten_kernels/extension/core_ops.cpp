@@ -1,7 +1,7 @@
-// The operators of the next core (aten_kernels/next/: the deterministic
-// backward in PyTorch's own idiom, issue 59) on the host: its CUDA source
-// compiled through hostify (aten_kernels/hostify/prelude.h), which setup.py
-// builds as objects of their own and links in.
+// The operators of the upstream core (aten_kernels/aten/: the patch's
+// GridSamplerDeterministic.cu) on the host: its CUDA source compiled through
+// hostify (aten_kernels/hostify/prelude.h), which setup.py builds as objects
+// of their own and links in; and on CUDA, its nvcc build.
 
 #include "ops.h"
 
@@ -64,7 +64,7 @@ class LaunchShape {
   LaunchShape(int64_t block_size, int64_t grid_size, int64_t shuffle_seed, bool run) {
     TORCH_CHECK(
         block_size >= 0 && grid_size >= 0 && shuffle_seed >= 0,
-        "next core: block_size, grid_size and shuffle_seed must be 0 or "
+        "core: block_size, grid_size and shuffle_seed must be 0 or "
         "positive, got ",
         block_size,
         ", ",
@@ -96,7 +96,7 @@ at::Tensor cuda_grad_input(
     bool launch_shape_given) {
   TORCH_CHECK(
       !launch_shape_given,
-      "next core: block_size, grid_size and shuffle_seed shape the host "
+      "core: block_size, grid_size and shuffle_seed shape the host "
       "build's launches only");
 #ifdef DETGRID_WITH_CUDA
   const c10::cuda::CUDAGuard guard(input.device());
@@ -110,11 +110,11 @@ at::Tensor cuda_grad_input(
       align_corners);
   return grad_input;
 #else
-  TORCH_CHECK(false, "next core: this build of detgrid has no CUDA kernels");
+  TORCH_CHECK(false, "core: this build of detgrid has no CUDA kernels");
 #endif
 }
 
-at::Tensor next_core_grad_input(
+at::Tensor core_grad_input(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& grid,
@@ -140,7 +140,7 @@ at::Tensor next_core_grad_input(
   }
   TORCH_CHECK(
       input.device().is_cpu(),
-      "next core: expected CPU or CUDA tensors, got ",
+      "core: expected CPU or CUDA tensors, got ",
       input.device());
   const LaunchShape shape(block_size, grid_size, shuffle_seed, /*run=*/true);
   at::native::launch_grid_sampler_backward_deterministic_host_kernel(
@@ -163,10 +163,23 @@ at::Tensor shape_only(const at::Tensor& t) {
       &nothing, t.sizes(), t.strides(), t.options().device(at::kCPU));
 }
 
-// What the CUDA build would launch, sort and allocate for this call, from the
-// shapes alone (meta tensors will do): launches, items sorted, the sort's
-// end bit, key bytes, peak workspace bytes, threads launched.
-std::vector<int64_t> next_core_counters(
+// Where the core's out-of-bounds taps are keyed: one past the last
+// grad_input position of one channel over the batch.
+int64_t nowhere_key(const at::Tensor& input) {
+  int64_t positions = 1;
+  for (int64_t d = 2; d < input.dim(); ++d) {
+    positions *= input.size(d);
+  }
+  return input.size(0) * positions;
+}
+
+// What the CUDA build would launch, sort and allocate for this call:
+// launches, items sorted, the sort's end bit, key bytes, peak workspace
+// bytes, threads launched, from the shapes alone (meta tensors will do); and
+// the longest run of one grad_input position in a chunk, which needs the
+// grid's values: counted by running the host build where the tensors are CPU
+// tensors, -1 otherwise.
+std::vector<int64_t> core_counters(
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& grid,
@@ -175,13 +188,20 @@ std::vector<int64_t> next_core_counters(
     bool align_corners) {
   check_backward_inputs(
       input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
-  const at::Tensor grad_input = shape_only(input.contiguous());
-  const LaunchShape shape(0, 0, 0, /*run=*/false);
+  const bool run = input.device().is_cpu() && grid.device().is_cpu() &&
+      grad_output.device().is_cpu();
+  const auto operand = [run](const at::Tensor& t) {
+    return run ? t : shape_only(t);
+  };
+  const at::Tensor grad_input =
+      run ? zeroed_grad_input(input) : shape_only(input.contiguous());
+  const LaunchShape shape(0, 0, 0, run);
+  hostify::config().nowhere_key = nowhere_key(input);
   at::native::launch_grid_sampler_backward_deterministic_host_kernel(
       grad_input,
-      shape_only(grad_output),
-      shape_only(input),
-      shape_only(grid),
+      operand(grad_output),
+      operand(input),
+      operand(grid),
       interpolation_mode,
       padding_mode,
       align_corners);
@@ -192,7 +212,8 @@ std::vector<int64_t> next_core_counters(
       c.sort_end_bit,
       c.key_bytes,
       c.workspace_bytes,
-      c.threads};
+      c.threads,
+      run ? c.longest_run : -1};
 }
 
 at::Tensor existing_kernel_reference(
@@ -214,22 +235,22 @@ at::Tensor existing_kernel_reference(
 
 TORCH_LIBRARY_FRAGMENT(detgrid, m) {
   m.def(
-      "_next_core_grad_input(Tensor grad_output, Tensor input, Tensor grid, "
+      "_core_grad_input(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners, "
       "int block_size=0, int grid_size=0, int shuffle_seed=0) -> Tensor",
-      &next_core_grad_input);
+      &core_grad_input);
   m.def(
-      "_next_core_counters(Tensor grad_output, Tensor input, Tensor grid, "
+      "_core_counters(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners) -> int[]",
-      &next_core_counters);
+      &core_counters);
   m.def(
       "_existing_kernel_reference(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners) -> Tensor",
       &existing_kernel_reference);
-  m.def("_next_core_source_sha256() -> str", [] {
+  m.def("_core_source_sha256() -> str", [] {
     return std::string(hostify::kHostifiedSourceSha256);
   });
-  m.def("_next_core_host_contracts() -> bool", [] {
+  m.def("_core_host_contracts() -> bool", [] {
     return hostify::contracts_multiply_adds();
   });
 }

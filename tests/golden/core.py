@@ -1,16 +1,16 @@
-"""Golden digests of the next core (aten_kernels/next/, issue 59), run by its
+"""Golden digests of the core (aten_kernels/aten/, issue 59), run by its
 host build, over the inputs of the golden corpus (corpus.py: every case but
-5-D bicubic, which the next core refuses).
+5-D bicubic, which the core refuses).
 
-next_core_digests.json, next to this file, holds the SHA-256 of grad_input
-for each case; tests/test_next_core_golden.py recomputes them. They are the
+core_digests.json, next to this file, holds the SHA-256 of grad_input
+for each case; tests/test_core_golden.py recomputes them. They are the
 bits of a host build that contracts a * b + c into FMAs as nvcc does (where
-the CPU has none, the test skips). A speed step on the next core must leave
+the CPU has none, the test skips). A speed step on the core must leave
 every digest as it is.
 
 Usage (in tests/):
-  python -m golden.next_core           rewrite next_core_digests.json
-  python -m golden.next_core --check   recompute and compare, write nothing
+  python -m golden.core           rewrite core_digests.json
+  python -m golden.core --check   recompute and compare, write nothing
 """
 
 import argparse
@@ -24,15 +24,15 @@ import torch
 from golden import corpus
 
 DIGESTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "next_core_digests.json")
+                            "core_digests.json")
 
 CASES = tuple(c for c in corpus.CASES if not (c.dims == 3 and c.mode == "bicubic"))
 
 
 def compute(case: corpus.Case) -> str:
-    """The digest of the next core's grad_input for the case."""
+    """The digest of the core's grad_input for the case."""
     grad_output, inp, grid = corpus.make_inputs(case)
-    grad_input = torch.ops.detgrid._next_core_grad_input(
+    grad_input = torch.ops.detgrid._core_grad_input(
         grad_output, inp, grid, corpus.MODES[case.mode], corpus.PADDINGS[case.padding],
         case.align_corners)
     return corpus.tensor_digest(grad_input)
@@ -50,7 +50,7 @@ def load(path: str = DIGESTS_PATH) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
-                        help="recompute and compare with next_core_digests.json")
+                        help="recompute and compare with core_digests.json")
     args = parser.parse_args(argv)
     entries = table()
     if not args.check:
