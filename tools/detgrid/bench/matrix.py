@@ -16,6 +16,11 @@ in one process, interleaved rep by rep on rotating copies of the inputs:
   own mode); with an accumulate
   other than "ordered" (--accumulate), the _with_options operator with that
   accumulation, which the row's work counters then count;
+- core: what the patched tree runs in deterministic mode, on released torch:
+  the upstream core's grad_input (torch.ops.detgrid._core_grad_input, its
+  nvcc build on CUDA, its host build on the CPU) and stock's kernel for
+  grad_grid alone; rows that request grad_input, default accumulation only
+  (row fields core_ms, core_ratio, core_max_rel_diff, core_correct);
 - in-tree: on a torch carrying the ATen change for that rank (detected per
   rank: under torch.use_deterministic_algorithms(True) the stock CUDA
   backward does not raise), aten's own backward in deterministic mode.
@@ -215,6 +220,20 @@ def _raw_detgrid_accumulating(accumulate: str) -> Callable[[Case], Any]:
         return op(*args, **{**knobs, "accumulate": number})
 
     return call
+
+
+def _raw_core(case: Case) -> Any:
+    """What the patched tree runs in deterministic mode: the upstream core's grad_input
+    (aten_kernels/aten/), then the existing kernel for grad_grid alone (outside deterministic
+    mode here, where released torch alerts on any call)."""
+    grad_output, inp, grid, mode, padding, align_corners, mask = case.args()
+    grad_input = torch.ops.detgrid._core_grad_input(grad_output, inp, grid, mode, padding,
+                                                    align_corners)
+    grad_grid = None
+    if mask[1]:
+        grad_grid = getattr(torch.ops.aten, case.op)(
+            grad_output, inp, grid, mode, padding, align_corners, [False, True])[1]
+    return grad_input, grad_grid
 
 
 def _raw_aten(case: Case) -> Any:  # in deterministic mode: the in-tree kernel
@@ -430,6 +449,16 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
             use_cudnn, cudnn_case = False, None
             row["stock_route"] = "native"
             row["cudnn_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    # The upstream core, where it runs (grad_input requested, the default
+    # accumulation): against stock as detgrid is.
+    with_core = accumulate == "ordered" and case.output_mask[0]
+    if with_core:
+        core_out = _raw_core(case)
+        row["core_rel_diff"] = _rel_diffs(core_out, stock_out)
+        row["core_max_rel_diff"] = _max_or_none(_judged(row["core_rel_diff"], row["dtype"]))
+        row["core_correct"] = (row["core_max_rel_diff"] is not None
+                               and row["core_max_rel_diff"] <= row["tolerance"])
+        del core_out
     if in_tree:
         tree_out = run_in_tree(case)
         row["in_tree_rel_diff"] = _rel_diffs(tree_out, stock_out)
@@ -452,6 +481,8 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
         cudnn_copies = [contiguous_case(c) for c in copies]
         variants.append(("cudnn", _raw_cudnn, cudnn_copies, False))
     variants.append(("detgrid", raw_detgrid, copies, True))
+    if with_core:
+        variants.append(("core", _raw_core, copies, False))
     if in_tree:
         variants.append(("in_tree", _raw_aten, copies, True))
     previous = torch.are_deterministic_algorithms_enabled()
@@ -467,6 +498,9 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     row["stock_ms"] = ms[row["stock_route"]]
     row["detgrid_ms"] = ms["detgrid"]
     row["ratio"] = ms["detgrid"] / row["stock_ms"] if row["stock_ms"] > 0 else None
+    if with_core:
+        row["core_ms"] = ms["core"]
+        row["core_ratio"] = ms["core"] / row["stock_ms"] if row["stock_ms"] > 0 else None
     if in_tree:
         row["in_tree_ms"] = ms["in_tree"]
         row["in_tree_ratio"] = ms["in_tree"] / row["stock_ms"] if row["stock_ms"] > 0 else None
