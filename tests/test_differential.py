@@ -14,7 +14,16 @@ with non-finite values. detgrid's gradients are compared
     conversions are undefined; non-finite grids crash it, upstream #24823);
   - with stock_reference's exact gradients of stock's CUDA taps elsewhere.
 Every case's bits must be the same with 1 and 2 threads and on a repeated
-call, and no case may raise or crash."""
+call, and no case may raise or crash.
+
+The upstream core (aten_kernels/aten/, its host build) runs the same draw:
+its grad_input is compared with the same expectations on finite grids, and
+on huge and non-finite ones with a serial run of the existing CUDA kernel's
+arithmetic (the same NaN and infinite elements, close finite ones; float32
+and float64, where one rounding of the sum does not dominate); its bits must
+not move with the launch shape and thread order."""
+
+import os
 
 import numpy as np
 import torch
@@ -39,6 +48,9 @@ from detgrid_testing import (
 
 SEED = 30
 CASES = 400
+# Under the sanitizers, a NaN or out-of-range float converted to int is
+# undefined behaviour on the host (the GPU saturates): those draws are left out.
+UNDER_SANITIZERS = os.environ.get("DETGRID_SANITIZERS") == "1"
 GRID_KINDS = ("inside", "outside", "centres", "huge", "nonfinite")
 LAYOUTS = ("contiguous", "channels_last", "sliced_grid", "expanded_grad_output")
 HUGE = np.array([2.0 ** 31, -2.0 ** 31, 3.3e9, 2.0 ** 40, -2.0 ** 45, 2.0 ** 52 + 2,
@@ -171,6 +183,65 @@ class TestRandomizedAgainstStock(TestCase):
         # The draw covers every grid kind, and both comparisons.
         self.assertEqual({kind for kind, _ in kinds}, set(GRID_KINDS))
         self.assertEqual({stock for _, stock in kinds}, {True, False})
+
+
+class TestRandomizedCore(TestCase):
+
+    # Half and BFloat16: the existing kernel forms each term in the dtype
+    # (bicubic's (gOut * wx) * wy included) and sums in it; the core forms the
+    # same terms and sums in float, so they differ by the existing kernel's
+    # roundings of its sums.
+    REDUCED_TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 1e-1}
+
+    def _assert_existing_kernels(self, case, got, args):
+        existing = torch.ops.detgrid._existing_kernel_reference(*args)
+        what = f"{case}: core grad_input against the existing kernel"
+        self.assertEqual(got.isnan(), existing.isnan(), msg=what)
+        self.assertEqual(got.isinf(), existing.isinf(), msg=what)
+        finite = got.isfinite() & existing.isfinite()
+        want = existing[finite].double()
+        if case.dtype in self.REDUCED_TOLERANCE:
+            tol = self.REDUCED_TOLERANCE[case.dtype]
+            rtol, atol = tol, tol * max(1.0, want.abs().max().item() if want.numel() else 1.0)
+        else:
+            rtol, atol = _tolerances(case.dtype, want)
+        self.assertEqual(got[finite].double(), want, rtol=rtol, atol=atol, msg=what)
+
+    def test_random_problems_on_the_core_match_and_keep_their_bits(self):
+        rng = np.random.default_rng(SEED)
+        compared = set()
+        for number in range(CASES):
+            case = Case(rng, number)
+            gout, inp, grid = _problem(rng, case)
+            args = (gout, inp, grid, case.mode, case.padding, case.align_corners)
+            if case.dims == 3 and case.mode == ref.BICUBIC:
+                continue  # refused in one line (tests/test_core.py)
+            hostile = case.kind in ("huge", "nonfinite")
+            if hostile and UNDER_SANITIZERS:
+                continue
+            core = torch.ops.detgrid._core_grad_input(*args)
+            shuffled = torch.ops.detgrid._core_grad_input(*args, 32, 3, number + 1)
+            assert_bitwise_equal(self, shuffled, core, f"{case}: core, another launch shape")
+            if not hostile and case.dtype in REDUCED_DTYPES:
+                self._assert_existing_kernels(case, core, args)
+            elif not hostile:
+                want = self._expected_grad_input(case, gout, inp, grid)
+                self.assertEqual(tuple(core.shape), tuple(want.shape), msg=str(case))
+                rtol, atol = _tolerances(case.dtype, want)
+                self.assertEqual(core.double(), want.double(), rtol=rtol, atol=atol,
+                                 msg=f"{case}: core grad_input")
+            elif case.dtype in (torch.float32, torch.float64):
+                self._assert_existing_kernels(case, core, args)
+            compared.add(case.kind)
+        self.assertEqual(compared, set(GRID_KINDS) if not UNDER_SANITIZERS
+                         else {"inside", "outside", "centres"})
+
+    def _expected_grad_input(self, case, gout, inp, grid):
+        if case.compares_with_stock_cpu():
+            return stock_backward(gout, inp, grid, case.mode, case.padding,
+                                  case.align_corners)[0]
+        return ref.backward(gout.contiguous(), inp.contiguous(), grid.contiguous(),
+                            case.mode, case.padding, case.align_corners)[0]
 
 
 if __name__ == "__main__":
