@@ -6,10 +6,14 @@ On CPU they run through the host executor, which runs the kernel's pipeline code
 they run against every build of the extension (CI's cuda_build_check.sh too); on a GPU
 the same tests run through the CUDA kernels (tools/gpu_check.sh), the grid-only one
 excepted (names() says why). The gradgradcheck runs on its own, skipped where
-torch has no double backward (before 2.12)."""
+torch has no double backward (before 2.12); so do the non-finite grid test, against the
+upstream core (made_as_patched says how), and the 5-D bicubic one. The dispatch test's
+profile of the patched build's kernels has a stand-in here (generated() says why)."""
 
+import contextlib
 import importlib
 import inspect
+import os
 import re
 import subprocess
 import tempfile
@@ -29,6 +33,31 @@ from detgrid_testing import skip_unless_stock_has_double_backward
 from test_patch import linter
 
 SUITE = P.upstream_nn_tests()
+ROOT = Path(__file__).resolve().parents[1]
+# the upstream core, whose kernels the dispatch test looks for in the profile
+CORE_SOURCE = ROOT / "aten_kernels" / "aten" / "src" / "ATen" / "native" / "cuda" / "GridSamplerDeterministic.cu"
+NON_FINITE = "test_grid_sample_backward_deterministic_non_finite_grid"
+TRICUBIC = "test_grid_sample_backward_deterministic_5d_bicubic"
+DISPATCH = "test_grid_sample_backward_deterministic_dispatch"
+# the dispatch test's profile of the patched build's kernels
+KERNELS_HELPER = "_check_grid_sample_backward_kernels"
+
+
+def core_grad_input():
+    """The upstream core's grad_input op (aten_kernels/aten/), under its name in this build."""
+    for name in ("_core_grad_input", "_next_core_grad_input"):
+        if hasattr(torch.ops.detgrid, name):
+            return getattr(torch.ops.detgrid, name)
+    raise unittest.SkipTest("this build of detgrid has no op for the upstream core")
+
+
+def stock_has_tricubic():
+    try:
+        F.grid_sample(torch.zeros(1, 1, 2, 2, 2), torch.zeros(1, 1, 1, 1, 3), mode="bicubic",
+                      align_corners=False)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _recording_dtypes(*dtypes):
@@ -51,7 +80,20 @@ class TestGeneratedNNTests(TestCase):
                   onlyCUDA=lambda f: f, dtypes=_recording_dtypes,
                   largeTensorTest=lambda *_, **__: (lambda f: f))
         exec("class Generated(TestCase):\n" + SUITE.block(list(SUITE.tests)), ns)
-        return getattr(ns["Generated"](name), name)
+        instance = ns["Generated"](name)
+        # The profile names the patched build's kernels, which no run here has (on CUDA the
+        # extension runs its pipeline's): the stand-in makes the profiled calls and records
+        # them; test_dispatch_test_profiles_the_cores_kernels checks the names against the core.
+        instance.profiled = []
+
+        def profile_stand_in(dims, grads, masks):
+            for deterministic, mask in product((False, True), masks):
+                with DeterministicGuard(deterministic):
+                    grads(mask)
+                instance.profiled.append((dims, deterministic, mask))
+
+        setattr(instance, KERNELS_HELPER, profile_stand_in)
+        return getattr(instance, name)
 
     # CUDA-only: cuDNN, streams and graphs; and 8.6 GB tensors
     CUDA_ONLY = ("test_grid_sample_2d_backward_deterministic_cudnn",
@@ -73,6 +115,11 @@ class TestGeneratedNNTests(TestCase):
         # stock's bits in half and bfloat16). On CPU both sides are stock's kernel: it runs.
         left_out = (self.CUDA_ONLY if device == "cpu"
                     else [t.name for t in SUITE.tests if t.in_tree_only_on_cuda])
+        # Run on their own, below: the non-finite grid test against the core (only the core is
+        # held to the existing kernel's function on NaN and Inf, not the extension's pipeline,
+        # and stock's CPU kernel crashes on NaN with border padding), the 5-D bicubic one where
+        # its skip or the core's refusal shows.
+        left_out = [*left_out, NON_FINITE, TRICUBIC]
         return [t.name for t in SUITE.tests
                 if t.needs_double_backward == double_backward and t.name not in left_out]
 
@@ -105,7 +152,7 @@ class TestGeneratedNNTests(TestCase):
 
     def test_generated_tests_run_on_cpu(self):
         names = self.names("cpu", double_backward=False)
-        self.assertEqual(len(names), 11)
+        self.assertEqual(len(names), 13)
         self.run_generated(names, "cpu")
 
     def test_generated_double_backward_tests_run_on_cpu(self):
@@ -116,13 +163,102 @@ class TestGeneratedNNTests(TestCase):
     def test_generated_tests_run_on_cuda(self):
         # what the GPU check (tools/gpu_check.sh, pytest -k cuda) runs of the upstream tests
         names = self.names("cuda", double_backward=False)
-        self.assertEqual(len(names), 13)
+        self.assertEqual(len(names), 15)
         self.run_generated(names, "cuda")
 
     @unittest.skipUnless(torch.cuda.is_available() and detgrid.ops.has_cuda_kernels(),
                          "needs a GPU and detgrid's CUDA kernels")
     def test_generated_double_backward_tests_run_on_cuda(self):
         self.run_double_backward("cuda")
+
+    @contextlib.contextmanager
+    def made_as_patched(self):
+        """aten's grid_sampler_{2,3}d_backward made as the patched build makes them: in
+        deterministic mode grad_input is the upstream core's (its host build on CPU, its CUDA
+        build on a GPU), by default the existing CUDA kernel's, on CPU its serial host reference
+        (stock's CPU kernel is no reference on NaN grids: it crashes with border padding).
+        grad_grid is the existing CUDA kernel's both ways on a GPU; on CPU nothing gives it, so
+        both sides give zeros and only grad_input is checked there."""
+        core = core_grad_input()
+        stock = {dims: getattr(torch.ops.aten, f"grid_sampler_{dims}d_backward") for dims in (2, 3)}
+
+        def stand_in(dims):
+            def backward(grad_output, input, grid, mode, padding_mode, align_corners, output_mask):
+                args = (grad_output, input, grid, mode, padding_mode, align_corners)
+                deterministic = torch.are_deterministic_algorithms_enabled()
+                with DeterministicGuard(False):  # stock alerts on a grid-only call too
+                    if input.is_cuda:
+                        grad_input, grad_grid = stock[dims](*args, [not deterministic, True])
+                    else:
+                        grad_input = torch.ops.detgrid._existing_kernel_reference(*args)
+                        grad_grid = torch.zeros_like(grid)
+                return (core(*args) if deterministic else grad_input), grad_grid
+            return backward
+
+        with mock.patch.object(torch.ops.aten, "grid_sampler_2d_backward", stand_in(2)), \
+                mock.patch.object(torch.ops.aten, "grid_sampler_3d_backward", stand_in(3)):
+            yield
+
+    def run_against_the_core(self, name, device):
+        test = self.generated(name)
+        with self.made_as_patched():
+            for dtype in self.dtypes(test, device):
+                with self.subTest(name=name, dtype=dtype):
+                    test(device, dtype)
+
+    @unittest.skipIf(os.environ.get("DETGRID_SANITIZERS") == "1",
+                     "NaN coordinates convert to int (undefined on the host with g++)")
+    def test_generated_non_finite_grid_test_holds_for_the_core_on_cpu(self):
+        self.run_against_the_core(NON_FINITE, "cpu")
+
+    @unittest.skipUnless(torch.cuda.is_available() and detgrid.ops.has_cuda_kernels(),
+                         "needs a GPU and detgrid's CUDA kernels")
+    def test_generated_non_finite_grid_test_holds_for_the_core_on_cuda(self):
+        self.run_against_the_core(NON_FINITE, "cuda")
+
+    def test_the_non_finite_grid_test_can_fail(self):
+        # a core that loses a NaN term, or one off by a tap's worth, fails it
+        for harm in (lambda g: torch.nan_to_num(g, nan=0.0), lambda g: g + 1):
+            def broken(*args, harm=harm):
+                return harm(torch.ops.detgrid._existing_kernel_reference(*args))
+
+            with mock.patch(f"{__name__}.core_grad_input", return_value=broken), self.made_as_patched():
+                with self.assertRaises(AssertionError):
+                    self.generated(NON_FINITE)("cpu", torch.double)
+
+    def test_generated_5d_bicubic_test_expects_the_cores_refusal(self):
+        source = {t.name: t.source for t in SUITE.tests}[TRICUBIC]
+        expected = re.search(r"assertRaisesRegex\(\s*RuntimeError,\s*'([^']+)'", source).group(1)
+        # the one-line refusal it expects is the core's
+        grad_output, input, grid = torch.zeros(1, 1, 2, 2, 2), torch.zeros(1, 1, 3, 3, 3), \
+            torch.zeros(1, 2, 2, 2, 3)
+        with self.assertRaisesRegex(RuntimeError, expected):
+            core_grad_input()(grad_output, input, grid, 2, 0, False)
+        if stock_has_tricubic():
+            # the extension samples 5-D input bicubically from torch 2.15 (checks.cpp): there its
+            # pipeline computes what the core refuses, a claim only the patched build makes
+            self.skipTest("torch samples 5-D input bicubically: the refusal is the patched build's")
+        with self.assertRaisesRegex(unittest.SkipTest, "no bicubic interpolation of 5-D input"):
+            self.generated(TRICUBIC)("cpu")
+
+    def test_dispatch_test_profiles_the_cores_kernels(self):
+        # the kernels the profile looks for are the core's, and the generated dispatch test
+        # profiles every mask both ways in 2-D and 3-D (here with the stand-in, which runs them)
+        helper = SUITE.helpers[KERNELS_HELPER].source
+        kernels = re.findall(r"'(?:grid_sampler_\{dims\}d_records_kernel|\w+_kernel)'", helper)
+        self.assertEqual(len(kernels), 2, helper)
+        core = CORE_SOURCE.read_text()
+        for dims in (2, 3):
+            for kernel in kernels:
+                kernel = kernel.strip("'").replace("{dims}", str(dims))
+                self.assertRegex(core, rf"__global__ void {kernel}\(")
+        self.assertIn(KERNELS_HELPER, SUITE.needs([t for t in SUITE.tests if t.name == DISPATCH]))
+        test = self.generated(DISPATCH)
+        with detgrid.enabled("cpu"):
+            test("cpu")
+        masks = ((True, True), (True, False), (False, True))
+        self.assertEqual(sorted(test.__self__.profiled),
+                         sorted(product((2, 3), (False, True), masks)))
 
     def test_double_backward_tests_follow_the_probe(self):
         # faked answers of the probe: skipped where torch has no double backward, run (here
@@ -166,7 +302,14 @@ class TestGeneratedNNTests(TestCase):
         self.assertIn("torch.randn(1, 3, 300, 200", sparse)  # 60,000 pixels, 30 points
         chunks = source["test_grid_sample_backward_deterministic_several_chunks"]
         self.assertIn("@dtypes(torch.half, torch.bfloat16", chunks)
-        self.assertIn("('bilinear', 1300), ('bicubic', 450)", chunks)  # > 1.5M and > 143K points
+        # > 1.5M and > 143K points, and the test says they span chunks, from the core's constant
+        self.assertIn("('bilinear', 1300, 4), ('bicubic', 450, 16)", chunks)
+        self.assertIn("kMaxChunkRecords = 2^19", chunks)
+        self.assertIn("self.assertGreater(size * size * taps, 2 * max_chunk_records)", chunks)
+        self.assertIn("constexpr int64_t kMaxChunkRecords = int64_t{1} << 19;", CORE_SOURCE.read_text())
+        hot = source["test_grid_sample_backward_deterministic_hot_run_across_chunks"]
+        self.assertIn("torch.full((1, 768, 768, 2), 0.1", hot)  # 589,824 > 2^19 records per pixel
+        self.assertIn("self.assertGreater(768 * 768, max_chunk_records)", hot)
         channels = source["test_grid_sample_backward_deterministic_many_channels"]
         self.assertIn("for channels in (15, 16, 40)", channels)
         self.assertIn("memory_format=torch.channels_last", channels)
@@ -181,12 +324,23 @@ class TestGeneratedNNTests(TestCase):
             grads = source[f"test_grid_sample_backward_deterministic_{name}"]
             self.assertIn(check, grads)
             self.assertIn("dtype=torch.double", grads)
-        # the dispatch is checked by behaviour, never by kernel names
-        dispatch = source["test_grid_sample_backward_deterministic_dispatch"]
-        for needed in ("warn_only", "(True, False)", "(False, True)", "assertNotWarn("):
+        # the dispatch is checked by behaviour, and by the kernel names in the profile (one
+        # helper, which the kit stands in for: test_dispatch_test_profiles_the_cores_kernels)
+        dispatch = source[DISPATCH]
+        for needed in ("warn_only", "(True, False)", "(False, True)", "assertNotWarn(", KERNELS_HELPER):
             self.assertIn(needed, dispatch)
         for t in SUITE.tests:
             self.assertNotIn("profile", t.source, t.name)
+        self.assertIn("torch.profiler.profile(", SUITE.helpers[KERNELS_HELPER].source)
+        # NaN and +-Inf in 2-D, NaN alone in 3-D (#24823), against the default op
+        non_finite = source[NON_FINITE]
+        for needed in ("float('nan')", "float('inf')", "-float('inf')", "#24823",
+                       "if dims == 2 else (float('nan'),)", "DeterministicGuard(True)"):
+            self.assertIn(needed, non_finite)
+        self.assertIn("raise unittest.SkipTest(", source[TRICUBIC])
+        input_only = source["test_grid_sample_backward_deterministic_input_only"]
+        self.assertIn("[True, False]", input_only)
+        self.assertIn("self.assertIsNone(actual_autograd[1]", input_only)
         grid_only = source["test_grid_sample_backward_deterministic_grid_only"]
         self.assertIn("assertNotWarn(", grid_only)
         self.assertIn("self.assertEqual(actual, expected, atol=0, rtol=0)", grid_only)

@@ -72,6 +72,21 @@ class TestNNDeviceType(NNTestCase):
                 self.assertLessEqual(
                     (a.double() - o).abs().max().item(), bound, msg=f"{name}, {kwargs}")
 
+    def _check_grid_sample_backward_kernels(self, dims, grads, masks):
+        # The deterministic backward's kernels (GridSamplerDeterministic.cu) run
+        # exactly when grad_input is requested in deterministic mode. What the
+        # profiler cannot show is that the atomicAdd kernel added nothing to
+        # grad_input: that kernel runs under its own name for grad_grid either way.
+        for deterministic, mask in product((False, True), masks):
+            with DeterministicGuard(deterministic):
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    grads(mask)
+                    torch.cuda.synchronize()
+            names = ' '.join(event.name for event in prof.events())
+            for kernel in (f'grid_sampler_{dims}d_records_kernel', 'sum_runs_kernel'):
+                self.assertEqual(kernel in names, deterministic and mask[0],
+                                 msg=f'{dims}D, {kernel}, deterministic={deterministic}, mask={mask}')
+
     @onlyCUDA
     @dtypes(torch.half, torch.bfloat16, torch.float, torch.double)
     def test_grid_sample_2d_backward_deterministic(self, device, dtype):
@@ -183,12 +198,17 @@ class TestNNDeviceType(NNTestCase):
     @onlyCUDA
     @dtypes(torch.half, torch.bfloat16, torch.float)
     def test_grid_sample_backward_deterministic_several_chunks(self, device, dtype):
-        # 1.7M bilinear points, or 0.2M bicubic ones (16 taps each), take more
-        # than one chunk of the deterministic backward's 64 MiB workspace; half
-        # and bfloat16 carry their running sums in float from chunk to chunk.
+        # The deterministic backward takes a record per tap, at most
+        # kMaxChunkRecords = 2^19 of them per chunk (GridSamplerDeterministic.cu):
+        # 1.7M bilinear points (4 taps) take 13 chunks, 0.2M bicubic ones (16
+        # taps) 7. Half and bfloat16 carry their running sums in float from
+        # chunk to chunk.
         torch.manual_seed(0)
+        max_chunk_records = 2 ** 19
         input = torch.randn(1, 1, 16, 16, device=device, dtype=dtype)
-        for mode, size in (('bilinear', 1300), ('bicubic', 450)):
+        for mode, size, taps in (('bilinear', 1300, 4), ('bicubic', 450, 16)):
+            # points x taps records: three chunks or more
+            self.assertGreater(size * size * taps, 2 * max_chunk_records)
             grid = torch.rand(1, size, size, 2, device=device, dtype=dtype) * 2 - 1
             grad_output = torch.randn(1, 1, size, size, device=device, dtype=dtype)
             kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
@@ -345,7 +365,8 @@ class TestNNDeviceType(NNTestCase):
     def test_grid_sample_backward_deterministic_dispatch(self, device):
         # Deterministic mode never alerts, whichever gradients are requested, and
         # the requested ones repeat bit for bit; grad_input does not depend on
-        # whether grad_grid is requested too.
+        # whether grad_grid is requested too. The kernels that ran show which
+        # backward made grad_input.
         torch.manual_seed(0)
         masks = ((True, True), (True, False), (False, True))
         for dims in (2, 3):
@@ -367,6 +388,127 @@ class TestNNDeviceType(NNTestCase):
             with DeterministicGuard(True):
                 both, input_only = grads((True, True)), grads((True, False))
             self.assertEqual(input_only[0], both[0], atol=0, rtol=0)
+            self._check_grid_sample_backward_kernels(dims, grads, masks)
+
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_input_only(self, device):
+        # Only grad_input requested (output_mask (True, False), as autograd asks
+        # when the grid needs no gradient): the deterministic grad_input repeats
+        # bit for bit and is what autograd returns, and grad_grid is what the
+        # default backward gives: None through autograd, and from the op defined
+        # or not as the default op's is (the op returns a grad_grid whatever
+        # output_mask says; the values of one not requested are no part of its
+        # contract).
+        torch.manual_seed(0)
+        for dims in (2, 3):
+            input = torch.randn((2, 3) + (6,) * dims, device=device)
+            grid = torch.rand((2,) + (9,) * dims + (dims,), device=device) * 0.6 - 0.3
+            grad_output = torch.randn((2, 3) + (9,) * dims, device=device)
+            backward = getattr(torch.ops.aten, f'grid_sampler_{dims}d_backward')
+            modes = ('bilinear', 'nearest', 'bicubic') if dims == 2 else ('bilinear', 'nearest')
+            for mode_enum, mode in enumerate(modes):
+                args = (grad_output, input, grid, mode_enum, 0, False, [True, False])
+
+                def autograd_grads():
+                    i = input.detach().requires_grad_()
+                    g = grid.detach()
+                    F.grid_sample(i, g, mode=mode, align_corners=False).backward(grad_output)
+                    return i.grad, g.grad
+
+                expected, expected_autograd = backward(*args), autograd_grads()
+                with DeterministicGuard(True):
+                    first, again = backward(*args), backward(*args)
+                    actual_autograd = autograd_grads()
+                msg = f'{dims}D, {mode}'
+                self.assertEqual(again[0], first[0], atol=0, rtol=0, msg=msg)
+                self.assertEqual(actual_autograd[0], first[0], atol=0, rtol=0, msg=msg)
+                self.assertEqual(first[0], expected[0], msg=msg)
+                self.assertIsNone(expected_autograd[1], msg=msg)
+                self.assertIsNone(actual_autograd[1], msg=msg)
+                self.assertEqual(first[1] is None, expected[1] is None, msg=msg)
+
+    @onlyCUDA
+    @dtypes(torch.float, torch.double)
+    def test_grid_sample_backward_deterministic_non_finite_grid(self, device, dtype):
+        # NaN and +-Inf coordinates, some in x alone and some in y alone: the
+        # default backward's gradients, with NaN and Inf in the same elements
+        # (compared bit for bit) and the finite values equal up to summation
+        # order. Bicubic with border or reflection padding puts a non-finite
+        # coordinate's NaN terms on an edge pixel of grad_input.
+        # 3-D takes NaN only: #24823 reports +-Inf coordinates corrupting CUDA
+        # memory in the 3-D kernel (NaN did not), so there the default backward
+        # is no safe reference for them. 5-D bicubic is left out: the
+        # deterministic backward refuses it (test_..._5d_bicubic).
+        torch.manual_seed(0)
+        eps = torch.finfo(dtype).eps
+        non_finite_grad_input = False
+        for dims in (2, 3):
+            specials = (float('nan'), float('inf'), -float('inf')) if dims == 2 else (float('nan'),)
+            input = torch.randn((2, 3) + (5,) * dims, device=device, dtype=dtype)
+            grid = torch.rand((2,) + (6,) * dims + (dims,), device=device, dtype=dtype) * 2.4 - 1.2
+            pick = torch.randint(0, 4 * len(specials), grid.shape, device=device)
+            for k, value in enumerate(specials):
+                grid[pick == k] = value
+            grad_output = torch.randn((2, 3) + (6,) * dims, device=device, dtype=dtype)
+            backward = getattr(torch.ops.aten, f'grid_sampler_{dims}d_backward')
+            modes = (0, 1, 2) if dims == 2 else (0, 1)  # bilinear, nearest, bicubic
+            for mode, padding_mode, align_corners in product(modes, (0, 1, 2), (False, True)):
+                args = (grad_output, input, grid, mode, padding_mode, align_corners, [True, True])
+                expected = backward(*args)
+                with DeterministicGuard(True):
+                    actual = backward(*args)
+                for name, a, e in zip(('grad_input', 'grad_grid'), actual, expected):
+                    msg = f'{dims}D {name}, mode={mode}, padding_mode={padding_mode}, align_corners={align_corners}'
+                    finite = e.isfinite()
+                    self.assertEqual(a.isfinite(), finite, msg=msg)
+                    self.assertEqual(a[~finite], e[~finite], atol=0, rtol=0, msg=msg)
+                    # a term's rounding, added in another order: a misplaced tap is off by O(1)
+                    scale = e[finite].abs().max().item() if finite.any() else 0
+                    self.assertEqual(a[finite], e[finite], atol=64 * eps * max(scale, 1), rtol=0, msg=msg)
+                non_finite_grad_input |= not expected[0].isfinite().all().item()
+        self.assertTrue(non_finite_grad_input)
+
+    @onlyCUDA
+    def test_grid_sample_backward_deterministic_5d_bicubic(self, device):
+        # Bicubic sampling of 5-D input, where torch has it: the deterministic
+        # backward does not pin an order for its sums and refuses it in one line
+        # rather than fall back on atomicAdd.
+        torch.manual_seed(0)
+        input = torch.randn(1, 2, 3, 4, 5, device=device, requires_grad=True)
+        grid = torch.rand(1, 2, 3, 4, 3, device=device) * 2 - 1
+        try:
+            output = F.grid_sample(input, grid, mode='bicubic', align_corners=False)
+        except RuntimeError as e:
+            raise unittest.SkipTest(f'no bicubic interpolation of 5-D input in this torch: {e}') from None
+        with DeterministicGuard(True):
+            with self.assertRaisesRegex(
+                    RuntimeError, 'deterministic algorithms do not support bicubic interpolation of 5-D input'):
+                output.backward(torch.randn_like(output))
+
+    @onlyCUDA
+    @dtypes(torch.float, torch.double)
+    def test_grid_sample_backward_deterministic_hot_run_across_chunks(self, device, dtype):
+        # A constant grid: every point's taps land on the same pixels, so each
+        # of them has a run of a record per point, longer than a chunk of
+        # kMaxChunkRecords = 2^19 records (GridSamplerDeterministic.cu): the
+        # run spans a chunk boundary and its sum carries from chunk to chunk.
+        torch.manual_seed(0)
+        max_chunk_records = 2 ** 19
+        input = torch.randn(1, 2, 6, 7, device=device, dtype=dtype)
+        grid = torch.full((1, 768, 768, 2), 0.1, device=device, dtype=dtype)
+        grad_output = torch.randn(1, 2, 768, 768, device=device, dtype=dtype)
+        self.assertGreater(768 * 768, max_chunk_records)
+        for mode, taps in (('nearest', 1), ('bilinear', 4)):
+            kwargs = dict(mode=mode, padding_mode='zeros', align_corners=False)
+            with DeterministicGuard(True):
+                actual = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+                again = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+            self.assertEqual(again, actual, atol=0, rtol=0)
+            self.assertEqual(actual[0][0, 0].count_nonzero().item(), taps)
+            # the default adds each hot pixel's 589,824 terms one by one
+            expected = self._grid_sample_grads(input, grid, grad_output, **kwargs)
+            for a, e in zip(actual, expected):
+                self.assertEqual(a, e, atol=1e-3 * e.abs().max().item(), rtol=0)
 
 
 # Per test, what the kit needs beyond its code (a literal: the kit reads it with ast):
@@ -455,9 +597,34 @@ ADDED = {
     },
     "test_grid_sample_backward_deterministic_dispatch": {
         "checks": "no alert in deterministic mode (warn_only included) for every output mask, "
-                  "repeated bits, and grad_input's bits whether or not grad_grid is requested",
+                  "repeated bits, grad_input's bits whether or not grad_grid is requested, and "
+                  "the deterministic kernels in the profile exactly where grad_input is requested "
+                  "in deterministic mode",
         # warn_only, and both masks with one gradient
         "covered_if": ("warn_only", r"\(\s*True\s*,\s*False\s*\)",
                        r"\(\s*False\s*,\s*True\s*\)|requires_grad_\(False\)"),
+    },
+    "test_grid_sample_backward_deterministic_input_only": {
+        "checks": "with only grad_input requested, repeated bits, autograd's grad_input, and "
+                  "grad_grid None or defined as the default backward's",
+        # the input-only mask, and a look at the gradient left out
+        "covered_if": (r"[\(\[]\s*True\s*,\s*False\s*[\)\]]", r"assertIsNone\(|is None"),
+    },
+    "test_grid_sample_backward_deterministic_non_finite_grid": {
+        "checks": "NaN and +-Inf grids (3-D: NaN only, #24823): the default backward's gradients, "
+                  "NaN and Inf in the same elements, finite values up to summation order",
+        # NaN and infinite coordinates
+        "covered_if": (r"float\(\s*['\"]nan['\"]\s*\)|torch\.nan|math\.nan",
+                       r"float\(\s*['\"][+-]?inf['\"]\s*\)|torch\.inf|math\.inf"),
+    },
+    "test_grid_sample_backward_deterministic_5d_bicubic": {
+        "checks": "5-D bicubic, where torch samples it: deterministic mode refuses grad_input in "
+                  "one line (skipped where torch has no 5-D bicubic)",
+        "covered_if": (r"bicubic interpolation of 5-D input",),
+    },
+    "test_grid_sample_backward_deterministic_hot_run_across_chunks": {
+        "checks": "a constant grid, each hot pixel's run of records spanning a chunk boundary: "
+                  "repeated bits, and the default backward's sums",
+        "covered_if": None,
     },
 }
