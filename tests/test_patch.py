@@ -1,5 +1,6 @@
 """`detgrid patch` on a real PyTorch tree (Debian's v2.6.0 source), on main as known and on a tree
-with #196856 (tests/fixtures/*/README.md say what they mirror).
+with #196856 (tests/fixtures/*/README.md say what they mirror): the core (`--upto core`) and the
+cuDNN patch after it (the default), their anchors, refusals and idempotence.
 
 The real-tree tests skip, with the reason, when the tree is not cached and Debian cannot be reached.
 """
@@ -33,7 +34,8 @@ FIXTURE_196856 = FIXTURES / "upstream_196856"
 CHECKED_IN = KIT / "patches" / "v2.6.0.patch"
 CHECKED_IN_TESTS = KIT / "patches" / "v2.6.0-tests.patch"
 # where the kernel files come from (the tool honours the same variable)
-KERNELS = Path(os.environ.get("DETGRID_KIT_ROOT") or KIT) / "aten_kernels" / "aten/src/ATen/native/cuda"
+KIT_ROOT = Path(os.environ.get("DETGRID_KIT_ROOT") or KIT)
+KERNELS = KIT_ROOT / "aten_kernels" / "aten/src/ATen/native/cuda"
 AUTHOR = "Patch Tester <patch.tester@example.com>"
 # the commit's identity, whatever this machine's git configuration says
 IDENTITY = {"GIT_AUTHOR_NAME": "Patch Tester", "GIT_AUTHOR_EMAIL": "patch.tester@example.com",
@@ -130,6 +132,46 @@ def include_lines(text):
     return re.findall(r"^#include[^\n]*$", text, re.M)
 
 
+def det_branch(args, alert, mask="output_mask", ctx="globalContext()", ind="  "):
+    """The launcher's branch as the patch writes it: ``args`` the argument lines of the call,
+    ``alert`` the caller the else branch alerts as."""
+    i = ind + "  "
+    return (f"{ind}if ({mask}[0] && {ctx}.deterministicAlgorithms()) {{\n"
+            f"{i}// See Note [Deterministic grid_sampler backward]: grad_input without\n"
+            f"{i}// atomics. The kernel below then computes grad_grid alone, one writer\n"
+            f"{i}// per element.\n"
+            f"{i}{P.DET_LAUNCHER}(\n"
+            + "".join(f"{i}    {line}\n" for line in args)
+            + f"{i}{mask}[0] = false;\n"
+            f"{ind}}} else if ({mask}[0]) {{\n"
+            f"{i}// See Note [Writing Nondeterministic Operations]\n"
+            f"{i}// Nondeterministic because of atomicAdd usage\n"
+            f'{i}{ctx}.alertNotDeterministic("{alert}");\n'
+            f"{ind}}}\n")
+
+
+DEFAULT_ARGS = ("grad_input, grad_output, input, grid, interpolation_mode, padding_mode,",
+                "align_corners);")
+# the files each patch writes on main as known (its cuDNN backward alerts already: #180417)
+CORE_PATHS = sorted((P.CORE_SOURCE, P.CU, P.CU_HEADER, P.TEST_NN, P.TEST_TORCH))
+CUDNN_PATHS_MAIN = sorted((P.COMPOSITE, P.INIT, P.NOTES[1], P.TEST_NN, P.TEST_TORCH))
+
+
+def changed_paths(tree, rev="HEAD~1"):
+    return sorted(git(tree, "diff", "--name-only", rev, "HEAD").split())
+
+
+def subject(tree):
+    return git(tree, "log", "-1", "--format=%s").strip()
+
+
+def composite_condition(text):
+    """The condition of grid_sampler()'s cuDNN branch."""
+    body = func_body(text, r"\bTensor", "grid_sampler")
+    start = body.index("if (cond_cudnn_grid_sampler(")
+    return body[start + 4 : P._match(body, start + 3, "(", ")")]
+
+
 def linter(name):
     """Command for flake8 / ruff: this Python's module, else one on PATH; None if neither."""
     r = subprocess.run([sys.executable, "-m", name, "--version"], capture_output=True, text=True)
@@ -186,7 +228,7 @@ EXTENSION = KIT / "aten_kernels" / "extension"
 
 class TestKernelFilesCarryNoKnobs(TestCase):
     def test_copied_files_hold_no_knob_override_or_validation(self):
-        for name in P.KERNEL_FILES:
+        for name in P.CORE_FILES:
             text = (KERNELS / name).read_text()
             self.assertEqual([s for s in KNOB_MESSAGES + KNOB_STRUCTS if s in text], [], name)
 
@@ -223,21 +265,21 @@ class TestPatchRealTree(TestCase):
         rc, stdout, stderr = run_patch("--pytorch", tree, "--out", out)
         self.assertEqual(rc, 0, stderr)
         self.assertIn("base: v2.6.0", stdout)
-        # the whole stack's files, as the sources are without their level markers
-        for rel, text in stack.kernel_sources(KERNELS.parents[5]).items():
+        # the core's file, as the kit has it
+        for rel, text in stack.core_sources(KIT_ROOT).items():
             self.assertEqual((tree / rel).read_text(), text)
         cu = (tree / P.CU).read_text()
         for dims in P.DIMS:
-            self.assertIn(P.DET_LAUNCHER + "(", cu)
-            # deterministic on both: the backward alerts are gone, not merely unreachable
-            self.assertNotIn(f'alertNotDeterministic("grid_sampler_{dims}d_backward_cuda")', cu)
+            # deterministic on both: the alert is left only where deterministic mode never goes
+            body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
+            self.assertEqual(body.count(det_branch(DEFAULT_ARGS, f"grid_sampler_{dims}d_backward_cuda")), 1)
         # one commit on the base, by the user's identity, holding the whole change
         self.assertEqual(git(tree, "rev-parse", "HEAD~1").strip(), base)
         self.assertEqual(git(tree, "log", "-1", "--format=%an <%ae>|%cn <%ce>").strip(), f"{AUTHOR}|{AUTHOR}")
         self.assertEqual(git(tree, "status", "--porcelain"), "")
         text = out.read_text()
         self.assertIn(f"From: {AUTHOR}\n", text)
-        self.assertIn("Subject: [PATCH] Add deterministic CUDA backward for grid_sampler_2d/3d\n", text)
+        self.assertIn(f"Subject: [PATCH] {stack.UPSTREAM_STACK[0].title}\n", text)
         self.assertNotIn("detgrid@users.noreply", text)
         self.assertEqual(leftovers(tree, self.tmp), [])
         after = snapshot(tree)
@@ -253,9 +295,9 @@ class TestPatchRealTree(TestCase):
         subprocess.run(["git", "apply", "--check", str(out)], cwd=pristine, check=True)
         rc, stdout, _ = run_patch("--pytorch", pristine, "--check")
         self.assertEqual(rc, 0)
-        # the whole stack's kernel files, GridSampler.cu, cudnn/GridSampler.cpp, the notes
-        # page, test_nn.py, test_torch.py and torch/__init__.py
-        self.assertIn(f"applies: {len(P.KERNEL_FILES) + 6} files", stdout)
+        # the core's file, GridSampler.cu and .h, the composite GridSampler.cpp,
+        # cudnn/GridSampler.cpp, the notes page, test_nn.py, test_torch.py and torch/__init__.py
+        self.assertIn(f"applies: {len(P.CORE_FILES) + 8} files", stdout)
         rc, stdout, _ = run_patch("--pytorch", tree, "--check")
         self.assertEqual(rc, 0)
         self.assertIn("already applied", stdout)
@@ -296,48 +338,68 @@ class TestPatchRealTree(TestCase):
         for dims in P.DIMS:
             body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
             # grad_input by the deterministic launcher, then the existing kernel for grad_grid
-            # alone (output_mask[0] cleared): one writer per grad_grid element
-            branch = ("if (output_mask[0] && globalContext().deterministicAlgorithms()) {\n"
-                      f"    {P.DET_LAUNCHER}(\n"
-                      "        {grad_input, grad_output, input, grid,\n"
-                      "         interpolation_mode, padding_mode, align_corners});\n"
-                      "    output_mask[0] = false;\n  }\n")
+            # alone (output_mask[0] cleared): one writer per grad_grid element; the alert, with
+            # its Note, in the else branch that reaches the atomicAdd for grad_input
+            branch = det_branch(DEFAULT_ARGS, f"grid_sampler_{dims}d_backward_cuda")
             self.assertEqual(body.count(branch), 1, body[:1500])
             # after the shape checks, before the atomicAdd kernel is launched
             self.assertLess(body.index(f"check_grid_sampler_{dims}d("), body.index(branch))
             self.assertLess(body.index(branch), body.index(f"grid_sampler_{dims}d_backward_kernel<scalar_t>"))
-            self.assertNotIn("alertNotDeterministic", body)
-        # everything outside the two launchers is as it was, includes aside
+            self.assertEqual(body.count("alertNotDeterministic"), 1)
+        # everything outside the two launchers is as it was, includes too: GridSampler.h, which
+        # the file includes already, declares the launcher
         for dims in P.DIMS:
             cu = cu.replace(func_body(cu, r"\bvoid", P.LAUNCHERS[dims]), "{}")
             pristine = pristine.replace(func_body(pristine, r"\bvoid", P.LAUNCHERS[dims]), "{}")
-        self.assertEqual(include_lines(cu), [include_lines(pristine)[0], include_lines(pristine)[1],
-                                             f"#include <ATen/native/cuda/{P.DET_HEADER}>",
-                                             *include_lines(pristine)[2:]])
-        self.assertEqual(re.sub(r"^#include[^\n]*\n", "", cu, flags=re.M),
-                         re.sub(r"^#include[^\n]*\n", "", pristine, flags=re.M))
+        self.assertEqual(cu, pristine)
 
-    def test_forward_route_untouched(self):
-        # cuDNN's forward stays the composite's choice in every mode (forward bits unchanged for
-        # warn_only users)
+    def test_launcher_is_declared_beside_the_backward_launchers(self):
         tree, _ = self.patched()
-        rel = "aten/src/ATen/native/GridSampler.cpp"
-        self.assertEqual((tree / rel).read_bytes(), (real_tree() / rel).read_bytes(), rel)
+        header, pristine = ((t / P.CU_HEADER).read_text() for t in (tree, real_tree()))
+        end = pristine.index(";", pristine.index(f"void {P.LAUNCHERS[3]}(")) + 2
+        self.assertEqual(header, pristine[:end] + "\n" + P.det_declaration() + pristine[end:])
+        self.assertEqual(P.det_declaration(),
+                         f"void {P.DET_LAUNCHER}(\n"
+                         "    const TensorBase &grad_input, const TensorBase &grad_output,\n"
+                         "    const TensorBase &input, const TensorBase &grid, int64_t interpolation_mode,\n"
+                         "    int64_t padding_mode, bool align_corners);\n")
+        # the kit's .cu defines what the header declares, and includes that header
+        core = stack.core_sources(KIT_ROOT)[P.CORE_SOURCE]
+        P.check_kit_core(P.CORE_SOURCE, core.encode())
+        self.assertIn("#include <ATen/native/cuda/GridSampler.h>\n", core)
+
+    def test_composite_leaves_cudnn_in_deterministic_mode(self):
+        # the composite's cuDNN condition gains the flag, with a one-line why; nothing else of
+        # the file changes but the include of ATen/Context.h
+        tree, _ = self.patched()
+        text, pristine = ((t / P.COMPOSITE).read_text() for t in (tree, real_tree()))
+        cond = composite_condition(text)
+        self.assertEqual(cond, composite_condition(pristine)
+                         + " &&\n      !at::globalContext().deterministicAlgorithms()")
+        self.assertIn(f"  {P.COMPOSITE_WHY}\n  if (cond_cudnn_grid_sampler(", text)
+        self.assertEqual(text.replace(f"  {P.COMPOSITE_WHY}\n", "").replace(
+            " &&\n      !at::globalContext().deterministicAlgorithms()", "").replace(
+            "#include <ATen/Context.h>\n", ""), pristine)
 
     def test_grad_input_stays_zero_filled_and_the_flag_is_read_once(self):
         tree, _ = self.patched()
         assert_one_decision_per_call(self, tree, real_tree())
 
-    def test_cudnn_backward_delegates_after_its_checks(self):
-        tree, _ = self.patched()
+    def test_cudnn_backward_alerts_after_its_checks(self):
+        # v2.6.0 lacks #180417's alert: the cuDNN patch adds it where #180417 put it
+        tree, stdout = self.patched()
         cpp = (tree / P.CUDNN).read_text()
         ret = r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>"
         body = [b for b in (cpp[d.body_open : d.body_close + 1] for d in P._find_defs(
             cpp, ret, "cudnn_grid_sampler_backward")) if "not compiled" not in b][0]
         order = [body.index(s) for s in ("check_grid_sampler_common(", "cond_cudnn_grid_sampler(",
-                                          "deterministicAlgorithms()", "return at::grid_sampler_2d_backward(",
+                                          "  // See Note [Writing Nondeterministic Operations]\n",
+                                          'globalContext().alertNotDeterministic("cudnn_grid_sampler_backward");',
                                           "cudnnSpatialTfSamplerBackward(")]
         self.assertEqual(order, sorted(order))
+        self.assertNotIn("grid_sampler_2d_backward(", body)
+        self.assertEqual(cpp.count("#include <ATen/Context.h>"), 1)
+        self.assertNotIn("alerts in deterministic mode already", stdout)
         forward = func_body(cpp.split("#else // AT_CUDNN_ENABLED")[1], r"\bTensor", "cudnn_grid_sampler_forward")
         self.assertNotIn("deterministicAlgorithms", forward)
 
@@ -358,7 +420,9 @@ class TestPatchRealTree(TestCase):
                                                     "CUDA RNN and LSTM\n-------"))
         self.assertLess(conv, grid)
         self.assertLess(grid, rnn)
-        self.assertIn("bitwise identical gradients.\n\nCUDA RNN and LSTM", notes)
+        self.assertIn("bitwise identical gradients.", notes[grid:rnn])
+        self.assertIn("does not use cuDNN", notes[grid:rnn])
+        self.assertIn("default mode's.\n\nCUDA RNN and LSTM", notes)
         self.assertIn(":func:`torch.nn.functional.grid_sample`", notes[grid:rnn])
         self.assertNotIn("mentions grid_sample", stdout)
 
@@ -367,7 +431,7 @@ class TestPatchRealTree(TestCase):
         tt = (tree / P.TEST_TORCH).read_text()
         for dims in P.DIMS:
             m = re.search(rf"def test_nondeterministic_alert_grid_sample_{dims}d\(.*?\n    (?=\S)", tt, re.S)
-            self.assertIn("): no alert.\n        self.check_nondeterministic_alert(\n"
+            self.assertIn("): no alert on any device.\n        self.check_nondeterministic_alert(\n"
                           f"            lambda: res.backward(grad, retain_graph=True),\n"
                           f"            'grid_sampler_{dims}d_backward_cuda',\n            False)\n", m.group(0))
         nn = (tree / P.TEST_NN).read_text()
@@ -386,7 +450,15 @@ class TestPatchRealTree(TestCase):
         message = git(tree, "log", "-1", "--format=%B")
         for name in (n for n in P.upstream_nn_tests().names if n != gradgrad):
             self.assertIn(f"adds {name}\n", message)
-        self.assertNotIn("no longer picks cuDNN", message)
+        self.assertIn("no longer picks cuDNN", " ".join(message.split()))
+        # v2.6.0 has no cuDNN alert test: the cuDNN patch adds it, calling cuDNN directly, and
+        # beside it the test that grid_sample on a cuDNN-eligible input does not alert
+        for name, source in P.CUDNN_TESTS_SOURCE.items():
+            self.assertEqual(tt.count(source), 1, name)
+        self.assertLess(tt.index(f"def {P.ALERT_TESTS[0][0]}("), tt.index(f"def {P.CUDNN_ALERT_TEST}("))
+        self.assertLess(tt.index(f"def {P.CUDNN_ALERT_TEST}("), tt.index(f"def {P.CUDNN_ROUTE_TEST}("))
+        self.assertLess(tt.index(f"def {P.CUDNN_ROUTE_TEST}("), tt.index(f"def {P.ALERT_TESTS[1][0]}("))
+        compile(tt, P.TEST_TORCH, "exec")
 
     def _check_lint(self, name, config):
         cmd = linter(name)
@@ -438,8 +510,7 @@ class TestPatchRealTree(TestCase):
 
     def test_new_files_pass_checkout_lint(self):
         tree = real_tree()
-        files = {rel: text.encode("utf-8")
-                 for rel, text in stack.kernel_sources(KERNELS.parents[5]).items()}
+        files = {rel: text.encode("utf-8") for rel, text in stack.core_sources(KIT_ROOT).items()}
         self.assertEqual(P.lint_new_files(tree, files), [])
         # the linter does fire on what upstream forbids
         bad = {f"{P.KERNEL_DIR}/Bad.cu": b"#include <cub/cub.cuh>\n\tcudaStreamSynchronize(s);\n"}
@@ -540,28 +611,44 @@ class TestPatch196856(FixtureTree):
         self.assertNotIn("grid_sampler_3d_backward_det(", cu)
         self.assertEqual(cu.count("deterministicAlgorithms()"), 2)
         assert_one_decision_per_call(self, self.tree, FIXTURE_196856)
-        self.assertIn(f"{P.DET_LAUNCHER}(\n        {{grad_in, gout, self, coords,", cu)
-        # 3D: renamed parameters, and upstream's if/else collapsed into our branch + its else body
-        self.assertIn("if (mask[0] && at::globalContext().deterministicAlgorithms()) {\n"
-                      f"    {P.DET_LAUNCHER}(\n        {{grad_volume, gout, volume, coords,\n"
-                      "         interp, padding, corners});\n    mask[0] = false;\n  }\n"
-                      "  if (gout.numel() > 0) { /* the atomicAdd kernel */ }\n}", cu)
-        self.assertNotIn("alertNotDeterministic", cu)
-        # the replaced branches' header is no longer included; ours is, once
+        # 2D: renamed parameters, upstream's early return removed with its comment
+        ctx = "at::globalContext()"
+        self.assertIn("  check_grid_sampler_2d(self, coords);\n\n"
+                      + det_branch(("grad_in, gout, self, coords, interpolation_mode, padding_mode,",
+                                    "align_corners);"), "grid_sampler_2d_backward_cuda", "mask", ctx)
+                      + "  if (gout.numel() > 0) { /* the atomicAdd kernel */ }\n}", cu)
+        # 3D: upstream's if/else collapsed into our branch + its else body
+        self.assertIn("  check_grid_sampler_3d(volume, coords, interp);\n\n"
+                      + det_branch(("grad_volume, gout, volume, coords, interp, padding, corners);",),
+                                   "grid_sampler_3d_backward_cuda", "mask", ctx)
+                      + "  if (gout.numel() > 0) { /* the atomicAdd kernel */ }\n}", cu)
+        self.assertNotIn("Deterministic path (sort by destination)", cu)
+        # the replaced branches' header is no longer included; GridSampler.h declares ours
         self.assertNotIn("GridSamplerDet.h", cu)
-        self.assertEqual(cu.count(f"#include <ATen/native/cuda/{P.DET_HEADER}>"), 1)
+        self.assertEqual(include_lines(cu), ["#include <ATen/native/cuda/GridSampler.h>",
+                                             "#include <ATen/native/GridSamplerUtils.h>"])
+        self.assertIn(P.det_declaration(), (self.tree / P.CU_HEADER).read_text())
         self.assert_noop()
 
     def test_upstream_pieces_already_there_are_kept(self):
         stdout = self.patch_ok()
         changed = git(self.tree, "diff", "--name-only", "HEAD~1", "HEAD").split()
-        # main's cuDNN delegation (after its checks), docstring, alert tests and notes stay as written
-        for rel in (P.CUDNN, CUDA_CPP, P.INIT, P.TEST_TORCH, P.NOTES[1]):
+        # #196856's cuDNN delegation (a deterministic path: nothing to alert about), docstring,
+        # launcher alert tests and notes stay as written
+        for rel in (P.CUDNN, CUDA_CPP, P.INIT, P.NOTES[1]):
             self.assertNotIn(rel, changed)
             self.assertEqual((self.tree / rel).read_bytes(), (FIXTURE_196856 / rel).read_bytes())
-        self.assertIn("cuDNN backward already delegates", stdout)
+        self.assertIn("the cuDNN backward has a deterministic path of its own", stdout)
         for name, _ in P.ALERT_TESTS:
             self.assertIn(f"{name} already expects no alert", stdout)
+        # the composite leaves cuDNN in deterministic mode all the same; the cuDNN alert test
+        # (expecting no alert here, as #196856 wrote it) reaches cuDNN by a direct call
+        self.assertIn(P.COMPOSITE, changed)
+        tt = (self.tree / P.TEST_TORCH).read_text()
+        start, end = P._method(tt, P.CUDNN_ALERT_TEST)
+        self.assertIn("res = torch.cudnn_grid_sampler(input, grid)\n", tt[start:end])
+        self.assertIn("'cudnn_grid_sampler_backward',\n            False)", tt[start:end])
+        self.assertEqual(tt.count(P.CUDNN_TESTS_SOURCE[P.CUDNN_ROUTE_TEST]), 1)
 
     def test_only_tests_upstream_lacks_are_added(self):
         stdout = self.patch_ok()
@@ -602,7 +689,7 @@ class TestPatch196856(FixtureTree):
         compile(nn, P.TEST_NN, "exec")
         message = git(self.tree, "log", "-1", "--format=%B")
         self.assertIn("test_grid_sample_dispatch", message)  # upstream's kept tests are in the plan
-        self.assertNotIn("cudnn_grid_sampler_backward, after", message)  # no cuDNN edit made here
+        self.assertNotIn(P.CUDNN_ALERT_TEXT.split(",")[0] + ",", message)  # no cuDNN backward edit here
         self.assertNotIn("Docs:", message)
         self.assert_noop()
 
@@ -642,14 +729,29 @@ class TestPatch196856(FixtureTree):
         self.assertIn("#include <ATen/native/cuda/GridSamplerDet.h>\n", (self.tree / P.CU).read_text())
         self.assertNotIn("removed #include", stdout)
 
-    def test_kit_without_its_launcher_is_refused(self):
+    def kit_with_core(self, edit):
+        """A kit whose core .cu is the kit's with ``edit`` applied to its text."""
         kit = self.tmp / "kit"
         shutil.copytree(KERNELS, kit / "aten_kernels" / P.KERNEL_DIR)
-        header = kit / "aten_kernels" / P.KERNEL_DIR / P.DET_HEADER
-        text = header.read_text()
-        start = text.index(f"void {P.DET_LAUNCHER}(")
-        header.write_text(text[:start] + text[text.index(";", start) + 1 :])
-        self.assert_refused(P.DET_LAUNCHER, "its launcher", env={"DETGRID_KIT_ROOT": str(kit)})
+        source = kit / "aten_kernels" / P.CORE_SOURCE
+        source.write_text(edit(source.read_text()))
+        return {"DETGRID_KIT_ROOT": str(kit)}
+
+    def test_kit_without_its_launcher_is_refused(self):
+        def drop(text):
+            start = text.index(f"void {P.DET_LAUNCHER}(")
+            body = text.index("{", start)
+            return text[:start] + text[P._match(text, body, "{", "}") + 1 :]
+
+        self.assert_refused(P.DET_LAUNCHER, "the kit does not define its launcher",
+                            env=self.kit_with_core(drop))
+
+    def test_kit_launcher_with_another_signature_is_refused(self):
+        # the header's declaration and the dispatch's call would not match it
+        self.assert_refused(P.DET_LAUNCHER, "with parameters", "int64_t padding_mode, int align_corners",
+                            env=self.kit_with_core(lambda t: t.replace(
+                                "    int64_t padding_mode,\n    bool align_corners) {",
+                                "    int64_t padding_mode,\n    int align_corners) {")))
 
     def test_notes_page_gets_a_section(self):
         # a page that does not mention grid_sample yet; a "# comment" in a code block after the
@@ -659,7 +761,7 @@ class TestPatch196856(FixtureTree):
         text = (self.tree / P.NOTES[1]).read_text()
         self.assertIn("### CUDA grid sampling\n\nThe CUDA backward of {func}`torch.nn.functional.grid_sample`",
                       text)
-        self.assertIn("bitwise identical gradients.\n\n### CUDA Scaled Dot Product Attention\n", text)
+        self.assertIn("default mode's.\n\n### CUDA Scaled Dot Product Attention\n", text)
         self.assertNotIn("mentions grid_sample", stdout)
         self.assert_noop()
 
@@ -702,9 +804,8 @@ class TestPatchMain(FixtureTree):
         cu = (self.tree / P.CU).read_text()
         for dims in P.DIMS:
             body = func_body(cu, r"\bvoid", P.LAUNCHERS[dims])
-            self.assertIn("if (output_mask[0] && globalContext().deterministicAlgorithms()) {\n"
-                          f"    {P.DET_LAUNCHER}(", body)
-            self.assertNotIn("alertNotDeterministic", body)
+            self.assertEqual(body.count(det_branch(DEFAULT_ARGS, f"grid_sampler_{dims}d_backward_cuda")), 1)
+            self.assertEqual(body.count("alertNotDeterministic"), 1)
             # the comments say what the code does, nothing about where it came from
             comments = " ".join(re.findall(r"//([^\n]*)", body)).lower()
             for word in ("detgrid", "kit", "extension", "knob", "#"):
@@ -715,28 +816,61 @@ class TestPatchMain(FixtureTree):
         assert_one_decision_per_call(self, self.tree, self.fixture)
         self.assert_noop()
 
-    def test_every_prefix_of_the_stack_applies_with_the_same_dispatch(self):
-        # `--upto LEVEL` changes only which kernel files go in, cut to that level; the dispatch,
-        # docs and tests are the core's at every level
-        dispatches = set()
-        for level in stack.LEVEL_NAMES:
-            with self.subTest(level=level):
-                tree = git_copy(self.fixture, self.tmp / level)
-                rc, stdout, stderr = run_patch("--pytorch", tree, "--upto", level, "--out",
-                                               self.tmp / f"{level}.patch")
-                self.assertEqual(rc, 0, stderr)
-                for rel, text in stack.kernel_sources(KERNELS.parents[5], level).items():
-                    self.assertEqual((tree / rel).read_text(), text, rel)
-                later = set(stack.kernel_files()) - set(stack.kernel_files(level))
-                self.assertEqual([n for n in later if (tree / P.KERNEL_DIR / n).exists()], [])
-                dispatches.add((tree / P.CU).read_text())
-        self.assertEqual(len(dispatches), 1)
+    def test_upto_core_is_the_core_alone(self):
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--upto", "core", "--out", self.tmp / "core.patch")
+        self.assertEqual(rc, 0, stderr)
+        self.assertEqual(changed_paths(self.tree), CORE_PATHS)
+        self.assertEqual(subject(self.tree), stack.UPSTREAM_STACK[0].title)
+        # the cuDNN route: composite, cuDNN backward, docs and its tests are untouched
+        for rel in (P.COMPOSITE, P.CUDNN, P.INIT, P.NOTES[1]):
+            self.assertEqual((self.tree / rel).read_bytes(), (self.fixture / rel).read_bytes(), rel)
+        tt, original = ((t / P.TEST_TORCH).read_text() for t in (self.tree, self.fixture))
+        start, end = P._method(tt, P.CUDNN_ALERT_TEST)
+        self.assertIn(tt[start:end], original)
+        self.assertIsNone(P._method(tt, P.CUDNN_ROUTE_TEST))
+        nn = (self.tree / P.TEST_NN).read_text()
+        for name in P.upstream_nn_tests().names:
+            self.assertEqual(nn.count(f"def {name}("), 0 if name in P.CUDNN_NN_TESTS else 1, name)
+        message = " ".join(git(self.tree, "log", "-1", "--format=%B").split())
+        self.assertNotIn("cuDNN", message)
+        for word in ("stock", "level", "2.6", "2.12"):
+            self.assertNotIn(word, message)
+        # a second run at core changes nothing
+        before = snapshot(self.tree)
+        rc, stdout, _ = run_patch("--pytorch", self.tree, "--upto", "core", "--out", self.tmp / "again.patch")
+        self.assertEqual(rc, 0)
+        self.assertIn("already applied", stdout)
+        assert_untouched(self, self.tree, before)
 
-    def test_an_unknown_level_is_refused_in_one_line(self):
-        rc, _, stderr = run_patch("--pytorch", self.tree, "--upto", "fast")
-        self.assertEqual(rc, 2)
-        self.assertIn("invalid choice: 'fast'", stderr)
-        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+    def test_upto_core_then_the_default_is_the_whole_change(self):
+        # the default on a tree with the core committed finds every core edit present and adds
+        # the cuDNN patch alone; the tree is then the one the whole change in one go gives
+        whole = git_copy(self.fixture, self.tmp / "whole")
+        rc, _, stderr = run_patch("--pytorch", whole, "--out", self.tmp / "whole.patch")
+        self.assertEqual(rc, 0, stderr)
+        self.assertEqual(subject(whole), stack.UPSTREAM_STACK[0].title)
+        self.patch_ok("--upto", "core")
+        stdout = self.patch_ok()
+        for dims in P.DIMS:
+            self.assertIn(f"{dims}D deterministic dispatch already present", stdout)
+        self.assertIn(f"{P.DET_LAUNCHER} already declared", stdout)
+        self.assertEqual(changed_paths(self.tree), CUDNN_PATHS_MAIN)
+        self.assertEqual(subject(self.tree), stack.UPSTREAM_STACK[1].title)
+        self.assertEqual(git(self.tree, "rev-parse", "HEAD^{tree}").strip(),
+                         git(whole, "rev-parse", "HEAD^{tree}").strip())
+        nn = git(self.tree, "diff", "HEAD~1", "HEAD", "--", P.TEST_NN)
+        self.assertEqual(re.findall(r"^\+    def (test_\w+)\(", nn, re.M), list(P.CUDNN_NN_TESTS))
+        message = " ".join(git(self.tree, "log", "-1", "--format=%B").split())
+        self.assertIn("no longer picks cuDNN", message)
+        self.assertNotIn("unique_by_key", message)  # the core's text is the core's commit's
+        self.assert_noop()
+
+    def test_upto_names_a_patch_of_the_stack(self):
+        for name in ("fast", "pipeline", "index32"):
+            rc, _, stderr = run_patch("--pytorch", self.tree, "--upto", name)
+            self.assertEqual(rc, 2)
+            self.assertIn(f"invalid choice: '{name}'", stderr)
+            self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
 
     def test_191915_checks_stay_ahead_of_the_dispatch(self):
         # the fixture is main with #191915: one backward check per launcher, declared in its
@@ -750,7 +884,7 @@ class TestPatchMain(FixtureTree):
             self.assertNotIn("check_grid_sampler_common(", body)
         rc, stdout, stderr = run_patch("--pytorch", self.tree, "--check")
         self.assertEqual(rc, 0, stderr)
-        self.assertIn(f"applies: {len(P.KERNEL_FILES) + 6} files", stdout)
+        self.assertIn(f"applies: {len(CORE_PATHS + CUDNN_PATHS_MAIN) - 2} files", stdout)
         self.patch_ok()
         cu = (self.tree / P.CU).read_text()
         for dims, check in CHECKS_191915.items():
@@ -848,30 +982,86 @@ class TestPatchMain(FixtureTree):
         self.base = git(self.tree, "rev-parse", "HEAD").strip()
         self.assert_refused(P.DERIVATIVES, "file missing")
 
-    def test_cudnn_alert_becomes_the_delegation_after_the_checks(self):
+    def test_cudnn_alert_is_kept_and_the_composite_leaves_cudnn(self):
         stdout = self.patch_ok()
-        self.assertIn("replaced the cuDNN backward's nondeterministic alert (#180417)", stdout)
-        cpp = (self.tree / P.CUDNN).read_text()
-        self.assertNotIn("alertNotDeterministic", cpp)
-        body = cpp[cpp.index("std::tuple<Tensor, Tensor> cudnn_grid_sampler_backward", cpp.index("#else")) :]
-        order = [body.index(s) for s in ("check_grid_sampler_common(", "\"Invalid arguments to cudnn_grid_sampler_backward\");",
-                                          "if (at::globalContext().deterministicAlgorithms()) {",
-                                          "auto grad_input_t")]
-        self.assertEqual(order, sorted(order))
-        self.assertEqual(cpp.count("#include <ATen/ops/grid_sampler_2d_backward.h>"), 1)
-        forward = cpp[cpp.index("Tensor cudnn_grid_sampler_forward", cpp.index("#else")) : cpp.index("// cuDNN computes")]
-        self.assertNotIn("deterministicAlgorithms", forward)
+        self.assertIn("the cuDNN backward alerts in deterministic mode already (#180417)", stdout)
+        self.assertEqual((self.tree / P.CUDNN).read_bytes(), (self.fixture / P.CUDNN).read_bytes())
+        text = (self.tree / P.COMPOSITE).read_text()
+        self.assertTrue(composite_condition(text).endswith(
+            "      align_corners &&\n      !at::globalContext().deterministicAlgorithms()"))
+        self.assertEqual(text.count("deterministicAlgorithms()"), 1)
+        self.assertIn(f"  {P.COMPOSITE_WHY}\n  if (cond_cudnn_grid_sampler(input, grid) &&\n", text)
+        self.assertEqual(text.count("#include <ATen/Context.h>"), 1)
+        self.assertLess(text.index("#include <ATen/core/Tensor.h>"), text.index("#include <ATen/Context.h>"))
         self.assert_noop()
 
-    def test_every_alert_test_expects_no_alert(self):
+    def test_cudnn_backward_without_an_alert_gets_one_after_its_checks(self):
+        # the shape v2.6.0 has: no #180417
+        alert = ('  // See Note [Writing Nondeterministic Operations]\n'
+                 "  // cuDNN's spatial transformer backward accumulates with atomics.\n"
+                 '  globalContext().alertNotDeterministic("cudnn_grid_sampler_backward");\n')
+        self.edit(P.CUDNN, alert, "")
+        self.patch_ok()
+        cpp = (self.tree / P.CUDNN).read_text()
+        self.assertIn('      "Invalid arguments to cudnn_grid_sampler_backward");\n'
+                      "  // See Note [Writing Nondeterministic Operations]\n"
+                      "  // Nondeterministic: cuDNN's sampler backward sums in no fixed order.\n"
+                      '  globalContext().alertNotDeterministic("cudnn_grid_sampler_backward");\n'
+                      "  auto grad_input_t", cpp)
+        self.assertIn(P.CUDNN_ALERT_TEXT.split(",")[0], " ".join(git(self.tree, "log", "-1", "--format=%B").split()))
+        self.assert_noop()
+
+    def test_cudnn_backward_without_checks_or_alert_is_refused(self):
+        self.edit(P.CUDNN, "  check_grid_sampler_common(input_t, grid_t);\n  TORCH_CHECK(\n"
+                  "      cond_cudnn_grid_sampler(input_t, grid_t),\n"
+                  "      \"Invalid arguments to cudnn_grid_sampler_backward\");\n"
+                  "  // See Note [Writing Nondeterministic Operations]\n"
+                  "  // cuDNN's spatial transformer backward accumulates with atomics.\n"
+                  "  globalContext().alertNotDeterministic(\"cudnn_grid_sampler_backward\");\n", "")
+        self.assert_refused(P.CUDNN, "after upstream's argument checks")
+        # the core alone does not read the cuDNN backward
+        self.patch_ok("--upto", "core")
+
+    def test_composite_without_its_cudnn_branch_is_refused(self):
+        self.edit(P.COMPOSITE, "  if (cond_cudnn_grid_sampler(input, grid) &&\n", "  if (true &&\n")
+        self.assert_refused(P.COMPOSITE, "return cudnn_grid_sampler", "not found in grid_sampler")
+
+    def test_header_without_the_backward_declarations_is_refused(self):
+        header = (self.tree / P.CU_HEADER).read_text()
+        start = header.index(f"void {P.LAUNCHERS[3]}(")
+        self.edit(P.CU_HEADER, header[start : header.index(";", start) + 2], "")
+        self.assert_refused(P.CU_HEADER, P.LAUNCHERS[3], "not declared once")
+
+    def test_launcher_file_without_the_header_include_is_refused(self):
+        self.edit(P.CU, "#include <ATen/native/cuda/GridSampler.h>\n", "")
+        self.assert_refused(P.CU, "#include <ATen/native/cuda/GridSampler.h>", P.DET_LAUNCHER)
+
+    def test_alert_tests(self):
         self.patch_ok()
         tt = (self.tree / P.TEST_TORCH).read_text()
         for name, caller in P.ALERT_TESTS:
             start, end = P._method(tt, name)
             self.assertRegex(tt[start:end], rf"'{caller}',\n            False\)", name)
+        # the cuDNN alert test keeps expecting its alert, now reaching cuDNN by a direct call
+        start, end = P._method(tt, P.CUDNN_ALERT_TEST)
+        self.assertIn("'cudnn_grid_sampler_backward',\n            True)", tt[start:end])
+        self.assertIn(f"                {P.DIRECT_CUDNN_COMMENT}\n"
+                      "                res = torch.cudnn_grid_sampler(input, grid)\n", tt[start:end])
+        self.assertNotIn("grid_sample(", tt[start:end])
+        # and grid_sample on a cuDNN-eligible input must not alert
+        self.assertEqual(tt.count(P.CUDNN_TESTS_SOURCE[P.CUDNN_ROUTE_TEST]), 1)
+        self.assertEqual(P._method_end(tt, P.CUDNN_ALERT_TEST), tt.index(P.CUDNN_TESTS_SOURCE[P.CUDNN_ROUTE_TEST]))
+        compile(tt, P.TEST_TORCH, "exec")
         message = git(self.tree, "log", "-1", "--format=%B")
         for name, _ in P.ALERT_TESTS:
             self.assertIn(f"{name} expects no alert", message)
+        self.assertIn(f"{P.CUDNN_ALERT_TEST} calls torch.cudnn_grid_sampler directly", message)
+        self.assertIn(f"adds {P.CUDNN_ROUTE_TEST}", message)
+
+    def test_cudnn_alert_test_of_another_shape_is_refused(self):
+        self.edit(P.TEST_TORCH, "res = torch.nn.functional.grid_sample(input, grid, align_corners=True)",
+                  "res = run(input, grid)")
+        self.assert_refused(P.TEST_TORCH, P.CUDNN_ALERT_TEST, "0 such calls found")
 
     def test_every_kit_test_is_added_with_one_import(self):
         self.patch_ok()
@@ -891,20 +1081,18 @@ class TestPatchMain(FixtureTree):
         before = snapshot(self.tree)
         rc, stdout, stderr = run_patch("--pytorch", self.tree, "--check")
         self.assertEqual(rc, 0, stderr)
-        # the whole stack's kernel files, GridSampler.cu, cudnn/GridSampler.cpp, the notes
-        # page, test_nn.py, test_torch.py and torch/__init__.py
-        self.assertIn(f"applies: {len(P.KERNEL_FILES) + 6} files", stdout)
+        # the core's file, GridSampler.cu and .h, the composite GridSampler.cpp, the notes page,
+        # test_nn.py, test_torch.py and torch/__init__.py (the cuDNN backward alerts already)
+        self.assertIn(f"applies: {len(CORE_PATHS + CUDNN_PATHS_MAIN) - 2} files", stdout)
         assert_untouched(self, self.tree, before)
         self.assertEqual(git(self.tree, "rev-parse", "HEAD").strip(), self.base)
         self.assertEqual(leftovers(self.tree), [])
 
     def test_check_reports_an_anchor_it_cannot_find(self):
-        self.edit(P.CUDNN, "  check_grid_sampler_common(input_t, grid_t);\n  TORCH_CHECK(\n"
-                  "      cond_cudnn_grid_sampler(input_t, grid_t),\n"
-                  "      \"Invalid arguments to cudnn_grid_sampler_backward\");\n", "")
+        self.edit(P.COMPOSITE, "    return cudnn_grid_sampler(input, grid);\n", "    return Tensor();\n")
         rc, _, stderr = run_patch("--pytorch", self.tree, "--check")
         self.assertEqual(rc, P.EXIT_ANCHOR)
-        self.assertIn("after upstream's argument checks", stderr)
+        self.assertIn("not found in grid_sampler", stderr)
 
 
 class TestTestsOnly(FixtureTree):
@@ -922,12 +1110,14 @@ class TestTestsOnly(FixtureTree):
         self.assertEqual(sorted(re.findall(r"^diff --git a/(\S+)", text, re.M)), self.TESTS)
         self.assertIn(f"Subject: [PATCH] {P.TESTS_ONLY_SUBJECT}\n", text)
         self.assertNotIn("Fixes #68959", text)
-        self.assertFalse((self.tree / P.KERNEL_DIR / P.DET_HEADER).exists())
+        self.assertFalse((self.tree / P.CORE_SOURCE).exists())
         nn = (self.tree / P.TEST_NN).read_text()
         for name in P.upstream_nn_tests().names:  # main as known: the gradgradcheck too
             self.assertEqual(nn.count(f"def {name}("), 1, name)
         tt = (self.tree / P.TEST_TORCH).read_text()
         self.assertEqual(len(re.findall(r"'grid_sampler_\dd_backward_cuda',\n\s+False\)", tt)), 2)
+        self.assertIn("res = torch.cudnn_grid_sampler(input, grid)\n", tt)
+        self.assertIsNotNone(P._method(tt, P.CUDNN_ROUTE_TEST))
         # a second run has nothing left to do
         before = snapshot(self.tree)
         rc, stdout, _ = run_patch("--pytorch", self.tree, "--tests-only", "--out", self.tmp / "again.patch")
@@ -940,12 +1130,23 @@ class TestTestsOnly(FixtureTree):
         self.assertEqual(rc, 0, stderr)
         self.assertIn(f"applies: 2 files ({', '.join(self.TESTS)})", stdout)
 
+    def test_upto_core_writes_the_cores_tests_alone(self):
+        rc, _, stderr = run_patch("--pytorch", self.tree, "--tests-only", "--upto", "core",
+                                  "--out", self.tmp / "core-tests.patch")
+        self.assertEqual(rc, 0, stderr)
+        self.assertEqual(changed_paths(self.tree), self.TESTS)
+        tt, original = ((t / P.TEST_TORCH).read_text() for t in (self.tree, self.fixture))
+        start, end = P._method(tt, P.CUDNN_ALERT_TEST)
+        self.assertIn(tt[start:end], original)
+        self.assertNotIn(f"def {P.CUDNN_NN_TESTS[0]}(", (self.tree / P.TEST_NN).read_text())
+
     def test_runs_on_a_tree_with_another_deterministic_backward(self):
-        # #196856's tree: its path stays, the tests it lacks are added
+        # #196856's tree: its path stays, the tests it lacks are added; its cuDNN alert test
+        # reaches cuDNN by a direct call
         tree = git_copy(FIXTURE_196856, self.tmp / "pr")
         rc, stdout, stderr = run_patch("--pytorch", tree, "--tests-only", "--out", self.tmp / "pr.patch")
         self.assertEqual(rc, 0, stderr)
-        self.assertEqual(git(tree, "diff", "--name-only", "HEAD~1", "HEAD").split(), [P.TEST_NN])
+        self.assertEqual(changed_paths(tree), self.TESTS)
         self.assertIn("grid_sampler_2d_backward_det(", (tree / P.CU).read_text())
         self.assertNotIn("make_records", stdout)  # no kernel of ours to compare names with
 
@@ -1027,8 +1228,8 @@ class TestPatchRefusals(FixtureTree):
             assert_untouched(self, self.tree, before)
 
     def test_untracked_file_where_the_change_creates_one_is_refused(self):
-        (self.tree / P.KERNEL_DIR / P.DET_HEADER).write_text("// mine\n")
-        self.assert_refused(P.DET_HEADER, "uncommitted changes", rc=P.EXIT_DIRTY)
+        (self.tree / P.CORE_SOURCE).write_text("// mine\n")
+        self.assert_refused(P.CORE_SOURCE, "uncommitted changes", rc=P.EXIT_DIRTY)
 
     def test_other_dirty_files_need_allow_dirty_and_stay_out_of_the_commit(self):
         (self.tree / "version.txt").write_text("2.12.0a0\n# local\n")

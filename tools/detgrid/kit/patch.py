@@ -8,29 +8,44 @@ crash-safely as one commit (author and committer from the user's git configurati
 commit with ``git format-patch``. ``--check`` plans, builds the change in a temporary copy and
 checks that it applies, writing nothing.
 
-What the change is, and why each edit has its shape:
+The change is a stack of two patches (detgrid.levels.UPSTREAM_STACK); ``--upto`` names the last
+one applied, the whole stack by default. Every edit of a patch is found present on a second run, so
+``--upto cudnn`` on a tree with the core committed adds the cuDNN patch alone.
 
+core:
+
+- ``cuda/GridSamplerDeterministic.cu`` (the kit's, ``stack.core_sources``): the deterministic
+  launcher, declared in ``cuda/GridSampler.h`` beside the existing backward launchers;
 - ``GridSampler.cu``: in both backward launchers, the deterministic branch (deterministic mode
-  with grad_input requested) replaces the alert; grid-only calls keep the existing kernel, which
-  has one writer per element for them, so nothing that reaches the atomicAdd in deterministic mode
-  is left to alert about. The branch goes where the alert was, after the launcher's argument
-  checks (on main ``check_grid_sampler_{2d,3d}_backward``, which validate grad_output's sizes too,
-  #191915); a check after the alert, which the branch would skip, is refused. A checkout with a
-  deterministic branch of its own (e.g. #196856's) is refused unless
-  ``--replace-existing-deterministic-path`` asks to replace it with ours. The
-  launcher reads ``deterministicAlgorithms()`` once per call and nothing else depends on it:
-  ``cuda/GridSampler.cpp`` is not edited, so grad_input is zero-filled as stock does in every mode
-  (a thread that flips the flag mid-call cannot hand the atomicAdd kernel unzeroed memory);
-- ``cudnn/GridSampler.cpp``: only the cuDNN *backward* delegates, after its own argument checks and
-  before allocating anything, as upstream main does; the forward and the composite's choice of
-  cuDNN stay, so no forward result changes, ``warn_only`` users included;
-- the docstring and notes page list the op as deterministic; the alert tests expect no alert; the
-  tests added to ``test_nn.py`` (upstream's code, in ``upstream_test_nn.py``) are only those the
-  checkout's own deterministic tests lack, with only the helpers and imports they use, and its
-  gradgradcheck only where ``derivatives.yaml`` differentiates grid_sampler_2d_backward (#177487).
+  with grad_input requested) goes where the alert was, and the alert moves into its else branch:
+  grid-only calls keep the existing kernel, which has one writer per element for them, without an
+  alert. The branch goes after the launcher's argument checks (on main
+  ``check_grid_sampler_{2d,3d}_backward``, which validate grad_output's sizes too, #191915); a
+  check after the alert, which the branch would skip, is refused. A checkout with a deterministic
+  branch of its own (e.g. #196856's) is refused unless ``--replace-existing-deterministic-path``
+  asks to replace it with ours. The launcher reads ``deterministicAlgorithms()`` once per call and
+  nothing else depends on it: ``cuda/GridSampler.cpp`` is not edited, so grad_input is
+  zero-filled as the existing code does in every mode (a thread that flips the flag mid-call
+  cannot hand the atomicAdd kernel unzeroed memory);
+- the alert tests of grid_sampler_{2d,3d}_backward_cuda expect no alert; the tests added to
+  ``test_nn.py`` (upstream's code, in ``upstream_test_nn.py``) are only those the checkout's own
+  deterministic tests lack, with only the helpers and imports they use, and its gradgradcheck
+  only where ``derivatives.yaml`` differentiates grid_sampler_2d_backward (#177487).
 
-``--tests-only`` writes only the tests (test_torch.py, test_nn.py) as a patch of their own: a
-conformance suite for any deterministic backward (#196856's included).
+cudnn:
+
+- ``native/GridSampler.cpp``: the composite ``grid_sampler`` does not pick cuDNN in deterministic
+  mode, so F.grid_sample's backward is the deterministic one there too;
+- ``cudnn/GridSampler.cpp``: ``cudnn_grid_sampler_backward`` alerts in deterministic mode (added
+  where the checkout lacks #180417's alert; a deterministic path of the checkout's own is kept);
+- ``test_torch.py``: the cuDNN alert test calls ``torch.cudnn_grid_sampler`` itself, and a test
+  that F.grid_sample on a cuDNN-eligible input does not alert; the cuDNN route's tests of
+  ``test_nn.py``;
+- the docstring and notes page list the op as deterministic (only true with this patch: without
+  it the cuDNN route alerts or is silently nondeterministic).
+
+``--tests-only`` writes only the tests (test_torch.py, test_nn.py) of the patches up to ``--upto``
+as a patch of their own: a conformance suite for any deterministic backward (#196856's included).
 """
 
 import argparse
@@ -52,12 +67,16 @@ from detgrid.kit import patch_apply, stack
 
 KIT_ROOT = Path(__file__).resolve().parents[3]
 KERNEL_DIR = stack.KERNEL_DIR
-KERNEL_FILES = stack.kernel_files()  # the whole stack's; stack.kernel_files(level) a prefix's
-DET_HEADER = "GridSamplerDeterministic.h"
+CORE_FILES = stack.CORE_FILES  # the files the core adds (basenames), from stack.core_sources
+CORE_SOURCE = f"{KERNEL_DIR}/GridSamplerDeterministic.cu"  # defines DET_LAUNCHER
+CORE, CUDNN_PATCH = stack.UPSTREAM_NAMES[0], stack.UPSTREAM_NAMES[-1]
+TOP = stack.UPSTREAM_NAMES[-1]  # --upto's default: the whole stack
 DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
 DET_LAUNCHER = "launch_grid_sampler_backward_deterministic_kernel"  # for both dims
 CU = "aten/src/ATen/native/cuda/GridSampler.cu"
+CU_HEADER = "aten/src/ATen/native/cuda/GridSampler.h"  # declares the CUDA launchers
+COMPOSITE = "aten/src/ATen/native/GridSampler.cpp"  # grid_sampler(): picks cuDNN or not
 CUDNN = "aten/src/ATen/native/cudnn/GridSampler.cpp"
 INIT = "torch/__init__.py"
 NOTES = ("docs/source/notes/randomness.rst", "docs/source/notes/randomness.md")
@@ -111,6 +130,7 @@ class Plan:
     new: Dict[str, bytes] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     tests_only: bool = False
+    parts: set = field(default_factory=set)  # the patches (stack.UPSTREAM_NAMES) it edits
 
     @property
     def changed(self) -> List[str]:
@@ -293,24 +313,55 @@ def _calls(code: str) -> List[str]:
     return out
 
 
-def _det_block(ind: str, ctx: str, a: Dict[str, str]) -> str:
-    """The dispatch that replaces a launcher's alert. Only grad_input is accumulated with
-    atomicAdd: in deterministic mode the deterministic path makes grad_input, and the existing
-    kernel then runs for grad_grid alone (output_mask[0] cleared), with one writer per grad_grid
-    element, so grad_grid keeps the existing kernel's bits. Deterministic mode (warn_only
-    included) then never reaches the atomicAdd: no alert is left."""
+# The deterministic launcher's parameters (GridSamplerDeterministic.cu defines it, GridSampler.h
+# declares it): (role in _launcher_args, type).
+DET_PARAMS = (("grad_input", "const TensorBase&"), ("grad_output", "const TensorBase&"),
+              ("input", "const TensorBase&"), ("grid", "const TensorBase&"),
+              ("interpolation_mode", "int64_t"), ("padding_mode", "int64_t"),
+              ("align_corners", "bool"))
+COLUMNS = 80  # PyTorch's clang-format wraps C++ at 80
+
+
+def _wrap_args(ind: str, args: List[str]) -> str:
+    """Arguments at ``ind``, as many to a line as fit in COLUMNS, each line but the last ending
+    in a comma (clang-format's bin-packing)."""
+    lines, cur = [], ""
+    for i, arg in enumerate(args):
+        piece = arg + ("," if i < len(args) - 1 else "")
+        if cur and len(ind) + len(cur) + 1 + len(piece) > COLUMNS:
+            lines.append(cur)
+            cur = piece
+        else:
+            cur = f"{cur} {piece}" if cur else piece
+    lines.append(cur)
+    return "".join(f"{ind}{line}\n" for line in lines)
+
+
+ALERT_NOTE = ("// See Note [Writing Nondeterministic Operations]\n",
+              "// Nondeterministic because of atomicAdd usage\n")
+
+
+def _det_block(ind: str, ctx: str, a: Dict[str, str], alert: str, comments: str) -> str:
+    """The dispatch that takes the launcher's alert into its else branch. Only grad_input is
+    accumulated with atomicAdd: in deterministic mode the deterministic launcher makes grad_input,
+    and the existing kernel then runs for grad_grid alone (output_mask[0] cleared), with one writer
+    per grad_grid element, so grad_grid keeps the existing kernel's bits. The alert stays, with its
+    Note, for grad_input requested outside deterministic mode (warn_only's warning included: that
+    mode takes the deterministic path); grid-only calls reach no atomicAdd and do not alert."""
     mask = a["output_mask"]
+    inner = ind + "  "
+    note = "".join(inner + line.strip() + "\n" for line in comments.splitlines() if line.strip())
     return (
-        f"{ind}// See Note [Enabling Deterministic Operations]\n"
-        f"{ind}// The kernel below accumulates grad_input with atomicAdd, in an order that\n"
-        f"{ind}// varies from run to run. In deterministic mode grad_input comes from\n"
-        f"{ind}// GridSamplerDeterministic.cu instead, which writes each element once, and\n"
-        f"{ind}// the kernel below computes grad_grid alone: one writer per element.\n"
         f"{ind}if ({mask}[0] && {ctx}.deterministicAlgorithms()) {{\n"
-        f"{ind}  {DET_LAUNCHER}(\n"
-        f"{ind}      {{{a['grad_input']}, {a['grad_output']}, {a['input']}, {a['grid']},\n"
-        f"{ind}       {a['interpolation_mode']}, {a['padding_mode']}, {a['align_corners']}}});\n"
-        f"{ind}  {mask}[0] = false;\n"
+        f"{inner}// See Note [Deterministic grid_sampler backward]: grad_input without\n"
+        f"{inner}// atomics. The kernel below then computes grad_grid alone, one writer\n"
+        f"{inner}// per element.\n"
+        f"{inner}{DET_LAUNCHER}(\n"
+        + _wrap_args(inner + "    ", [a[role] for role, _ in DET_PARAMS])[:-1] + ");\n"
+        f"{inner}{mask}[0] = false;\n"
+        f"{ind}}} else if ({mask}[0]) {{\n"
+        + (note or "".join(inner + line for line in ALERT_NOTE))
+        + f"{inner}{alert.strip()}\n"
         f"{ind}}}\n"
     )
 
@@ -357,17 +408,56 @@ def _add_det_dispatch(path: str, text: str, dims: int, notes: List[str],
         raise AnchorError(path, f"{late.group(1)}(...) in {launcher}",
                           "runs after the nondeterministic alert, where the deterministic branch "
                           "goes: that path would skip the check")
-    block = _det_block(alert.group("ind"), alert.group("ctx"), a)
+    alert_line = alert.group(0)[len(alert.group("comments")) :]
+    block = _det_block(alert.group("ind"), alert.group("ctx"), a, alert_line, alert.group("comments"))
     body = body[: alert.start()] + block + body[alert.end() :]
     return text[: f.body_open] + body + text[f.body_close + 1 :]
 
 
 def edit_gridsampler_cu(path: str, text: str, notes: List[str],
                         replace_existing: bool = False) -> str:
+    """Both launchers dispatch; the launcher's declaration is GridSampler.h's, which the file
+    includes already (checked: without it the call would not compile)."""
+    if not re.search(r"^#include <ATen/native/cuda/GridSampler\.h>", text, re.M):
+        raise AnchorError(path, "#include <ATen/native/cuda/GridSampler.h>",
+                          f"not found: it declares {DET_LAUNCHER}")
     for dims in DIMS:
         text = _add_det_dispatch(path, text, dims, notes, replace_existing)
-    return _add_include(path, text, f"ATen/native/cuda/{DET_HEADER}",
-                        after=("ATen/native/cuda/GridSampler.h", "ATen/native/cuda/"))
+    return text
+
+
+def _declarations(text: str, name: str) -> List[Tuple[int, int]]:
+    """(start of line, end past ';' and its line break) of each declaration (not definition)
+    of ``void name(...)``."""
+    out = []
+    for m in re.finditer(rf"^[ \t]*void\s+{re.escape(name)}\s*\(", text, re.M):
+        close = _match(text, m.end() - 1, "(", ")")
+        tail = re.match(r"\s*;[ \t]*\n?", text[close + 1 :])
+        if tail:
+            out.append((m.start(), close + 1 + tail.end()))
+    return out
+
+
+def det_declaration() -> str:
+    """The launcher's declaration, in cuda/GridSampler.h's style (``const TensorBase &x``)."""
+    params = [f"{t[:-1]} &{n}" if t.endswith("&") else f"{t} {n}" for n, t in DET_PARAMS]
+    return f"void {DET_LAUNCHER}(\n" + _wrap_args("    ", params)[:-1] + ");\n"
+
+
+def edit_cuda_header(path: str, text: str, notes: List[str]) -> str:
+    """Declare the deterministic launcher right after the existing backward launchers'
+    declarations (both must be there: the header is the one the kit's .cu includes)."""
+    if _declarations(text, DET_LAUNCHER):
+        notes.append(f"{path}: {DET_LAUNCHER} already declared")
+        return text
+    found = {dims: _declarations(text, LAUNCHERS[dims]) for dims in DIMS}
+    missing = [LAUNCHERS[d] for d in DIMS if len(found[d]) != 1]
+    if missing:
+        raise AnchorError(path, f"void {missing[0]}(...);",
+                          "not declared once: the deterministic launcher is declared beside the "
+                          "backward launchers")
+    end = max(found[d][0][1] for d in DIMS)
+    return text[:end] + "\n" + det_declaration() + text[end:]
 
 
 def _code_only(text: str) -> str:
@@ -395,7 +485,7 @@ def drop_stale_includes(tree: Path, path: str, old: str, new: str, notes: List[s
     """Remove from ``new`` each #include whose header (read from the tree) declares names that
     ``old`` used and ``new`` no longer does: the header of a deterministic branch we replaced.
     A header the tree lacks, or one still used for anything it declares, stays."""
-    ours = {f"ATen/native/cuda/{n}" for n in KERNEL_FILES}
+    ours = {f"ATen/native/cuda/{n}" for n in CORE_FILES}
     old_code, new_code = _code_only(old), _code_only(new)
     for m in reversed(list(re.finditer(r"^#include <([^>]+)>[^\n]*\n", new, re.M))):
         header = tree / "aten/src" / m.group(1)
@@ -441,62 +531,89 @@ CUDNN_ALERT = (r'(?:^[ \t]*//[^\n]*\n)*^[ \t]*(?:at::)?globalContext\(\)\.alertN
                r'"cudnn_grid_sampler_backward[^"]*"\s*\);[ \t]*\n')
 
 
-def _cudnn_delegation(ind: str, inp: str, grid: str, gout: str) -> str:
-    return (
-        f"{ind}// See Note [Enabling Deterministic Operations]\n"
-        f"{ind}// cuDNN's backward is nondeterministic. cudnn_grid_sampler is grid_sample\n"
-        f"{ind}// with bilinear interpolation, zeros padding and align_corners=True, so in\n"
-        f"{ind}// deterministic mode grid_sampler_2d's deterministic CUDA backward computes\n"
-        f"{ind}// the same gradients. The forward stays on cuDNN. Nothing is allocated\n"
-        f"{ind}// here before this returns.\n"
-        f"{ind}if (at::globalContext().deterministicAlgorithms()) {{\n"
-        f"{ind}  return at::grid_sampler_2d_backward(\n"
-        f"{ind}      {gout},\n{ind}      {inp},\n{ind}      {grid},\n"
-        f"{ind}      static_cast<int64_t>(GridSamplerInterpolation::Bilinear),\n"
-        f"{ind}      static_cast<int64_t>(GridSamplerPadding::Zeros),\n"
-        f"{ind}      /*align_corners=*/true,\n"
-        f"{ind}      /*output_mask=*/{{true, true}});\n"
-        f"{ind}}}\n"
-    )
+CUDNN_CALLER = "cudnn_grid_sampler_backward"
 
 
 def edit_cudnn(path: str, text: str, notes: List[str]) -> str:
-    """cudnn_grid_sampler_backward delegates to grid_sampler_2d_backward in deterministic mode,
-    right after its own argument checks (as upstream main does), replacing the alert #180417
-    added there. The forward, and the composite's choice of cuDNN, are left alone: they are
-    deterministic, and changing the route would change forward bits for warn_only users."""
-    defs = [d for d in _find_defs(text, r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>", "cudnn_grid_sampler_backward")
+    """cudnn_grid_sampler_backward alerts in deterministic mode, right after its own argument
+    checks (where #180417 put it): with the composite off cuDNN in deterministic mode, only a
+    direct call reaches it. An alert already there (#180417) is kept; so is a deterministic path
+    of the checkout's own (#196856 delegates to grid_sampler_2d_backward): nothing there is left
+    to alert about."""
+    defs = [d for d in _find_defs(text, r"std::tuple<\s*Tensor\s*,\s*Tensor\s*>", CUDNN_CALLER)
             if "not compiled with cuDNN" not in text[d.body_open : d.body_close]]
     if len(defs) != 1:
         raise AnchorError(path, "std::tuple<Tensor, Tensor> cudnn_grid_sampler_backward(...) {...}",
                           f"{len(defs)} cuDNN-enabled definitions found")
     f = defs[0]
     body = text[f.body_open : f.body_close + 1]
-    if "deterministicAlgorithms()" in body and "grid_sampler_2d_backward(" in body:
-        notes.append(f"{path}: cuDNN backward already delegates in deterministic mode")
+    if re.search(CUDNN_ALERT, body, re.M):
+        notes.append(f"{path}: the cuDNN backward alerts in deterministic mode already (#180417)")
         return text
-    if len(f.params) != 3:
-        raise AnchorError(path, "cudnn_grid_sampler_backward(input, grid, grad_output)",
-                          f"parameters {f.params}")
-    without_alert = re.sub(CUDNN_ALERT, "", body, flags=re.M)
-    if without_alert != body:
-        notes.append(f"{path}: replaced the cuDNN backward's nondeterministic alert (#180417) with "
-                     "the delegation")
-    body = without_alert
+    if "deterministicAlgorithms()" in body and "grid_sampler_2d_backward(" in body:
+        notes.append(f"{path}: the cuDNN backward has a deterministic path of its own "
+                     "(delegating to grid_sampler_2d_backward); kept, without an alert")
+        return text
     checks = [m for rx in CUDNN_CHECKS for m in re.finditer(rx, body)]
     if not checks:
         raise AnchorError(path, "check_grid_sampler_common(...) / TORCH_CHECK(cond_cudnn_grid_sampler(...))",
-                          "not found in cudnn_grid_sampler_backward: the delegation goes after "
+                          "not found in cudnn_grid_sampler_backward: the alert goes after "
                           "upstream's argument checks")
     last = max(checks, key=lambda m: m.start())
     at = _statement_end(body, last.start())
-    block = _cudnn_delegation(_indent_of(body, last.start()), *f.params)
+    ind = _indent_of(body, last.start())
+    block = (f"{ind}// See Note [Writing Nondeterministic Operations]\n"
+             f"{ind}// Nondeterministic: cuDNN's sampler backward sums in no fixed order.\n"
+             f'{ind}globalContext().alertNotDeterministic("{CUDNN_CALLER}");\n')
     body = body[:at] + block + body[at:]
     text = text[: f.body_open] + body + text[f.body_close + 1 :]
-    if "#include <ATen/ops/" in text:
-        text = _add_include(path, text, "ATen/ops/grid_sampler_2d_backward.h", after=("ATen/ops/",))
     if "#include <ATen/Context.h>" not in text:
         text = _add_include(path, text, "ATen/Context.h", after=("ATen/Config.h", "ATen/"))
+    return text
+
+
+COMPOSITE_WHY = "// Not cuDNN in deterministic mode: its backward is nondeterministic."
+
+
+def edit_composite(path: str, text: str, notes: List[str]) -> str:
+    """The composite grid_sampler() picks cuDNN only outside deterministic mode: its condition
+    for cuDNN (the ``if`` whose condition calls cond_cudnn_grid_sampler and whose branch returns
+    cudnn_grid_sampler) gains ``!deterministicAlgorithms()``, with a one-line why."""
+    defs = [d for d in _find_defs(text, r"\bTensor", "grid_sampler") if len(d.params) == 5]
+    if len(defs) != 1:
+        raise AnchorError(path, "Tensor grid_sampler(input, grid, interpolation_mode, padding_mode, "
+                          "align_corners) {...}", f"{len(defs)} definitions found")
+    f = defs[0]
+    body = text[f.body_open : f.body_close + 1]
+    found = None
+    for m in re.finditer(r"\bif\s*\(", body):
+        close = _match(body, m.end() - 1, "(", ")")
+        cond = body[m.end() : close]
+        k = close + 1
+        while body[k].isspace():
+            k += 1
+        if "cond_cudnn_grid_sampler(" in cond and body[k] == "{":
+            end = _match(body, k, "{", "}")
+            if re.search(r"return\s+(?:at::)?(?:native::)?cudnn_grid_sampler\(", body[k:end]):
+                found = (m, close, cond)
+                break
+    if found is None:
+        raise AnchorError(path, "if (cond_cudnn_grid_sampler(...) ...) { return cudnn_grid_sampler(...); }",
+                          "not found in grid_sampler")
+    m, close, cond = found
+    if "deterministicAlgorithms()" in cond:
+        notes.append(f"{path}: grid_sampler already leaves cuDNN in deterministic mode")
+        return text
+    ind = _indent_of(body, m.start())
+    last_line = cond.rsplit("\n", 1)
+    cont = re.match(r"[ \t]*", last_line[1]).group(0) if len(last_line) == 2 else ind + "    "
+    cond_end = m.end() + len(cond.rstrip())
+    body = (body[: _line_start(body, m.start())] + f"{ind}{COMPOSITE_WHY}\n"
+            + body[_line_start(body, m.start()) : cond_end]
+            + f" &&\n{cont}!at::globalContext().deterministicAlgorithms()" + body[cond_end:])
+    text = text[: f.body_open] + body + text[f.body_close + 1 :]
+    if "#include <ATen/Context.h>" not in text:
+        text = _add_include(path, text, "ATen/Context.h", after=("ATen/core/Tensor.h", "ATen/"))
     return text
 
 
@@ -531,14 +648,62 @@ def edit_init_doc(path: str, text: str, notes: List[str]) -> str:
             + text[throw.end(1) :])
 
 
-# test/test_torch.py's alert tests, by name, with the caller each checks: once the backward has a
-# deterministic implementation on every route, none of them may expect an alert.
+# test/test_torch.py's alert tests of the launchers, by name, with the caller each checks: with the
+# core, grid_sampler_{2d,3d}_backward_cuda have a deterministic path, so neither may expect an alert.
 ALERT_TESTS = (
     ("test_nondeterministic_alert_grid_sample_2d", "grid_sampler_2d_backward_cuda"),
-    ("test_nondeterministic_alert_grid_sample_2d_cudnn", "cudnn_grid_sampler_backward"),
     ("test_nondeterministic_alert_grid_sample_3d", "grid_sampler_3d_backward_cuda"),
 )
-REQUIRED_ALERT_TESTS = ("test_nondeterministic_alert_grid_sample_2d", "test_nondeterministic_alert_grid_sample_3d")
+REQUIRED_ALERT_TESTS = tuple(name for name, _ in ALERT_TESTS)
+# The cuDNN backward's alert test (#180417's) keeps expecting its alert: it must reach
+# cudnn_grid_sampler_backward by a direct call, grid_sample no longer going there in
+# deterministic mode. Beside it, grid_sample on a cuDNN-eligible input must not alert.
+CUDNN_ALERT_TEST = "test_nondeterministic_alert_grid_sample_2d_cudnn"
+CUDNN_ROUTE_TEST = "test_nondeterministic_alert_grid_sample_2d_cudnn_eligible"
+CUDNN_TEST_NAMES = ("unittest", "TEST_CUDNN", "skipIfRocm", "onlyCUDA", "skipIfTorchInductor")
+CUDNN_TESTS_SOURCE = {
+    CUDNN_ALERT_TEST: """\
+    @unittest.skipIf(not TEST_CUDNN, "CUDNN not available")
+    @skipIfRocm
+    @onlyCUDA
+    @skipIfTorchInductor("https://github.com/pytorch/pytorch/issues/113707")
+    def test_nondeterministic_alert_grid_sample_2d_cudnn(self, device):
+        def fn():
+            input = torch.empty(1, 1, 2, 2, device=device, requires_grad=True)
+            grid = torch.empty(1, 1, 1, 2, device=device)
+            # grid_sample leaves cuDNN in deterministic mode: call it directly.
+            res = torch.cudnn_grid_sampler(input, grid)
+            res.backward(torch.ones_like(res))
+
+        self.check_nondeterministic_alert(
+            fn,
+            'cudnn_grid_sampler_backward',
+            True)
+
+""",
+    CUDNN_ROUTE_TEST: """\
+    @unittest.skipIf(not TEST_CUDNN, "CUDNN not available")
+    @onlyCUDA
+    @skipIfTorchInductor("https://github.com/pytorch/pytorch/issues/113707")
+    def test_nondeterministic_alert_grid_sample_2d_cudnn_eligible(self, device):
+        # Bilinear, zeros padding and align_corners=True: an input cuDNN can take.
+        # In deterministic mode grid_sample takes grid_sampler_2d instead, whose
+        # backward does not alert.
+        def fn():
+            input = torch.zeros(1, 1, 2, 2, device=device, requires_grad=True)
+            grid = torch.zeros(1, 1, 1, 2, device=device)
+            with torch.backends.cudnn.flags(enabled=True):
+                res = torch.nn.functional.grid_sample(input, grid, align_corners=True)
+                res.backward(torch.ones_like(res))
+
+        self.check_nondeterministic_alert(
+            fn,
+            'cudnn_grid_sampler_backward',
+            False)
+
+""",
+}
+DIRECT_CUDNN_COMMENT = "# grid_sample leaves cuDNN in deterministic mode: call it directly."
 
 
 def _method(text: str, name: str) -> Optional[Tuple[int, int]]:
@@ -574,15 +739,75 @@ def _expect_no_alert(path: str, text: str, name: str, caller: str, notes: List[s
     arg_start = body.rfind(args[2], 0, close)
     ls = _line_start(body, c.start())
     cind = _indent_of(body, c.start())
-    comment = (f"{cind}# The backward has a deterministic implementation on every device and\n"
-               f"{cind}# route (Note [Enabling Deterministic Operations]): no alert.\n")
+    comment = (f"{cind}# In deterministic mode the CUDA backward takes its deterministic path\n"
+               f"{cind}# (Note [Deterministic grid_sampler backward]): no alert on any device.\n")
     body = body[:ls] + comment + body[ls:arg_start] + "False" + body[arg_start + len(args[2]) :]
     return text[: span[0]] + body + text[span[1] :]
 
 
 def edit_test_torch(path: str, text: str, notes: List[str]) -> str:
+    """The core's part: the launchers' alert tests expect no alert."""
     for name, caller in ALERT_TESTS:
         text = _expect_no_alert(path, text, name, caller, notes)
+    return text
+
+
+def _direct_cudnn_call(path: str, text: str, notes: List[str]) -> str:
+    """The cuDNN alert test's grid_sample call becomes torch.cudnn_grid_sampler's: in
+    deterministic mode grid_sample no longer reaches cuDNN."""
+    span = _method(text, CUDNN_ALERT_TEST)
+    body = text[span[0] : span[1]]
+    if "torch.cudnn_grid_sampler(" in body:
+        notes.append(f"{path}: {CUDNN_ALERT_TEST} calls torch.cudnn_grid_sampler already")
+        return text
+    calls = list(re.finditer(r"^([ \t]*)(\w+) = (?:torch\.nn\.functional|F)\.grid_sample\("
+                             r"(\w+), (\w+)(?:, align_corners=True)?\)[ \t]*\n", body, re.M))
+    if len(calls) != 1:
+        raise AnchorError(path, f"res = torch.nn.functional.grid_sample(input, grid, "
+                          f"align_corners=True) in {CUDNN_ALERT_TEST}",
+                          f"{len(calls)} such calls found")
+    m = calls[0]
+    ind, res, inp, grid = m.groups()
+    new = f"{ind}{DIRECT_CUDNN_COMMENT}\n{ind}{res} = torch.cudnn_grid_sampler({inp}, {grid})\n"
+    body = body[: m.start()] + new + body[m.end() :]
+    return text[: span[0]] + body + text[span[1] :]
+
+
+def _method_end(text: str, name: str) -> int:
+    """Where the next member after method ``name`` (its trailing blank lines included) begins."""
+    span = _method(text, name)
+    end = span[1]
+    while True:  # the decorators of the next member are its own
+        prev = text.rfind("\n", 0, end - 1) + 1
+        if prev < end and re.match(r"[ \t]+@", text[prev:end]):
+            end = prev
+        else:
+            return end
+
+
+def edit_test_torch_cudnn(path: str, text: str, notes: List[str]) -> str:
+    """The cuDNN patch's part: the cuDNN alert test (added where #180417 is absent) calls
+    cudnn_grid_sampler itself and keeps expecting its alert; a test beside it checks that
+    grid_sample on a cuDNN-eligible input does not alert."""
+    if _method(text, CUDNN_ALERT_TEST) is not None:
+        text = _direct_cudnn_call(path, text, notes)
+    missing = [n for n in (CUDNN_ALERT_TEST, CUDNN_ROUTE_TEST) if _method(text, n) is None]
+    if not missing:
+        notes.append(f"{path}: the cuDNN route's alert tests are present already")
+        return text
+    imported = _module_imports(path, text)
+    lacking = [n for n in CUDNN_TEST_NAMES if not imported[n]]
+    if lacking:
+        raise AnchorError(path, f"imports of {', '.join(CUDNN_TEST_NAMES)}",
+                          f"{', '.join(lacking)} not imported: the added tests use them")
+    for name in missing:  # in order: the alert test, then the route test after it
+        after = CUDNN_ALERT_TEST if name == CUDNN_ROUTE_TEST else ALERT_TESTS[0][0]
+        if _method(text, after) is None:
+            raise AnchorError(path, f"def {after}")
+        at = _method_end(text, after)
+        if not text[:at].endswith("\n\n"):
+            raise AnchorError(path, f"def {after}", "no blank line after it to add a test at")
+        text = text[:at] + CUDNN_TESTS_SOURCE[name] + text[at:]
     return text
 
 
@@ -762,23 +987,30 @@ def upstream_deterministic_tests(text: str, cls_start: int, cls_end: int) -> Dic
     return found
 
 
-def _tests_for(path: str, double_backward: bool, notes: List[str]) -> List[NNTest]:
-    """The tests this checkout can run: a gradgradcheck only where grid_sampler_2d_backward has a
-    derivative (a test that cannot run would only be skipped)."""
-    tests = upstream_nn_tests().tests
+# The tests of test_nn.py that go through the cuDNN route: they hold only with the cuDNN patch.
+CUDNN_NN_TESTS = ("test_grid_sample_2d_backward_deterministic_cudnn",)
+
+
+def _tests_for(path: str, double_backward: bool, notes: List[str],
+               parts: Tuple[str, ...] = stack.UPSTREAM_NAMES) -> List[NNTest]:
+    """The tests of the patches ``parts`` this checkout can run: a gradgradcheck only where
+    grid_sampler_2d_backward has a derivative (a test that cannot run would only be skipped)."""
+    tests = [t for t in upstream_nn_tests().tests
+             if (CUDNN_PATCH if t.name in CUDNN_NN_TESTS else CORE) in parts]
     if double_backward:
-        return list(tests)
+        return tests
     left_out = [t.name for t in tests if t.needs_double_backward]
-    notes.append(f"{path}: not adding {', '.join(left_out)}: {DERIVATIVES} has no derivative of "
-                 "grid_sampler_2d_backward")
+    if left_out:
+        notes.append(f"{path}: not adding {', '.join(left_out)}: {DERIVATIVES} has no derivative of "
+                     "grid_sampler_2d_backward")
     return [t for t in tests if not t.needs_double_backward]
 
 
 def _wanted_tests(path: str, text: str, upstream: Dict[str, str], double_backward: bool,
-                  notes: List[str]) -> List[NNTest]:
+                  notes: List[str], parts: Tuple[str, ...]) -> List[NNTest]:
     """The tests to add: those the checkout can run, has not, and no upstream test covers."""
     wanted = []
-    for t in _tests_for(path, double_backward, notes):
+    for t in _tests_for(path, double_backward, notes, parts):
         if f"def {t.name}(" in text:
             continue
         by = [name for name, src in upstream.items() if t.covered(src)]
@@ -803,14 +1035,19 @@ def _add_imports(path: str, text: str, wanted: List[NNTest], imported: collectio
     return text[: im.start()] + "".join(line + "\n" for line in missing) + text[im.start() :]
 
 
-def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) -> str:
+def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool,
+                 parts: Tuple[str, ...] = stack.UPSTREAM_NAMES) -> str:
+    """The tests of the patches ``parts`` that the checkout lacks, in the kit file's order: after
+    upstream's deterministic tests when there are some, else above the first grid_sample test;
+    where some of the kit's tests are there already (an earlier patch of the stack), each test
+    goes after the kit test before it, so that the stack gives the tree the whole change gives."""
     cls = re.search(r"^class TestNNDeviceType\b", text, re.M)
     if cls is None:
         raise AnchorError(path, "class TestNNDeviceType")
     nxt = re.compile(r"^\S", re.M).search(text, cls.end())
     cls_end = nxt.start() if nxt else len(text)
     upstream = upstream_deterministic_tests(text, cls.start(), cls_end)
-    wanted = _wanted_tests(path, text, upstream, double_backward, notes)
+    wanted = _wanted_tests(path, text, upstream, double_backward, notes, parts)
     if not wanted:
         notes.append(f"{path}: deterministic grid_sample tests already present")
         return text
@@ -818,12 +1055,30 @@ def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool) 
     grid_tests = [m for m in methods if m[0].startswith("test_grid_sample")]
     if not grid_tests:
         raise AnchorError(path, "def test_grid_sample*(...) in TestNNDeviceType")
-    # after upstream's deterministic tests when there are some, else above the first grid_sample test
-    after = [m for m in methods if m[0] in upstream]
-    at = after[-1][2] if after else grid_tests[0][1]
     present = frozenset(re.findall(r"^    def (\w+)\(", text[cls.start() : cls_end], re.M))
     imported = _module_imports(path, text)
-    text = text[:at] + upstream_nn_tests().block(wanted, present) + text[at:]
+    suite = upstream_nn_tests()
+    ours = {m[0]: m for m in methods if m[0] in suite.names}
+    if ours:
+        # one insertion per test, the last first so that earlier offsets hold; the helpers a
+        # test needs and the class lacks go with the first test inserted
+        order = list(suite.names)
+        spots = []
+        for i, t in enumerate(wanted):
+            before = [n for n in order[: order.index(t.name)] if n in ours]
+            after = [n for n in order[order.index(t.name) + 1 :] if n in ours]
+            at = ours[before[-1]][2] if before else ours[after[0]][1]
+            spots.append((at, i, t))
+        first = min(spots, key=lambda s: (s[0], s[1]))
+        for at, i, t in sorted(spots, key=lambda s: (s[0], s[1]), reverse=True):
+            block = suite.block([t], present) if (at, i, t) == first else t.source + "\n"
+            text = text[:at] + block + text[at:]
+    else:
+        # after upstream's deterministic tests when there are some, else above the first
+        # grid_sample test
+        after = [m for m in methods if m[0] in upstream]
+        at = after[-1][2] if after else grid_tests[0][1]
+        text = text[:at] + suite.block(wanted, present) + text[at:]
     text = _add_imports(path, text, wanted, imported)
     twice = [n for n, k in _module_imports(path, text).items() if k > imported[n] and k > 1]
     if twice:  # never redefine an import (flake8/ruff F811)
@@ -841,16 +1096,20 @@ The CUDA backward of :func:`torch.nn.functional.grid_sample` accumulates the
 input gradient with atomic additions, so by default its result may change from
 run to run. With :code:`torch.use_deterministic_algorithms(True)` (also with
 ``warn_only=True``) it uses a deterministic implementation instead, for 4-D and
-5-D inputs alike and also when the forward pass used cuDNN: repeated runs then
-give bitwise identical gradients.
+5-D inputs alike: repeated runs then give bitwise identical gradients. In that
+mode :func:`torch.nn.functional.grid_sample` does not use cuDNN, whose backward
+is nondeterministic, so its forward result may differ in the last bits from the
+default mode's.
 """,
     ".md": """\
 The CUDA backward of {func}`torch.nn.functional.grid_sample` accumulates the
 input gradient with atomic additions, so by default its result may change from
 run to run. With `torch.use_deterministic_algorithms(True)` (also with
 `warn_only=True`) it uses a deterministic implementation instead, for 4-D and
-5-D inputs alike and also when the forward pass used cuDNN: repeated runs then
-give bitwise identical gradients.
+5-D inputs alike: repeated runs then give bitwise identical gradients. In that
+mode {func}`torch.nn.functional.grid_sample` does not use cuDNN, whose backward
+is nondeterministic, so its forward result may differ in the last bits from the
+default mode's.
 """,
 }
 
@@ -938,15 +1197,24 @@ def has_double_backward(tree: Path) -> bool:
     return any("not_implemented" not in ln for ln in formulas)
 
 
-def edits(tree: Path, replace_existing: bool, tests_only: bool) -> Tuple[Tuple[str, Callable], ...]:
-    """(path, edit(path, text, notes) -> text) for every file the change edits in place."""
-    nn = functools.partial(edit_test_nn, double_backward=has_double_backward(tree))
-    tests = ((TEST_TORCH, edit_test_torch), (TEST_NN, nn))
+def edits(tree: Path, replace_existing: bool, tests_only: bool,
+          upto: str = TOP) -> Tuple[Tuple[str, str, Callable], ...]:
+    """(patch, path, edit(path, text, notes) -> text) for every file the patches up to ``upto``
+    edit in place, in the order they are made (a file edited by both patches: the core's first)."""
+    parts = stack.UPSTREAM_NAMES[: stack.UPSTREAM_NAMES.index(upto) + 1]
+    nn = functools.partial(edit_test_nn, double_backward=has_double_backward(tree), parts=parts)
+    core_tests = ((CORE, TEST_TORCH, edit_test_torch),)
+    cudnn_tests = ((CUDNN_PATCH, TEST_TORCH, edit_test_torch_cudnn),)
+    if CUDNN_PATCH not in parts:
+        cudnn_tests = ()
+    tests = (*core_tests, *cudnn_tests, (CORE if parts == (CORE,) else CUDNN_PATCH, TEST_NN, nn))
     if tests_only:
         return tests
     cu = functools.partial(edit_gridsampler_cu, replace_existing=replace_existing)
-    return ((CU, cu), (CUDNN, edit_cudnn),
-            (INIT, edit_init_doc), *tests)
+    core = ((CORE, CU_HEADER, edit_cuda_header), (CORE, CU, cu))
+    cudnn = ((CUDNN_PATCH, COMPOSITE, edit_composite), (CUDNN_PATCH, CUDNN, edit_cudnn),
+             (CUDNN_PATCH, INIT, edit_init_doc))
+    return (*core, *(cudnn if CUDNN_PATCH in parts else ()), *tests)
 
 
 # --------------------------------------------------------------------------- plan
@@ -985,12 +1253,36 @@ def detect_base(tree: Path) -> Base:
     )
 
 
-def check_kit_header(path: str, header: bytes) -> None:
-    """Both dispatches call the kit's launcher: a kit header that lacks it would give a
-    patched tree that does not compile, so refuse before planning anything."""
-    code = _code_only(header.decode("utf-8"))
-    if not re.search(rf"\bvoid\s+{DET_LAUNCHER}\s*\(", code):
-        raise AnchorError(path, f"void {DET_LAUNCHER}(...);", "the kit does not declare its launcher")
+def _param_types(f: Func, text: str) -> List[str]:
+    """Each parameter's type, spaces normalised (``const TensorBase &x`` -> ``const TensorBase&``)."""
+    po = text.index("(", f.start)
+    pc = _match(text, po, "(", ")")
+    out = []
+    for param in _split_top(text[po + 1 : pc]):
+        param = re.sub(r"/\*.*?\*/", "", param).split("=")[0].strip()
+        kind = re.sub(r"\w+\s*$", "", param)
+        out.append(re.sub(r"\s*([&*])\s*", r"\1", re.sub(r"\s+", " ", kind)).strip())
+    return out
+
+
+def check_kit_core(path: str, source: bytes) -> None:
+    """Both dispatches call the kit's launcher, declared in GridSampler.h with DET_PARAMS: a kit
+    .cu that does not define it so would give a patched tree that does not compile or link,
+    so refuse before planning anything."""
+    text = source.decode("utf-8")
+    code = _code_only(text)
+    want = ", ".join(f"{t} {n}" for n, t in DET_PARAMS)
+    defs = _find_defs(code, r"\bvoid", DET_LAUNCHER)
+    if len(defs) != 1:
+        raise AnchorError(path, f"void {DET_LAUNCHER}({want}) {{...}}",
+                          "the kit does not define its launcher" if not defs
+                          else f"{len(defs)} definitions of the launcher")
+    f = defs[0]
+    got = list(zip(f.params, _param_types(f, code)))
+    if got != [(n, t) for n, t in DET_PARAMS]:
+        raise AnchorError(path, f"void {DET_LAUNCHER}({want}) {{...}}",
+                          "the kit defines its launcher with parameters "
+                          f"({', '.join(f'{t} {n}' for n, t in got)})")
 
 
 def kit_root(explicit: Optional[Path] = None) -> Path:
@@ -998,7 +1290,7 @@ def kit_root(explicit: Optional[Path] = None) -> Path:
     else the checkout this module runs from; AnchorError when the kernel sources are not there
     (a non-editable install copies the package, not aten_kernels/)."""
     root = Path(explicit or os.environ.get("DETGRID_KIT_ROOT") or KIT_ROOT)
-    if not (root / "aten_kernels" / KERNEL_DIR).is_dir():
+    if not (root / stack.UPSTREAM_ROOT / KERNEL_DIR).is_dir():
         raise NotUsable(str(root), f"no kernel sources under {root}/aten_kernels: install the kit "
                         "editable (pip install -e KIT) or set DETGRID_KIT_ROOT=KIT")
     return root
@@ -1019,47 +1311,68 @@ def _all_test_sources(text: str) -> Dict[str, str]:
     return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
 
 
-def _plan_kernel_files(kit: Path, tree: Path, p: Plan, upto: str) -> None:
+def _plan_core_files(kit: Path, tree: Path, p: Plan) -> None:
     try:
-        sources = stack.kernel_sources(kit, upto)
-    except stack.StackError as e:
-        raise NotUsable(f"aten_kernels/{KERNEL_DIR}", str(e)) from None
+        sources = stack.core_sources(kit)
+    except OSError as e:
+        raise NotUsable(f"{stack.UPSTREAM_ROOT}/{KERNEL_DIR}",
+                        f"{kit}/{stack.UPSTREAM_ROOT}/{KERNEL_DIR}: {e.strerror}: "
+                        f"{Path(e.filename).name if e.filename else ''}") from None
+    check_kit_core(f"{stack.UPSTREAM_ROOT}/{CORE_SOURCE}", sources[CORE_SOURCE].encode("utf-8"))
     for rel, text in sources.items():
         dst = tree / rel
         p.old[rel] = dst.read_bytes() if dst.exists() else None
         p.new[rel] = text.encode("utf-8")
         if p.old[rel] is not None and p.old[rel] != p.new[rel]:
             p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
-    check_kit_header(f"aten_kernels/{KERNEL_DIR}/{DET_HEADER}", p.new[f"{KERNEL_DIR}/{DET_HEADER}"])
+        if p.new[rel] != p.old[rel]:
+            p.parts.add(CORE)
+
+
+def _nn_parts(old: str, new: str) -> set:
+    """The patches whose tests an edit of test_nn.py added."""
+    added = set(re.findall(r"def (test_\w+)\(", new)) - set(re.findall(r"def (test_\w+)\(", old))
+    return {CUDNN_PATCH if n in CUDNN_NN_TESTS else CORE for n in added}
 
 
 def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False,
-         tests_only: bool = False, upto: str = stack.TOP) -> Plan:
+         tests_only: bool = False, upto: str = TOP) -> Plan:
     """Every edit, in memory; nothing is written. ``replace_existing``: replace a deterministic
     path the checkout has already (refused otherwise). ``tests_only``: only the tests (the alert
-    tests expecting no alert, the tests added to test_nn.py), for any deterministic backward to
-    be run against. ``upto``: the kernel of the stack's prefix ending at that level
-    (detgrid.kit.stack), the whole stack by default."""
+    tests, the tests added to test_nn.py), for any deterministic backward to be run against.
+    ``upto``: the last patch of the stack (stack.UPSTREAM_NAMES) applied, the whole stack by
+    default. ``Plan.parts`` says which patches the change holds edits of."""
+    if upto not in stack.UPSTREAM_NAMES:
+        raise UsageError(f"--upto {upto!r}: the patches are {', '.join(stack.UPSTREAM_NAMES)}")
     tree = Path(tree)
     p = Plan(base=detect_base(tree), tests_only=tests_only)
     if not tests_only:
-        _plan_kernel_files(kit_root(kit), tree, p, upto)
-    for rel, fn in edits(tree, replace_existing, tests_only):
+        _plan_core_files(kit_root(kit), tree, p)
+    for part, rel, fn in edits(tree, replace_existing, tests_only, upto):
         if not (tree / rel).is_file():
             raise AnchorError(rel, rel, "file missing")
-        old = read_text(tree, rel)
+        old = p.new[rel].decode("utf-8") if rel in p.new else read_text(tree, rel)
         try:
             new = fn(rel, old, p.notes)
         except ValueError as e:
             raise AnchorError(rel, getattr(fn, "func", fn).__name__, f"cannot parse: {e}") from None
-        p.old[rel], p.new[rel] = old.encode("utf-8"), new.encode("utf-8")
+        if rel == TEST_NN:
+            p.parts |= _nn_parts(old, new)
+        elif new != old:
+            p.parts.add(part)
+        p.old.setdefault(rel, old.encode("utf-8"))
+        p.new[rel] = new.encode("utf-8")
     if tests_only:
         return p
     # only the tree's headers tell whether an include served the deterministic branch we replaced
     p.new[CU] = drop_stale_includes(tree, CU, p.old[CU].decode("utf-8"), p.new[CU].decode("utf-8"),
                                     p.notes).encode("utf-8")
-    plan_randomness(tree, p)
-    _notes_kernel_names(p, p.new[f"{KERNEL_DIR}/GridSamplerDeterministic.cu"].decode("utf-8"))
+    if CUDNN_PATCH in stack.UPSTREAM_NAMES[: stack.UPSTREAM_NAMES.index(upto) + 1]:
+        before = dict(p.new)
+        plan_randomness(tree, p)
+        if any(p.new[r] != p.old.get(r) for r in p.new if r not in before):
+            p.parts.add(CUDNN_PATCH)
+    _notes_kernel_names(p, p.new[CORE_SOURCE].decode("utf-8"))
     return p
 
 
@@ -1100,37 +1413,62 @@ def _tests_only_intro() -> List[str]:
         "fail.", 72)]
 
 
+CORE_TEXT = (
+    "Under torch.use_deterministic_algorithms(True), the CUDA backward of grid_sample scatters "
+    "grad_input with atomicAdd and so alerts (grid_sampler_2d_backward_cuda, "
+    "grid_sampler_3d_backward_cuda). With grad_input requested, deterministic mode now takes "
+    "GridSamplerDeterministic.cu (Note [Deterministic grid_sampler backward]). Per chunk of at "
+    "most 2^19 records, a thread per output point writes a record per tap, keyed by the "
+    "grad_input position it lands on; at::cuda::cub's radix sort orders the records by key, "
+    "stably, and unique_by_key finds where each position's run begins; runs are summed in "
+    "partials of 256 records, and a thread per (run, channel) adds a run's partials in order. "
+    "Half and BFloat16 sums are kept in float and rounded once. Keys and index math are 32-bit "
+    "where canUse32BitIndexMath allows. The workspace stays within 64 MiB and comes from the "
+    "caching allocator. The terms are the existing kernel's, up to FMA contraction, summed in "
+    "another order. The existing kernel then computes grad_grid alone, with one writer per "
+    "element. Calls with only grad_grid requested keep the existing kernel and no longer "
+    "alert: they reach no atomicAdd.")
+CUDNN_TEXT = (
+    "In deterministic mode the composite grid_sampler no longer picks cuDNN for bilinear "
+    "sampling with zeros padding and align_corners=True: cuDNN's backward is nondeterministic. "
+    "grid_sample takes grid_sampler_2d there, forward and backward, so its forward result in "
+    "that mode may differ in the last bits from cuDNN's.")
+CUDNN_ALERT_TEXT = ("cudnn_grid_sampler_backward, which a direct call of torch.cudnn_grid_sampler "
+                    "still reaches, alerts in deterministic mode.")
+
+
+def _cudnn_test_changes(pl: Plan) -> List[str]:
+    old, new = (pl.old.get(TEST_TORCH) or b"").decode("utf-8"), pl.new[TEST_TORCH].decode("utf-8")
+    lines = []
+    a, b = _method(old, CUDNN_ALERT_TEST), _method(new, CUDNN_ALERT_TEST)
+    if a is None and b is not None:
+        lines.append(f"- test_torch.py: adds {CUDNN_ALERT_TEST}, calling torch.cudnn_grid_sampler")
+    elif a and b and old[a[0] : a[1]] != new[b[0] : b[1]]:
+        lines.append(f"- test_torch.py: {CUDNN_ALERT_TEST} calls torch.cudnn_grid_sampler directly")
+    if _method(old, CUDNN_ROUTE_TEST) is None and _method(new, CUDNN_ROUTE_TEST) is not None:
+        lines.append(f"- test_torch.py: adds {CUDNN_ROUTE_TEST} (grid_sample on a cuDNN-eligible "
+                     "input does not alert)")
+    return lines
+
+
 def commit_message(pl: Plan) -> str:
-    """Subject, body and test plan, saying only what this plan changes."""
+    """Subject, body and test plan, saying only what this plan changes: the core's subject when
+    it holds core edits, else the cuDNN patch's."""
     changed = set(pl.changed)
+    titles = {u.name: u.title for u in stack.UPSTREAM_STACK}
     if pl.tests_only:
         parts = [TESTS_ONLY_SUBJECT, "", "See #68959", *_tests_only_intro()]
+    elif CORE in pl.parts or not pl.parts:
+        parts = [titles[CORE], "", "Fixes #68959"]
     else:
-        parts = [
-            "Add deterministic CUDA backward for grid_sampler_2d/3d",
-            "",
-            "Fixes #68959",
-        ]
-    if any(f"{KERNEL_DIR}/{n}" in changed for n in KERNEL_FILES) or CU in changed:
-        parts += ["", textwrap.fill(
-            "Under torch.use_deterministic_algorithms(True), the CUDA backward of grid_sample "
-            "scatters grad_input with atomicAdd and so alerts (grid_sampler_2d_backward_cuda, "
-            "grid_sampler_3d_backward_cuda). With the input gradient requested, deterministic mode "
-            "now takes GridSamplerDeterministic.cu instead: a point pass (grid gradient, single "
-            "writer; one sort key per point, its cell, for bilinear and trilinear sampling, one "
-            "per tap otherwise), a stable radix sort (at::cuda::cub), and a reduction with one "
-            "writer per grad_input element in a canonical order that depends only on shapes and "
-            "grid values, not on GPU model, launch configuration, keying or chunking. Workspace "
-            "comes from the caching allocator, in chunks sized to stay within 64 MiB whatever "
-            "the input size. Non-finite grid coordinates never form an "
-            "index. With only the grid gradient requested the existing kernel runs, without an "
-            "alert: it has a single writer per element.", 72)]
-    if CUDNN in changed:
-        parts += ["", textwrap.fill(
-            "cudnn_grid_sampler_backward, after its argument checks, delegates to "
-            "grid_sampler_2d_backward in deterministic mode (cudnn_grid_sampler is "
-            "bilinear/zeros/align_corners=True); the forward stays on cuDNN, so forward results "
-            "do not change.", 72)]
+        parts = [titles[CUDNN_PATCH], "", "See #68959"]
+    if not pl.tests_only and CORE in pl.parts:
+        parts += ["", textwrap.fill(CORE_TEXT, 72)]
+    if COMPOSITE in changed or CUDNN in changed:
+        text = CUDNN_TEXT if COMPOSITE in changed else ""
+        if CUDNN in changed:
+            text = f"{text} {CUDNN_ALERT_TEXT}".strip()
+        parts += ["", textwrap.fill(text, 72)]
     docs = [d for d, rel in (("the use_deterministic_algorithms docstring", INIT),
                              ("the reproducibility notes", NOTES[0]),
                              ("the reproducibility notes", NOTES[1])) if rel in changed]
@@ -1138,11 +1476,13 @@ def commit_message(pl: Plan) -> str:
         parts += ["", textwrap.fill(f"Docs: {' and '.join(dict.fromkeys(docs))} list grid_sample's "
                                     "CUDA backward as deterministic.", 72)]
     added, alerts = _added_tests(pl, TEST_NN), _updated_alert_tests(pl)
+    cudnn_tests = _cudnn_test_changes(pl) if TEST_TORCH in pl.new else []
     run = [*added, *(t for t in _kept_upstream_tests(pl) if t not in added)]
-    if added or alerts:
+    if added or alerts or cudnn_tests:
         parts += ["", "Tests:"]
         parts += [f"- test_nn.py: adds {n}" for n in added]
         parts += [f"- test_torch.py: {n} expects no alert" for n in alerts]
+        parts += cudnn_tests
     parts += ["", "Test Plan:"]
     if run:
         parts.append(f"python test/test_nn.py -k '{' or '.join(run)}'")
@@ -1274,8 +1614,6 @@ def refuse_bad_combination(args: argparse.Namespace) -> None:
     if args.tests_only and args.replace_existing_deterministic_path:
         raise UsageError("--tests-only changes only the tests; --replace-existing-deterministic-path "
                          "has nothing to replace there")
-    if args.tests_only and args.upto != stack.TOP:
-        raise UsageError("--tests-only changes only the tests; --upto picks a level of the kernel")
 
 
 def _refuse_dirty(tree: Path, pl: Plan, allow_dirty: bool) -> Optional[str]:
@@ -1366,9 +1704,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                    "tests added to test/test_nn.py), as a commit and patch of their own: a "
                    "conformance suite for any deterministic grid_sample backward; no kernel, no "
                    "dispatch")
-    p.add_argument("--upto", metavar="LEVEL", default=stack.TOP, choices=stack.LEVEL_NAMES,
-                   help="apply the upstream stack up to this level (patches/stack/): "
-                   f"{', '.join(stack.LEVEL_NAMES)}; default the whole stack")
+    p.add_argument("--upto", metavar="PATCH", default=TOP, choices=stack.UPSTREAM_NAMES,
+                   help="apply the upstream stack (patches/stack/) up to this patch: "
+                   f"{', '.join(stack.UPSTREAM_NAMES)}; default the whole stack. Each patch's "
+                   "edits are found present on a later run, so a tree with the earlier ones "
+                   "committed gets the rest alone")
     p.add_argument("--out", metavar="FILE",
                    help="patch file (default patches/<base>.patch in the kit, "
                    "patches/<base>-tests.patch with --tests-only)")
