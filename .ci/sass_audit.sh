@@ -1,49 +1,62 @@
 #!/usr/bin/env bash
-# Reads the machine code of the CUDA kernels (no GPU needed) and fails on:
-# a stack frame or spill in any detgrid kernel, a fused multiply-add in
-# detgrid's own arithmetic (the CUDA == host bit equality rests on every
-# operation being rounded on its own), flush-to-zero arithmetic, or a 2-D
-# fp32 dense reduce whose setup per element exceeds 80 instructions; a kernel
-# of the unit that is not one of its named stage kernels (a generic runner
-# like for_each_kernel<Stage>), or the unit past its budget of 128 kernels
-# and 3.0 MiB of .text (issue 32). Prints the unit's kernels and .text by
-# kernel name, and each reduce kernel's setup and inner-loop instruction
-# counts and registers. Then builds the stack's core alone (its ATen files as
-# `detgrid patch --upto core` writes them, cut into a folder of their own
-# that is the only place the build finds them) and audits it the same way,
-# and prints every level's lines and the built levels' kernels and .text
-# against issue 41's budgets (core <= 1,200 lines, 40 kernels, 1.0 MiB; the
-# whole stack <= 128 kernels, 2.0 MiB): over budget is printed ("over
-# budget", "OVER BUDGET") and recorded, not failed, until they are met.
-# A level's build fails on what the whole stack's does, except its stack
-# frames and spills, which are reported ("REPORTED, not failed") and counted
-# in the record: the core alone spills today where the whole stack does not.
-# --all-levels builds every level, not only the core and the whole stack;
-# --strict-levels fails on the budgets and on a level's spills.
-# With --write-machine-code (which builds every level), writes the whole
-# stack's count and every level's to benchmarks/machine_code.json (which
-# `detgrid report` cites). Then audits the
+# Reads the machine code of the CUDA kernels (no GPU needed).
+#
+# First the upstream core, aten_kernels/aten/src/ATen/native/cuda/
+# GridSamplerDeterministic.cu, built against torch's headers alone (no folder
+# of the kit's in front of them, PyTorch's half and bfloat16 defines):
+# fails on a stack frame or spill in its own kernels, flush-to-zero
+# arithmetic, or its budget (issue 41: <= 600 lines of new ATen code, <= 40
+# kernels, <= 1.0 MiB of sm_90 .text, CUB's kernels included). Prints every
+# kernel's registers, CUB's kernels' stack frames ("REPORTED, not failed")
+# and the fused multiply-adds per kernel family: the core computes the
+# existing kernel's terms with nvcc's contraction of a*b+c by design, so they
+# are counted, not failed.
+#
+# Then the pipeline (aten_kernels/pipeline/aten/src, the extension's speed
+# path) built whole, and fails on: a stack frame or spill in any detgrid
+# kernel, a fused multiply-add in detgrid's own arithmetic (its CUDA == host
+# bit equality rests on every operation being rounded on its own),
+# flush-to-zero arithmetic, or a 2-D fp32 dense reduce whose setup per
+# element exceeds 80 instructions; a kernel of the unit that is not one of its
+# named stage kernels (a generic runner like for_each_kernel<Stage>), or the
+# unit past its budget of 128 kernels and 3.0 MiB of .text (issue 32). Prints
+# the unit's kernels and .text by kernel name, and each reduce kernel's setup
+# and inner-loop instruction counts and registers. With --all-levels it also
+# builds every level below the whole pipeline (its ATen files as the stack
+# cuts them, in a folder of their own that is the only place the build finds
+# them) and audits each the same way, except its stack frames and spills,
+# which are reported ("REPORTED, not failed") and counted in the record.
+# Then prints the core's lines, kernels and .text against its budget (failed
+# past it) and every pipeline level's lines, and the built levels' kernels
+# and .text, with the whole pipeline's budget (<= 128 kernels, 2.0 MiB):
+# over it is printed ("over budget"), not failed. --strict-levels fails on
+# the whole pipeline's budget and on a level's spills.
+# With --write-machine-code (which builds every level), writes the core's
+# count (the top-level arch, kernels and text_bytes, which `detgrid report`
+# cites, and "core") and every pipeline level's to
+# benchmarks/machine_code.json. Then audits the
 # kernels of accumulate="exact" (aten_kernels/extension/exact/) from a build of
 # ExactCuda.cu, the extension's CUDA unit: no stack frame or spill in any of
 # them, no fused multiply-add and no flush to zero; prints the registers and
 # the instructions per record of each exact reduce, and per term, with the
 # integer atomics in that loop, of each ScatterTerms. Then proves the audit
-# has teeth: a --use_fast_math build of a point pass and a reduce of the same
-# pipeline (.ci/audit/fast_math_probe.cu) must fail it.
+# has teeth: a --use_fast_math build of a point pass and a reduce of the
+# pipeline (.ci/audit/fast_math_probe.cu) must fail it, and so must a
+# --use_fast_math build of the core (for flush-to-zero).
 #   sm_90, nvcc from CUDA_HOME (13.0 here), torch 2.14.1+cu130 headers
 #   (.ci/fetch_cuda_headers.sh), nvdisasm from the nvidia-cuda-nvdisasm
 #   wheel (SASS with inlined line info; cuobjdump -sass has no line info).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 machine_code=()
-cut_levels=(--level core)  # the levels built besides the whole stack; () is every one
+all_levels=0  # 1: build every pipeline level below the whole pipeline too
 level_strictness=(--report-spills)  # a level's spills: reported, not failed
-levels_strictness=()  # issue 41's budgets: reported, not failed
+levels_strictness=()  # the whole pipeline's budget: reported, not failed
 for arg in "$@"; do
   case "$arg" in
     --write-machine-code)
-      machine_code=(--machine-code-json "$root/benchmarks/machine_code.json"); cut_levels=() ;;
-    --all-levels) cut_levels=() ;;
+      machine_code=(--machine-code-json "$root/benchmarks/machine_code.json"); all_levels=1 ;;
+    --all-levels) all_levels=1 ;;
     --strict-levels) level_strictness=(); levels_strictness=(--strict) ;;
     *) echo "usage: sass_audit.sh [--all-levels] [--strict-levels] [--write-machine-code]" >&2
        exit 2 ;;
@@ -68,36 +81,58 @@ if [ ! -x "$tools/nvidia/cu13/bin/nvdisasm" ]; then
 fi
 
 # build NAME SOURCE ATEN_SRC [extra nvcc flags]: cubin, ptxas -v log and SASS
-# under $work/NAME, with ATEN_SRC (the kit's aten_kernels/aten/src, or a
-# level's cut files) first on the include path; prints nvcc's wall time.
+# under $work/NAME, with ATEN_SRC (the pipeline's aten/src, or a level's cut
+# files; "" for none: the core, against torch's headers alone) first on the
+# include path; prints nvcc's wall time.
 build() {
   local name=$1 source=$2 aten_src=$3 start=$SECONDS; shift 3
+  local kit_include=()
+  [ -z "$aten_src" ] || kit_include=(-I"$aten_src")
   mkdir -p "$work/$name"
   "$cuda_home/bin/nvcc" -cubin -std=c++20 -O3 -lineinfo \
     -DCUB_WRAPPED_NAMESPACE=at_cuda_detail --expt-relaxed-constexpr --expt-extended-lambda \
     -gencode arch=compute_90,code=sm_90 -Xptxas -v "$@" \
-    -I"$aten_src" -I"$headers/torch/include" \
+    "${kit_include[@]}" -I"$headers/torch/include" \
     -I"$headers/torch/include/torch/csrc/api/include" -I"$headers/nvidia/cu13/include" \
     -o "$work/$name/kernels.cubin" "$source" 2> "$work/$name/ptxas.txt" \
     || { cat "$work/$name/ptxas.txt"; exit 1; }
   echo "sass audit: nvcc took $((SECONDS - start)) s ($name)"
   "$tools/nvidia/cu13/bin/nvdisasm" -c -g -gi "$work/$name/kernels.cubin" > "$work/$name/sass.txt"
 }
+# The defines PyTorch's own build compiles its CUDA files with (c10's Half
+# and BFloat16 operators instead of CUDA's): what the core is built with.
+torch_defines=(-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
+  -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__)
 
 sass_audit() { PYTHONPATH="$root/tools" "$python" -m detgrid.kit.sass_audit "$@"; }
 
 audit() {
   sass_audit --ptxas-log "$work/$1/ptxas.txt" --sass "$work/$1/sass.txt" "${@:2}"
 }
-kit_src=$root/aten_kernels/aten/src
+# audit_core NAME [flags]: the core's audit of build NAME.
+audit_core() {
+  sass_audit core --ptxas-log "$work/$1/ptxas.txt" --sass "$work/$1/sass.txt" \
+    --cubin "$work/$1/kernels.cubin" --kit "$root" "${@:2}"
+}
+core_src=$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu
+pipeline_src=$root/aten_kernels/pipeline/aten/src
 mkdir -p "$work/levels"
 
 # Each audit runs whatever the one before found, so that one run shows every
 # finding; the script fails at the end if any did.
 status=0
+
+# The upstream core: its budget fails the audit; its fused multiply-adds are
+# counted per kernel family, by design; CUB's stack frames are reported.
+echo "sass audit: building the upstream core (${core_src#"$root"/}) for sm_90"
+build core "$core_src" "" "${torch_defines[@]}"
+audit_core core --json "$work/core.json" \
+  | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family |^kernel |^fused family " \
+  || status=1
+
 top=$(sass_audit cut --top)
-echo "sass audit: building GridSamplerDeterministic.cu (the whole stack, $top) for sm_90"
-build release "$kit_src/ATen/native/cuda/GridSamplerDeterministic.cu" "$kit_src"
+echo "sass audit: building the pipeline's GridSamplerDeterministic.cu (the whole pipeline, $top) for sm_90"
+build release "$pipeline_src/ATen/native/cuda/GridSamplerDeterministic.cu" "$pipeline_src"
 # The unit's kernels and .text, then one line per kernel name (family), then
 # one per reduce kernel: setup=N (instructions per element, or sparse run,
 # before its fold) per-record=M (the fold's inner loop) regs=R; the audit
@@ -107,35 +142,36 @@ audit release --loops --cubin "$work/release/kernels.cubin" \
   | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family |^reduce kernels|^setup=" \
   || status=1
 
-# The core alone (and with --all-levels each level below the whole stack):
-# the files cut as `detgrid patch --upto LEVEL` writes them, in a folder of
-# their own that replaces the kit's on the include path, so that a file of a
-# later level cannot be found. The same checks as the whole stack's.
-sass_audit cut --kit "$root" --into "$work/levels-src" "${cut_levels[@]}" > "$work/cut.txt" \
-  || exit 1
-while read -r -u 3 level include lines; do
-  echo "sass audit: building the stack up to $level ($lines lines) for sm_90"
-  build "level-$level" "$include/ATen/native/cuda/GridSamplerDeterministic.cu" "$include"
-  audit "level-$level" --cubin "$work/level-$level/kernels.cubin" \
-    --level "$level" --level-json "$work/levels/$level.json" "${level_strictness[@]}" \
-    | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family " || status=1
-done 3< "$work/cut.txt"
-# Issue 41's budgets: printed and recorded, not failed, until they are met
-# (--strict-levels fails on them, and on a level's spills).
-sass_audit levels --kit "$root" --measured "$work/levels" "${machine_code[@]}" \
-  "${levels_strictness[@]}" || status=1
+# With --all-levels, each level below the whole pipeline: the files as the
+# stack cuts them, in a folder of their own that replaces the pipeline's on
+# the include path, so that a file of a later level cannot be found. The same
+# checks as the whole pipeline's.
+if ((all_levels)); then
+  sass_audit cut --kit "$root" --into "$work/levels-src" > "$work/cut.txt" || exit 1
+  while read -r -u 3 level include lines; do
+    echo "sass audit: building the pipeline up to $level ($lines lines) for sm_90"
+    build "level-$level" "$include/ATen/native/cuda/GridSamplerDeterministic.cu" "$include"
+    audit "level-$level" --cubin "$work/level-$level/kernels.cubin" \
+      --level "$level" --level-json "$work/levels/$level.json" "${level_strictness[@]}" \
+      | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family " || status=1
+  done 3< "$work/cut.txt"
+fi
+# The core's budget (failed past it, as above) and the whole pipeline's
+# (printed and recorded, not failed; --strict-levels fails on it).
+sass_audit levels --kit "$root" --core "$work/core.json" --measured "$work/levels" \
+  "${machine_code[@]}" "${levels_strictness[@]}" || status=1
 
 # ExactCuda.cu includes GridSamplerDeterministic.cu whole; --exact audits only
 # the extension's own kernels (the exact stages' and the grid-gradient
 # pass's), the others were audited above. One line per
 # reduce: per-record=N regs=R; per ScatterTerms: per-term=N atomics=A regs=R.
 echo "sass audit: building ExactCuda.cu (accumulate=\"exact\") for sm_90"
-build exact "$root/aten_kernels/extension/exact/ExactCuda.cu" "$kit_src"
+build exact "$root/aten_kernels/extension/exact/ExactCuda.cu" "$pipeline_src"
 audit exact --exact --loops | grep -E "^FAIL|^sass audit|^exact kernels|^per-(record|term)=" \
   || status=1
 
 echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
-build fast_math "$root/.ci/audit/fast_math_probe.cu" "$kit_src" --use_fast_math
+build fast_math "$root/.ci/audit/fast_math_probe.cu" "$pipeline_src" --use_fast_math
 if audit fast_math > "$work/fast_math/audit.txt"; then
   echo "FAILED: the audit passed a --use_fast_math build"
   exit 1
@@ -143,4 +179,14 @@ fi
 grep -q "flush-to-zero" "$work/fast_math/audit.txt" \
   || { echo "FAILED: the fast-math build failed the audit, but not for flush-to-zero"; exit 1; }
 echo "sass audit: the --use_fast_math build fails it, as it must ($(grep -c '^FAIL' "$work/fast_math/audit.txt") findings)"
+
+echo "sass audit: negative control, the core built with --use_fast_math"
+build core_fast_math "$core_src" "" "${torch_defines[@]}" --use_fast_math
+if audit_core core_fast_math > "$work/core_fast_math/audit.txt"; then
+  echo "FAILED: the core's audit passed a --use_fast_math build"
+  exit 1
+fi
+grep -q "^FAIL (flush-to-zero" "$work/core_fast_math/audit.txt" \
+  || { echo "FAILED: the core's fast-math build failed its audit, but not for flush-to-zero"; exit 1; }
+echo "sass audit: the core's --use_fast_math build fails it, as it must ($(grep -c '^FAIL' "$work/core_fast_math/audit.txt") findings)"
 exit $status

@@ -474,16 +474,16 @@ class TestSassAudit(TestCase):
     def test_level_and_level_json_need_cubin_and_each_other(self):
         files = {"ptxas": "", "sass": _sass(""), "cubin": _cubin([(".text." + OURS, 256)])}
         for flags, message in (
-                (["--level", "core"], "--level and --level-json need --cubin"),
-                (["--level-json", "{work}/core.json"], "--level and --level-json need --cubin"),
-                (["--cubin", "{cubin}", "--level-json", "{work}/core.json"],
+                (["--level", "pipeline"], "--level and --level-json need --cubin"),
+                (["--level-json", "{work}/level.json"], "--level and --level-json need --cubin"),
+                (["--cubin", "{cubin}", "--level-json", "{work}/level.json"],
                  "--level-json needs --level")):
             rc, _, err, after = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
                                            *flags)
             self.assertEqual(rc, 2)
             self.assertEqual(err.count("\n"), 1, err)
             self.assertIn(message, err)
-            self.assertNotIn("core.json", after)
+            self.assertNotIn("level.json", after)
 
     def test_unreadable_input_is_a_one_line_error(self):
         stderr = io.StringIO()
@@ -494,34 +494,222 @@ class TestSassAudit(TestCase):
         self.assertIn("cannot read /nonexistent/ptxas.txt", stderr.getvalue())
 
 
-def _fake_kit(kit, core_lines=10):
-    """A kit whose ATen files hold every level's files: the pipeline header includes the dense
-    level's header in a marked line and has a block of the hot-fold level; the core's .cuh
-    has ``core_lines`` lines."""
+def _fake_kit(kit, pipeline_lines=10, core_lines=600):
+    """A kit whose pipeline's ATen files hold every level's files: the pipeline header includes
+    the dense level's header in a marked line and has a block of the hot-fold level; the
+    first level's .cuh has ``pipeline_lines`` lines. The upstream core's one file has
+    ``core_lines`` lines."""
     from detgrid.kit import stack
 
-    folder = Path(kit) / "aten_kernels" / stack.KERNEL_DIR
+    folder = Path(kit) / stack.PIPELINE_ROOT / stack.KERNEL_DIR
     folder.mkdir(parents=True)
     for name in stack.kernel_files(stack.TOP):
         (folder / name).write_text(f"// {name}\n")
-    (folder / "GridSamplerDeterministic.cuh").write_text("int core;\n" * core_lines)
+    (folder / "GridSamplerDeterministic.cuh").write_text("int first;\n" * pipeline_lines)
     (folder / "GridSamplerDeterministicPipeline.cuh").write_text(
         "#include <ATen/native/cuda/GridSamplerDeterministicDense.cuh> // [stack: dense]\n"
         "int pipeline;\n"
         "// [stack: hot-fold]\n"
         "int hot;\n"
         "// [end stack: hot-fold]\n")
+    core = Path(kit) / stack.UPSTREAM_ROOT / stack.KERNEL_DIR
+    core.mkdir(parents=True)
+    for name in stack.CORE_FILES:
+        (core / name).write_text("int core;\n" * core_lines)
+
+
+# Kernels of a build of the upstream core (aten_kernels/aten/.../GridSamplerDeterministic.cu):
+# two of its own, in its anonymous namespace, and CUB's 32-bit unique_by_key sweep.
+CORE_NAMESPACE = "_ZN2at6native60_GLOBAL__N__65461c2a_27_GridSamplerDeterministic_cu_c43c93ae"
+CORE_SUMS = (CORE_NAMESPACE + "15sum_runs_kernelIfiEEvlNS1_11SortedChunkIT_T0_EEPNS_10OpMathTypeIS4_"
+             "E4typeEPS4_")
+CORE_RECORDS = (CORE_NAMESPACE + "30grid_sampler_2d_records_kernelIfiEEvT0_S3_NS_4cuda6detail10Tenso"
+                "rInfoIKT_S3_EES9_S9_NS0_6detail24GridSamplerInterpolationENSA_18GridSamplerPadding"
+                "EbNS1_12ChunkRecordsIS7_S3_EE")
+CUB_SWEEP = ("_ZN14at_cuda_detail3cub6detail13unique_by_key28DeviceUniqueByKeySweepKernelINS2_10policy_"
+             "hubIiiE10Policy1000EPKiPiS9_S9_S9_NS0_13ScanTileStateIyLb1EEEN4cuda3std3__48equal_toIvE"
+             "EyNS2_11VSMemHelperEEEvT0_T1_T2_T3_T4_T5_T6_T7_iNS1_7vsmem_tE")
+CORE_CU = "/kit/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"
+ATEN_GRID_SAMPLER = "/torch/include/ATen/native/cuda/GridSampler.cuh"
+
+
+def _ptxas_entry(name, registers, frame=0, spills=0):
+    return (f"ptxas info    : Compiling entry function '{name}' for 'sm_90'\n"
+            f"ptxas info    : Function properties for {name}\n"
+            f"    {frame} bytes stack frame, {spills} bytes spill stores, {spills} bytes spill loads\n"
+            f"ptxas info    : Used {registers} registers, used 0 barriers\n")
+
+
+def _core_unit(sums=(), records=(), sums_registers=32, sums_frame=0):
+    """(ptxas log, SASS, cubin) of a core build: sum_runs_kernel<float, int> with the
+    instructions `sums` (each (text, (file, line)) or (text, (file, line), True) in a
+    subroutine), grid_sampler_2d_records_kernel<float, int> with `records`, and CUB's sweep
+    with its 24-byte frame."""
+    def body(instructions):
+        text = ""
+        for k, (ins, source, *sub) in enumerate(instructions):
+            if sub and sub[0] and (k == 0 or not instructions[k - 1][2:]):
+                text += "$__internal_0_$__cuda_sm3x_div_rn_noftz_f32_slowpath:\n"
+            text += _loc(*source) + f"        /*{0x10 * (k + 1):04x}*/                   {ins} ;\n"
+        return text + f"        /*{0x10 * (len(instructions) + 1):04x}*/                   EXIT ;\n"
+
+    log = (_ptxas_entry(CORE_SUMS, sums_registers, sums_frame, sums_frame)
+           + _ptxas_entry(CORE_RECORDS, 40) + _ptxas_entry(CUB_SWEEP, 64, 24, 20))
+    sass = ("\t.target\tsm_90\n" + _sass(body(list(sums)), name=CORE_SUMS)
+            + _sass(body(list(records)), name=CORE_RECORDS)
+            + _sass(body([("IADD3 R1, R1, 1, RZ", (CORE_CU, 1))]), name=CUB_SWEEP))
+    cubin = _cubin([(".text." + CORE_SUMS, 15616), (".text." + CORE_RECORDS, 31744),
+                    (".text." + CUB_SWEEP, 44672)])
+    return log, sass, cubin
+
+
+class TestCore(TestCase):
+    """The upstream core's audit (`core`): its budget, its resources and flush to zero fail;
+    its fused multiply-adds (by design) and CUB's frames are reported; what it records."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-sass-core-"))
+        self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
+        _fake_kit(self.tmp / "kit")
+
+    def _audit(self, unit, *flags, kit=None):
+        log, sass, cubin = unit
+        return _run_audit({"ptxas": log, "sass": sass, "cubin": cubin}, "core",
+                          "--ptxas-log", "{ptxas}", "--sass", "{sass}", "--cubin", "{cubin}",
+                          "--kit", str(kit or self.tmp / "kit"), *flags)
+
+    def test_the_cores_budget_is_600_lines_40_kernels_and_1_mib(self):
+        def core(lines, kernels, text_bytes):
+            return sass_audit.CoreCode(lines, sass_audit.MachineCode("sm_90", kernels, text_bytes),
+                                       {}, 0, [], {})
+
+        self.assertEqual(sass_audit.core_budget_violations(core(600, 40, 2**20)), [])
+        self.assertEqual(sass_audit.core_budget_violations(core(601, 41, 2**20 + 1)),
+                         ["601 lines > 600", "41 kernels > 40", "1.00 MiB of .text > 1.00 MiB"])
+
+    def test_fused_multiply_adds_are_counted_per_family_and_reported_not_failed(self):
+        sums = [("FFMA R1, R2, R3, R1", (CORE_CU, 328)), ("DFMA R2, R4, R6, R2", (CORE_CU, 328)),
+                ("HFMA2.MMA R5, -RZ, RZ, 1.875, 0", (CORE_CU, 330)),  # a constant, not arithmetic
+                ("FFMA R1, -R2, R3, 1", (CORE_CU, 261), True)]  # a division's slow path
+        records = [("FFMA R1, R2, R3, R4", (ATEN_GRID_SAMPLER, 44)),
+                   ("FFMA R1, R2, R3, R4", (ATEN_GRID_SAMPLER, 44)),
+                   ("FFMA R1, R2, R3, R4", (CORE_CU, 176))]
+        rc, out, err, after = self._audit(_core_unit(sums, records), "--json", "{work}/core.json")
+        self.assertEqual(rc, 0, out + err)
+        self.assertNotIn("FAIL", out)
+        self.assertIn("fused family sum_runs_kernel (1 kernels): FFMA=2 DFMA=1 HFMA2=0 (by design, "
+                      "not failed; by source: GridSamplerDeterministic.cu 2, subroutines 1)\n", out)
+        self.assertIn("fused family grid_sampler_2d_records_kernel (1 kernels): FFMA=3 DFMA=0 "
+                      "HFMA2=0 (by design, not failed; by source: GridSampler.cuh 2, "
+                      "GridSamplerDeterministic.cu 1)\n", out)
+        self.assertTrue(out.endswith("sass audit (core): 2 kernels of its own, 9 instructions, "
+                                     "FFMA=5 DFMA=1 HFMA2=0 (reported); 0 problem(s), "
+                                     "1 reported, not failed\n"), out)
+        record = json.loads(after["core.json"])
+        self.assertEqual(record["fused"]["sum_runs_kernel"],
+                         {"kernels": 1, "FFMA": 2, "DFMA": 1, "HFMA2": 0,
+                          "by_source": {"GridSamplerDeterministic.cu": 2, "subroutines": 1}})
+        # The pipeline's audit refuses the same contraction on a line of its own.
+        functions = sass_audit.parse_sass(_core_unit(sums, records)[1])
+        self.assertEqual(len(sass_audit.fused_violations(
+            functions, _Lines({(CORE_CU, 328): "partial += w * g;"}))), 2)
+
+    def test_registers_of_every_kernel_are_printed_and_recorded(self):
+        rc, out, _, after = self._audit(_core_unit(sums_registers=36), "--json", "{work}/core.json")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("machine code (core): 600 lines of new ATen code, 3 kernels, 0.09 MiB of "
+                      "sm_90 .text (92032 bytes); budget 600 lines, 40 kernels, 1.00 MiB\n", out)
+        self.assertIn("kernel grid_sampler_2d_records_kernel<float, int>: regs=40 frame=0 B "
+                      "spills=0/0 B text=31744 B\n"
+                      "kernel sum_runs_kernel<float, int>: regs=36 frame=0 B spills=0/0 B "
+                      "text=15616 B\n"
+                      "kernel DeviceUniqueByKeySweepKernel<int, int>: regs=64 frame=24 B "
+                      "spills=20/20 B text=44672 B\n", out)
+        self.assertEqual(json.loads(after["core.json"]), {
+            "lines": 600, "arch": "sm_90", "kernels": 3, "text_bytes": 92032,
+            "registers": {"grid_sampler_2d_records_kernel<float, int>": 40,
+                          "sum_runs_kernel<float, int>": 36},
+            "spilling_kernels": 0,
+            "cub_frames": [{"kernel": "DeviceUniqueByKeySweepKernel<int, int>", "stack_frame": 24,
+                            "spill_stores": 20, "spill_loads": 20}],
+            "fused": {"grid_sampler_2d_records_kernel": {"kernels": 1, "FFMA": 0, "DFMA": 0,
+                                                         "HFMA2": 0, "by_source": {}},
+                      "sum_runs_kernel": {"kernels": 1, "FFMA": 0, "DFMA": 0, "HFMA2": 0,
+                                          "by_source": {}}}})
+
+    def test_cubs_frames_are_reported_a_frame_of_its_own_fails(self):
+        rc, out, _, after = self._audit(_core_unit(), "--json", "{work}/core.json")
+        self.assertEqual(rc, 0, out)
+        self.assertTrue(out.startswith(
+            "REPORTED, not failed (CUB's stack frames, core): DeviceUniqueByKeySweepKernel<int, "
+            "int>: 24 B stack frame, 20 B spill stores, 20 B spill loads\n"), out)
+        rc, out, _, after = self._audit(_core_unit(sums_frame=8), "--json", "{work}/core.json")
+        self.assertEqual(rc, 1)
+        self.assertTrue(out.startswith(
+            "FAIL (stack frames or spills, core): void at::native::(anonymous namespace)::"
+            "sum_runs_kernel<float, int>("), out)
+        self.assertIn("8 B stack frame, 8 B spill stores, 8 B spill loads\n", out)
+        self.assertEqual(json.loads(after["core.json"])["spilling_kernels"], 1)
+
+    def test_flush_to_zero_in_its_arithmetic_or_atens_helpers_fails(self):
+        for source in ((CORE_CU, 328), (ATEN_GRID_SAMPLER, 92)):
+            rc, out, _, _ = self._audit(_core_unit([("FADD.FTZ R6, R6, R9", source)]))
+            self.assertEqual(rc, 1, out)
+            self.assertTrue(out.startswith("FAIL (flush-to-zero arithmetic, core): FADD.FTZ R6, "
+                                           f"R6, R9 at {source[0]}:{source[1]} in {CORE_SUMS}"),
+                            out)
+        # fmod's slow path (a compiler subroutine) and CUDA's math headers are not its own
+        rc, out, _, _ = self._audit(_core_unit([
+            ("FADD.FTZ R0, R0, R7", (CORE_CU, 261), True)]))
+        self.assertEqual(rc, 0, out)
+        rc, out, _, _ = self._audit(_core_unit([
+            ("FADD.FTZ R0, R0, R7", ("/usr/include/c++/12/cmath", 280))]))
+        self.assertEqual(rc, 0, out)
+
+    def test_past_its_budget_the_core_fails(self):
+        _fake_kit(self.tmp / "long", core_lines=601)
+        rc, out, _, _ = self._audit(_core_unit(), kit=self.tmp / "long")
+        self.assertEqual(rc, 1)
+        self.assertIn("FAIL (the core's budget, core): 601 lines > 600\n", out)
+        log, sass, _ = _core_unit()
+        many = _cubin([(".text." + CORE_SUMS + str(k), 2**15 + 1) for k in range(41)])
+        rc, out, _, _ = self._audit((log, sass, many))
+        self.assertEqual(rc, 1)
+        self.assertIn("FAIL (the core's budget, core): 41 kernels > 40\n"
+                      "FAIL (the core's budget, core): 1.28 MiB of .text > 1.00 MiB\n", out)
+
+    def test_cub_kernels_are_labelled_with_their_policys_types(self):
+        self.assertEqual(sass_audit.cub_label(CUB_SWEEP, sass_audit.demangle(CUB_SWEEP)),
+                         "DeviceUniqueByKeySweepKernel<int, int>")
+        self.assertEqual(sass_audit.cub_label(CUB_KERNEL, sass_audit.demangle(CUB_KERNEL)),
+                         "DeviceScanInitKernel")
+
+    def test_bad_input_is_a_one_line_error(self):
+        log, sass, cubin = _core_unit()
+        for unit, message in (((log, _sass(_listing(["EXIT"], {}), name=CUB_SWEEP), cubin),
+                               "no kernel of the core in the SASS"),
+                              ((log, sass, "SASS"), "cubin: not a cubin")):
+            rc, out, err, after = self._audit(unit, "--json", "{work}/core.json")
+            self.assertEqual((rc, out), (2, ""))
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(message, err)
+            self.assertNotIn("core.json", after)
+        rc, _, err, _ = self._audit(_core_unit(), kit=self.tmp / "nonesuch")
+        self.assertEqual(rc, 2)
+        self.assertIn("cannot read", err)
 
 
 class TestLevels(TestCase):
-    """The stack's levels (issue 41): `cut` writes a level's ATen files, `levels` sets the
-    built levels' machine code and every level's lines against LEVEL_BUDGETS."""
+    """The pipeline's levels: `cut` writes a level's ATen files, `levels` sets the core's
+    machine code against its budget (failed past it) and the built levels' and every level's
+    lines against the whole pipeline's (reported past it), and records them."""
 
     def setUp(self):
         from detgrid.kit import stack
 
         self.top = stack.TOP
         self.levels = stack.LEVEL_NAMES
+        self.first = stack.LEVEL_NAMES[0]
         self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-sass-levels-"))
         self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
 
@@ -537,22 +725,42 @@ class TestLevels(TestCase):
         sass_audit.write_level_json(sass_audit.MachineCode("sm_90", kernels, text_bytes), level,
                                     str(self.tmp / "measured" / f"{level}.json"), spills)
 
-    def test_cut_writes_the_core_as_patch_upto_writes_it(self):
+    def _core(self, lines=600, kernels=38, text_bytes=966784):
+        """A `core --json` file."""
+        core = sass_audit.CoreCode(
+            lines, sass_audit.MachineCode("sm_90", kernels, text_bytes),
+            {"sum_runs_kernel<float, int>": 32}, 0,
+            [{"kernel": "DeviceUniqueByKeySweepKernel<int, int>", "stack_frame": 24,
+              "spill_stores": 20, "spill_loads": 20}],
+            {"sum_runs_kernel": {"kernels": 8, "FFMA": 14, "DFMA": 14, "HFMA2": 0,
+                                 "by_source": {"GridSamplerDeterministic.cu": 28}}})
+        path = self.tmp / "core.json"
+        path.write_text(json.dumps(core.record()))
+        return str(path)
+
+    def _levels(self, *flags, core=None):
+        return self._main("levels", "--kit", str(self.tmp / "kit"), "--core", core or self._core(),
+                          "--measured", str(self.tmp / "measured"), *flags)
+
+    def test_cut_writes_a_pipeline_level_as_the_stack_cuts_it(self):
         from detgrid.kit import stack
 
         _fake_kit(self.tmp / "kit")
         rc, out, err = self._main("cut", "--kit", str(self.tmp / "kit"),
-                                  "--into", str(self.tmp / "src"), "--level", "core")
+                                  "--into", str(self.tmp / "src"), "--level", self.first)
         self.assertEqual(rc, 0, err)
-        include = self.tmp / "src" / "core" / "aten" / "src"
-        self.assertEqual(out, f"core {include} {10 + 1 + 1 + 1}\n")
+        include = self.tmp / "src" / self.first / "aten" / "src"
+        self.assertEqual(out, f"{self.first} {include} {10 + 1 + 1 + 1}\n")
         folder = include / "ATen" / "native" / "cuda"
         self.assertEqual(sorted(p.name for p in folder.iterdir()),
-                         sorted(stack.kernel_files("core")))
+                         sorted(stack.kernel_files(self.first)))
         self.assertEqual((folder / "GridSamplerDeterministicPipeline.cuh").read_text(),
                          "int pipeline;\n")
+        # the pipeline's files, not the upstream core's
+        self.assertEqual((folder / "GridSamplerDeterministic.cu").read_text(),
+                         "// GridSamplerDeterministic.cu\n")
 
-    def test_cut_defaults_to_every_level_below_the_whole_stack(self):
+    def test_cut_defaults_to_every_level_below_the_whole_pipeline(self):
         from detgrid.kit import stack
 
         _fake_kit(self.tmp / "kit")
@@ -561,112 +769,151 @@ class TestLevels(TestCase):
         self.assertEqual([line.split()[0] for line in out.splitlines()],
                          list(stack.LEVEL_NAMES[:-1]))
         self.assertEqual(self._main("cut", "--top"), (0, f"{self.top}\n", ""))
-        rc, _, err = self._main("cut", "--kit", str(self.tmp / "kit"), "--into", str(self.tmp),
-                                "--level", "nonesuch")
-        self.assertEqual(rc, 2)
-        self.assertIn("unknown level 'nonesuch'", err)
+        for level in ("nonesuch", stack.CORE):  # the core is not a level of the pipeline
+            rc, _, err = self._main("cut", "--kit", str(self.tmp / "kit"), "--into",
+                                    str(self.tmp), "--level", level)
+            self.assertEqual(rc, 2)
+            self.assertIn(f"unknown level '{level}'", err)
 
-    def test_level_budgets_are_issue_41s(self):
-        core = sass_audit.LevelCode("core", 1200, sass_audit.MachineCode("sm_90", 40, 2**20))
+    def test_the_whole_pipelines_budget_is_128_kernels_and_2_mib(self):
         top = sass_audit.LevelCode(self.top, 5000, sass_audit.MachineCode("sm_90", 128, 2 * 2**20))
-        self.assertEqual(sass_audit.level_budget_findings({"core": core, self.top: top}, self.top),
-                         [])
-        core = sass_audit.LevelCode("core", 1201, sass_audit.MachineCode("sm_90", 41, 2**20 + 1))
+        first = sass_audit.LevelCode(self.first, 9000,
+                                     sass_audit.MachineCode("sm_90", 500, 9 * 2**20))
+        self.assertEqual(sass_audit.level_budget_findings({self.first: first, self.top: top},
+                                                          self.top), [])
         top = sass_audit.LevelCode(self.top, 5000,
                                    sass_audit.MachineCode("sm_90", 129, 2 * 2**20 + 1))
         self.assertEqual(
-            sass_audit.level_budget_findings({"core": core, self.top: top}, self.top),
-            ["core: 1201 lines > 1200", "core: 41 kernels > 40",
-             "core: 1.00 MiB of .text > 1.00 MiB", f"whole stack ({self.top}): 129 kernels > 128",
-             f"whole stack ({self.top}): 2.00 MiB of .text > 2.00 MiB"])
-        unbuilt = sass_audit.LevelCode("core", 10)
-        self.assertEqual(sass_audit.level_budget_findings({"core": unbuilt}, self.top),
-                         ["core: not built", f"whole stack ({self.top}): not measured"])
+            sass_audit.level_budget_findings({self.top: top}, self.top),
+            [f"whole pipeline ({self.top}): 129 kernels > 128",
+             f"whole pipeline ({self.top}): 2.00 MiB of .text > 2.00 MiB"])
+        self.assertEqual(sass_audit.level_budget_findings(
+            {self.top: sass_audit.LevelCode(self.top, 10)}, self.top),
+            [f"whole pipeline ({self.top}): not built"])
+        self.assertEqual(sass_audit.level_budget_findings({}, self.top),
+                         [f"whole pipeline ({self.top}): not measured"])
 
-    def test_over_budget_is_reported_and_recorded_not_failed(self):
-        _fake_kit(self.tmp / "kit", core_lines=1300)
-        self._measure("core", 37, 1237504, spills=1)
-        self._measure(self.top, 128, 2910080)
+    def test_the_record_is_the_cores_beside_the_pipelines_levels(self):
+        from detgrid.kit import stack
+
+        _fake_kit(self.tmp / "kit", pipeline_lines=1300)
+        self._measure(self.first, 37, 1237504, spills=1)
+        self._measure(self.top, 126, 2042880)
         record = self.tmp / "machine_code.json"
-        rc, out, err = self._main("levels", "--kit", str(self.tmp / "kit"),
-                                  "--measured", str(self.tmp / "measured"),
-                                  "--machine-code-json", str(record))
+        rc, out, err = self._levels("--machine-code-json", str(record))
         self.assertEqual(rc, 0, err)
-        self.assertIn("level core: 1303 lines, 37 kernels, 1.18 MiB of sm_90 .text (1237504 "
-                      "bytes); budget 1200 lines, 40 kernels, 1.00 MiB; 1 kernel(s) with a stack "
-                      "frame or spills\n", out)
+        self.assertTrue(out.startswith(
+            "core (the upstream change): 600 lines, 38 kernels, 0.92 MiB of sm_90 .text (966784 "
+            "bytes); budget 600 lines, 40 kernels, 1.00 MiB; 0 kernel(s) of its own with a stack "
+            "frame or spills, 1 of CUB's with a stack frame\ncore budget: met\n"), out)
+        self.assertIn(f"level {self.first}: 1303 lines, 37 kernels, 1.18 MiB of sm_90 .text "
+                      "(1237504 bytes); 1 kernel(s) with a stack frame or spills\n", out)
         self.assertIn("level dense: 1305 lines, not built", out)
-        # Up to the hot-fold level 1309 lines; each later level adds a file of one line.
-        self.assertIn("level hot-fold: 1309 lines, not built", out)
         top_lines = 1309 + len(self.levels) - 1 - self.levels.index("hot-fold")
-        self.assertIn(f"level whole stack ({self.top}): {top_lines} lines, 128 kernels, 2.78 MiB",
+        self.assertIn(f"level whole pipeline ({self.top}): {top_lines} lines, 126 kernels, "
+                      "1.95 MiB of sm_90 .text (2042880 bytes); budget 128 kernels, 2.00 MiB\n",
                       out)
-        self.assertIn("over budget (issue 41): core: 1303 lines > 1200\n"
-                      "over budget (issue 41): core: 1.18 MiB of .text > 1.00 MiB\n"
-                      f"over budget (issue 41): whole stack ({self.top}): 2.78 MiB of .text > "
-                      "2.00 MiB\n"
-                      "levels budget (issue 41): OVER BUDGET, 3 finding(s); reported, not failed",
-                      out)
+        self.assertTrue(out.endswith("pipeline budget: met\n"), out)
         written = json.loads(record.read_text())
+        # the upstream change's count, which `detgrid report` cites, is the core's
         self.assertEqual((written["arch"], written["kernels"], written["text_bytes"]),
-                         ("sm_90", 128, 2910080))
-        self.assertEqual(written["levels"]["core"],
+                         ("sm_90", 38, 966784))
+        (self.tmp / "benchmarks").mkdir()
+        (self.tmp / "benchmarks" / "machine_code.json").write_text(record.read_text())
+        code = report.read_machine_code(self.tmp)
+        self.assertEqual((code.arch, code.kernels, code.text_bytes), ("sm_90", 38, 966784))
+        self.assertEqual(written["core"], json.loads(Path(self._core()).read_text()))
+        self.assertEqual(written["core"]["registers"], {"sum_runs_kernel<float, int>": 32})
+        self.assertEqual(list(written["levels"]), list(stack.LEVEL_NAMES))
+        self.assertNotIn(stack.CORE, written["levels"])
+        self.assertEqual(written["levels"][self.first],
                          {"lines": 1303, "kernels": 37, "text_bytes": 1237504,
                           "spilling_kernels": 1, "fp32_reduces": []})
         self.assertEqual(written["levels"]["dense"],
                          {"lines": 1305, "kernels": None, "text_bytes": None,
                           "spilling_kernels": None, "fp32_reduces": None})
-        self.assertEqual(written["budgets"]["core"],
-                         {"kernels": 40, "text_bytes": 2**20, "lines": 1200})
+        self.assertEqual(written["budgets"],
+                         {"core": {"kernels": 40, "text_bytes": 2**20, "lines": 600},
+                          "whole_pipeline": {"level": self.top, "kernels": 128,
+                                             "text_bytes": 2 * 2**20, "lines": None}})
+        self.assertEqual((written["budget_met"], written["over_budget"]), (True, []))
+
+    def test_the_whole_pipeline_over_budget_is_reported_and_recorded_not_failed(self):
+        _fake_kit(self.tmp / "kit")
+        self._measure(self.top, 128, 2910080)
+        record = self.tmp / "machine_code.json"
+        rc, out, err = self._levels("--machine-code-json", str(record))
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"over budget (pipeline): whole pipeline ({self.top}): 2.78 MiB of .text > "
+                      "2.00 MiB\n"
+                      "pipeline budget: OVER BUDGET, 1 finding(s); reported, not failed", out)
+        written = json.loads(record.read_text())
         self.assertIs(written["budget_met"], False)
-        self.assertEqual(len(written["over_budget"]), 3)
-        # what `detgrid report` cites is the whole stack's count
-        (self.tmp / "benchmarks").mkdir()
-        (self.tmp / "benchmarks" / "machine_code.json").write_text(record.read_text())
-        code = report.read_machine_code(self.tmp)
-        self.assertEqual((code.arch, code.kernels, code.text_bytes), ("sm_90", 128, 2910080))
-        rc, out, _ = self._main("levels", "--kit", str(self.tmp / "kit"),
-                                "--measured", str(self.tmp / "measured"), "--strict")
+        self.assertEqual(written["over_budget"],
+                         [f"whole pipeline ({self.top}): 2.78 MiB of .text > 2.00 MiB"])
+        rc, out, _ = self._levels("--strict")
         self.assertEqual(rc, 1)
-        self.assertIn("OVER BUDGET, 3 finding(s); failed (--strict)", out)
+        self.assertIn("OVER BUDGET, 1 finding(s); failed (--strict)", out)
+
+    def test_the_core_over_its_budget_fails_and_is_recorded(self):
+        _fake_kit(self.tmp / "kit")
+        self._measure(self.top, 100, 2**20)
+        record = self.tmp / "machine_code.json"
+        rc, out, _ = self._levels("--machine-code-json", str(record),
+                                  core=self._core(lines=601, kernels=41))
+        self.assertEqual(rc, 1)
+        self.assertIn("OVER BUDGET (core, failed): 601 lines > 600\n"
+                      "OVER BUDGET (core, failed): 41 kernels > 40\n"
+                      "core budget: OVER BUDGET, 2 finding(s); failed\n", out)
+        self.assertTrue(out.endswith("pipeline budget: met\n"), out)
+        written = json.loads(record.read_text())
+        self.assertIs(written["budget_met"], False)
+        self.assertEqual(written["over_budget"], ["core: 601 lines > 600", "core: 41 kernels > 40"])
 
     def test_within_budget_is_met(self):
         _fake_kit(self.tmp / "kit")
-        self._measure("core", 30, 2**20)
         self._measure(self.top, 100, 2 * 2**20)
         record = self.tmp / "machine_code.json"
-        rc, out, _ = self._main("levels", "--kit", str(self.tmp / "kit"), "--strict",
-                                "--measured", str(self.tmp / "measured"),
-                                "--machine-code-json", str(record))
+        rc, out, _ = self._levels("--strict", "--machine-code-json", str(record))
         self.assertEqual(rc, 0)
-        self.assertTrue(out.endswith("levels budget (issue 41): met\n"), out)
+        self.assertIn("core budget: met\n", out)
+        self.assertTrue(out.endswith("pipeline budget: met\n"), out)
         written = json.loads(record.read_text())
         self.assertEqual((written["budget_met"], written["over_budget"]), (True, []))
 
-    def test_levels_needs_the_core_and_the_whole_stack_measured(self):
+    def test_levels_needs_the_whole_pipeline_measured_and_the_core(self):
         _fake_kit(self.tmp / "kit")
-        self._measure("core", 30, 2**20)
+        self._measure(self.first, 30, 2**20)
         self._measure("nonesuch", 1, 1)
-        rc, out, err = self._main("levels", "--kit", str(self.tmp / "kit"),
-                                  "--measured", str(self.tmp / "measured"),
-                                  "--machine-code-json", str(self.tmp / "m.json"))
+        rc, out, err = self._levels("--machine-code-json", str(self.tmp / "m.json"))
         self.assertEqual((rc, out), (2, ""))
         self.assertEqual(err.count("\n"), 1, err)
         self.assertIn(f"no level nonesuch; no measurement of {self.top}", err)
         self.assertFalse((self.tmp / "m.json").exists())
+        self._measure(self.top, 100, 2**20)
+        (self.tmp / "measured" / "nonesuch.json").unlink()
+        (self.tmp / "bad.json").write_text('{"lines": 600}')
+        for core, message in ((str(self.tmp / "none.json"), "cannot read"),
+                              (str(self.tmp / "bad.json"), "not a `core --json` file")):
+            rc, out, err = self._levels("--machine-code-json", str(self.tmp / "m.json"),
+                                        core=core)
+            self.assertEqual((rc, out), (2, ""))
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(message, err)
+            self.assertFalse((self.tmp / "m.json").exists())
 
     def test_the_audit_of_a_level_writes_its_measurement(self):
         files = {"ptxas": "", "sass": "\t.target\tsm_90\n" + _sass(_listing(["EXIT"], {})),
                  "cubin": _cubin([(".text." + OURS, 4096), (".text." + CUB_KERNEL, 512)])}
         rc, out, _, after = _run_audit(files, "--ptxas-log", "{ptxas}", "--sass", "{sass}",
-                                       "--cubin", "{cubin}", "--level", "core",
-                                       "--level-json", "{work}/core.json")
+                                       "--cubin", "{cubin}", "--level", self.first,
+                                       "--level-json", "{work}/level.json")
         self.assertEqual(rc, 0, out)
-        self.assertIn("machine code (core): 2 kernels, 0.00 MiB of sm_90 .text (4608 bytes; "
-                      "budget 128 kernels, 3.00 MiB)", out)
-        self.assertEqual(json.loads(after["core.json"]), {"level": "core", "arch": "sm_90",
-                                                          "kernels": 2, "text_bytes": 4608,
-                                                          "spills": 0, "reduces": []})
+        self.assertIn(f"machine code ({self.first}): 2 kernels, 0.00 MiB of sm_90 .text (4608 "
+                      "bytes; budget 128 kernels, 3.00 MiB)", out)
+        self.assertEqual(json.loads(after["level.json"]), {"level": self.first, "arch": "sm_90",
+                                                           "kernels": 2, "text_bytes": 4608,
+                                                           "spills": 0, "reduces": []})
 
     def test_a_levels_record_lists_its_fp32_reduces_loop_costs(self):
         def row(dtype, group=None):
@@ -692,14 +939,14 @@ class TestLevels(TestCase):
         files = {"ptxas": log, "sass": "\t.target\tsm_90\n" + _sass(_listing(["EXIT"], {})),
                  "cubin": _cubin([(".text." + OURS, 4096)])}
         flags = ["--ptxas-log", "{ptxas}", "--sass", "{sass}", "--cubin", "{cubin}",
-                 "--level", "core", "--level-json", "{work}/core.json"]
+                 "--level", self.first, "--level-json", "{work}/level.json"]
         rc, out, _, after = _run_audit(files, *flags, "--report-spills")
         self.assertEqual(rc, 0, out)
-        self.assertTrue(out.startswith("REPORTED, not failed (stack frames or spills, core): "
-                                       "void at::native::"), out)
+        self.assertTrue(out.startswith(f"REPORTED, not failed (stack frames or spills, "
+                                       f"{self.first}): void at::native::"), out)
         self.assertIn("24 B stack frame, 24 B spill stores, 24 B spill loads", out)
         self.assertTrue(out.endswith("0 problem(s), 1 reported, not failed\n"), out)
-        self.assertEqual(json.loads(after["core.json"])["spills"], 1)
+        self.assertEqual(json.loads(after["level.json"])["spills"], 1)
         rc, out, _, _ = _run_audit(files, *flags)  # without it, a spill fails the audit
         self.assertEqual(rc, 1)
         self.assertTrue(out.startswith("FAIL (stack frames or spills): "), out)

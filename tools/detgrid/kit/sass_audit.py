@@ -1,10 +1,25 @@
 """Audits of detgrid's compiled CUDA kernels, read from the machine code.
 
-Four checks on an sm_90 build of GridSamplerDeterministic.cu, each a pure
-function of compiler output so that CI can run it without a GPU (with
---exact, on a build of aten_kernels/extension/exact/ExactCuda.cu, of the
-extension's own kernels only, the exact accumulation's and the
-grid-gradient pass's: see EXACT):
+Two units are audited, each from an sm_90 build's compiler output alone, so
+that CI runs it without a GPU.
+
+The upstream core (`core`: aten_kernels/aten/src/ATen/native/cuda/
+GridSamplerDeterministic.cu, built against torch's headers alone, see
+CORE_SCOPE). It computes the existing kernel's terms with nvcc's contraction
+of ``a*b+c``, by design, so its fused multiply-adds are counted and reported
+per kernel family, not failed. It fails on: a stack frame or spill in a
+kernel of its own (CUB's kernels' frames are reported, not failed), a
+`.FTZ` form of FADD, FMUL, FFMA or FMNMX in its arithmetic or the ATen
+helpers it inlines, and its budget (CORE_BUDGET: kernels, CUB's included,
+bytes of sm_90 `.text`, and lines of new ATen code). It prints every
+kernel's registers and records the unit for benchmarks/machine_code.json.
+
+The pipeline (aten_kernels/pipeline/, the extension's speed path, its levels
+cut from one set of sources by detgrid.kit.stack), on a build of its
+GridSamplerDeterministic.cu (with --exact, on a build of
+aten_kernels/extension/exact/ExactCuda.cu, of the extension's own kernels
+only, the exact accumulation's and the grid-gradient pass's: see EXACT).
+Its host executors' bit equality rests on the four checks:
 
 * resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
   except those --allow-spills names (CI names none); CUB's scan of the hot
@@ -27,17 +42,17 @@ grid-gradient pass's: see EXACT):
   for_each_kernel<Stage>), and the unit, CUB's kernels included, has at most
   KERNEL_BUDGET kernels and TEXT_BUDGET bytes of `.text` (issue 32).
 
-The upstream change is a stack of levels (detgrid.kit.stack): CI builds the
-core alone too (`cut` writes a level's ATen files as `detgrid patch --upto`
-writes them) and audits its build with the same checks. `levels` then prints
-each built level's lines, kernels and `.text` against issue 41's budgets
-(LEVEL_BUDGETS: the core, and the whole stack), and records them in
-benchmarks/machine_code.json; a level over its budget is reported ("over
-budget"), not failed, until those budgets are met (--strict fails on it). A
-level's build fails the audit as the whole stack's does, except that with
---report-spills its stack frames and spills are reported, not failed (CI's
-core build, whose 3-D double point pass spills while the whole stack's does
-not: the levels' record counts them).
+A build of a prefix of the pipeline (`cut` writes a level's ATen files as the
+stack cuts them) is audited with the same checks. `levels` then prints each
+level's lines and the built levels' kernels and `.text`, with the whole
+pipeline's budget (PIPELINE_BUDGET) and the core's, and records them, the
+core beside the pipeline's levels, in benchmarks/machine_code.json, whose
+top-level arch, kernels and text_bytes are the upstream change's: the core's.
+The whole pipeline over its budget is reported ("over budget"), not failed
+(--strict fails on it); the core over its budget fails. A level's build
+fails the audit as the whole pipeline's does, except that with
+--report-spills its stack frames and spills are reported, not failed (the
+levels' record counts them).
 
 It also measures each reduce kernel's inner loop and registers (the smallest loop that
 holds the fold's FMUL and FADD, plus the static size of any subroutine it
@@ -106,20 +121,31 @@ TEXT_BUDGET = 3 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class LevelBudget:
-    """Issue 41's budget for a prefix of the stack: kernels (CUB's included) and bytes of
-    sm_90 `.text` of its GridSamplerDeterministic.cu, and lines of its ATen files (None: no
-    line budget)."""
+    """A unit's budget (issue 41): kernels (CUB's included) and bytes of sm_90 `.text` of its
+    GridSamplerDeterministic.cu, and lines of its ATen files (None: no line budget)."""
     kernels: int
     text_bytes: int
     lines: Optional[int] = None
 
 
-# Issue 41: "Core <= 1,200 lines, <= 40 kernels, <= 1.0 MiB of sm_90 .text. The whole stack
-# <= 128 kernels and <= 2.0 MiB". By level name; the whole stack's is TOP_LEVEL's.
-CORE_LEVEL = "core"
-TOP_LEVEL = "top"  # stands for detgrid.kit.stack.TOP, the whole stack
-LEVEL_BUDGETS = {CORE_LEVEL: LevelBudget(40, 1 * 2**20, 1200),
-                 TOP_LEVEL: LevelBudget(128, 2 * 2**20)}
+# The upstream core's budget (issue 41, with the core rebuilt as one file): kernels, CUB's
+# included, and sm_90 `.text` of its GridSamplerDeterministic.cu, and its lines of new ATen
+# code. The core meets it, and the audit fails past it.
+CORE_LEVEL = "core"  # stands for detgrid.kit.stack.CORE, the upstream core
+CORE_BUDGET = LevelBudget(40, 1 * 2**20, 600)
+# The whole pipeline's (issue 41's "whole stack" budget, when the pipeline was the upstream
+# change): reported, not failed, past it (`levels --strict` fails).
+TOP_LEVEL = "top"  # stands for detgrid.kit.stack.TOP, the whole pipeline
+PIPELINE_BUDGET = LevelBudget(128, 2 * 2**20)
+LEVEL_BUDGETS = {CORE_LEVEL: CORE_BUDGET, TOP_LEVEL: PIPELINE_BUDGET}
+
+# The upstream core: its kernels are those of its file's anonymous namespace
+# (OUR_KERNEL); its arithmetic is its own file's and that of the existing
+# kernel's helpers it inlines (ATen's GridSampler.cuh, UpSample.cuh), where the
+# audit looks for flush-to-zero forms. CUB's kernels in its unit (the sort and
+# unique_by_key) are CUB's alone: their stack frames are reported, not failed.
+CORE_SOURCES = ("GridSamplerDeterministic.cu", "GridSampler.cuh", "UpSample.cuh")
+CORE_SCOPE = Scope(OUR_KERNEL, CORE_SOURCES)
 
 # The extension's own kernels (--exact): the exact accumulation's, those
 # whose stage (the kernel's first template argument) is one of
@@ -753,12 +779,12 @@ def write_machine_code(code: MachineCode, path: str) -> None:
         f.write("\n")
 
 
-# ------------------------------------------------------------ the stack's levels (issue 41)
+# ------------------------------------------------------------ the pipeline's levels (issue 41)
 
 
 @dataclasses.dataclass
 class LevelCode:
-    """One prefix of the stack: the lines of its ATen files as cut and, when it was built,
+    """One prefix of the pipeline: the lines of its ATen files as cut and, when it was built,
     its unit's machine code."""
     level: str
     lines: int
@@ -785,9 +811,9 @@ def _stack():
 
 
 def write_level_sources(kit_root, level: str, into) -> Tuple[Path, int]:
-    """The ATen files of the prefix ending at ``level``, as `detgrid patch --upto LEVEL`
-    writes them, under ``into/LEVEL/``: (the include root to put before any other,
-    ``into/LEVEL/aten/src``, and their lines)."""
+    """The pipeline's ATen files of the prefix ending at ``level``, as the stack cuts them
+    (detgrid.kit.stack.kernel_sources), under ``into/LEVEL/``: (the include root to put
+    before any other, ``into/LEVEL/aten/src``, and their lines)."""
     root = Path(into) / level
     lines = 0
     for rel, text in _stack().kernel_sources(kit_root, level).items():
@@ -828,16 +854,17 @@ def read_level_jsons(folder) -> Dict[str, Tuple[MachineCode, int, List[dict]]]:
 
 
 def level_budgets(top: str) -> Dict[str, LevelBudget]:
-    """LEVEL_BUDGETS by the levels' own names (the whole stack's under ``top``)."""
-    return {top if key == TOP_LEVEL else key: budget for key, budget in LEVEL_BUDGETS.items()}
+    """The pipeline's budgets by its levels' names: the whole pipeline's under ``top``."""
+    return {top if key == TOP_LEVEL else key: budget for key, budget in LEVEL_BUDGETS.items()
+            if key != CORE_LEVEL}
 
 
 def _level_label(level: str, top: str) -> str:
-    return f"whole stack ({level})" if level == top else level
+    return f"whole pipeline ({level})" if level == top else level
 
 
 def level_budget_findings(levels: Dict[str, LevelCode], top: str) -> List[str]:
-    """Where a budgeted level exceeds issue 41's budget, or was not measured."""
+    """Where the whole pipeline exceeds its budget (PIPELINE_BUDGET), or was not measured."""
     found = []
     for level, budget in level_budgets(top).items():
         label = _level_label(level, top)
@@ -860,61 +887,78 @@ def _budget_text(budget: LevelBudget) -> str:
     return f"{lines}{budget.kernels} kernels, {budget.text_bytes / 2**20:.2f} MiB"
 
 
-def print_levels(levels: Dict[str, LevelCode], top: str, findings: List[str],
-                 strict: bool) -> None:
-    print("levels (issue 41): lines of each level's ATen files as `detgrid patch --upto` writes "
-          "them; kernels and sm_90 .text of its GridSamplerDeterministic.cu, CUB's included")
+def _code_text(code: MachineCode) -> str:
+    return (f"{code.kernels} kernels, {code.text_bytes / 2**20:.2f} MiB of {code.arch} .text "
+            f"({code.text_bytes} bytes)")
+
+
+def print_levels(levels: Dict[str, LevelCode], top: str, findings: List[str], strict: bool,
+                 core: Optional["CoreCode"] = None,
+                 core_findings: Sequence[str] = ()) -> None:
+    if core is not None:
+        print(f"core (the upstream change): {core.lines} lines, {_code_text(core.code)}; "
+              f"budget {_budget_text(CORE_BUDGET)}; {core.spilling_kernels} kernel(s) of its own "
+              f"with a stack frame or spills, {len(core.cub_frames)} of CUB's with a stack frame")
+        for finding in core_findings:
+            print(f"OVER BUDGET (core, failed): {finding}")
+        print("core budget: met" if not core_findings else
+              f"core budget: OVER BUDGET, {len(core_findings)} finding(s); failed")
+    print("pipeline levels: lines of each level's ATen files as the stack cuts them; kernels "
+          "and sm_90 .text of its GridSamplerDeterministic.cu, CUB's included")
     budgets = level_budgets(top)
     for level, lv in levels.items():
         label = _level_label(level, top)
         if lv.code is None:
             built = "not built (.ci/sass_audit.sh --all-levels builds every level)"
         else:
-            built = (f"{lv.code.kernels} kernels, {lv.code.text_bytes / 2**20:.2f} MiB of "
-                     f"{lv.code.arch} .text ({lv.code.text_bytes} bytes)")
+            built = _code_text(lv.code)
         budget = f"; budget {_budget_text(budgets[level])}" if level in budgets else ""
         spills = (f"; {lv.spills} kernel(s) with a stack frame or spills" if lv.spills else "")
         print(f"level {label}: {lv.lines} lines, {built}{budget}{spills}")
     for finding in findings:
-        print(f"over budget (issue 41): {finding}")
+        print(f"over budget (pipeline): {finding}")
     if not findings:
-        print("levels budget (issue 41): met")
+        print("pipeline budget: met")
     else:
         consequence = "failed (--strict)" if strict else "reported, not failed (--strict fails on it)"
-        print(f"levels budget (issue 41): OVER BUDGET, {len(findings)} finding(s); {consequence}")
+        print(f"pipeline budget: OVER BUDGET, {len(findings)} finding(s); {consequence}")
 
 
-def levels_record(levels: Dict[str, LevelCode], top: str, findings: List[str]) -> dict:
-    """benchmarks/machine_code.json: the whole stack's arch, kernels and text_bytes (what
-    `detgrid report` cites), then every level's lines, kernels and text_bytes (null: not
-    built), the budgets and whether they are met."""
-    code = levels[top].code
+def levels_record(levels: Dict[str, LevelCode], top: str, findings: List[str],
+                  core: "CoreCode", core_findings: Sequence[str] = ()) -> dict:
+    """benchmarks/machine_code.json: the upstream change's (the core's) arch, kernels and
+    text_bytes (what `detgrid report` cites); the core's record (``core``: lines, kernels,
+    text_bytes, registers per kernel, spills, CUB's frames, fused instructions per kernel
+    family); every pipeline level's lines, kernels and text_bytes (null: not built); the
+    budgets (``core`` and ``whole_pipeline``) and whether they are met."""
     return {
-        **dataclasses.asdict(code),
+        **dataclasses.asdict(core.code),
+        "core": core.record(),
         "levels": {level: {"lines": lv.lines,
                            "kernels": lv.code.kernels if lv.code else None,
                            "text_bytes": lv.code.text_bytes if lv.code else None,
                            "spilling_kernels": lv.spills,
                            "fp32_reduces": lv.reduces}
                    for level, lv in levels.items()},
-        "budgets": {level: dataclasses.asdict(budget)
-                    for level, budget in level_budgets(top).items()},
-        "budget_met": not findings,
-        "over_budget": findings,
+        "budgets": {"core": dataclasses.asdict(CORE_BUDGET),
+                    "whole_pipeline": {"level": top, **dataclasses.asdict(PIPELINE_BUDGET)}},
+        "budget_met": not findings and not core_findings,
+        "over_budget": [f"core: {finding}" for finding in core_findings] + list(findings),
     }
 
 
 def cut_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m detgrid.kit.sass_audit cut",
-        description="write levels' ATen files (as detgrid patch --upto writes them) under "
+        description="write the pipeline's levels' ATen files (as the stack cuts them) under "
         "INTO/LEVEL/, and print one line per level: LEVEL INCLUDE_ROOT LINES")
-    parser.add_argument("--kit", help="the kit's root (holds aten_kernels/)")
+    parser.add_argument("--kit", help="the kit's root (holds aten_kernels/pipeline/)")
     parser.add_argument("--into", help="folder to write them under")
     parser.add_argument("--level", action="append", default=[],
-                        help="a level (repeatable); default every level below the whole stack")
+                        help="a level (repeatable); default every level below the whole "
+                        "pipeline")
     parser.add_argument("--top", action="store_true",
-                        help="only print the whole stack's level name (the last level)")
+                        help="only print the whole pipeline's level name (the last level)")
     args = parser.parse_args(argv)
     stack = _stack()
     if args.top:
@@ -937,16 +981,20 @@ def cut_main(argv: Sequence[str]) -> int:
 def levels_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m detgrid.kit.sass_audit levels",
-        description="every level's lines and the built levels' machine code against issue 41's "
-        "budgets; over budget is reported, not failed, without --strict")
+        description="the core's machine code against its budget (failed past it), and every "
+        "pipeline level's lines and the built levels' machine code against the whole "
+        "pipeline's budget (reported, not failed, without --strict)")
     parser.add_argument("--kit", required=True, help="the kit's root (holds aten_kernels/)")
+    parser.add_argument("--core", required=True, metavar="PATH",
+                        help="the core's measurement (`core --json`)")
     parser.add_argument("--measured", required=True, metavar="DIR",
-                        help="the --level-json files of the levels built (the core and the "
-                        "whole stack at least)")
+                        help="the --level-json files of the pipeline's levels built (the whole "
+                        "pipeline at least)")
     parser.add_argument("--machine-code-json", metavar="PATH",
-                        help="write the whole stack's count and every level's there "
+                        help="write the core's count and every level's there "
                         "(benchmarks/machine_code.json)")
-    parser.add_argument("--strict", action="store_true", help="fail when over budget")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail when the whole pipeline is over its budget")
     args = parser.parse_args(argv)
     stack = _stack()
     try:
@@ -957,8 +1005,15 @@ def levels_main(argv: Sequence[str]) -> int:
     except (ValueError, KeyError, TypeError) as e:
         return _usage_error(f"levels: not a --level-json file in {args.measured} "
                             f"({type(e).__name__}: {e})")
+    try:
+        core = read_core_json(args.core)
+    except (OSError, UnicodeDecodeError) as e:
+        return _usage_error(f"levels: cannot read {args.core}: {e.strerror or e}")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return _usage_error(f"levels: {args.core}: not a `core --json` file "
+                            f"({type(e).__name__}: {e})")
     unknown = sorted(set(measured) - set(lines))
-    missing = [level for level in (CORE_LEVEL, stack.TOP) if level not in measured]
+    missing = [level for level in (stack.TOP,) if level not in measured]
     if unknown or missing:
         return _usage_error(f"levels: {args.measured}: " + "; ".join(
             ([f"no level {', '.join(unknown)}"] if unknown else [])
@@ -966,12 +1021,200 @@ def levels_main(argv: Sequence[str]) -> int:
     levels = {level: LevelCode(level, n, *measured.get(level, (None, None, None)))
               for level, n in lines.items()}
     findings = level_budget_findings(levels, stack.TOP)
-    print_levels(levels, stack.TOP, findings, args.strict)
+    core_findings = core_budget_violations(core)
+    print_levels(levels, stack.TOP, findings, args.strict, core, core_findings)
     if args.machine_code_json:
         with open(args.machine_code_json, "w", encoding="utf-8") as f:
-            json.dump(levels_record(levels, stack.TOP, findings), f, indent=2)
+            json.dump(levels_record(levels, stack.TOP, findings, core, core_findings), f,
+                      indent=2)
             f.write("\n")
-    return 1 if findings and args.strict else 0
+    return 1 if core_findings or (findings and args.strict) else 0
+
+
+# ------------------------------------------------------------------- the upstream core
+
+
+@dataclasses.dataclass
+class CoreCode:
+    """The upstream core's unit: its lines of new ATen code, its machine code, its own
+    kernels' registers (by short label) and how many of them have a stack frame or spills,
+    CUB's kernels with a stack frame, and its fused instructions per kernel family."""
+    lines: int
+    code: MachineCode
+    registers: Dict[str, int]
+    spilling_kernels: int
+    cub_frames: List[dict]
+    fused: Dict[str, dict]
+
+    def record(self) -> dict:
+        """The core's entry of benchmarks/machine_code.json (and what `core --json` writes)."""
+        return {"lines": self.lines, **dataclasses.asdict(self.code),
+                "registers": self.registers, "spilling_kernels": self.spilling_kernels,
+                "cub_frames": self.cub_frames, "fused": self.fused}
+
+
+def read_core_json(path) -> CoreCode:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return CoreCode(int(data["lines"]),
+                    MachineCode(str(data["arch"]), int(data["kernels"]), int(data["text_bytes"])),
+                    {str(k): int(v) for k, v in data["registers"].items()},
+                    int(data["spilling_kernels"]), list(data["cub_frames"]),
+                    dict(data["fused"]))
+
+
+def core_budget_violations(core: CoreCode, budget: LevelBudget = CORE_BUDGET) -> List[str]:
+    """Where the core exceeds its budget: lines of new ATen code, kernels, `.text`."""
+    found = []
+    if budget.lines is not None and core.lines > budget.lines:
+        found.append(f"{core.lines} lines > {budget.lines}")
+    return found + budget_violations(core.code, budget.kernels, budget.text_bytes)
+
+
+def core_lines(kit_root) -> int:
+    """Lines of the files the upstream core adds (detgrid.kit.stack.core_sources)."""
+    return sum(len(text.splitlines()) for text in _stack().core_sources(kit_root).values())
+
+
+def _is_core_kernel(name: str) -> bool:
+    return bool(CORE_SCOPE.kernel.search(name)) and not CUB_KERNEL.search(name)
+
+
+def cub_label(mangled: str, readable: str) -> str:
+    """A CUB kernel's name with its policy's key and value types when it has them:
+    ``DeviceUniqueByKeySweepKernel<long, int>``."""
+    m = re.search(r"policy_hub<([^<>]*)>", readable)
+    return f"{kernel_name(mangled)}<{m.group(1)}>" if m else kernel_name(mangled)
+
+
+def unit_cub_frames(resources: Dict[str, Resources]) -> List[dict]:
+    """Every CUB kernel of the unit with a stack frame or spills: its label and sizes."""
+    names = [name for name, r in sorted(resources.items()) if CUB_KERNEL.search(name) and r.spills]
+    return [{"kernel": cub_label(name, readable), "stack_frame": resources[name].stack_frame,
+             "spill_stores": resources[name].spill_stores,
+             "spill_loads": resources[name].spill_loads}
+            for name, readable in zip(names, demangle(names))]
+
+
+def fused_by_family(functions: Dict[str, Function]) -> Dict[str, dict]:
+    """Per kernel family of the core's own kernels (kernel_name): its kernels, its fused
+    instructions by opcode (FFMA, DFMA, HFMA2; the -RZ, RZ constant idiom left out) and by
+    where each comes from: the base name of its innermost source file, "subroutines" for a
+    compiler-emitted subroutine (a division's or fmod's slow path), "unknown" without line
+    info. Counted, not failed: the core contracts by design."""
+    families: Dict[str, dict] = {}
+    for name, function in sorted(functions.items()):
+        if not _is_core_kernel(name):
+            continue
+        family = families.setdefault(kernel_name(name), {"kernels": 0, "FFMA": 0, "DFMA": 0,
+                                                         "HFMA2": 0, "by_source": {}})
+        family["kernels"] += 1
+        for ins in function.instructions:
+            m = FUSED.match(ins.opcode)
+            if not m or CONSTANT_IDIOM.search(ins.operands):
+                continue
+            family[m.group(1)] += 1
+            where = ("subroutines" if ins.in_subroutine else "unknown" if ins.source is None
+                     else ins.source[0].rsplit("/", 1)[-1])
+            family["by_source"][where] = family["by_source"].get(where, 0) + 1
+    for family in families.values():
+        family["by_source"] = dict(sorted(family["by_source"].items(),
+                                          key=lambda item: (-item[1], item[0])))
+    return dict(sorted(families.items()))
+
+
+def core_kernel_rows(resources: Dict[str, Resources], sections: Dict[str, int]
+                     ) -> List[Tuple[bool, str, Resources, Optional[int]]]:
+    """(the core's own?, label, resources, bytes of .text) of every kernel of the unit, the
+    core's own first (by label), then CUB's."""
+    names = sorted(set(resources) | set(sections))
+    rows = []
+    for name, readable in zip(names, demangle(names)):
+        label = (short_label(readable) if _is_core_kernel(name)
+                 else cub_label(name, readable) if CUB_KERNEL.search(name) else kernel_name(name))
+        rows.append((_is_core_kernel(name), label, resources.get(name, Resources()),
+                     sections.get(name)))
+    return sorted(rows, key=lambda row: (not row[0], row[1]))
+
+
+def print_core(core: CoreCode, sections: Dict[str, int],
+               rows: List[Tuple[bool, str, Resources, Optional[int]]]) -> None:
+    print(f"machine code (core): {core.lines} lines of new ATen code, {_code_text(core.code)}; "
+          f"budget {_budget_text(CORE_BUDGET)}")
+    for name, count, size in kernel_families(sections):
+        print(f"family {name}: {count} kernels, {size / 1024:.1f} KiB")
+    for _, label, r, size in rows:
+        text = "?" if size is None else size
+        print(f"kernel {label}: regs={r.registers} frame={r.stack_frame} B "
+              f"spills={r.spill_stores}/{r.spill_loads} B text={text} B")
+    for name, family in core.fused.items():
+        sources = ", ".join(f"{where} {n}" for where, n in family["by_source"].items()) or "none"
+        print(f"fused family {name} ({family['kernels']} kernels): FFMA={family['FFMA']} "
+              f"DFMA={family['DFMA']} HFMA2={family['HFMA2']} (by design, not failed; by "
+              f"source: {sources})")
+
+
+def core_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m detgrid.kit.sass_audit core",
+        description="audit a build of the upstream core's GridSamplerDeterministic.cu: no "
+        "stack frame or spill in its kernels, no flush to zero, its budget; print its kernels' "
+        "registers and its fused instructions per kernel family (reported, not failed)")
+    parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
+    parser.add_argument("--sass", required=True, help="output of nvdisasm -c -g -gi")
+    parser.add_argument("--cubin", required=True, metavar="PATH", help="the unit's cubin")
+    parser.add_argument("--kit", required=True,
+                        help="the kit's root, whose core's lines are counted")
+    parser.add_argument("--json", metavar="PATH", help="write the core's record there, for "
+                        "`levels --core`")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.ptxas_log, encoding="utf-8") as f:
+            resources = parse_ptxas(f.read())
+        with open(args.sass, encoding="utf-8") as f:
+            sass = f.read()
+        with open(args.cubin, "rb") as f:
+            sections = elf_text_sections(f.read())
+        lines = core_lines(args.kit)
+    except (OSError, UnicodeDecodeError) as e:
+        return _usage_error(f"cannot read {e.filename or 'an input'}: {e.strerror or e}")
+    except (ValueError, struct.error) as e:
+        return _usage_error(f"{args.cubin}: not a cubin ({e})")
+    functions = parse_sass(sass)
+    ours = [n for n in functions if _is_core_kernel(n)]
+    if not ours:
+        return _usage_error("no kernel of the core in the SASS (was it built with -lineinfo?)")
+    spills = resource_violations(resources, (), CORE_SCOPE)
+    core = CoreCode(lines, MachineCode(target_arch(sass) or "unknown", len(sections),
+                                       sum(sections.values())),
+                    {}, len(spills), unit_cub_frames(resources), fused_by_family(functions))
+    rows = core_kernel_rows(resources, sections)
+    core.registers = {label: r.registers for own, label, r, _ in rows if own}
+    problems = {
+        "stack frames or spills": spills,
+        "flush-to-zero arithmetic": ftz_violations(functions, CORE_SCOPE),
+        "the core's budget": core_budget_violations(core),
+    }
+    reported = [f"{frame['kernel']}: {frame['stack_frame']} B stack frame, "
+                f"{frame['spill_stores']} B spill stores, {frame['spill_loads']} B spill loads"
+                for frame in core.cub_frames]
+    for kind, found in problems.items():
+        for problem in found:
+            print(f"FAIL ({kind}, core): {problem}")
+    for problem in reported:
+        print(f"REPORTED, not failed (CUB's stack frames, core): {problem}")
+    print_core(core, sections, rows)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(core.record(), f, indent=2)
+            f.write("\n")
+    failed = sum(map(len, problems.values()))
+    fused = {op: sum(family[op] for family in core.fused.values())
+             for op in ("FFMA", "DFMA", "HFMA2")}
+    print(f"sass audit (core): {len(ours)} kernels of its own, "
+          f"{sum(len(functions[n].instructions) for n in ours)} instructions, "
+          f"{' '.join(f'{op}={n}' for op, n in fused.items())} (reported); {failed} problem(s)"
+          + (f", {len(reported)} reported, not failed" if reported else ""))
+    return 1 if failed else 0
 
 
 def print_reduce_loops(reduces: Iterable[ReduceCost]) -> None:
@@ -1009,9 +1252,12 @@ def main(argv=None) -> int:
         return cut_main(argv[1:])
     if argv[:1] == ["levels"]:
         return levels_main(argv[1:])
+    if argv[:1] == ["core"]:
+        return core_main(argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="subcommands: `cut` (a level's ATen files), `levels` (issue 41's budgets); "
+        epilog="subcommands: `core` (the upstream core's build), `cut` (a pipeline level's ATen "
+        "files), `levels` (the budgets, benchmarks/machine_code.json); "
         "each takes --help")
     parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
     parser.add_argument("--sass", required=True, help="output of nvdisasm -c -g -gi")
@@ -1032,7 +1278,7 @@ def main(argv=None) -> int:
                         help="with --cubin: the level of the stack this build is (printed)")
     parser.add_argument("--report-spills", action="store_true",
                         help="print stack frames and spills as findings reported, not failed "
-                        "(a level below the whole stack, until its spills are fixed)")
+                        "(a level below the whole pipeline, until its spills are fixed)")
     parser.add_argument("--level-json", metavar="PATH",
                         help="with --cubin and --level: write its arch, kernels and text_bytes "
                         "there, for `levels`")
