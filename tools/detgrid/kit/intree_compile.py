@@ -779,7 +779,7 @@ def compile_core(copy: Path, work: Path, paths: Paths, std: str, jobs: int,
     """Step 5: the copy patched with the stack's core alone (``detgrid patch --upto core``),
     each unit whose whole-stack compile does not stand for the core's compiled again, the core's
     changed headers covered. EXIT_OK or EXIT_COMPILE."""
-    core = stack.LEVEL_NAMES[0]
+    core = stack.CORE
     t0 = time.time()
     changed, differing = repatch_upto(copy, core, work / f"detgrid-{core}.patch", log)
     log(f"{core}: the copy reset and patched with `detgrid patch --upto {core}` "
