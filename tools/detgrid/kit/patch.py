@@ -1423,8 +1423,9 @@ CORE_TEXT = (
     "stably, and unique_by_key finds where each position's run begins; runs are summed in "
     "partials of 256 records, and a thread per (run, channel) adds a run's partials in order. "
     "Half and BFloat16 sums are kept in float and rounded once. Keys and index math are 32-bit "
-    "where canUse32BitIndexMath allows. The workspace stays within 64 MiB and comes from the "
-    "caching allocator. The terms are the existing kernel's, up to FMA contraction, summed in "
+    "where canUse32BitIndexMath allows. The sort buffers stay within 64 MiB per chunk (CUB's "
+    "own temporary storage aside) and come from the caching allocator; Half and BFloat16 sums "
+    "over several chunks take a float scratch of grad_input's size. The terms are the existing kernel's, up to FMA contraction, summed in "
     "another order. The existing kernel then computes grad_grid alone, with one writer per "
     "element. Calls with only grad_grid requested keep the existing kernel and no longer "
     "alert: they reach no atomicAdd.")

@@ -32,11 +32,12 @@ Under `torch.use_deterministic_algorithms(True)` the CUDA backward of `grid_samp
 grid_sampler backward]). Per chunk of at most 2^19 records, each tap becomes a record keyed by
 the grad_input position it lands on; `at::cuda::cub` radix-sorts the records and
 `unique_by_key` finds each position's run; runs are summed in 256-record partials, then a
-thread per (run, channel) adds them in order. The existing kernel then computes grad_grid alone.
-Keys and index math are 32-bit where `canUse32BitIndexMath` allows; the workspace, within
-64 MiB, comes from the caching allocator. The launcher is declared in `cuda/GridSampler.h`;
-`test_torch.py`'s two launcher alert tests expect no alert, and `test_nn.py` gains the
-deterministic backward's tests.
+thread per (run, channel) adds them in order: the existing kernel's terms, up to FMA
+contraction, summed in another order. The existing kernel then computes grad_grid alone.
+Keys and index math are 32-bit where `canUse32BitIndexMath` allows. Sort buffers stay within
+64 MiB per chunk (CUB's temporary storage aside); Half and BFloat16 sums over several chunks
+take a float scratch of grad_input's size. The alert tests expect no alert; `test_nn.py` gains
+the deterministic backward's tests.
 
 **BC notes**
 
