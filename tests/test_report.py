@@ -1,7 +1,8 @@
 # Owner(s): ["module: nn"]
 """Tests of `detgrid report`: the evidence it gathers (from stubbed runs, so each outcome can be
-forced), the ISSUE.md / PR.md it renders from it (shape, length, claims, AI disclosure, draft marking),
-its bad arguments, and that the committed top-level bodies are the current output on this set-up."""
+forced), the ISSUE.md / PR.md / COMMENT_196856.md it renders from it (shape, length, claims, AI
+disclosure, draft marking), its bad arguments, and that the committed top-level bodies are the
+current output on this set-up."""
 
 import contextlib
 import io
@@ -27,11 +28,16 @@ PLACEHOLDERS = re.compile(r"\bTODO\b|\bTBD\b|\bFIXME\b|\bXXX\b|<fill|lorem ipsum
 SPECULATION = re.compile(r"\blikely\b|\bprobably\b|\bpresumably\b|\bshould be on main\b", re.I)
 IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
             "GIT_COMMITTER_EMAIL": "t@t"}
-# A maintainer asked for a comment of a few lines and a PR body fix_issue.md does not call spam.
-ISSUE_WORDS, PR_WORDS = 150, 400
-# The rows of the PR's side-by-side with #196856 (issue 41, item 8)
-SIDE_BY_SIDE_ROWS = ("Key + id", "Chunk", "Partials", "Workspace", "grad_grid", "Half sums across chunks")
+# A maintainer asked for a comment of a few lines, a PR body fix_issue.md does not call spam and
+# a comment on #196856 of a few lines (issue 59, section 5).
+ISSUE_WORDS, PR_WORDS, COMMENT_WORDS = 150, 400, 300
+LIMITS = {"ISSUE.md": ISSUE_WORDS, "PR.md": PR_WORDS, "COMMENT_196856.md": COMMENT_WORDS}
+# The rows of the comment's side-by-side of #196856 and the core (issue 59, section 5.3)
+SIDE_BY_SIDE_ROWS = ("New code", "Records per chunk", "Sort key + id", "Partials", "Buffers",
+                     "Half sums across chunks", "grad_grid")
+# The core's entry, as the machine-code count writes it (benchmarks/machine_code.json's "core")
 MACHINE_CODE = {"arch": "sm_90", "kernels": 192, "text_bytes": 4404019}
+CORE_SOURCE = Path("aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu")
 
 SYNTHETIC_PATCH = """\
 From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001
@@ -108,7 +114,14 @@ def stub_report(tmp, outcomes=None, **kwargs):
 
 
 def bodies(report):
-    return {"ISSUE.md": R.render_issue(report), "PR.md": R.render_pr(report)}
+    return {"ISSUE.md": R.render_issue(report), "PR.md": R.render_pr(report),
+            "COMMENT_196856.md": R.render_comment_196856(report)}
+
+
+def agent(text):
+    """The generated part of a body, quote markers removed."""
+    quoted = text[text.index("### Agent report"):]
+    return "\n".join(re.sub(r"^> ?", "", line) for line in quoted.splitlines())
 
 
 def section(text, heading):
@@ -129,14 +142,28 @@ def words_in_view(text):
     return len(re.findall(r"\w+", in_view(text)))
 
 
-def side_by_side(pr):
-    """The rows of the table under "Beside #196856", in view: {row label: (ours, #196856's)}."""
+def side_by_side(text):
+    """The rows of the tables in view: {row label: (#196856's, the core's)}."""
     rows = {}
-    for line in (section(in_view(pr), "Beside #196856") or "").splitlines():
+    for line in agent(in_view(text)).splitlines():
+        if not line.startswith("|"):
+            continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 3 and not all(c and set(c) <= set("-") for c in cells):
             rows[cells[0]] = (cells[1], cells[2])
     return rows
+
+
+def kit_with_machine_code(tmp, record, core_lines=None):
+    """A kit whose benchmarks/machine_code.json holds ``record`` and, with ``core_lines``, whose
+    core source has that many lines."""
+    kit = make_kit(tmp)
+    (kit / "benchmarks").mkdir()
+    (kit / "benchmarks" / "machine_code.json").write_text(json.dumps(record))
+    if core_lines is not None:
+        (kit / CORE_SOURCE).parent.mkdir(parents=True)
+        (kit / CORE_SOURCE).write_text("// line\n" * core_lines)
+    return kit
 
 
 class TestReportBodies(TestCase):
@@ -169,7 +196,8 @@ class TestReportBodies(TestCase):
         yield full
 
     def test_bodies_stay_within_their_word_limits(self):
-        self.assertEqual(R.WORD_LIMITS, {"ISSUE.md": ISSUE_WORDS, "PR.md": PR_WORDS})
+        self.assertEqual(R.WORD_LIMITS, LIMITS)
+        self.assertEqual(set(R.BODIES), set(LIMITS))
         for report in self.evidence_variants():
             for name, text in bodies(report).items():
                 self.assertLessEqual(words_in_view(text), R.WORD_LIMITS[name], name)
@@ -185,10 +213,12 @@ class TestReportBodies(TestCase):
         self.assertEqual(R.render_length("ISSUE.md", "a b"), "2 words in view, limit 150")
         self.assertIn("OVER THE LIMIT", R.render_length("ISSUE.md", "word " * 151))
 
-    def test_pr_summary_is_one_paragraph(self):
-        summary = section(R.render_pr(stub_report(self.tmp)[0]), "Summary")
-        self.assertTrue(summary)
-        self.assertNotIn("\n\n", summary)
+    def test_pr_problem_is_one_paragraph(self):
+        problem = section(R.render_pr(stub_report(self.tmp)[0]), "Problem")
+        self.assertTrue(problem)
+        self.assertNotIn("\n\n", problem)
+        self.assertIn("raises when grad_input is requested", problem)
+        self.assertIn("`atomicAdd`", problem)
 
     def test_no_speculation_in_any_body(self):
         for report in self.evidence_variants():
@@ -197,32 +227,85 @@ class TestReportBodies(TestCase):
                 self.assertIsNone(PLACEHOLDERS.search(text), name)
 
     def test_196856_is_cited_only_as_its_thread_states_it(self):
-        issue, pr = bodies(stub_report(self.tmp)[0]).values()
-        self.assertIn("#196856 (open on 2026-12-01) also sorts", in_view(issue))
-        self.assertIn("#196856 (open when checked on 2026-12-01) is also sort-based:", in_view(pr))
+        issue, pr, comment = bodies(stub_report(self.tmp)[0]).values()
+        self.assertIn("#196856 (open on 2026-12-07) also sorts", in_view(issue))
         for name, text in (("ISSUE.md", issue), ("PR.md", pr)):
             for unsupported in ("GB300", "2.00x", "2046ae1a", "on main"):
                 self.assertNotIn(unsupported, text, name)
+        # the comment cites its description's benchmarks, never their numbers
+        for unsupported in ("2.00x", "1.07x", "2046ae1a", "on main"):
+            self.assertNotIn(unsupported, comment)
+        self.assertIn("Your description (read 2026-12-07) makes the path opt-in: atomics and cuDNN "
+                      "stay the default, the cuDNN backward hands over in deterministic mode, with "
+                      "GB300 benchmarks.", agent(comment))
+        self.assertIn("The table's code is older (read 2026-12-05): it took the path for every call "
+                      "with grad_input, deterministic mode or not.", agent(comment))
 
-    def test_pr_sets_its_design_beside_196856_row_by_row(self):
+    def test_pr_links_196856_in_one_sentence_and_leaves_the_side_by_side_to_the_comment(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
-        rows = side_by_side(pr)
+        sentences = [x for x in re.split(r"(?<=[.:;])\s+", agent(in_view(pr))) if "196856" in x]
+        self.assertEqual(sentences, ["#196856 also sorts;"])
+        self.assertIn("#196856 also sorts; a comment there compares both.", section(pr, "Problem"))
+        self.assertEqual(side_by_side(pr), {})
+        self.assertNotIn("196856", pr[pr.index("<details>"):])
+
+    def test_comment_sets_the_core_beside_196856_row_by_row(self):
+        comment = R.render_comment_196856(stub_report(self.tmp)[0])
+        rows = side_by_side(comment)
         self.assertEqual(tuple(r for r in rows if r), SIDE_BY_SIDE_ROWS)
-        self.assertEqual(rows[""], ("this PR", "#196856 as stored"))
-        for what, (ours, theirs) in rows.items():
+        self.assertEqual(rows[""], ("#196856, stored", "this kit's core"))
+        for what, (theirs, ours) in rows.items():
             self.assertTrue(ours and theirs, what)
-        self.assertEqual(rows["Key + id"], ("4/8 + 4 bytes, per point or tap", "8 + 8 bytes, per tap"))
-        self.assertEqual(rows["Chunk"][1], "≤ 2^20 records")
-        self.assertEqual(rows["Half sums across chunks"], ("float carry, rounded once", "rounded at each chunk"))
-        self.assertIn("stock's kernel", rows["grad_grid"][1])
-        self.assertIn("64 MiB", rows["Workspace"][0] + rows["Workspace"][1])
+        self.assertEqual(rows["Records per chunk"], ("≤ 2^20", "≤ 2^19"))
+        self.assertEqual(rows["Sort key + id"][0], "int64 + int64")
+        self.assertIn("int32 where `canUse32BitIndexMath`", rows["Sort key + id"][1])
+        self.assertEqual(rows["Half sums across chunks"],
+                         ("rounded into grad_input per chunk", "float scratch, rounded once"))
+        self.assertIn("filled in deterministic mode", rows["Buffers"][0])
+        self.assertIn("caching allocator, unfilled", rows["Buffers"][1])
+        self.assertIn("64 MiB", rows["Partials"][0])
+        self.assertIn("the existing kernel", rows["grad_grid"][1])
+        self.assertTrue(rows["New code"][0].startswith("374 lines; 20 kernels"))
         # design facts only: no speed claim either way
-        table = section(in_view(pr), "Beside #196856")
+        table = "\n".join(line for line in agent(in_view(comment)).splitlines() if line.startswith("|"))
         self.assertIsNone(re.search(r"(?i)faster|slower|speed|\d+(\.\d+)?x\b|\bms\b|time", table), table)
-        # where each column comes from, and that neither was timed, is in the appendix
-        appendix = pr[pr.index("<details>") :]
-        self.assertIn("read 2026-12-05", appendix)
-        self.assertIn("Neither implementation has been timed against the other.", appendix)
+        self.assertIn("neither was timed", agent(in_view(comment)))
+        # where each column comes from, and that neither was timed, is in the collapsed part
+        details = comment[comment.index("<details>"):]
+        self.assertIn("read 2026-12-05", details)
+        self.assertIn("Neither implementation has been timed against the other.", details)
+
+    def test_comment_size_row_comes_from_the_source_and_the_count(self):
+        report = stub_report(self.tmp)[0]
+        self.assertIsNone(report.core_lines)
+        self.assertEqual(side_by_side(R.render_comment_196856(report))["New code"][1], "-")
+        kit = kit_with_machine_code(self.tmp + "/2", {"core": {**MACHINE_CODE, "lines": 7}}, core_lines=7)
+        report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
+        self.assertEqual(report.core_lines, 7)
+        self.assertEqual(side_by_side(R.render_comment_196856(report))["New code"][1],
+                         "7 lines; 192 kernels, 4.20 MiB of `.text`")
+
+    def test_comment_offers_the_tests_as_a_conformance_suite(self):
+        text = agent(in_view(R.render_comment_196856(stub_report(self.tmp)[0])))
+        offer = re.search(r"\*\*Tests\.\*\* (.*)", text).group(1)
+        for part in ("`detgrid patch --tests-only`", "`patches/v2.6.0-tests.patch`",
+                     "conformance suite", "`@onlyCUDA`, not yet run on a GPU"):
+            self.assertIn(part, offer)
+
+    def test_comment_gives_each_delta_with_its_evidence(self):
+        text = agent(in_view(R.render_comment_196856(stub_report(self.tmp)[0])))
+        deltas = text[text.index("**Deltas to consider:**"):].split("\n\n")[1].splitlines()
+        self.assertEqual(len(deltas), 4, deltas)
+        grid_only, half, keys, workspace = deltas
+        self.assertIn("`output_mask[0]` false", grid_only)
+        self.assertIn("no sort and no alert", grid_only)
+        self.assertIn("`test_grid_sample_backward_deterministic_grid_only`", grid_only)
+        self.assertIn("rounded once", half)
+        self.assertIn("`test_sums_over_several_chunks_match_the_float64_sum`", half)
+        self.assertIn("32-bit keys where they fit: 8 bytes per sorted item, not 16", keys)
+        self.assertIn("caching allocator", workspace)
+        self.assertIn("deterministic mode fills `at::empty`", workspace)
+        self.assertIn("`test_workspace_stays_within_64_mib`", workspace)
 
     def test_no_body_cites_the_cpu_segfault_issue(self):
         # #24823 is a CPU-kernel bug; citing it on a CUDA change misleads the reader
@@ -310,9 +393,19 @@ class TestReportBodies(TestCase):
     def test_test_plan_claims_no_cpu_run_upstream_test(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
         plan = section(pr, "Test plan")
-        self.assertIn("Not run: they need a CUDA build and a GPU; the added tests are `@onlyCUDA`.", plan)
+        self.assertIn("Not run (`@onlyCUDA`, no GPU);", plan)
         self.assertIn("python test/test_nn.py -k grid_sample\n", plan)
         self.assertNotRegex(pr, r"(?i)testable on CPU|CPU-only CI")
+
+    def test_test_plan_says_what_the_kit_checks_on_cpu_and_only_what_this_report_ran(self):
+        pr = R.render_pr(stub_report(self.tmp)[0])
+        plan = section(pr, "Test plan")
+        self.assertIn("On CPU, `tests/test_core.py` checks a host build of the patch's `.cu` against "
+                      "a serial run of the existing kernel's arithmetic and golden digests.", plan)
+        # nothing in view claims the patch applied or compiled without a checkout to show it
+        self.assertNotRegex(plan, r"(?i)applies|compiles|nvcc")
+        self.assertNotIn("The kit's suite", plan)
+        self.assertIn("The kit's suite: not run by this report", pr[pr.index("<details>"):])
 
     def test_test_plan_offers_the_tests_as_a_conformance_suite(self):
         plan = section(R.render_pr(stub_report(self.tmp)[0]), "Test plan")
@@ -321,23 +414,61 @@ class TestReportBodies(TestCase):
     def test_pr_follows_the_fix_issue_template(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
         self.assertLess(pr.index("Fixes #68959"), pr.index("### Human notes"))
-        headings = ["Summary", "Beside #196856", "Test plan", "Benchmarks", "BC-breaking", "Checklist"]
+        headings = ["Problem", "Approach", "Test plan", "GPU timing", "Memory", "BC-breaking", "Checklist"]
         self.assertEqual(re.findall(r"^> #### (.*)$", pr, re.M), headings)
-
-    def test_bc_statement_is_accurate(self):
-        bc = section(R.render_pr(stub_report(self.tmp)[0]), "BC-breaking")
-        for part in ("No API change.", "Outside deterministic mode, and in the forward, nothing changes.",
-                     "`warn_only=True`", "up to floating-point rounding, not bit for bit"):
-            self.assertIn(part, bc)
 
     def test_bc_statement_names_what_changes_for_users(self):
         bc = section(R.render_pr(stub_report(self.tmp)[0]), "BC-breaking")
-        self.assertIn("`warn_only=True` now takes the sort path instead of warning and running the atomic kernel", bc)
-        self.assertIn("may be slower", bc)
-        self.assertIn("≤ 64 MiB of workspace per call, from the caching allocator", bc)
-        self.assertIn("grad_grid: the existing kernel's own, today's bits in every dtype", bc)
-        self.assertNotIn("128.5", bc)
-        self.assertNotIn("no longer picks cuDNN", R.render_pr(stub_report(self.tmp + "/2")[0]))
+        items = bc.splitlines()
+        self.assertEqual(items, [
+            "- No API change; outside deterministic mode nothing changes.",
+            "- `warn_only=True` takes the new path silently; gradients equal the old up to rounding.",
+            "- Grid-only calls (the existing kernel) no longer alert.",
+            "- Deterministic-mode forwards leave cuDNN, so their bits can change.",
+            "- Half/BFloat16 grad_input: rounded once, not per atomic add.",
+        ])
+        self.assertNotIn("in the forward, nothing changes", bc)
+
+    def test_approach_describes_the_core_in_the_existing_kernels_terms(self):
+        report = stub_report(self.tmp)[0]
+        approach = section(R.render_pr(report), "Approach")
+        for part in (("a new `GridSamplerDeterministic.cu` computes grad_input, and the existing "
+                      "kernel grad_grid alone"), "≤ 2^19 records", "a record per tap",
+                     "taps and weights from the existing helpers", "`at::cuda::cub` radix-sorts",
+                     "`unique_by_key`", "256-record partials (all but a run's first in parallel)",
+                     "a thread per (run, channel) adds them in order",
+                     ("The same terms as the existing kernel, up to FMA contraction, summed in "
+                      "another order"), "`canUse32BitIndexMath`",
+                     "keeps `grid_sampler()` off cuDNN in deterministic mode",
+                     "`cudnn_grid_sampler_backward` alerts there, #180417"):
+            self.assertIn(part, approach)
+        # the core stands alone: no levels, no host executor, no "stock", and the sums differ by
+        # more than their order
+        for text in (approach, in_view(R.render_pr(report))):
+            self.assertNotRegex(text, r"(?i)\bstock\b|\blevels?\b|executor|only the order")
+        self.assertNotIn("which delegates to it", "".join(bodies(report).values()))
+        self.assertIn("nvcc contracts the core's `acc += w * g`", R.render_pr(report))
+
+    def test_memory_names_the_bounded_buffers_and_the_float_scratch(self):
+        memory = section(R.render_pr(stub_report(self.tmp)[0]), "Memory")
+        self.assertIn("Caching allocator", memory)
+        self.assertIn("sort buffers (≤ 64 MiB, counted from the shapes)", memory)
+        self.assertIn("a float scratch of grad_input's size", memory)
+        # CUB's temporary storage is allocated inside at::cuda::cub: outside the counted bound
+        self.assertIn("CUB's temporary storage", memory)
+        bound = re.search(r"\(≤ 64 MiB[^)]*\)", memory).group(0)
+        self.assertNotIn("CUB", bound)
+        self.assertNotRegex(memory, r"(?i)estimat")
+
+    def test_appendix_keeps_repro_claims_patch_files_and_environment_only(self):
+        pr = R.render_pr(stub_report(self.tmp)[0])
+        appendix = pr[pr.index("<details>"):]
+        self.assertIn("show_fix claim 0", appendix)
+        self.assertIn("| `b/new.h` (new) | 2 | 0 |", appendix)
+        self.assertIn("collect_env left out", appendix)
+        # the core calls the existing helpers: nothing about coordinate math of its own
+        self.assertNotRegex(pr, r"(?i)coordinate math|does not call|host executor")
+        self.assertFalse(hasattr(R, "COORDINATES_DIFFER"))
 
     def test_claims_not_hashes_in_one_collapsed_appendix(self):
         out = claims_json("show_fix", ["pass"], 0).replace("claim 0", "claim 0 with | a pipe")
@@ -371,8 +502,10 @@ class TestReportBodies(TestCase):
     def test_exit_77_rendered_not_checkable_and_exit_1_as_failed(self):
         report, _ = stub_report(self.tmp, {"show_fix.py": (1, claims_json("show_fix", ["fail"], 1), "")})
         pr = R.render_pr(report)
-        self.assertIn("`show_error.py`: exit 77, **not checkable here**", in_view(pr))
-        self.assertIn("`show_fix.py`: exit 1, **FAILED**", in_view(pr))
+        self.assertIn("`python repro/show_error.py --json` (exit 77, not checkable here)", pr[pr.index("<details>"):])
+        self.assertNotIn("show_error.py", in_view(pr))
+        self.assertIn("- Repro: `show_fix.py`: exit 1, **FAILED**.", in_view(pr))
+        self.assertNotIn("Repro:", in_view(R.render_pr(stub_report(self.tmp + "/3")[0])))
         self.assertEqual([r.name for r in report.failed], ["show_fix.py"])
         status = re.search(r"\*\*Status\.\*\* (.*)", R.render_issue(report)).group(1)
         self.assertIn("Repro scripts failing: `show_fix.py` FAILED", status)
@@ -381,7 +514,7 @@ class TestReportBodies(TestCase):
     def test_script_without_json_output_is_an_error_with_its_stderr(self):
         report, _ = stub_report(self.tmp, {"show_fix.py": (2, "", "Traceback\nImportError: boom\n")})
         pr = R.render_pr(report)
-        self.assertIn("exit 2, **ERROR (exit 2, no JSON output)**", pr)
+        self.assertIn("exit 2, **ERROR (exit 2, no JSON output)**", in_view(pr))
         self.assertIn("ImportError: boom", in_view(pr))
         self.assertEqual([r.name for r in report.failed], ["show_fix.py"])
 
@@ -408,9 +541,9 @@ class TestReportBodies(TestCase):
     def test_without_gpu_results_both_bodies_say_never_run_on_a_gpu(self):
         report = stub_report(self.tmp)[0]
         self.assertIsNone(report.bench)
-        issue, pr = bodies(report).values()
+        issue, pr, _ = bodies(report).values()
         self.assertIn("**Status.** Never run on a GPU.", in_view(issue))
-        self.assertIn("Never run on a GPU (no GPU results in the kit's `benchmarks/results/`).", in_view(pr))
+        self.assertEqual(section(pr, "GPU timing"), "Never run on a GPU.")
 
     def test_newest_gpu_benchmark_results_give_a_summary_and_a_table_in_the_appendix(self):
         report = stub_report(self.tmp)[0]
@@ -423,12 +556,14 @@ class TestReportBodies(TestCase):
         (results / "new.png").write_bytes(b"png")
         report.bench = R.newest_bench(Path(self.tmp) / "kit")
         pr = R.render_pr(report)
-        self.assertIn("Run on GPU new (torch x, `benchmarks/results/new.json`): det/stock time geomean 0.5", pr)
+        self.assertEqual(section(pr, "GPU timing"),
+                         "GPU new: new/existing time geomean 0.5, worst 0.5; 0 of 1 incorrect.")
         for name, text in bodies(report).items():
             self.assertNotIn("Never run on a GPU", text, name)
         appendix = pr[pr.index("<details>") :]
+        self.assertIn("GPU timing, `benchmarks/results/new.json` (torch x):", appendix)
         self.assertIn("| 1 | zoom | native | 2 | 1 | 0.5 |", appendix)
-        self.assertIn("![det/stock per workload](benchmarks/results/new.png)", appendix)
+        self.assertIn("![new/existing per workload](benchmarks/results/new.png)", appendix)
 
     def test_a_later_cpu_smoke_run_does_not_hide_gpu_results(self):
         results = Path(self.tmp) / "kit" / "benchmarks" / "results"
@@ -444,26 +579,63 @@ class TestReportBodies(TestCase):
         report.bench = R.BenchResults("benchmarks/results/cpu.json", None, {
             "device": "cpu", "device_name": "cpu x86_64", "workloads": [GPU_ROW]})
         for name, text in bodies(report).items():
-            self.assertIn("Never run on a GPU", text, name)
+            if name != "COMMENT_196856.md":  # the comment claims no GPU run of either side
+                self.assertIn("Never run on a GPU", text, name)
             self.assertNotIn("| zoom |", text, name)
         pr = R.render_pr(report)
-        self.assertTrue(section(pr, "Benchmarks").startswith("Never run on a GPU"))
+        self.assertTrue(section(pr, "GPU timing").startswith("Never run on a GPU"))
         self.assertNotRegex(pr, r"\[x\] [^\n]*benchmark")
 
     def test_machine_code_is_cited_only_from_the_kits_count(self):
         self.assertIsNone(stub_report(self.tmp)[0].machine_code)
         self.assertNotIn(".text", R.render_pr(stub_report(self.tmp + "/2")[0]))
-        kit = make_kit(self.tmp + "/3")
-        (kit / "benchmarks").mkdir()
-        (kit / "benchmarks" / "machine_code.json").write_text(json.dumps(MACHINE_CODE))
+        kit = kit_with_machine_code(self.tmp + "/3", {"arch": "sm_90", "kernels": 1, "text_bytes": 2,
+                                                       "core": MACHINE_CODE})
         report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
         pr = R.render_pr(report)
-        self.assertIn("sm_90 machine code: 192 kernels, 4.20 MiB of `.text`.", section(pr, "Summary"))
-        self.assertIn("Machine code: `benchmarks/machine_code.json`.", pr[pr.index("<details>") :])
+        self.assertIn("The new file, sm_90: 192 kernels, 4.20 MiB of `.text`.", section(pr, "Approach"))
+        self.assertIn("Machine code: the core's entry in `benchmarks/machine_code.json`; a kernel "
+                      "count includes the CUB kernels built in the unit.", pr[pr.index("<details>") :])
+
+    def test_machine_code_reads_the_core_entry_or_levels_core_and_nothing_else(self):
+        cases = [
+            ({"core": MACHINE_CODE}, "192 kernels"),
+            ({"levels": {"core": {"kernels": 31, "text_bytes": 467072}}, "arch": "sm_90"}, "31 kernels"),
+            # the top-level numbers alone are no core's
+            ({"arch": "sm_90", "kernels": 126, "text_bytes": 2042880}, None),
+            ({"levels": {"pipeline": {"kernels": 5, "text_bytes": 1}}}, None),
+        ]
+        for record, cited in cases:
+            with self.subTest(record=record):
+                kit = kit_with_machine_code(tempfile.mkdtemp(dir=self.tmp), record)
+                report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
+                approach = section(R.render_pr(report), "Approach")
+                if cited is None:
+                    self.assertIsNone(report.machine_code)
+                    self.assertNotIn("kernels", approach)
+                else:
+                    self.assertIn(cited, approach)
+
+    def test_a_count_of_another_source_than_the_core_is_not_cited(self):
+        # levels.core of an older machine_code.json counted the pipeline's 1,740-line core
+        for where in ({"core": {**MACHINE_CODE, "lines": 1740}},
+                      {"levels": {"core": {**MACHINE_CODE, "lines": 1740}}}):
+            with self.subTest(where=where):
+                kit = kit_with_machine_code(tempfile.mkdtemp(dir=self.tmp), where, core_lines=600)
+                report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
+                self.assertEqual(report.core_lines, 600)
+                self.assertIsNone(report.machine_code)
+                for name, text in bodies(report).items():
+                    self.assertNotIn("192 kernels", text, name)
+        kit = kit_with_machine_code(self.tmp + "/same", {"core": {**MACHINE_CODE, "lines": 600}}, core_lines=600)
+        report = R.gather(kit_root=kit, runner=StubRunner(DEFAULT_OUTCOMES), env=dict(ENV))
+        self.assertEqual(report.machine_code.kernels, 192)
 
     def test_unreadable_machine_code_count_fails_in_one_line_before_any_script_runs(self):
-        for text in ("{not json", json.dumps({"arch": "sm_90", "kernels": 1}), json.dumps([1, 2]),
-                     json.dumps({**MACHINE_CODE, "kernels": "many"})):
+        for text in ("{not json", json.dumps([1, 2]), json.dumps({"core": {"arch": "sm_90", "kernels": 1}}),
+                     json.dumps({"core": {**MACHINE_CODE, "kernels": "many"}}),
+                     json.dumps({"levels": {"core": {"kernels": "many", "text_bytes": 1}}}),
+                     json.dumps({"core": [1, 2]})):
             with self.subTest(text=text):
                 kit = make_kit(tempfile.mkdtemp(dir=self.tmp))
                 (kit / "benchmarks").mkdir()
@@ -516,21 +688,26 @@ class TestReportBodies(TestCase):
         self.assertTrue(report.checkout.applies, report.checkout.check)
         self.assertEqual(report.checkout.base_label, "v2.12.0+g" + subprocess.run(
             ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout[:12])
-        self.assertIn("replaced the cuDNN backward's nondeterministic alert", " ".join(report.checkout.notes))
+        self.assertIn("the cuDNN backward alerts in deterministic mode already (#180417)",
+                      " ".join(report.checkout.notes))
         self.assertIn("`detgrid patch --check` on", R.render_pr(report))
+        plan = section(R.render_pr(report), "Test plan")
+        self.assertIn(f"- `detgrid patch --check` ({report.checkout.base_label}): applies; lint: clean.", plan)
         report.checkout.notes.append("test/test_nn.py: test_x expects a CUDA kernel named 'k', ... will fail until")
         pr = R.render_pr(report)
-        self.assertIn("- 1 upstream test(s) known to fail as written (appendix).", in_view(pr))
+        self.assertIn("applies; lint: clean. 1 upstream test(s) fail as written (appendix).", in_view(pr))
         self.assertIn("test/test_nn.py: test_x expects a CUDA kernel named 'k'", pr[pr.index("<details>"):])
         self.assertFalse((tree / "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu").exists())
         self.assertEqual(subprocess.run(["git", "-C", str(tree), "status", "--porcelain"],
                                         capture_output=True, text=True).stdout, "")
 
-    def test_write_puts_both_bodies_in_the_out_dir(self):
+    def test_write_puts_every_body_in_the_out_dir(self):
         out = Path(self.tmp) / "out"
         paths = R.write(stub_report(self.tmp)[0], out)
-        self.assertEqual(sorted(p.name for p in out.iterdir()), ["ISSUE.md", "PR.md"])
-        self.assertTrue(paths["PR.md"].read_text().startswith("<!-- PR.md"))
+        self.assertEqual(sorted(p.name for p in out.iterdir()), ["COMMENT_196856.md", "ISSUE.md", "PR.md"])
+        for name, path in paths.items():
+            self.assertTrue(path.read_text().startswith(f"<!-- {name}: {R.BODY_PLACES[name][1]}."), name)
+        self.assertIn("a comment on #196856", paths["COMMENT_196856.md"].read_text().splitlines()[0])
 
     def test_report_is_a_cli_subcommand(self):
         args = cli.build_parser().parse_args(["report", "--out", "x", "--junit", "j.xml", "--notes", "n.md"])
@@ -610,11 +787,12 @@ class TestBadArguments(TestCase):
 class TestCommittedReport(TestCase):
     def test_committed_bodies_are_within_their_word_limits(self):
         # on any machine: the files a maintainer reads, by the issue's measure
-        for name, limit in (("ISSUE.md", ISSUE_WORDS), ("PR.md", PR_WORDS)):
+        for name, limit in LIMITS.items():
             text = (ROOT / name).read_text(encoding="utf-8")
             self.assertLessEqual(words_in_view(text), limit, name)
-        rows = side_by_side((ROOT / "PR.md").read_text(encoding="utf-8"))
+        rows = side_by_side((ROOT / "COMMENT_196856.md").read_text(encoding="utf-8"))
         self.assertEqual(tuple(r for r in rows if r), SIDE_BY_SIDE_ROWS)
+        self.assertEqual(side_by_side((ROOT / "PR.md").read_text(encoding="utf-8")), {})
 
     def test_committed_bodies_match_a_fresh_render(self):
         for name in R.BODIES:

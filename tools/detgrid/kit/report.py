@@ -1,16 +1,19 @@
-"""``detgrid report``: the upstream issue comment (on #68959) and a PR body, from real runs.
+"""``detgrid report``: the upstream bodies (a comment on #68959, a PR body, a comment on #196856),
+from real runs.
 
 ``gather()`` collects the evidence (``torch.utils.collect_env``, the repro scripts' ``--json`` output
-and exit codes, an optional pytest junit summary, the newest benchmark results, the optional
+and exit codes, an optional pytest junit summary, the newest benchmark results, the core's
 machine-code count, the patch's stats, ``detgrid patch --check`` on a checkout) into a ``Report``;
-``render_issue()`` and ``render_pr()`` turn it into ``ISSUE.md`` and ``PR.md``.
+``render_issue()``, ``render_pr()`` and ``render_comment_196856()`` turn it into ``ISSUE.md``,
+``PR.md`` and ``COMMENT_196856.md``.
 
-A maintainer reads both in a minute, so each has a word limit (``WORD_LIMITS``, counted by
+A maintainer reads each in a minute, so each has a word limit (``WORD_LIMITS``, counted by
 ``visible_words``): ISSUE.md carries an issue's four parts (what fails, a repro, the expected
-behaviour, the proposal) and a status line; PR.md follows PyTorch's fix_issue template (``Fixes``,
-a one-paragraph summary, test plan, benchmarks, BC-breaking, checklist) with a side-by-side with
-#196856 after the summary. Everything else (the full error, the scripts' claims, the patch's files,
-the environment) is collapsed in ``<details>``, which the limits do not count.
+behaviour, the proposal) and a status line; PR.md describes the upstream core (problem, approach,
+test plan, GPU timing, memory, BC notes, checklist); COMMENT_196856.md sets the core beside
+#196856, row by row, and offers the kit's tests. Everything else (the full error, the scripts'
+claims, the patch's files, the sources of the comparison, the environment) is collapsed in
+``<details>``, which the limits do not count.
 
 Claims are measured here or cited with what was checked and when; what could not be gathered (no
 GPU, tests not run, no benchmark results) is said as such. Per PyTorch's ``AI_POLICY.md`` every
@@ -37,7 +40,8 @@ KIT_ROOT = Path(__file__).resolve().parents[3]
 REPRO_SCRIPTS = ("show_error.py", "show_nondeterminism.py", "show_fix.py")
 EXIT_MEANING = {0: "claims held", 1: "FAILED", 77: "not checkable here"}
 ENV_BEGIN, ENV_END = "<!-- collect_env: begin -->", "<!-- collect_env: end -->"
-# Written by the kit's machine-code count when it has run; the PR cites it only then.
+# Written by the kit's machine-code count when it has run; the bodies cite the core's entry
+# (``core``, or ``levels.core``) only then.
 MACHINE_CODE = Path("benchmarks") / "machine_code.json"
 
 # (exit code, stdout, stderr) of a command run in a directory
@@ -123,11 +127,13 @@ def ran_on_gpu(bench_data: Dict[str, Any]) -> bool:
 
 @dataclass
 class MachineCode:
-    """The new kernels' machine code, as the kit's count recorded it."""
+    """The core's machine code (``core`` or ``levels.core`` of benchmarks/machine_code.json), as
+    the kit's count recorded it."""
     path: str  # relative to the kit's root
-    arch: str
-    kernels: int
+    arch: Optional[str]  # None when the count names none
+    kernels: int  # CUB's included
     text_bytes: int
+    lines: Optional[int] = None  # of the source it counted, when recorded
 
 
 @dataclass
@@ -153,6 +159,7 @@ class Report:
     submitter_notes: str = ""  # the human's own words; empty keeps the bodies drafts
     installed_doc: Optional[str] = None  # installed_doc_lists_grid_sample()
     machine_code: Optional[MachineCode] = None
+    core_lines: Optional[int] = None  # lines of the core's new file, None when it is not in the kit
 
     @property
     def draft(self) -> bool:
@@ -329,17 +336,43 @@ def newest_bench(kit_root: Path = KIT_ROOT) -> Optional[BenchResults]:
     return BenchResults(rel, os.path.relpath(png, kit_root) if os.path.exists(png) else None, data)
 
 
-def read_machine_code(kit_root: Path = KIT_ROOT) -> Optional[MachineCode]:
-    """benchmarks/machine_code.json if the kit's count wrote one; ReportError when it is there but
-    unreadable, since a size claim must come from the file or not at all."""
+def core_source_lines(kit_root: Path = KIT_ROOT) -> Optional[int]:
+    """Lines of the files the upstream core adds (as the machine-code count counts them), None
+    when the kit holds no core."""
+    from detgrid.kit import stack
+
+    try:
+        return sum(len(text.splitlines()) for text in stack.core_sources(kit_root).values())
+    except OSError:
+        return None
+
+
+def read_machine_code(kit_root: Path = KIT_ROOT, core_lines: Optional[int] = None) -> Optional[MachineCode]:
+    """The core's entry of benchmarks/machine_code.json (``core``, else ``levels.core``); None
+    when the file or the entry is absent, or when the entry counted a source of other lines than
+    the core's (``core_lines``), an older core's. ReportError when the file is there but
+    unreadable or the entry malformed, since a size claim must come from the file or not at
+    all."""
     path = Path(kit_root) / MACHINE_CODE
     if not path.exists():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        code = MachineCode(str(MACHINE_CODE), str(data["arch"]), int(data["kernels"]), int(data["text_bytes"]))
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        if not isinstance(data, dict):
+            raise TypeError(f"a {type(data).__name__}, not an object")
+        core = data.get("core")
+        if core is None:
+            core = (data.get("levels") or {}).get("core")
+        if core is None:
+            return None
+        arch = core.get("arch", data.get("arch"))
+        code = MachineCode(str(MACHINE_CODE), None if arch is None else str(arch), int(core["kernels"]),
+                           int(core["text_bytes"]),
+                           None if core.get("lines") is None else int(core["lines"]))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise ReportError(f"{MACHINE_CODE}: not the kit's machine-code count ({type(e).__name__}: {e})") from None
+    if code.lines is not None and core_lines is not None and code.lines != core_lines:
+        return None
     return code
 
 
@@ -366,7 +399,8 @@ def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root:
     kit_root = Path(kit_root)
     tests = parse_junit(junit) if junit else None
     submitter_notes = read_notes(notes)
-    machine_code = read_machine_code(kit_root)
+    core_lines = core_source_lines(kit_root)
+    machine_code = read_machine_code(kit_root, core_lines)
     checkout = inspect_checkout(Path(pytorch), kit_root) if pytorch else None
     return Report(
         environment=env if env is not None else environment(),
@@ -379,15 +413,16 @@ def gather(pytorch: Optional[str] = None, junit: Optional[str] = None, kit_root:
         submitter_notes=submitter_notes,
         installed_doc=installed_doc_lists_grid_sample(),
         machine_code=machine_code,
+        core_lines=core_lines,
     )
 
 
 # --------------------------------------------------------------------------- rendering helpers
 
 # #196856's state as its stored thread showed it on this date (kit research notes,
-# shared/UPSTREAM.md); its design is in SIDE_BY_SIDE.
-CHECKED_ON = "2026-12-01"
-PR_196856 = f"#196856 (open when checked on {CHECKED_ON})"
+# shared/UPSTREAM.md): open, its description as DESCRIPTION_196856 gives it; its code in
+# SIDE_BY_SIDE.
+CHECKED_ON = "2026-12-07"
 # Context::alertNotDeterministic's message in v2.6.0 (aten/src/ATen/Context.cpp), for the 2-D op
 ALERT_TEXT = (
     "grid_sampler_2d_backward_cuda does not have a deterministic implementation, but you set "
@@ -395,8 +430,12 @@ ALERT_TEXT = (
     "operation, or you can use the 'warn_only=True' option, if that's acceptable for your "
     "application. You can also file an issue at https://github.com/pytorch/pytorch/issues to help "
     "us prioritize adding deterministic support for this operation.")
-# The contract of the deterministic path's memory, as GridSamplerDeterministic.cu states it.
-WORKSPACE = "≤ 64 MiB of workspace per call, from the caching allocator"
+# The core's memory, as GridSamplerDeterministic.cu allocates it and tests/test_core.py counts
+# it from the shapes (test_workspace_stays_within_64_mib). CUB's temporary storage is allocated
+# inside at::cuda::cub and is not in that count.
+MEMORY = ("Caching allocator: a chunk's sort buffers (≤ 64 MiB, counted from the shapes), CUB's "
+          "temporary storage and, for Half/BFloat16 over several chunks, a float scratch of "
+          "grad_input's size.")
 
 AI_DISCLOSURE = "**AI-generated:** an AI assistant wrote everything in this quote (PyTorch's `AI_POLICY.md`)."
 NOTES_PLACEHOLDER = ("<!-- The submitter's own words: what you reviewed and ran yourself, and why "
@@ -454,7 +493,7 @@ def render_details(summary: str, body: str) -> str:
 
 
 def signature(env: Dict[str, Any]) -> str:
-    """The set-up a report was made on, one line (rendered into both bodies)."""
+    """The set-up a report was made on, one line (rendered into every body)."""
     device = f"CUDA device {env['device_name']}" if env["cuda_available"] else "no CUDA device"
     return (f"torch {env['torch']}, Python {env['python']}, {device}, "
             f"{env['machine']} CPU ({env['cpu_capability']})")
@@ -467,7 +506,8 @@ def provenance(report: Report, what: str, where: str) -> str:
 
 # Each body's file, what its draft banner withholds it from, and where it goes.
 BODY_PLACES = {"ISSUE.md": ("posting", "a comment on #68959"),
-               "PR.md": ("submission", "the body of the PR that fixes #68959")}
+               "PR.md": ("submission", "the body of the PR that fixes #68959"),
+               "COMMENT_196856.md": ("posting", "a comment on #196856")}
 
 
 def render_body(report: Report, name: str, opening: List[str], agent: str) -> str:
@@ -508,14 +548,13 @@ def render_gpu_status(report: Report) -> str:
     """Whether the CUDA kernels have run on a GPU, as far as `benchmarks/results/` shows."""
     b = gpu_results(report)
     if b is None:
-        return "Never run on a GPU (no GPU results in the kit's `benchmarks/results/`)."
+        return "Never run on a GPU."
     d = b.data
     s = d.get("summary", {})
     measured = [r for r in d.get("workloads", []) if r.get("status") == "measured"]
     wrong = sum(1 for r in measured if not r.get("correct"))
-    return (f"Run on {d.get('device_name')} (torch {d.get('torch')}, `{b.path}`): det/stock time "
-            f"geomean {_fmt(s.get('geomean'))}, worst {_fmt(s.get('worst'))}, over {len(measured)} "
-            f"workloads; {wrong} incorrect.")
+    return (f"{d.get('device_name')}: new/existing time geomean {_fmt(s.get('geomean'))}, worst "
+            f"{_fmt(s.get('worst'))}; {wrong} of {len(measured)} incorrect.")
 
 
 def render_repro_failures(report: Report) -> str:
@@ -550,7 +589,7 @@ def render_bench_table(report: Report) -> str:
     b = gpu_results(report)
     if b is None:
         return ""
-    rows = ["| # | workload | stock route | stock ms | det ms | det/stock | extra MiB | correct |",
+    rows = ["| # | workload | existing route | existing ms | new ms | new/existing | extra MiB | correct |",
             "|---|---|---|---|---|---|---|---|"]
     for r in b.data.get("workloads", []):
         if r.get("status") != "measured":
@@ -563,7 +602,7 @@ def render_bench_table(report: Report) -> str:
         rows.append(f"| {r.get('row')} | {r.get('name')} | {route} | {_fmt(stock_ms)} | "
                     f"{_fmt((v.get('detgrid') or {}).get('median_ms'))} | {_fmt(r.get('ratio'))} | "
                     f"{_fmt(r.get('extra_peak_mib'))} | {'yes' if r.get('correct') else 'NO'} |")
-    plot = f"\n\n![det/stock per workload]({b.png})" if b.png else ""
+    plot = f"\n\n![new/existing per workload]({b.png})" if b.png else ""
     return "\n".join(rows) + plot
 
 
@@ -577,6 +616,15 @@ def render_tests(report: Report, source: bool = True) -> str:
             f"{t.skipped} skipped in {t.time_s:.1f} s{where}")
 
 
+def render_tests_brief(report: Report) -> str:
+    """The kit's suite in a few words (render_tests gives it in full)."""
+    t = report.tests
+    if t is None:
+        return "not run by this report"
+    errors = f", {t.errors} errors" if t.errors else ""
+    return f"{t.passed} of {t.tests} passed, {t.failures} failed{errors}"
+
+
 def render_patch_line(report: Report) -> str:
     """The change's size in view: each patch but the tests-only ones, which are a subset of the
     full patch (every patch's files are in the appendix)."""
@@ -587,12 +635,23 @@ def render_patch_line(report: Report) -> str:
     return "; ".join(parts) + "."
 
 
-def render_machine_code(report: Report) -> str:
-    """The size sentence, only from the kit's own count; '' without it."""
+def render_code_size(report: Report, brief: bool = False) -> str:
+    """The core's machine code, only from the kit's own count; '' without it. ``brief`` leaves
+    out the arch and what the count includes (the comment's table says them once)."""
     m = report.machine_code
     if m is None:
         return ""
-    return f"{m.arch} machine code: {m.kernels} kernels, {m.text_bytes / 2**20:.2f} MiB of `.text`."
+    if brief:
+        return f"{m.kernels} kernels, {m.text_bytes / 2**20:.2f} MiB of `.text`"
+    of = f"{m.arch} " if m.arch else ""
+    return f"{m.kernels} kernels (CUB's included), {m.text_bytes / 2**20:.2f} MiB of {of}`.text`"
+
+
+def render_machine_code(report: Report) -> str:
+    """The size sentence, only from the kit's own count; '' without it."""
+    size = render_code_size(report, brief=True)
+    of = f", {report.machine_code.arch}" if size and report.machine_code.arch else ""
+    return f"The new file{of}: {size}." if size else ""
 
 
 def render_checkout(report: Report) -> str:
@@ -600,8 +659,9 @@ def render_checkout(report: Report) -> str:
     if c is None:
         return "`detgrid patch --check`: not run by this report (no `--pytorch PATH`)."
     lint = "clean" if not c.lint else "; ".join(c.lint)
-    verdict = c.check.split(" (", 1)[0]  # the path and the file list are in the appendix
-    return f"`detgrid patch --check` ({c.base_label}): {verdict}; grep linters: {lint}."
+    # the file count and list, and the path, are in the appendix
+    verdict = re.sub(r": \d+ files$", "", c.check.split(" (", 1)[0])
+    return f"`detgrid patch --check` ({c.base_label}): {verdict}; lint: {lint}."
 
 
 def render_installed_doc(report: Report) -> str:
@@ -679,55 +739,44 @@ def render_issue(report: Report) -> str:
 # --------------------------------------------------------------------------- PR.md
 
 
-def render_summary(report: Report) -> str:
-    """fix_issue.md's one paragraph."""
-    return " ".join(part for part in [
-        ("In deterministic mode the CUDA backward of `grid_sampler_2d`/`grid_sampler_3d` (and "
-         "cuDNN's, which delegates to it) sums grad_input without float atomics: contributions "
-         "sorted by destination, each element summed once in an order fixed by shapes and grid "
-         "values, so bitwise reproducible. grad_grid stays the existing kernel's."),
-        render_patch_line(report),
-        render_machine_code(report),
-    ] if part)
+def render_problem(report: Report) -> str:
+    """What fails today, in one paragraph, and #196856 in one sentence."""
+    return ("In deterministic mode grid_sample's CUDA backward raises when grad_input is "
+            "requested: its `atomicAdd` order varies between runs. #196856 also sorts; a comment there "
+            "compares both.")
 
 
-# #196856 beside this change, row by row: its side as its stored description and code show it
-# (an earlier version of its branch, read on SIDE_BY_SIDE_READ; shared/UPSTREAM.md, "#196856's
-# code, as stored"), ours as GridSamplerDeterministic*.cuh and the README's "How it works" state
-# it. Facts of design only: neither has been timed against the other.
-SIDE_BY_SIDE_READ = "2026-12-05"
-SIDE_BY_SIDE = (
-    ("Key + id", "4/8 + 4 bytes, per point or tap", "8 + 8 bytes, per tap"),
-    ("Chunk", "4096-point tiles within 64 MiB", "≤ 2^20 records"),
-    ("Partials", "≤ 256 records, within a tile", "256 records, segments > 256 only"),
-    ("Workspace", "≤ 64 MiB per call", "partials ≤ 64 MiB, else none"),
-    ("grad_grid", "stock's kernel, for grad_grid alone", "stock's kernel, atomics removed"),
-    ("Half sums across chunks", "float carry, rounded once", "rounded at each chunk"),
-)
+# The core as GridSamplerDeterministic.cu's Note [Deterministic grid_sampler backward] and the
+# branch in GridSampler.cu state it, for a reviewer's first read.
+APPROACH = "\n".join([
+    ("In deterministic mode a new `GridSamplerDeterministic.cu` computes grad_input, and the "
+     "existing kernel grad_grid alone. Per chunk of ≤ 2^19 records:"),
+    "",
+    ("1. a thread per output point writes a record per tap, keyed by its grad_input position "
+     "(taps and weights from the existing helpers);"),
+    "2. `at::cuda::cub` radix-sorts the records; `unique_by_key` finds each key's run;",
+    ("3. runs are summed in 256-record partials (all but a run's first in parallel); a thread "
+     "per (run, channel) adds them in order."),
+    "",
+    ("The same terms as the existing kernel, up to FMA contraction, summed in another order; "
+     "32-bit keys and indices where `canUse32BitIndexMath` allows."),
+])
+
+CUDNN_COMMIT = (
+    "A second commit keeps `grid_sampler()` off cuDNN in deterministic mode "
+    "(`cudnn_grid_sampler_backward` alerts there, #180417).")
 
 
-# The same comparison in full, for the appendix: where each side's facts come from.
-SIDE_BY_SIDE_SOURCES = (
-    f"#196856's column is read from its stored description and code, an earlier version of its "
-    f"branch (read {SIDE_BY_SIDE_READ}): int64 keys and int64 record ids, an int64 grad_output "
-    "offset per point and a scalar_t weight per record (two for bicubic); chunks of at most 2^20 "
-    "records; segments longer than 256 records split into 256-record partials when their payload "
-    "fits 64 MiB, reduced in order; each chunk adds into the zero-filled grad_input in scalar_t; "
-    "grad_grid from the existing kernel with its atomic part removed. This PR's column: "
-    "GridSamplerDeterministic.cuh and its pipeline (the README's \"How it works\"): int32 or int64 "
-    "keys, whichever holds the key space, int32 record ids, an int32 or int64 grad_output offset "
-    "per point and an opmath_type weight per tap; a key per point (its cell) for bilinear and trilinear "
-    "sampling with a dense reduction, else per tap; chunks of whole 4096-point tiles sized so all "
-    "buffers, CUB's scratch estimated, stay within 64 MiB; partials of at most 256 records that "
-    "never cross a tile, added in order; half and bfloat16 sums that span chunks held in a float "
-    "carry and rounded once. Neither implementation has been timed against the other.")
+def render_approach(report: Report) -> str:
+    size = " ".join(part for part in [render_patch_line(report), render_machine_code(report)] if part)
+    return "\n\n".join([APPROACH, CUDNN_COMMIT, size])
 
 
-def render_side_by_side() -> str:
-    """#196856's design beside ours, as a table (SIDE_BY_SIDE); no speed either way."""
-    rows = ["| | this PR | #196856 as stored |", "|---|---|---|"]
-    rows += [f"| {what} | {ours} | {theirs} |" for what, ours, theirs in SIDE_BY_SIDE]
-    return "\n".join([f"{PR_196856} is also sort-based:", "", *rows])
+# What the kit runs on CPU (no GPU): the core's host build against the existing kernel's
+# arithmetic (tests/test_core.py) and its goldens (tests/test_core_golden.py).
+CPU_PROOF = (
+    "On CPU, `tests/test_core.py` checks a host build of the patch's `.cu` against a serial run "
+    "of the existing kernel's arithmetic and golden digests.")
 
 
 def render_test_plan(report: Report) -> str:
@@ -736,31 +785,32 @@ def render_test_plan(report: Report) -> str:
         _fence("python test/test_nn.py -k grid_sample\n"
                "python test/test_torch.py -k test_nondeterministic_alert_grid_sample", "sh"),
         "",
-        ("Not run: they need a CUDA build and a GPU; the added tests are `@onlyCUDA`. "
-         "`detgrid patch --tests-only` writes them as a conformance suite."),
+        ("Not run (`@onlyCUDA`, no GPU); `detgrid patch --tests-only` writes them as a "
+         "conformance suite."),
         "",
-        # what was not run is said in the appendix; what ran is here
-        *([f"- {render_checkout(report)}"] if report.checkout else []),
-        *([f"- {len(known)} upstream test(s) known to fail as written (appendix)."] if known else []),
-        *([f"- The kit's suite: {render_tests(report, source=False)}."] if report.tests else []),
-        f"- {render_repro_line(report)}",
+        CPU_PROOF,
+        *([""] if report.checkout or report.tests or report.failed else []),
+        *([f"- {render_checkout(report)}"
+           + (f" {len(known)} upstream test(s) fail as written (appendix)." if known else "")]
+          if report.checkout else []),
+        *([f"- The kit's suite: {render_tests_brief(report)}."] if report.tests else []),
+        *([f"- {render_repro_failing(report)}"] if report.failed else []),
     ])
 
 
-def render_repro_line(report: Report) -> str:
-    """The repro scripts' outcomes in one line; a script without claims shows its stderr's end."""
-    return "Repro scripts: " + "; ".join(render_claims(r) for r in report.repro) + "."
+def render_repro_failing(report: Report) -> str:
+    """The failing or broken repro scripts in one line (a script without claims shows its
+    stderr's end); the claims of all of them are in the appendix."""
+    return "Repro: " + "; ".join(render_claims(r) for r in report.failed) + "."
 
 
-# What changes for users (fix_issue.md's BC section): the modes that change route and the memory
-# contract. grad_grid is the existing kernel's, run for grad_grid alone.
+# What changes for users (fix_issue.md's BC section), both commits'.
 BC_STATEMENT = "\n".join([
-    "- No API change. Outside deterministic mode, and in the forward, nothing changes.",
-    ("- `warn_only=True` now takes the sort path instead of warning and running the atomic "
-     "kernel: gradients equal the old ones up to floating-point rounding, not bit for bit, and "
-     "may be slower."),
-    f"- Memory: {WORKSPACE}.",
-    "- grad_grid: the existing kernel's own, today's bits in every dtype.",
+    "- No API change; outside deterministic mode nothing changes.",
+    "- `warn_only=True` takes the new path silently; gradients equal the old up to rounding.",
+    "- Grid-only calls (the existing kernel) no longer alert.",
+    "- Deterministic-mode forwards leave cuDNN, so their bits can change.",
+    "- Half/BFloat16 grad_input: rounded once, not per atomic add.",
 ])
 
 
@@ -771,63 +821,61 @@ def _box(done: bool) -> str:
 def render_checklist(report: Report) -> str:
     return "\n".join([
         f"- {_box(False)} `lintrunner -a` (not run)",
-        f"- {_box(True)} docs (docstring, notes page)",
+        f"- {_box(True)} docs",
     ])
 
 
-# Why GridSamplerDeterministic.cuh has coordinate math of its own (issue 41.5): each such
-# function names, in one line, the helper of stock's it does not call, and why.
-COORDINATES_DIFFER = (
-    "Coordinate math: `GridSamplerDeterministic.cuh` does not call `GridSampler.cuh`'s helpers "
-    "(`grid_sampler_unnormalize`, `clip_coordinates`, `reflect_coordinates`, `compute_coordinates`, "
-    "`grid_sampler_compute_source_index`, `within_bounds_2d/3d`) or `UpSample.cuh`'s "
-    "`get_cubic_upsampling_coefficients`: they are `__device__` only, and the same functions must "
-    "run on a host executor that checks the kernel bit for bit. What differs: every operation is "
-    "rounded explicitly (no FMA contraction, where stock's fp32/fp64 build may fuse unnormalize's "
-    "`(coord + 1) * size - 1`); half and bfloat16 steps round to scalar_t as `c10::Half` does; "
-    "reflection's float-to-int flip count is the GPU's saturating conversion on both; a position "
-    "is bounds-checked in floating point before any conversion, so a non-finite coordinate "
-    "contributes nothing. Taps and weights equal stock's in every dtype, fp32 within that one FMA.")
-
-
-def render_appendix(report: Report) -> str:
-    parts = [render_claims_list(run) for run in report.repro]
-    if report.checkout:
-        parts.append(f"`detgrid patch --check` on `{report.checkout.path}`: {report.checkout.check}.")
-    else:
-        parts.append(render_checkout(report))
-    if report.tests is None:
-        parts.append(f"The kit's suite: {render_tests(report)}.")
-    parts.append(f"Beside #196856: {SIDE_BY_SIDE_SOURCES}")
-    parts.append(COORDINATES_DIFFER)
-    if report.machine_code:
-        parts.append(f"Machine code: `{report.machine_code.path}`.")
-    if report.checkout and report.checkout.notes:
-        parts.append("`detgrid patch --check`'s notes on the checkout:\n\n"
-                     + "\n".join(f"- {_cell(n)}" for n in report.checkout.notes))
+def render_patch_tables(report: Report) -> List[str]:
+    out = []
     for s in report.patches:
         rows = ["| file | + | − |", "|---|---|---|"]
         rows += [f"| `{f.path}`{' (new)' if f.new else ''} | {f.added} | {f.removed} |" for f in s.files]
         base = f", base commit {s.commit}" if s.commit else ""
-        parts.append(f"`{s.path}` ({s.base_label}{base}):\n\n" + "\n".join(rows))
+        out.append(f"`{s.path}` ({s.base_label}{base}):\n\n" + "\n".join(rows))
+    return out
+
+
+# Where the core's sums may differ from the existing kernel's beyond their order.
+FMA_NOTE = (
+    "FMA contraction: each term is the existing kernel's expression, but nvcc contracts the core's "
+    "`acc += w * g` into one fused multiply-add, where the existing kernel rounds `w * g` before "
+    "its `atomicAdd`.")
+
+
+def render_appendix(report: Report) -> str:
+    parts = [FMA_NOTE]
+    parts += [render_claims_list(run) for run in report.repro]
+    if report.checkout:
+        parts.append(f"`detgrid patch --check` on `{report.checkout.path}`: {report.checkout.check}.")
+    else:
+        parts.append(render_checkout(report))
+    parts.append(f"The kit's suite: {render_tests(report)}.")
+    if report.machine_code:
+        parts.append(f"Machine code: the core's entry in `{report.machine_code.path}`; a kernel "
+                     "count includes the CUB kernels built in the unit.")
+    if report.checkout and report.checkout.notes:
+        parts.append("`detgrid patch --check`'s notes on the checkout:\n\n"
+                     + "\n".join(f"- {_cell(n)}" for n in report.checkout.notes))
+    parts += render_patch_tables(report)
     table = render_bench_table(report)
     if table:
-        parts.append("Benchmarks:\n\n" + table)
+        b = gpu_results(report)
+        parts.append(f"GPU timing, `{b.path}` (torch {b.data.get('torch')}):\n\n" + table)
     parts.append(render_collect_env(report))
-    return render_details("Appendix: the repro scripts' claims, the sources of the side-by-side, the "
-                          "patch's files, the environment",
+    return render_details("Appendix: FMA contraction, the repro scripts' claims, the patch's files, "
+                          "the environment",
                           "\n\n".join(parts))
 
 
 def render_pr(report: Report) -> str:
-    """The PR body in the shape of PyTorch's fix_issue template: Fixes, a one-paragraph summary,
-    test plan, benchmarks, BC-breaking and checklist in view; the evidence in one collapsed
-    appendix."""
+    """The core's PR body: Fixes, the problem, the approach, test plan, GPU timing, memory,
+    BC-breaking and checklist in view; the evidence in one collapsed appendix."""
     agent = "\n".join([
-        "#### Summary", "", render_summary(report), "",
-        "#### Beside #196856", "", render_side_by_side(), "",
+        "#### Problem", "", render_problem(report), "",
+        "#### Approach", "", render_approach(report), "",
         "#### Test plan", "", render_test_plan(report), "",
-        "#### Benchmarks", "", render_gpu_status(report), "",
+        "#### GPU timing", "", render_gpu_status(report), "",
+        "#### Memory", "", MEMORY, "",
         "#### BC-breaking", "", BC_STATEMENT, "",
         "#### Checklist", "", render_checklist(report), "",
         render_appendix(report),
@@ -835,12 +883,120 @@ def render_pr(report: Report) -> str:
     return render_body(report, "PR.md", ["Fixes #68959", ""], agent)
 
 
+# --------------------------------------------------------------------------- COMMENT_196856.md
+
+# #196856 as its description stood when checked (CHECKED_ON; shared/UPSTREAM.md): its Agent
+# Report's route, and that it carries benchmarks (cited, not restated).
+DESCRIPTION_196856 = (
+    f"Your description (read {CHECKED_ON}) makes the path opt-in: atomics and cuDNN stay the "
+    "default, the cuDNN backward hands over in deterministic mode, with GB300 benchmarks.")
+# Its code as stored: an earlier version of its branch (shared/UPSTREAM.md, "#196856's code, as
+# stored"), built by the kit for sm_90 against torch 2.14.1's headers.
+SIDE_BY_SIDE_READ = "2026-12-05"
+CODE_196856 = {"lines": 374, "size": "20 kernels, 0.42 MiB of `.text`"}
+STORED_196856 = (
+    f"The table's code is older (read {SIDE_BY_SIDE_READ}): it took the path for every call with "
+    "grad_input, deterministic mode or not.")
+# Row by row: its stored code, then this kit's core (GridSamplerDeterministic.cu). Facts of
+# design only: neither has been timed. The first row, the size, is rendered from the counts.
+SIDE_BY_SIDE = (
+    ("Records per chunk", "≤ 2^20", "≤ 2^19"),
+    ("Sort key + id", "int64 + int64", "int32 where `canUse32BitIndexMath`, else int64; + int32"),
+    ("Partials", "256 records, runs > 256 only, payload ≤ 64 MiB", "256 records, every run"),
+    ("Buffers", "`at::empty`, filled in deterministic mode",
+     "caching allocator, unfilled; ≤ 64 MiB plus CUB's own"),
+    ("Half sums across chunks", "rounded into grad_input per chunk", "float scratch, rounded once"),
+    ("grad_grid", "a copy of the existing kernel, atomics removed", "the existing kernel, grad_input off"),
+)
+SIDE_BY_SIDE_ROWS = ("New code", *(row[0] for row in SIDE_BY_SIDE))
+
+# The same comparison in full, for the comment's appendix: where each side's facts come from.
+SIDE_BY_SIDE_SOURCES = (
+    f"#196856's column is read from its stored code, an earlier version of its branch (read "
+    f"{SIDE_BY_SIDE_READ}): int64 keys and int64 record ids, an int64 grad_output offset per point "
+    "and a scalar_t weight per record (two for bicubic); chunks of at most 2^20 records; runs "
+    "longer than 256 records split into 256-record partials when their payload fits 64 MiB, "
+    "reduced in order; buffers from `at::empty`, which deterministic mode fills; each chunk adds "
+    "into the zero-filled grad_input in scalar_t; grad_grid from a copy of the existing kernel "
+    "with its atomic part removed; its size as the kit built it for sm_90 against torch 2.14.1's "
+    "headers, as the core's. The core's column is `GridSamplerDeterministic.cu` (Note [Deterministic "
+    "grid_sampler backward]): int32 keys and index math where `canUse32BitIndexMath` allows, "
+    "else int64, int32 record ids; chunks of at most 2^19 records, fewer beyond 256 channels; "
+    "every run summed in 256-record partials, those after its first in parallel; buffers from "
+    "the caching allocator, sized for one chunk from the shapes, within 64 MiB as the kit counts "
+    "them (CUB's temporary storage, allocated inside `at::cuda::cub`, is not in that count); "
+    "half and bfloat16 sums over several chunks in a float scratch of grad_input's size, rounded "
+    "once; grad_grid from the existing kernel with grad_input not requested. Neither "
+    "implementation has been timed against the other.")
+
+# What this kit's core does that #196856 could take, each with its evidence: the upstream tests
+# (`detgrid patch --tests-only`, not run: no GPU) and the kit's CPU tests of the core.
+DELTAS = "\n".join([
+    ("- Grid-only calls (`output_mask[0]` false): one writer per grad_grid element, so no sort "
+     "and no alert (`test_grid_sample_backward_deterministic_grid_only`)."),
+    ("- Half/BFloat16 sums over chunks kept in float, rounded once (the kit's "
+     "`test_sums_over_several_chunks_match_the_float64_sum`)."),
+    "- 32-bit keys where they fit: 8 bytes per sorted item, not 16.",
+    ("- Workspace from the caching allocator, bounded and never filled, where deterministic "
+     "mode fills `at::empty` (the kit's `test_workspace_stays_within_64_mib`)."),
+])
+
+TESTS_OFFER = (
+    "`detgrid patch --tests-only` writes the kit's upstream tests "
+    "(`patches/v2.6.0-tests.patch`), offered as a conformance suite; `@onlyCUDA`, not yet run "
+    "on a GPU.")
+
+
+def render_side_by_side(report: Report) -> str:
+    """#196856's stored code beside the core, as a table; no speed either way."""
+    ours = "; ".join(part for part in [
+        f"{report.core_lines} lines" if report.core_lines is not None else "",
+        render_code_size(report, brief=True)] if part) or "-"
+    theirs = f"{CODE_196856['lines']} lines; {CODE_196856['size']}"
+    rows = ["| | #196856, stored | this kit's core |", "|---|---|---|",
+            f"| New code | {theirs} | {ours} |"]
+    rows += [f"| {what} | {theirs} | {ours} |" for what, theirs, ours in SIDE_BY_SIDE]
+    return "\n".join(rows)
+
+
+def render_machine_code_source(report: Report) -> str:
+    m = report.machine_code
+    arch = f" ({m.arch})" if m.arch else ""
+    return f"The core's size: its entry in `{m.path}`{arch}."
+
+
+def render_comment_details(report: Report) -> str:
+    return render_details("Where each column comes from, the environment", "\n\n".join([
+        SIDE_BY_SIDE_SOURCES,
+        *([render_machine_code_source(report)] if report.machine_code else []),
+        ("Kernel counts include the CUB kernels built in each unit; both call libtorch's radix "
+         "sort (`at::cuda::cub::radix_sort_pairs`)."),
+        render_collect_env(report),
+    ]))
+
+
+def render_comment_196856(report: Report) -> str:
+    """A comment on #196856: its description and its stored code beside this kit's core, row by
+    row (facts of design, neither timed), the kit's tests offered as a conformance suite, and
+    the deltas with their evidence."""
+    agent = "\n\n".join([
+        ("detgrid, a kit for #68959, also sorts; below, its core beside this PR, by design: "
+         "neither was timed."),
+        f"{DESCRIPTION_196856} {STORED_196856}",
+        render_side_by_side(report),
+        f"**Tests.** {TESTS_OFFER}",
+        "**Deltas to consider:**\n\n" + DELTAS,
+        render_comment_details(report),
+    ])
+    return render_body(report, "COMMENT_196856.md", [], agent)
+
+
 # --------------------------------------------------------------------------- CLI
 
-BODIES = {"ISSUE.md": render_issue, "PR.md": render_pr}
-# Visible words (visible_words) each body may hold: a maintainer's few lines on the issue, and a PR
-# body short enough that fix_issue.md does not count it as spam.
-WORD_LIMITS = {"ISSUE.md": 150, "PR.md": 400}
+BODIES = {"ISSUE.md": render_issue, "PR.md": render_pr, "COMMENT_196856.md": render_comment_196856}
+# Visible words (visible_words) each body may hold: a maintainer's few lines on the issue, a PR
+# body short enough that fix_issue.md does not count it as spam, and a comment of a few lines.
+WORD_LIMITS = {"ISSUE.md": 150, "PR.md": 400, "COMMENT_196856.md": 300}
 
 
 def check_out_dir(out: Path) -> Path:
@@ -898,16 +1054,18 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "report",
         help="run the repro scripts, collect the environment, test and benchmark results and the "
-        "patch's stats, and write ISSUE.md (a comment on #68959) and PR.md",
+        "patch's stats, and write ISSUE.md (a comment on #68959), PR.md and COMMENT_196856.md (a "
+        "comment on #196856)",
     )
     p.add_argument("--pytorch", metavar="PATH",
                    help="a PyTorch checkout: `detgrid patch --check` on it, in a temporary copy")
-    p.add_argument("--out", metavar="DIR", help="where ISSUE.md and PR.md go (default: the kit's root)")
+    p.add_argument("--out", metavar="DIR",
+                   help="where ISSUE.md, PR.md and COMMENT_196856.md go (default: the kit's root)")
     p.add_argument("--junit", metavar="FILE",
                    help="a junit XML from `pytest --junitxml FILE`: its summary goes in the test plan")
     p.add_argument("--notes", metavar="FILE",
                    help="the submitter's own notes (Markdown): the bodies' \"Human notes\"; without "
-                   "them both bodies are marked DRAFT")
+                   "them every body is marked DRAFT")
     p.add_argument("--final", action="store_true",
                    help="refuse (before running anything) unless --notes gives non-empty notes")
     p.set_defaults(handler=run)
