@@ -45,9 +45,11 @@ Its host executors' bit equality rests on the four checks:
 A build of a prefix of the pipeline (`cut` writes a level's ATen files as the
 stack cuts them) is audited with the same checks. `levels` then prints each
 level's lines and the built levels' kernels and `.text`, with the whole
-pipeline's budget (PIPELINE_BUDGET) and the core's, and records them, the
-core beside the pipeline's levels, in benchmarks/machine_code.json, whose
-top-level arch, kernels and text_bytes are the upstream change's: the core's.
+pipeline's budget (PIPELINE_BUDGET) and the core's, and records them in
+benchmarks/machine_code.json (the one writer of that file): under ``levels``
+the core's record (``core``, what `detgrid report` cites) beside the
+pipeline's levels; its top-level arch, kernels and text_bytes are the
+upstream change's, the core's.
 The whole pipeline over its budget is reported ("over budget"), not failed
 (--strict fails on it); the core over its budget fails. A level's build
 fails the audit as the whole pipeline's does, except that with
@@ -691,7 +693,7 @@ def exact_loop_table(functions: Dict[str, Function],
 
 @dataclasses.dataclass(frozen=True)
 class MachineCode:
-    """What a unit's cubin holds: benchmarks/machine_code.json's keys."""
+    """What a unit's cubin holds: benchmarks/machine_code.json's top-level keys (the core's)."""
     arch: str  # e.g. sm_90
     kernels: int  # `.text.<kernel>` sections, CUB's included
     text_bytes: int  # their sizes summed
@@ -771,12 +773,6 @@ def print_machine_code(code: MachineCode, sections: Dict[str, int],
           f"{TEXT_BUDGET / 2**20:.2f} MiB)")
     for name, count, size in kernel_families(sections):
         print(f"family {name}: {count} kernels, {size / 1024:.1f} KiB")
-
-
-def write_machine_code(code: MachineCode, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(dataclasses.asdict(code), f, indent=2)
-        f.write("\n")
 
 
 # ------------------------------------------------------------ the pipeline's levels (issue 41)
@@ -927,20 +923,21 @@ def print_levels(levels: Dict[str, LevelCode], top: str, findings: List[str], st
 def levels_record(levels: Dict[str, LevelCode], top: str, findings: List[str],
                   core: "CoreCode", core_findings: Sequence[str] = ()) -> dict:
     """benchmarks/machine_code.json: the upstream change's (the core's) arch, kernels and
-    text_bytes (what `detgrid report` cites); the core's record (``core``: lines, kernels,
-    text_bytes, registers per kernel, spills, CUB's frames, fused instructions per kernel
-    family); every pipeline level's lines, kernels and text_bytes (null: not built); the
-    budgets (``core`` and ``whole_pipeline``) and whether they are met."""
+    text_bytes; under ``levels``, the core's record first (``core``: lines, arch, kernels,
+    text_bytes, registers per kernel, kernels of its own with a stack frame or spills, CUB's
+    frames, fused instructions per kernel family; what `detgrid report` cites), then every
+    pipeline level's lines, kernels and text_bytes (null: not built); the budgets (``core``
+    and ``whole_pipeline``) and whether they are met."""
     return {
         **dataclasses.asdict(core.code),
-        "core": core.record(),
-        "levels": {level: {"lines": lv.lines,
-                           "kernels": lv.code.kernels if lv.code else None,
-                           "text_bytes": lv.code.text_bytes if lv.code else None,
-                           "spilling_kernels": lv.spills,
-                           "fp32_reduces": lv.reduces}
-                   for level, lv in levels.items()},
-        "budgets": {"core": dataclasses.asdict(CORE_BUDGET),
+        "levels": {CORE_LEVEL: core.record(),
+                   **{level: {"lines": lv.lines,
+                              "kernels": lv.code.kernels if lv.code else None,
+                              "text_bytes": lv.code.text_bytes if lv.code else None,
+                              "spilling_kernels": lv.spills,
+                              "fp32_reduces": lv.reduces}
+                      for level, lv in levels.items()}},
+        "budgets": {CORE_LEVEL: dataclasses.asdict(CORE_BUDGET),
                     "whole_pipeline": {"level": top, **dataclasses.asdict(PIPELINE_BUDGET)}},
         "budget_met": not findings and not core_findings,
         "over_budget": [f"core: {finding}" for finding in core_findings] + list(findings),
@@ -1271,11 +1268,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cubin", metavar="PATH",
                         help="the cubin of GridSamplerDeterministic.cu alone: check its kernel "
                         "names and its budget, print its kernels and .text by kernel name")
-    parser.add_argument("--machine-code-json", metavar="PATH",
-                        help="with --cubin: write its arch, kernels and text_bytes there "
-                        "(benchmarks/machine_code.json)")
     parser.add_argument("--level", metavar="NAME",
-                        help="with --cubin: the level of the stack this build is (printed)")
+                        help="with --cubin: the pipeline's level this build is (printed)")
     parser.add_argument("--report-spills", action="store_true",
                         help="print stack frames and spills as findings reported, not failed "
                         "(a level below the whole pipeline, until its spills are fixed)")
@@ -1286,8 +1280,6 @@ def main(argv=None) -> int:
     if args.cubin and args.exact:
         return _usage_error("--cubin is the upstream unit's budget, not ExactCuda.cu's "
                             "(drop --exact)")
-    if args.machine_code_json and not args.cubin:
-        return _usage_error("--machine-code-json needs --cubin")
     if (args.level or args.level_json) and not args.cubin:
         return _usage_error("--level and --level-json need --cubin")
     if args.level_json and not args.level:
@@ -1335,8 +1327,6 @@ def main(argv=None) -> int:
                   f"{problem}")
     if args.cubin:
         print_machine_code(code, sections, args.level)
-        if args.machine_code_json:
-            write_machine_code(code, args.machine_code_json)
         if args.level_json:
             spills = resource_violations(resources, args.allow_spills, scope)
             write_level_json(code, args.level, args.level_json, len(spills),
