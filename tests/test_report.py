@@ -238,8 +238,8 @@ class TestReportBodies(TestCase):
         self.assertIn("Your description (read 2026-12-07) makes the path opt-in: atomics and cuDNN "
                       "stay the default, the cuDNN backward hands over in deterministic mode, with "
                       "GB300 benchmarks.", agent(comment))
-        self.assertIn("The table's code is older (read 2026-12-05): it took the path for every call "
-                      "with grad_input, deterministic mode or not.", agent(comment))
+        self.assertIn("The table reads older code (2026-12-05), which took the path for every "
+                      "call with grad_input, deterministic or not.", agent(comment))
 
     def test_pr_links_196856_in_one_sentence_and_leaves_the_side_by_side_to_the_comment(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
@@ -269,7 +269,7 @@ class TestReportBodies(TestCase):
         # design facts only: no speed claim either way
         table = "\n".join(line for line in agent(in_view(comment)).splitlines() if line.startswith("|"))
         self.assertIsNone(re.search(r"(?i)faster|slower|speed|\d+(\.\d+)?x\b|\bms\b|time", table), table)
-        self.assertIn("neither was timed", agent(in_view(comment)))
+        self.assertIn("by design (neither was timed).", agent(in_view(comment)))
         # where each column comes from, and that neither was timed, is in the collapsed part
         details = comment[comment.index("<details>"):]
         self.assertIn("read 2026-12-05", details)
@@ -298,12 +298,12 @@ class TestReportBodies(TestCase):
         self.assertEqual(len(deltas), 4, deltas)
         grid_only, half, keys, workspace = deltas
         self.assertIn("`output_mask[0]` false", grid_only)
-        self.assertIn("no sort and no alert", grid_only)
+        self.assertIn("in deterministic mode: the existing kernel, no sort, no alert", grid_only)
         self.assertIn("`test_grid_sample_backward_deterministic_grid_only`", grid_only)
         self.assertIn("rounded once", half)
         self.assertIn("`test_sums_over_several_chunks_match_the_float64_sum`", half)
         self.assertIn("32-bit keys where they fit: 8 bytes per sorted item, not 16", keys)
-        self.assertIn("caching allocator", workspace)
+        self.assertIn("Caching-allocator workspace, bounded and unfilled", workspace)
         self.assertIn("deterministic mode fills `at::empty`", workspace)
         self.assertIn("`test_workspace_stays_within_64_mib`", workspace)
 

@@ -895,8 +895,8 @@ DESCRIPTION_196856 = (
 SIDE_BY_SIDE_READ = "2026-12-05"
 CODE_196856 = {"lines": 374, "size": "20 kernels, 0.42 MiB of `.text`"}
 STORED_196856 = (
-    f"The table's code is older (read {SIDE_BY_SIDE_READ}): it took the path for every call with "
-    "grad_input, deterministic mode or not.")
+    f"The table reads older code ({SIDE_BY_SIDE_READ}), which took the path for every call with "
+    "grad_input, deterministic or not.")
 # Row by row: its stored code, then this kit's core (GridSamplerDeterministic.cu). Facts of
 # design only: neither has been timed. The first row, the size, is rendered from the counts.
 SIDE_BY_SIDE = (
@@ -932,13 +932,13 @@ SIDE_BY_SIDE_SOURCES = (
 # What this kit's core does that #196856 could take, each with its evidence: the upstream tests
 # (`detgrid patch --tests-only`, not run: no GPU) and the kit's CPU tests of the core.
 DELTAS = "\n".join([
-    ("- Grid-only calls (`output_mask[0]` false): one writer per grad_grid element, so no sort "
-     "and no alert (`test_grid_sample_backward_deterministic_grid_only`)."),
+    ("- Grid-only calls (`output_mask[0]` false) in deterministic mode: the existing kernel, no "
+     "sort, no alert (`test_grid_sample_backward_deterministic_grid_only`)."),
     ("- Half/BFloat16 sums over chunks kept in float, rounded once (the kit's "
      "`test_sums_over_several_chunks_match_the_float64_sum`)."),
     "- 32-bit keys where they fit: 8 bytes per sorted item, not 16.",
-    ("- Workspace from the caching allocator, bounded and never filled, where deterministic "
-     "mode fills `at::empty` (the kit's `test_workspace_stays_within_64_mib`)."),
+    ("- Caching-allocator workspace, bounded and unfilled, where deterministic mode fills "
+     "`at::empty` (the kit's `test_workspace_stays_within_64_mib`)."),
 ])
 
 TESTS_OFFER = (
@@ -980,8 +980,7 @@ def render_comment_196856(report: Report) -> str:
     row (facts of design, neither timed), the kit's tests offered as a conformance suite, and
     the deltas with their evidence."""
     agent = "\n\n".join([
-        ("detgrid, a kit for #68959, also sorts; below, its core beside this PR, by design: "
-         "neither was timed."),
+        "detgrid, a kit for #68959, also sorts. Below, its core beside this PR, by design (neither was timed).",
         f"{DESCRIPTION_196856} {STORED_196856}",
         render_side_by_side(report),
         f"**Tests.** {TESTS_OFFER}",
