@@ -557,13 +557,31 @@ class TestReportBodies(TestCase):
         report.bench = R.newest_bench(Path(self.tmp) / "kit")
         pr = R.render_pr(report)
         self.assertEqual(section(pr, "GPU timing"),
-                         "GPU new: new/existing time geomean 0.5, worst 0.5; 0 of 1 incorrect.")
+                         "GPU new, pipeline only (core untimed): geomean 0.5, worst 0.5; "
+                         "0 of 1 incorrect.")
         for name, text in bodies(report).items():
             self.assertNotIn("Never run on a GPU", text, name)
         appendix = pr[pr.index("<details>") :]
         self.assertIn("GPU timing, `benchmarks/results/new.json` (torch x):", appendix)
-        self.assertIn("| 1 | zoom | native | 2 | 1 | 0.5 |", appendix)
+        self.assertIn("| 1 | zoom | native | 2 | - | - | 1 | 0.5 |", appendix)
         self.assertIn("![new/existing per workload](benchmarks/results/new.png)", appendix)
+
+    def test_gpu_timing_is_the_cores_where_the_bench_timed_it(self):
+        report = stub_report(self.tmp)[0]
+        timed = [{**GPU_ROW, "row": n, "name": f"w{n}", "core_ratio": ratio, "core_correct": ok,
+                  "variants": {**GPU_ROW["variants"], "core": {"median_ms": 2.0 * ratio}}}
+                 for n, ratio, ok in ((1, 0.5, True), (2, 2.0, True), (3, 1.0, False))]
+        grid_only = {**GPU_ROW, "row": 4, "name": "grid_only"}  # no core: grad_input not requested
+        report.bench = R.BenchResults("benchmarks/results/gpu.json", None, {
+            "device": "cuda:0", "device_name": "GPU A", "torch": "x",
+            "workloads": [*timed, grid_only], "summary": {"geomean": 0.7, "worst": 0.9}})
+        pr = R.render_pr(report)
+        self.assertEqual(section(pr, "GPU timing"),
+                         "GPU A: core/existing time geomean 1, worst 2 over 3 workloads; "
+                         "1 incorrect.")
+        appendix = pr[pr.index("<details>") :]
+        self.assertIn("| 2 | w2 | native | 2 | 4 | 2 | 1 | 0.5 | 3 | yes |", appendix)
+        self.assertIn("| 3 | w3 | native | 2 | 2 | 1 | 1 | 0.5 | 3 | NO |", appendix)
 
     def test_a_later_cpu_smoke_run_does_not_hide_gpu_results(self):
         results = Path(self.tmp) / "kit" / "benchmarks" / "results"
