@@ -170,23 +170,22 @@ build exact "$root/aten_kernels/extension/exact/ExactCuda.cu" "$pipeline_src"
 audit exact --exact --loops | grep -E "^FAIL|^sass audit|^exact kernels|^per-(record|term)=" \
   || status=1
 
-echo "sass audit: negative control, a point pass and a reduce built with --use_fast_math"
-build fast_math "$root/.ci/audit/fast_math_probe.cu" "$pipeline_src" --use_fast_math
-if audit fast_math > "$work/fast_math/audit.txt"; then
-  echo "FAILED: the audit passed a --use_fast_math build"
-  exit 1
-fi
-grep -q "flush-to-zero" "$work/fast_math/audit.txt" \
-  || { echo "FAILED: the fast-math build failed the audit, but not for flush-to-zero"; exit 1; }
-echo "sass audit: the --use_fast_math build fails it, as it must ($(grep -c '^FAIL' "$work/fast_math/audit.txt") findings)"
+# must_fail NAME PATTERN AUDIT...: the audit of the --use_fast_math build NAME
+# fails, and for flush-to-zero (PATTERN in its output).
+must_fail() {
+  local name=$1 pattern=$2; shift 2
+  if "$@" > "$work/$name/audit.txt"; then
+    echo "FAILED: the audit passed the --use_fast_math build $name"
+    exit 1
+  fi
+  grep -q "$pattern" "$work/$name/audit.txt" \
+    || { echo "FAILED: the --use_fast_math build $name failed the audit, but not for flush-to-zero"; exit 1; }
+  echo "sass audit: the --use_fast_math build $name fails it, as it must ($(grep -c '^FAIL' "$work/$name/audit.txt") findings)"
+}
 
-echo "sass audit: negative control, the core built with --use_fast_math"
+echo "sass audit: negative controls, a point pass and a reduce of the pipeline, and the core, built with --use_fast_math"
+build fast_math "$root/.ci/audit/fast_math_probe.cu" "$pipeline_src" --use_fast_math
+must_fail fast_math "flush-to-zero" audit fast_math
 build core_fast_math "$core_src" "" "${torch_defines[@]}" --use_fast_math
-if audit_core core_fast_math > "$work/core_fast_math/audit.txt"; then
-  echo "FAILED: the core's audit passed a --use_fast_math build"
-  exit 1
-fi
-grep -q "^FAIL (flush-to-zero" "$work/core_fast_math/audit.txt" \
-  || { echo "FAILED: the core's fast-math build failed its audit, but not for flush-to-zero"; exit 1; }
-echo "sass audit: the core's --use_fast_math build fails it, as it must ($(grep -c '^FAIL' "$work/core_fast_math/audit.txt") findings)"
+must_fail core_fast_math "^FAIL (flush-to-zero" audit_core core_fast_math
 exit $status
