@@ -218,6 +218,18 @@ class TestCore(TestCase):
                 self.assertEqual(ops._core_grad_input(*args),
                                  ops._existing_kernel_reference(*args), atol=1e-9, rtol=1e-9)
 
+    def test_a_chunk_of_few_runs_launches_few_threads(self):
+        # A constant grid on a 512x512 image with 256 channels: per chunk of
+        # 2^19 records, 131,072 points, 2,048 partial slots per channel, and
+        # the run sums' grid capped at 4,096 blocks of 256 threads, where one
+        # thread per (possible run, channel) would be 2^18 x 256.
+        meta = {"device": "meta", "dtype": torch.float32}
+        grad_output = torch.empty(1, 256, 1024, 1024, **meta)
+        inp = torch.empty(1, 256, 512, 512, **meta)
+        grid = torch.empty(1, 1024, 1024, 2, **meta)
+        threads = ops._core_counters(grad_output, inp, grid, BILINEAR, 0, False)[5]
+        self.assertEqual(threads, 8 * (131072 + 2048 * 256 + 4096 * 256))
+
     @parametrize("channels", (1, 256, 4096))
     def test_workspace_stays_within_64_mib(self, channels):
         # Shapes alone (meta tensors): the largest chunk, 64-bit keys.

@@ -39,8 +39,7 @@
 //   4. A thread per run and channel adds its partials in order to what the
 //      earlier chunks left. Sums are in opmath_t, rounded once (Half and
 //      BFloat16 sums over several chunks wait in a float scratch).
-// The terms are the existing kernel's; the sums differ from its by their
-// order and by FMA contraction.
+// The existing kernel's terms; the sums differ in order and FMA contraction.
 
 namespace at::native {
 namespace {
@@ -57,6 +56,9 @@ constexpr int64_t kPartialRecords = 256;
 // channels, chunks shrink to keep that share.
 constexpr int64_t kMaxChunkRecords = int64_t{1} << 19;
 constexpr int64_t kPartialBytes = int64_t{16} << 20;
+// Blocks of the run sums, which loop over a run count only the device knows:
+// a chunk of few runs (a constant grid's) launches few threads.
+constexpr int64_t kMaxRunSumBlocks = 4096;
 
 // Record r of a chunk belongs to point r >> tap_bits, whose taps are visited
 // in the existing kernel's order: for bicubic, x outermost; otherwise nw,
@@ -360,17 +362,14 @@ __global__ void sum_run_partials_kernel(SortedChunk<scalar_t, index_t> chunk) {
 template <typename scalar_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(kThreads)
 __global__ void sum_runs_kernel(
-    const int64_t max_runs,
     SortedChunk<scalar_t, index_t> chunk,
     at::opmath_type<scalar_t>* sums,
     scalar_t* grad_input) {
   using opmath_t = at::opmath_type<scalar_t>;
-  CUDA_KERNEL_LOOP_TYPE(item, max_runs * chunk.channels, int64_t) {
-    const int32_t r = static_cast<int32_t>(item % max_runs);
-    const index_t c = static_cast<index_t>(item / max_runs);
-    if (r >= *chunk.num_runs) {
-      continue;
-    }
+  const int32_t runs = *chunk.num_runs;
+  CUDA_KERNEL_LOOP_TYPE(item, runs * chunk.channels, int64_t) {
+    const int32_t r = static_cast<int32_t>(item % runs);
+    const index_t c = static_cast<index_t>(item / runs);
     const int32_t begin = chunk.run_begins[r];
     const index_t key = chunk.keys[begin];
     if (key == chunk.nowhere) {
@@ -522,10 +521,11 @@ void sum_grad_input(
            0,
            stream>>>(sorted);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int64_t max_runs = std::min(count, nowhere + 1);
-    sum_runs_kernel<scalar_t, index_t>
-        <<<GET_BLOCKS(max_runs * channels, kThreads), kThreads, 0, stream>>>(
-            max_runs, sorted, sums, grad_input.mutable_data_ptr<scalar_t>());
+    const int64_t run_blocks = std::min<int64_t>(
+        GET_BLOCKS(std::min(count, nowhere + 1) * channels, kThreads),
+        kMaxRunSumBlocks);
+    sum_runs_kernel<scalar_t, index_t><<<run_blocks, kThreads, 0, stream>>>(
+        sorted, sums, grad_input.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
