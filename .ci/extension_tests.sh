@@ -17,5 +17,5 @@ set -euo pipefail
 python=${1:?usage: extension_tests.sh PYTHON}
 kit_tests=(test_patch.py test_report.py test_gpucheck.py test_repro.py test_bench.py
            test_cli.py test_readme.py test_ci_scripts.py test_ci_run.py test_intree_compile.py
-           test_sass_audit.py test_build.py test_stock_limits.py test_stack.py)
+           test_sass_audit.py test_build.py test_stock_limits.py test_stack.py test_stack_patches.py)
 "$python" -m pytest tests -q -p no:cacheprovider "${kit_tests[@]/#/--ignore=tests/}"

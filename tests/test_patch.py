@@ -446,6 +446,9 @@ class TestPatchRealTree(TestCase):
             self.assertEqual(nn.count(f"def {name}("), 1)
             self.assertTrue(cls < nn.index(f"def {name}(") < end, name)
         self.assertEqual(P._module_imports(P.TEST_NN, nn)["DeterministicGuard"], 1)
+        # it joins the tree's own common_utils import (one statement, backslash-continued)
+        self.assertIn("    skipIfTorchDynamo, gcIfJetson, set_default_dtype, DeterministicGuard\n", nn)
+        self.assertNotIn("import DeterministicGuard\n", nn)
         compile(nn, P.TEST_NN, "exec")
         message = git(tree, "log", "-1", "--format=%B")
         for name in (n for n in P.upstream_nn_tests().names if n != gradgrad):
@@ -1174,6 +1177,36 @@ def without_identity(home: Path) -> Dict[str, str]:
     env.update(HOME=str(home), GIT_CONFIG_GLOBAL=str(home / "none"), GIT_CONFIG_NOSYSTEM="1",
                PYTHONPATH=str(KIT / "tools"))
     return env
+
+
+class TestCommonUtilsImport(TestCase):
+    """A name the added tests need from common_utils joins the checkout's import of it."""
+
+    def joined(self, text):
+        return P._join_common_utils_import(P.TEST_NN, text, ["DeterministicGuard", "X"])
+
+    def test_a_backslash_continued_import_gains_the_names_on_its_last_line(self):
+        text = ("import os\nfrom torch.testing._internal.common_utils import a, \\\n"
+                "    b\nimport sys\n")
+        self.assertEqual(self.joined(text),
+                         "import os\nfrom torch.testing._internal.common_utils import a, \\\n"
+                         "    b, DeterministicGuard, X\nimport sys\n")
+
+    def test_a_parenthesised_list_of_one_name_a_line_gains_a_line_each(self):
+        text = "from torch.testing._internal.common_utils import (\n    a,\n    b,\n)\n"
+        self.assertEqual(self.joined(text), "from torch.testing._internal.common_utils import (\n"
+                         "    a,\n    b,\n    DeterministicGuard,\n    X,\n)\n")
+
+    def test_a_parenthesised_list_on_one_line_stays_on_it(self):
+        for text in ("from torch.testing._internal.common_utils import (a, b)\n",
+                     "from torch.testing._internal.common_utils import (a, b,)\n"):
+            self.assertEqual(self.joined(text), "from torch.testing._internal.common_utils "
+                             "import (a, b, DeterministicGuard, X)\n")
+            compile(self.joined(text), P.TEST_NN, "exec")
+
+    def test_a_file_without_the_import_is_refused(self):
+        with self.assertRaises(P.AnchorError):
+            self.joined("import os\n")
 
 
 class TestWritePatchAuthor(TestCase):

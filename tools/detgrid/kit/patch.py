@@ -1021,18 +1021,46 @@ def _wanted_tests(path: str, text: str, upstream: Dict[str, str], double_backwar
     return wanted
 
 
+COMMON_UTILS = "torch.testing._internal.common_utils"
+
+
+def _join_common_utils_import(path: str, text: str, names: List[str]) -> str:
+    """``names`` appended to the checkout's first ``from ...common_utils import`` statement, in
+    its own form (a parenthesised list or lines continued with backslashes)."""
+    node = next((n for n in ast.parse(text).body
+                 if isinstance(n, ast.ImportFrom) and n.module == COMMON_UTILS), None)
+    if node is None:
+        raise AnchorError(path, f"from {COMMON_UTILS} import ...")
+    lines = text.splitlines(keepends=True)
+    end = sum(len(line) for line in lines[: node.end_lineno - 1]) + node.end_col_offset
+    added = ", ".join(names)
+    if text[end - 1] != ")":
+        return text[:end] + ", " + added + text[end:]
+    before = text[: end - 1].rstrip()
+    if before.endswith(",") and "\n" in text[len(before): end - 1]:  # one name a line
+        last = before[before.rfind("\n") + 1:]
+        indent = last[: len(last) - len(last.lstrip())]
+        return before + "".join(f"\n{indent}{name}," for name in names) + text[len(before):]
+    return before + (" " if before.endswith(",") else ", ") + added + text[len(before):]
+
+
 def _add_imports(path: str, text: str, wanted: List[NNTest], imported: collections.Counter) -> str:
-    """The names the added methods use that the checkout does not import, imported as the kit's
-    file imports them, above its common_utils import."""
+    """The names the added methods use that the checkout does not import: those of common_utils
+    join the checkout's common_utils import, others are imported as the kit's file imports them,
+    above it."""
     suite = upstream_nn_tests()
     needed = suite.needs(wanted)
-    missing = [line for name, line in suite.imports.items() if name in needed and not imported[name]]
+    missing = {name: line for name, line in suite.imports.items()
+               if name in needed and not imported[name]}
     if not missing:
         return text
     im = re.search(r"^from torch\.testing\._internal\.common_utils import", text, re.M)
     if im is None:
-        raise AnchorError(path, "from torch.testing._internal.common_utils import ...")
-    return text[: im.start()] + "".join(line + "\n" for line in missing) + text[im.start() :]
+        raise AnchorError(path, f"from {COMMON_UTILS} import ...")
+    joined = [name for name, line in missing.items() if line.startswith(f"from {COMMON_UTILS} ")]
+    others = [line for name, line in missing.items() if name not in joined]
+    text = text[: im.start()] + "".join(line + "\n" for line in others) + text[im.start() :]
+    return _join_common_utils_import(path, text, joined) if joined else text
 
 
 def edit_test_nn(path: str, text: str, notes: List[str], double_backward: bool,
