@@ -20,32 +20,43 @@
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
+// The builds of the core's file that level= runs (detgrid.levels.CORE_BUILDS):
+// the core, then each prefix of the stack that ends with a speed level.
+// setup.py compiles each one for the host through hostify, naming its
+// launcher launch_grid_sampler_backward_deterministic_host_<build>, and on
+// CUDA with nvcc: the core's as launch_..._kernel, a level's as
+// launch_..._kernel_<build>.
+#define DETGRID_CORE_BUILDS(_) \
+  _(core, "core", kernel)      \
+  _(grouped_channels, "grouped-channels", kernel_grouped_channels)
+
+#define DETGRID_DECLARE_LAUNCHER(name)                \
+  void name(                                          \
+      const TensorBase& grad_input,                   \
+      const TensorBase& grad_output,                  \
+      const TensorBase& input,                        \
+      const TensorBase& grid,                         \
+      int64_t interpolation_mode,                     \
+      int64_t padding_mode,                           \
+      bool align_corners);
+
 namespace at::native {
+#define DETGRID_DECLARE_HOST(symbol, build, cuda_symbol) \
+  DETGRID_DECLARE_LAUNCHER(                               \
+      launch_grid_sampler_backward_deterministic_host_##symbol)
+DETGRID_CORE_BUILDS(DETGRID_DECLARE_HOST)
 #ifdef DETGRID_WITH_CUDA
-// The CUDA build (nvcc) of the same source.
-void launch_grid_sampler_backward_deterministic_kernel(
-    const TensorBase& grad_input,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners);
+#define DETGRID_DECLARE_CUDA(symbol, build, cuda_symbol) \
+  DETGRID_DECLARE_LAUNCHER(                               \
+      launch_grid_sampler_backward_deterministic_##cuda_symbol)
+DETGRID_CORE_BUILDS(DETGRID_DECLARE_CUDA)
 #endif
-// The host build's name for launch_grid_sampler_backward_deterministic_kernel
-// (setup.py renames it, so that a CUDA build holds both).
-void launch_grid_sampler_backward_deterministic_host_kernel(
-    const TensorBase& grad_input,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners);
 } // namespace at::native
 
 namespace hostify {
-extern const char* const kHostifiedSourceSha256;
+#define DETGRID_DECLARE_SHA(symbol, build, cuda_symbol) \
+  extern const char* const kHostifiedSourceSha256_##symbol;
+DETGRID_CORE_BUILDS(DETGRID_DECLARE_SHA)
 at::Tensor existing_kernel_grad_input(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -57,6 +68,51 @@ at::Tensor existing_kernel_grad_input(
 
 namespace detgrid {
 namespace {
+
+using Launcher = void (*)(
+    const at::TensorBase&,
+    const at::TensorBase&,
+    const at::TensorBase&,
+    const at::TensorBase&,
+    int64_t,
+    int64_t,
+    bool);
+
+struct CoreBuild {
+  const char* name;
+  Launcher host;
+  Launcher cuda; // null without CUDA kernels
+  const char* const* source_sha256; // of the source its host build was made from
+};
+
+#ifdef DETGRID_WITH_CUDA
+#define DETGRID_CUDA_LAUNCHER(cuda_symbol) \
+  &at::native::launch_grid_sampler_backward_deterministic_##cuda_symbol
+#else
+#define DETGRID_CUDA_LAUNCHER(cuda_symbol) nullptr
+#endif
+#define DETGRID_BUILD_ENTRY(symbol, build, cuda_symbol)                  \
+  CoreBuild{                                                             \
+      build,                                                             \
+      &at::native::launch_grid_sampler_backward_deterministic_host_##symbol, \
+      DETGRID_CUDA_LAUNCHER(cuda_symbol),                                \
+      &hostify::kHostifiedSourceSha256_##symbol},
+
+constexpr CoreBuild kCoreBuilds[] = {DETGRID_CORE_BUILDS(DETGRID_BUILD_ENTRY)};
+
+const CoreBuild& core_build(const std::string& level) {
+  for (const CoreBuild& build : kCoreBuilds) {
+    if (level == build.name) {
+      return build;
+    }
+  }
+  std::string names;
+  for (const CoreBuild& build : kCoreBuilds) {
+    names += names.empty() ? build.name : std::string(", ") + build.name;
+  }
+  TORCH_CHECK(
+      false, "core: no build of the core named '", level, "'; the builds are ", names);
+}
 
 // Sets hostify's launch shape for one call and restores the default after.
 class LaunchShape {
@@ -86,6 +142,7 @@ at::Tensor zeroed_grad_input(const at::Tensor& input) {
 
 // The CUDA build's grad_input; the launch shape is the kernel's own there.
 at::Tensor cuda_grad_input(
+    const CoreBuild& build,
     const at::Tensor& grad_input,
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -100,7 +157,7 @@ at::Tensor cuda_grad_input(
       "build's launches only");
 #ifdef DETGRID_WITH_CUDA
   const c10::cuda::CUDAGuard guard(input.device());
-  at::native::launch_grid_sampler_backward_deterministic_kernel(
+  build.cuda(
       grad_input,
       grad_output,
       input,
@@ -123,12 +180,15 @@ at::Tensor core_grad_input(
     bool align_corners,
     int64_t block_size,
     int64_t grid_size,
-    int64_t shuffle_seed) {
+    int64_t shuffle_seed,
+    const std::string& level) {
+  const CoreBuild& build = core_build(level);
   check_backward_inputs(
       input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
   at::Tensor grad_input = zeroed_grad_input(input);
   if (input.is_cuda()) {
     return cuda_grad_input(
+        build,
         grad_input,
         grad_output,
         input,
@@ -143,7 +203,7 @@ at::Tensor core_grad_input(
       "core: expected CPU or CUDA tensors, got ",
       input.device());
   const LaunchShape shape(block_size, grid_size, shuffle_seed, /*run=*/true);
-  at::native::launch_grid_sampler_backward_deterministic_host_kernel(
+  build.host(
       grad_input,
       grad_output,
       input,
@@ -185,7 +245,9 @@ std::vector<int64_t> core_counters(
     const at::Tensor& grid,
     int64_t interpolation_mode,
     int64_t padding_mode,
-    bool align_corners) {
+    bool align_corners,
+    const std::string& level) {
+  const CoreBuild& build = core_build(level);
   check_backward_inputs(
       input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
   const bool run = input.device().is_cpu() && grid.device().is_cpu() &&
@@ -197,7 +259,7 @@ std::vector<int64_t> core_counters(
       run ? zeroed_grad_input(input) : shape_only(input.contiguous());
   const LaunchShape shape(0, 0, 0, run);
   hostify::config().nowhere_key = nowhere_key(input);
-  at::native::launch_grid_sampler_backward_deterministic_host_kernel(
+  build.host(
       grad_input,
       operand(grad_output),
       operand(input),
@@ -237,18 +299,27 @@ TORCH_LIBRARY_FRAGMENT(detgrid, m) {
   m.def(
       "_core_grad_input(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners, "
-      "int block_size=0, int grid_size=0, int shuffle_seed=0) -> Tensor",
+      "int block_size=0, int grid_size=0, int shuffle_seed=0, "
+      "str level=\"core\") -> Tensor",
       &core_grad_input);
   m.def(
       "_core_counters(Tensor grad_output, Tensor input, Tensor grid, "
-      "int interpolation_mode, int padding_mode, bool align_corners) -> int[]",
+      "int interpolation_mode, int padding_mode, bool align_corners, "
+      "str level=\"core\") -> int[]",
       &core_counters);
   m.def(
       "_existing_kernel_reference(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners) -> Tensor",
       &existing_kernel_reference);
-  m.def("_core_source_sha256() -> str", [] {
-    return std::string(hostify::kHostifiedSourceSha256);
+  m.def("_core_source_sha256(str level=\"core\") -> str", [](const std::string& level) {
+    return std::string(*core_build(level).source_sha256);
+  });
+  m.def("_core_builds() -> str[]", [] {
+    std::vector<std::string> names;
+    for (const CoreBuild& build : kCoreBuilds) {
+      names.emplace_back(build.name);
+    }
+    return names;
   });
   m.def("_core_host_contracts() -> bool", [] {
     return hostify::contracts_multiply_adds();

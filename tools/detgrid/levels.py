@@ -19,20 +19,30 @@ from typing import Dict, Optional, Tuple
 
 @dataclass(frozen=True)
 class UpstreamPatch:
-    name: str  # as `detgrid patch --upto` says it
+    name: str  # as `detgrid patch --upto` and detgrid.ops' level= say it
     patch: str  # patches/stack/<patch>.patch and .md
     title: str  # the commit's subject line
+    # A speed level of the core: it changes the core's file by the diff in
+    # aten_kernels/levels/<name>/ and no bit of grad_input.
+    speed_level: bool = False
 
 
-# patches/stack/, in order: the core, then the cuDNN route.
+# patches/stack/, in order: the core, the cuDNN route, then the core's speed
+# levels.
 UPSTREAM_STACK: Tuple[UpstreamPatch, ...] = (
     UpstreamPatch("core", "01-core",
                   "Add a deterministic CUDA backward for grid_sampler_2d/3d"),
     UpstreamPatch("cudnn", "02-cudnn",
                   "grid_sampler: leave cuDNN in deterministic mode"),
+    UpstreamPatch("grouped-channels", "03-grouped-channels",
+                  "grid_sampler deterministic backward: one walk of a run's "
+                  "records per four channels", speed_level=True),
 )
 UPSTREAM_NAMES = tuple(p.name for p in UPSTREAM_STACK)
 CORE = UPSTREAM_NAMES[0]
+# The builds of the core's file that level= runs: the core, then each prefix
+# of the stack that ends with a speed level, named by that level.
+CORE_BUILDS = (CORE, *(p.name for p in UPSTREAM_STACK if p.speed_level))
 
 
 @dataclass(frozen=True)
@@ -63,8 +73,8 @@ LEVELS: Tuple[Level, ...] = (
 )
 LEVEL_NAMES = tuple(lv.name for lv in LEVELS)
 TOP = LEVEL_NAMES[-1]
-# Every name level= takes: the core, then the pipeline's prefixes.
-RUNNABLE = (CORE, *LEVEL_NAMES)
+# Every name level= takes: the core's builds, then the pipeline's prefixes.
+RUNNABLE = (*CORE_BUILDS, *LEVEL_NAMES)
 
 
 class StackError(ValueError):

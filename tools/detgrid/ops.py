@@ -104,19 +104,20 @@ def _level_knobs(level: str, **given: int) -> Dict[str, int]:
     return {name: value or knobs.get(name, 0) for name, value in given.items()}
 
 
-def _refuse_pipeline_knobs(name: str, **given: int) -> None:
-    """level="core" runs the upstream core, which has none of the pipeline's knobs."""
+def _refuse_pipeline_knobs(name: str, level: str, **given: int) -> None:
+    """The core's builds (levels.CORE_BUILDS) have none of the pipeline's knobs."""
     set_ = [knob for knob, value in given.items() if value not in (0, "ordered")]
     if set_:
-        raise ValueError(f"{name}(): level='core' runs the upstream core, which has no "
-                         f"{', '.join(set_)} (knobs of the pipeline's levels)")
+        raise ValueError(f"{name}(): level={level!r} runs a build of the upstream core, "
+                         f"which has no {', '.join(set_)} (knobs of the pipeline's levels)")
 
 
 def _core_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-                   output_mask, block_size: int, max_blocks: int) -> Gradients:
-    """The upstream core's grad_input (aten_kernels/aten/) and the grid-gradient pass's
-    grad_grid, as the patched GridSampler.cu returns them; block_size and max_blocks shape
-    the host build's launches."""
+                   output_mask, block_size: int, max_blocks: int, level: str) -> Gradients:
+    """The grad_input of the upstream core's build ``level`` (aten_kernels/aten/, with the
+    speed levels' diffs up to it) and the grid-gradient pass's grad_grid, as the patched
+    GridSampler.cu returns them; block_size and max_blocks shape the host build's
+    launches."""
     if input.requires_grad or grid.requires_grad or grad_output.requires_grad:
         if torch.is_grad_enabled():
             raise RuntimeError("level='core' is a backward with no derivative of its own; "
@@ -125,7 +126,7 @@ def _core_backward(grad_output, input, grid, interpolation_mode, padding_mode, a
     if output_mask[0]:
         grad_input = torch.ops.detgrid._core_grad_input(
             grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-            block_size, max_blocks)
+            block_size, max_blocks, level=level)
     if output_mask[1]:
         grad_grid = torch.ops.detgrid._grid_gradient(
             grad_output, input, grid, interpolation_mode, padding_mode, align_corners)
@@ -160,9 +161,9 @@ def _backward_with_options(name: str):
         carry_elements: int = 0,
         level: str = levels.TOP,
     ) -> Gradients:
-        if level == levels.CORE:
+        if level in levels.CORE_BUILDS:
             _refuse_pipeline_knobs(
-                f"{name}_with_options", chunk_points=chunk_points, grain_size=grain_size,
+                f"{name}_with_options", level, chunk_points=chunk_points, grain_size=grain_size,
                 key_bits=key_bits, index_bits=index_bits, keying=keying, gather=gather,
                 accumulate=accumulate, serial_fold=serial_fold, reduce=reduce,
                 channel_group=channel_group, separate_fills=separate_fills,
@@ -170,7 +171,7 @@ def _backward_with_options(name: str):
             return _core_backward(grad_output, input, grid,
                                   *_aten_arguments(name, interpolation_mode, padding_mode,
                                                    align_corners, output_mask),
-                                  block_size, max_blocks)
+                                  block_size, max_blocks, level)
         knobs = _level_knobs(level, key_bits=key_bits, index_bits=index_bits, keying=keying,
                              gather=gather, serial_fold=serial_fold, reduce=reduce,
                              channel_group=channel_group, separate_fills=separate_fills)
@@ -301,14 +302,14 @@ def work_counters(
     interpolation_mode, padding_mode, align_corners, output_mask = _aten_arguments(
         f"grid_sampler_{dims}d_backward", interpolation_mode, padding_mode, align_corners,
         output_mask)
-    if level == levels.CORE:
+    if level in levels.CORE_BUILDS:
         _refuse_pipeline_knobs(
-            "work_counters", chunk_points=chunk_points, key_bits=key_bits,
+            "work_counters", level, chunk_points=chunk_points, key_bits=key_bits,
             index_bits=index_bits, keying=keying, gather=gather, accumulate=accumulate,
             serial_fold=serial_fold, reduce=reduce, channel_group=channel_group,
             separate_fills=separate_fills, carry_elements=carry_elements)
         counters = _core_work_counters(grad_output, input, grid, interpolation_mode,
-                                       padding_mode, align_corners, output_mask)
+                                       padding_mode, align_corners, output_mask, level)
     else:
         counters = _pipeline_work_counters(
             grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
@@ -341,14 +342,15 @@ def core_longest_fold(longest_run: int) -> int:
 
 
 def _core_work_counters(grad_output, input, grid, interpolation_mode, padding_mode,
-                        align_corners, output_mask) -> Dict[str, int]:
-    """work_counters' fields for the upstream core, from its host build's counts."""
+                        align_corners, output_mask, level) -> Dict[str, int]:
+    """work_counters' fields for the upstream core's build ``level``, from its host build's
+    counts."""
     counters = dict.fromkeys(WORK_COUNTER_FIELDS, 0)
     if not output_mask[0]:
         return counters  # the existing kernel's grid-only route: no sort, no workspace
     (launches, items_sorted, sort_end_bit, key_bytes, workspace_bytes, threads,
      longest_run) = torch.ops.detgrid._core_counters(
-        grad_output, input, grid, interpolation_mode, padding_mode, align_corners)
+        grad_output, input, grid, interpolation_mode, padding_mode, align_corners, level)
     del sort_end_bit, threads
     chunks = -(-items_sorted // CORE_CHUNK_RECORDS)
     counters.update(

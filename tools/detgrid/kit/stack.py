@@ -128,12 +128,29 @@ PIPELINE_ROOT = "aten_kernels/pipeline"  # the pipeline's: aten_kernels/pipeline
 CORE_FILES = ("GridSamplerDeterministic.cu",)  # the files the core adds to the tree
 
 
-def core_sources(kit_root) -> Dict[str, str]:
-    """{path under the tree: text} of the files the upstream core adds."""
+LEVELS_ROOT = "aten_kernels/levels"  # a speed level's diff: <LEVELS_ROOT>/<name>/<file>.diff
+
+
+def core_sources(kit_root, upto: str = CORE) -> Dict[str, str]:
+    """{path under the tree: text} of the core's files as the prefix of the
+    upstream stack ending at ``upto`` has them: the core's, with the diffs of
+    the speed levels up to ``upto`` applied in order."""
     from pathlib import Path
 
+    from detgrid.kit import textdiff
+
+    if upto not in UPSTREAM_NAMES:
+        raise StackError(f"unknown patch {upto!r}; the stack is {', '.join(UPSTREAM_NAMES)}")
     source = Path(kit_root) / UPSTREAM_ROOT / KERNEL_DIR
-    return {f"{KERNEL_DIR}/{name}": (source / name).read_text() for name in CORE_FILES}
+    texts = {name: (source / name).read_text() for name in CORE_FILES}
+    for part in UPSTREAM_STACK[: UPSTREAM_NAMES.index(upto) + 1]:
+        if not part.speed_level:
+            continue
+        for diff in sorted((Path(kit_root) / LEVELS_ROOT / part.name).glob("*.diff")):
+            name = diff.name[: -len(".diff")]
+            texts[name] = textdiff.apply(texts.get(name, ""), diff.read_text(),
+                                         f"{part.name}/{diff.name}")
+    return {f"{KERNEL_DIR}/{name}": text for name, text in texts.items()}
 
 
 def kernel_sources(kit_root, upto: str = TOP) -> Dict[str, str]:
