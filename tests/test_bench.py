@@ -469,7 +469,7 @@ class TestBenchHostRuns(TestCase):
         for r in measured:
             self.assertEqual(r["status"], "measured", r.get("error"))
             self.assertEqual(r["stock_route"], "native")
-            core = {"core"} if r["output_mask"][0] else set()
+            core = {"core", *bench.SPEED_LEVELS} if r["output_mask"][0] else set()
             self.assertEqual(set(r["variants"]), {"native", "detgrid", *core})
             for v in r["variants"].values():
                 self.assertGreater(v["median_ms"], 0)
@@ -526,7 +526,8 @@ class TestBenchHostRuns(TestCase):
             lambda: bench.bench_workload(w, "cpu", 0.06, warmup=1, reps=2, in_tree=True))
         self.assertEqual(ops_run, {"aten::grid_sampler_3d_backward",
                                    "detgrid::grid_sampler_3d_backward"})
-        self.assertEqual(set(row["variants"]), {"native", "detgrid", "core", "in_tree"})
+        self.assertEqual(set(row["variants"]),
+                         {"native", "detgrid", "core", *bench.SPEED_LEVELS, "in_tree"})
         self.assertEqual(row["records"], math.prod(row["grid_shape"][:-1]) * 8)
         self.assertLess(max(v for v in row["in_tree_rel_diff"].values() if v is not None),
                         1e-12)
@@ -559,7 +560,7 @@ class TestBenchHostRuns(TestCase):
         rows = {r["name"]: r for r in result["workloads"]}
         self.assertEqual(set(rows["stn_mnist"]["variants"]), {"native", "detgrid"})
         self.assertEqual(set(rows["voxelmorph_warp_3d"]["variants"]),
-                         {"native", "detgrid", "core", "in_tree"})
+                         {"native", "detgrid", "core", *bench.SPEED_LEVELS, "in_tree"})
         self.assertIn("in-tree path: 3-D (2-D: raises; 3-D: runs)", bench.markdown(result))
 
     def test_budget_guard_skips_workloads_once_time_is_up(self):
@@ -595,7 +596,8 @@ class TestBenchHostRuns(TestCase):
                 mock.patch.object(bench, "run_cudnn", fake_run_cudnn):
             row = bench.bench_workload(w, "cpu", 0.2, warmup=1, reps=3, in_tree=True)
         self.assertEqual(row["stock_route"], "cudnn")
-        self.assertEqual(set(row["variants"]), {"native", "cudnn", "detgrid", "core", "in_tree"})
+        self.assertEqual(set(row["variants"]),
+                         {"native", "cudnn", "detgrid", "core", *bench.SPEED_LEVELS, "in_tree"})
         self.assertEqual(row["stock_ms"], row["variants"]["cudnn"]["median_ms"])
         self.assertAlmostEqual(row["ratio"], row["detgrid_ms"] / row["stock_ms"])
         self.assertTrue(row["cudnn_inputs_made_contiguous"])
@@ -615,6 +617,17 @@ class TestBenchHostRuns(TestCase):
         self.assertNotIn("core", row["variants"])
         self.assertNotIn("core_ratio", row)
 
+    def test_each_speed_level_of_the_core_is_timed_against_the_core_and_keeps_its_bits(self):
+        self.assertEqual(bench.SPEED_LEVELS, ("grouped-channels",))
+        row = bench.bench_workload(workloads.BENCH_WORKLOADS["rtdetr_l80"], "cpu", 0.05,
+                                   warmup=1, reps=2)
+        for level in bench.SPEED_LEVELS:
+            self.assertIn(level, row["variants"])
+            timed = row["core_levels"][level]
+            self.assertTrue(timed["equals_core"])
+            self.assertEqual(timed["ms"], row["variants"][level]["median_ms"])
+            self.assertAlmostEqual(timed["ratio_vs_core"], timed["ms"] / row["core_ms"])
+
     def test_failing_cudnn_leaves_native_stock_as_the_baseline(self):
         def broken(case):
             raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED")
@@ -625,7 +638,7 @@ class TestBenchHostRuns(TestCase):
             row = bench.bench_workload(w, "cpu", 0.2, warmup=0, reps=2)
         self.assertEqual(row["stock_route"], "native")
         self.assertIn("CUDNN_STATUS_NOT_SUPPORTED", row["cudnn_error"])
-        self.assertEqual(set(row["variants"]), {"native", "detgrid", "core"})
+        self.assertEqual(set(row["variants"]), {"native", "detgrid", "core", *bench.SPEED_LEVELS})
 
     def test_unknown_workload_is_refused(self):
         with self.assertRaises(ValueError):

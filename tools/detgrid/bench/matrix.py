@@ -21,6 +21,11 @@ in one process, interleaved rep by rep on rotating copies of the inputs:
   nvcc build on CUDA, its host build on the CPU) and stock's kernel for
   grad_grid alone; rows that request grad_input, default accumulation only
   (row fields core_ms, core_ratio, core_max_rel_diff, core_correct);
+- each speed level of the core (detgrid.levels.CORE_BUILDS after the core):
+  the same call through the stack's prefix that ends with that level, on the
+  same rows; row field core_levels = {level: {ms, ratio_vs_core,
+  equals_core}}, the last whether its grad_input and grad_grid have the
+  core's bits;
 - in-tree: on a torch carrying the ATen change for that rank (detected per
   rank: under torch.use_deterministic_algorithms(True) the stock CUDA
   backward does not raise), aten's own backward in deterministic mode.
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -53,6 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from detgrid import levels
 from detgrid.bench import stock_limits
 from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload,
                                      backward_name, bitwise_equal, case_bytes, contiguous_case,
@@ -60,6 +67,9 @@ from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Wor
                                      peak_bytes, records, rel_err, rotation_copies, run_cudnn,
                                      run_in_tree, run_stock, samples_per_cell, synchronize,
                                      takes_cudnn, time_rotating, work_counters)
+
+# The core's speed levels the bench times beside the core.
+SPEED_LEVELS = levels.CORE_BUILDS[1:]
 
 # max |det - stock| / max |stock| per gradient beyond which a row is flagged.
 # Stock accumulates float16/bfloat16 grad_input in that type (atomics on
@@ -222,13 +232,14 @@ def _raw_detgrid_accumulating(accumulate: str) -> Callable[[Case], Any]:
     return call
 
 
-def _raw_core(case: Case) -> Any:
-    """What the patched tree runs in deterministic mode: the upstream core's grad_input
-    (aten_kernels/aten/), then the existing kernel for grad_grid alone (outside deterministic
-    mode here, where released torch alerts on any call)."""
+def _raw_core(case: Case, level: str = levels.CORE) -> Any:
+    """What the patched tree runs in deterministic mode: the grad_input of the upstream core
+    (aten_kernels/aten/), or of the stack's prefix ending with speed level ``level``, then
+    the existing kernel for grad_grid alone (outside deterministic mode here, where released
+    torch alerts on any call)."""
     grad_output, inp, grid, mode, padding, align_corners, mask = case.args()
     grad_input = torch.ops.detgrid._core_grad_input(grad_output, inp, grid, mode, padding,
-                                                    align_corners)
+                                                    align_corners, level=level)
     grad_grid = None
     if mask[1]:
         grad_grid = getattr(torch.ops.aten, case.op)(
@@ -458,6 +469,10 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
         row["core_max_rel_diff"] = _max_or_none(_judged(row["core_rel_diff"], row["dtype"]))
         row["core_correct"] = (row["core_max_rel_diff"] is not None
                                and row["core_max_rel_diff"] <= row["tolerance"])
+        row["core_levels"] = {
+            level: {"equals_core": all(bitwise_equal(a, b) for a, b in
+                                       zip(_raw_core(case, level), core_out))}
+            for level in SPEED_LEVELS}
         del core_out
     if in_tree:
         tree_out = run_in_tree(case)
@@ -483,6 +498,8 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     variants.append(("detgrid", raw_detgrid, copies, True))
     if with_core:
         variants.append(("core", _raw_core, copies, False))
+        variants += [(level, functools.partial(_raw_core, level=level), copies, False)
+                     for level in SPEED_LEVELS]
     if in_tree:
         variants.append(("in_tree", _raw_aten, copies, True))
     previous = torch.are_deterministic_algorithms_enabled()
@@ -501,6 +518,9 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     if with_core:
         row["core_ms"] = ms["core"]
         row["core_ratio"] = ms["core"] / row["stock_ms"] if row["stock_ms"] > 0 else None
+        for level in SPEED_LEVELS:
+            row["core_levels"][level].update(
+                ms=ms[level], ratio_vs_core=ms[level] / ms["core"] if ms["core"] > 0 else None)
     if in_tree:
         row["in_tree_ms"] = ms["in_tree"]
         row["in_tree_ratio"] = ms["in_tree"] / row["stock_ms"] if row["stock_ms"] > 0 else None
