@@ -4,7 +4,10 @@ Two implementations live here until the pipeline's speed steps are rebuilt on
 the core (issue 60):
 
 - the upstream core (aten_kernels/aten/): the first patch of patches/stack/,
-  run by level="core";
+  run by level="core", and its speed levels, each a later patch of the
+  stack stored as its diff to the core's file (aten_kernels/levels/<name>/),
+  run by level=<name>: the core with the diffs up to that level applied.
+  They keep the core's bits;
 - the pipeline (aten_kernels/pipeline/): the extension's speed path, its
   levels cut from one set of sources (detgrid.kit.stack). A level's
   ``options`` are the knobs that turn its own choice off, so the whole
