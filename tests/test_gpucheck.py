@@ -102,7 +102,7 @@ DETGRID_CASES_DONE cases=1 mismatches=0
 
 def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16,
                  fidelity_failing=(), core_equal=24, core_errors=(),
-                 core_distinct=1):
+                 core_distinct=1, level_equal=24):
     def repeat(case, dim, input_shape, grid_shape, det_distinct):
         return {"case": case, "dim": dim, "input_shape": input_shape, "grid_shape": grid_shape,
                 "detgrid": {"reps": 100, "grad_input_distinct": det_distinct,
@@ -133,6 +133,9 @@ def fake_bitwise(distinct=1, fp32_equal=24, distinct_3d=1, fp32_equal_3d=16,
         "core": [{"dtype": "float32", "dim": 2, "cases": 24,
                        "bitwise_equal": core_equal, "max_abs_diff": 0.0,
                        "mismatches": [], "errors": list(core_errors)}],
+        "core_levels": [{"level": "grouped-channels", "dtype": "float32", "dim": 2,
+                         "cases": 24, "bitwise_equal": level_equal,
+                         "mismatches": ["a"] if level_equal < 24 else [], "errors": []}],
         "core_repeat": [{"case": "tensorf_line", "dim": 2, "reps": 100,
                               "grad_input_distinct": core_distinct,
                               "grad_grid_distinct": None}],
@@ -325,6 +328,15 @@ class TestGpuCheckReport(TestCase):
         data, _, _ = self.report(bitwise=fake_bitwise(core_distinct=2))
         self.assertEqual(self.checks(data)["core repeat runs bitwise identical (2-D)"],
                          "fail")
+        self.assertEqual(data["verdict"], "FAIL")
+
+    def test_a_speed_level_must_give_the_core_bits_on_the_device(self):
+        name = "grouped-channels keeps the core's bits (float32, 2-D)"
+        data, _, md = self.report(bitwise=fake_bitwise())
+        self.assertEqual(self.checks(data)[name], "pass")
+        self.assertIn("24/24 bitwise equal to the core on the device", md)
+        data, _, _ = self.report(bitwise=fake_bitwise(level_equal=23))
+        self.assertEqual(self.checks(data)[name], "fail")
         self.assertEqual(data["verdict"], "FAIL")
 
     def test_exact_variants_failing_are_optional_findings(self):
@@ -771,6 +783,13 @@ class TestGpuCheckHostRuns(TestCase):
                          [("float32", 2, 27), ("float32", 3, 27), ("float64", 2, 27),
                           ("float64", 3, 27)])
         for row in result["executor"]:
+            self.assertEqual(row["bitwise_equal"], row["cases"], row)
+            self.assertEqual(row["errors"], [])
+        self.assertEqual([(r["level"], r["dtype"], r["dim"]) for r in result["core_levels"]],
+                         [("grouped-channels", d, dim) for d in ("float32", "float64")
+                          for dim in (2, 3)])
+        for row in result["core_levels"]:
+            self.assertGreater(row["cases"], 0)
             self.assertEqual(row["bitwise_equal"], row["cases"], row)
             self.assertEqual(row["errors"], [])
 

@@ -68,6 +68,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 import torch
 
+from detgrid import levels
 from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
 from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
@@ -203,15 +204,15 @@ def executor_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Di
 # --------------------------------------------------------------------------
 
 
-def core_grad_input(case: Case) -> Optional[torch.Tensor]:
-    """The core's grad_input for the case, on the case's device (the
-    host build on CPU, the nvcc build on CUDA); None where it refuses the
-    case (5-D bicubic)."""
+def core_grad_input(case: Case, level: str = levels.CORE) -> Optional[torch.Tensor]:
+    """The grad_input of the core's build ``level`` (detgrid.levels.CORE_BUILDS) for the
+    case, on the case's device (the host build on CPU, the nvcc build on CUDA); None where
+    it refuses the case (5-D bicubic)."""
     if case.dim == 3 and case.interpolation_mode == 2:
         return None
     return torch.ops.detgrid._core_grad_input(
         case.grad_output, case.input, case.grid, case.interpolation_mode,
-        case.padding_mode, case.align_corners)
+        case.padding_mode, case.align_corners, level=level)
 
 
 def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
@@ -244,6 +245,38 @@ def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[s
             mismatches.append(case.name)
     return {"dtype": dtype, "dim": dim, "cases": ran, "bitwise_equal": equal,
             "max_abs_diff": worst, "mismatches": mismatches[:10], "errors": errors[:10]}
+
+
+def level_row(device: str, level: str, dtype: str, dim: int,
+              cases: Sequence[Case]) -> Dict[str, Any]:
+    """A speed level of the core against the core, both on the device: a level changes no
+    bit, so here equality is required (the host builds show it on the CPU; nvcc's choices of
+    FMA contraction in the level's loops are what this row measures)."""
+    equal, mismatches, errors, ran = 0, [], [], 0
+    for case in cases:
+        try:
+            on_device = case.to(device)
+            core = core_grad_input(on_device)
+            if core is None:
+                continue
+            got = core_grad_input(on_device, level)
+            synchronize(device)
+        except Exception as e:  # recorded, the other cases still run
+            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        ran += 1
+        same = same_bits_or_both_nan(got, core)
+        equal += same
+        if not same:
+            mismatches.append(case.name)
+    return {"level": level, "dtype": dtype, "dim": dim, "cases": ran, "bitwise_equal": equal,
+            "mismatches": mismatches[:10], "errors": errors[:10]}
+
+
+def levels_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
+    """level_row per speed level, dtype and spatial dims, on the executor's cases."""
+    return [level_row(device, level, name, dim, executor_row_cases(name, dim, seed))
+            for level in levels.CORE_BUILDS[1:] for name in dtypes for dim in DIMS]
 
 
 def core_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
@@ -301,6 +334,7 @@ def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed:
                    **_guarded(lambda: knob_invariance(case, device))} for case in cases],
         "executor": executor_match(device, dtypes, seed),
         "core": core_match(device, dtypes, seed),
+        "core_levels": levels_match(device, dtypes, seed),
         "core_repeat": [
             {"case": case.name, "dim": case.dim,
              **_guarded(lambda: repeat_hashes(

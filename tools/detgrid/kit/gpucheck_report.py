@@ -160,8 +160,9 @@ def core_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
     without an error, and its repeats hash the same. Its bits against its
     host build are reported, not required: both builds contract
     multiply-adds where their compilers choose, and that measurement is what
-    the row is for. A check for a run that recorded no core rows (a
-    results file from before them) says n/a."""
+    the row is for. Each speed level must give the core's bits on the device
+    (core_levels). A check for a run that recorded no core rows (a results
+    file from before them) says n/a."""
     rows, repeats = bw.get("core"), bw.get("core_repeat")
     if not rows and not repeats:
         return [_check("core runs and repeats", None, "not run", required=False)]
@@ -171,6 +172,13 @@ def core_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
         f"diff {_fmt(row['max_abs_diff'])}"
         + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""))
         for row in rows or []]
+    for row in bw.get("core_levels") or []:
+        checks.append(_check(
+            f"{row['level']} keeps the core's bits ({row['dtype']}, {row['dim']}-D)",
+            not row.get("errors") and row["bitwise_equal"] == row["cases"],
+            f"{row['bitwise_equal']}/{row['cases']} bitwise equal to the core on the device"
+            + (f", mismatches: {row['mismatches'][:3]}" if row.get("mismatches") else "")
+            + (f", errors: {row['errors'][:2]}" if row.get("errors") else "")))
     for row in repeats or []:
         distinct = row.get("grad_input_distinct")
         checks.append(_check(
