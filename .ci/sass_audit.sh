@@ -12,6 +12,15 @@
 # existing kernel's terms with nvcc's contraction of a*b+c by design, so they
 # are counted, not failed.
 #
+# Then each speed level's core build (detgrid.levels.CORE_BUILDS after the
+# core; today grouped-channels: one more nvcc run of one file): the core's
+# file as the prefix of the upstream stack ending at that level has it
+# (`sass_audit cut-core`: the core with the levels' diffs applied), built
+# the same way and audited by the same rules (no stack frame or spill in a
+# kernel of its own, no flush to zero); the top one fails past the whole
+# upstream stack's budget (<= 100 kernels, <= 1.6 MiB of sm_90 .text, CUB's
+# kernels included; no line budget: the 600 lines are the core's alone).
+#
 # Then the pipeline (aten_kernels/pipeline/aten/src, the extension's speed
 # path) built whole, and fails on: a stack frame or spill in any detgrid
 # kernel, a fused multiply-add in detgrid's own arithmetic (its CUDA == host
@@ -27,13 +36,18 @@
 # them) and audits each the same way, except its stack frames and spills,
 # which are reported ("REPORTED, not failed") and counted in the record.
 # Then prints the core's lines, kernels and .text against its budget (failed
-# past it) and every pipeline level's lines, and the built levels' kernels
-# and .text, with the whole pipeline's budget (<= 128 kernels, 2.0 MiB):
-# over it is printed ("over budget"), not failed. --strict-levels fails on
+# past it), each core build's against the whole stack's (failed past it),
+# the core builds side by side (lines, kernels, .text, and the registers of
+# each run-sum kernel: what a speed level costs), and every pipeline level's
+# lines, and the built levels' kernels and .text, with the whole pipeline's
+# budget (<= 128 kernels, 2.0 MiB): over it is printed ("over budget"), not
+# failed. --strict-levels fails on
 # the whole pipeline's budget and on a level's spills.
 # With --write-machine-code (which builds every level), writes the core's
 # count (the top-level arch, kernels and text_bytes, which `detgrid report`
-# cites, and "core") and every pipeline level's to
+# cites, and "core"), each speed level's core build's (its lines, kernels,
+# text_bytes and run sums' registers, under its level's name) and every
+# pipeline level's to
 # benchmarks/machine_code.json. Then audits the
 # kernels of accumulate="exact" (aten_kernels/extension/exact/) from a build of
 # ExactCuda.cu, the extension's CUDA unit: no stack frame or spill in any of
@@ -130,6 +144,23 @@ audit_core core --json "$work/core.json" \
   | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family |^kernel |^fused family " \
   || status=1
 
+# Each speed level's core build: the core's file as the stack's prefix up to
+# that level has it, in a folder of its own (the file keeps its name, which
+# names the kernels' namespace), against torch's headers alone, as the core.
+# The same rules as the core's; the top one's budget is the whole stack's.
+sass_audit cut-core --kit "$root" --into "$work/core-builds-src" > "$work/core-builds.txt" \
+  || exit 1
+mkdir -p "$work/core-builds"
+core_builds=()
+while read -r -u 3 level source lines; do
+  echo "sass audit: building the upstream stack up to $level ($lines lines of the core's file) for sm_90"
+  build "core-$level" "$source" "" "${torch_defines[@]}"
+  audit_core "core-$level" --level "$level" --json "$work/core-builds/$level.json" \
+    | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family |^kernel |^fused family " \
+    || status=1
+  core_builds+=(--core-build "$work/core-builds/$level.json")
+done 3< "$work/core-builds.txt"
+
 top=$(sass_audit cut --top)
 echo "sass audit: building the pipeline's GridSamplerDeterministic.cu (the whole pipeline, $top) for sm_90"
 build release "$pipeline_src/ATen/native/cuda/GridSamplerDeterministic.cu" "$pipeline_src"
@@ -156,10 +187,11 @@ if ((all_levels)); then
       | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family " || status=1
   done 3< "$work/cut.txt"
 fi
-# The core's budget (failed past it, as above) and the whole pipeline's
-# (printed and recorded, not failed; --strict-levels fails on it).
-sass_audit levels --kit "$root" --core "$work/core.json" --measured "$work/levels" \
-  "${machine_code[@]}" "${levels_strictness[@]}" || status=1
+# The core's budget and the whole stack's (failed past them, as above), the
+# core builds side by side, and the whole pipeline's budget (printed and
+# recorded, not failed; --strict-levels fails on it).
+sass_audit levels --kit "$root" --core "$work/core.json" "${core_builds[@]}" \
+  --measured "$work/levels" "${machine_code[@]}" "${levels_strictness[@]}" || status=1
 
 # ExactCuda.cu includes GridSamplerDeterministic.cu whole; --exact audits only
 # the extension's own kernels (the exact stages' and the grid-gradient

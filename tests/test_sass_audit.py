@@ -14,6 +14,7 @@ from pathlib import Path
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from detgrid.kit import report, sass_audit
+from detgrid.levels import CORE_BUILDS
 
 UNIT_NAMESPACE = "_ZN2at6native60_GLOBAL__N__ffb48525_27_GridSamplerDeterministic_cu_7dd603db"
 OURS = UNIT_NAMESPACE + "15sum_runs_kernelINS0_26grid_sampler_deterministic12ReduceSparseIfiEEiiEEvT_T0_T1_"
@@ -487,12 +488,12 @@ class TestSassAudit(TestCase):
         self.assertIn("cannot read /nonexistent/ptxas.txt", stderr.getvalue())
 
 
-def _fake_kit(kit, pipeline_lines=10, core_lines=600):
+def _fake_kit(kit, pipeline_lines=10, core_lines=600, level_lines=64):
     """A kit whose pipeline's ATen files hold every level's files: the pipeline header includes
     the dense level's header in a marked line and has a block of the hot-fold level; the
     first level's .cuh has ``pipeline_lines`` lines. The upstream core's one file has
-    ``core_lines`` lines."""
-    from detgrid.kit import stack
+    ``core_lines`` lines; each speed level of the stack's diff adds ``level_lines`` to it."""
+    from detgrid.kit import stack, textdiff
 
     folder = Path(kit) / stack.PIPELINE_ROOT / stack.KERNEL_DIR
     folder.mkdir(parents=True)
@@ -509,6 +510,14 @@ def _fake_kit(kit, pipeline_lines=10, core_lines=600):
     core.mkdir(parents=True)
     for name in stack.CORE_FILES:
         (core / name).write_text("int core;\n" * core_lines)
+    text = "int core;\n" * core_lines
+    for level in CORE_BUILDS[1:]:
+        folder = Path(kit) / stack.LEVELS_ROOT / level
+        folder.mkdir(parents=True)
+        longer = text + f"int {level.replace('-', '_')};\n" * level_lines
+        for name in stack.CORE_FILES:
+            (folder / f"{name}.diff").write_text(textdiff.make(text, longer, name))
+        text = longer
 
 
 # Kernels of a build of the upstream core (aten_kernels/aten/.../GridSamplerDeterministic.cu):
@@ -692,6 +701,140 @@ class TestCore(TestCase):
         self.assertIn("cannot read", err)
 
 
+class TestCoreBuilds(TestCase):
+    """Each speed level's core build (`core --level LEVEL`, the core's file as the stack's prefix
+    up to that level has it): the core's rules (a frame or spill of its own and flush to zero
+    fail), the whole stack's budget on the top build (100 kernels, 1.6 MiB; failed past it) and
+    not the core's; what it records."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="detgrid-sass-core-builds-"))
+        self.addCleanup(__import__("shutil").rmtree, self.tmp, True)
+        _fake_kit(self.tmp / "kit")
+        self.top = CORE_BUILDS[-1]
+
+    def _audit(self, unit, *flags, level=None, kit=None):
+        log, sass, cubin = unit
+        return _run_audit({"ptxas": log, "sass": sass, "cubin": cubin}, "core",
+                          "--ptxas-log", "{ptxas}", "--sass", "{sass}", "--cubin", "{cubin}",
+                          "--kit", str(kit or self.tmp / "kit"), "--level", level or self.top,
+                          *flags)
+
+    def test_the_stack_has_a_speed_level_and_the_top_build_is_the_last(self):
+        from detgrid import levels
+
+        self.assertEqual(CORE_BUILDS[0], levels.CORE)
+        self.assertIn("grouped-channels", CORE_BUILDS[1:])
+        self.assertEqual(sass_audit.STACK_BUDGET, sass_audit.LevelBudget(100, int(1.6 * 2**20)))
+        self.assertEqual(sass_audit.core_build_budgets("core", ("core", "a", "b")),
+                         [("the core's budget", sass_audit.CORE_BUDGET)])
+        self.assertEqual(sass_audit.core_build_budgets("a", ("core", "a", "b")), [])
+        self.assertEqual(sass_audit.core_build_budgets("b", ("core", "a", "b")),
+                         [("the whole stack's budget", sass_audit.STACK_BUDGET)])
+        # a stack of the core alone: the core answers to both
+        self.assertEqual(len(sass_audit.core_build_budgets("core", ("core",))), 2)
+
+    def test_a_speed_levels_build_is_audited_and_recorded_as_its_level(self):
+        rc, out, err, after = self._audit(_core_unit(sums_registers=40), "--json",
+                                          "{work}/build.json")
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn(f"machine code ({self.top}): 664 lines of the core's file as the stack up "
+                      f"to {self.top} has it, 3 kernels, 0.09 MiB of sm_90 .text (92032 bytes); "
+                      "the whole stack's budget 100 kernels, 1.60 MiB\n", out)
+        self.assertIn("kernel sum_runs_kernel<float, int>: regs=40 frame=0 B spills=0/0 B "
+                      "text=15616 B\n", out)
+        self.assertTrue(out.startswith(f"REPORTED, not failed (CUB's stack frames, {self.top}): "
+                                       "DeviceUniqueByKeySweepKernel<int, int>"), out)
+        self.assertTrue(out.endswith("0 problem(s), 1 reported, not failed\n"), out)
+        self.assertIn(f"sass audit ({self.top}): 2 kernels of its own", out)
+        record = json.loads(after["build.json"])
+        self.assertEqual((record["level"], record["lines"], record["kernels"],
+                          record["text_bytes"]), (self.top, 664, 3, 92032))
+        (self.tmp / "build.json").write_bytes(after["build.json"])
+        build = sass_audit.read_core_json(self.tmp / "build.json")
+        self.assertEqual(build.level, self.top)
+        self.assertEqual(build.build_record(), {
+            "lines": 664, "arch": "sm_90", "kernels": 3, "text_bytes": 92032,
+            "run_sum_registers": {"sum_runs_kernel<float, int>": 40},  # the run sums' alone
+            "spilling_kernels": 0,
+            "cub_frames": [{"kernel": "DeviceUniqueByKeySweepKernel<int, int>", "stack_frame": 24,
+                            "spill_stores": 20, "spill_loads": 20}]})
+
+    def test_a_frame_or_flush_to_zero_in_a_levels_build_fails(self):
+        rc, out, _, after = self._audit(_core_unit(sums_frame=8), "--json", "{work}/build.json")
+        self.assertEqual(rc, 1, out)
+        self.assertTrue(out.startswith(
+            f"FAIL (stack frames or spills, {self.top}): void at::native::(anonymous namespace)::"
+            "sum_runs_kernel<float, int>("), out)
+        self.assertEqual(json.loads(after["build.json"])["spilling_kernels"], 1)
+        rc, out, _, _ = self._audit(_core_unit([("FMUL.FTZ R6, R6, R9", (CORE_CU, 328))]))
+        self.assertEqual(rc, 1, out)
+        self.assertTrue(out.startswith(f"FAIL (flush-to-zero arithmetic, {self.top}): FMUL.FTZ "
+                                       f"R6, R6, R9 at {CORE_CU}:328 in {CORE_SUMS}"), out)
+
+    def test_the_top_build_fails_past_the_whole_stacks_budget_not_the_cores(self):
+        log, sass, _ = _core_unit()
+        # 100 kernels and 1.6 MiB: within the whole stack's budget, past the core's 40 and
+        # 1 MiB and 600 lines, which are the core's alone
+        size = int(1.6 * 2**20) // 100
+        at = _cubin([(".text." + CORE_SUMS + str(k), size) for k in range(99)]
+                    + [(".text." + CORE_SUMS + "x", int(1.6 * 2**20) - 99 * size)])
+        _fake_kit(self.tmp / "long", core_lines=700)
+        rc, out, _, _ = self._audit((log, sass, at), kit=self.tmp / "long")
+        self.assertEqual(rc, 0, out)
+        self.assertNotIn("FAIL", out)
+        past = _cubin([(".text." + CORE_SUMS + str(k), size + 1) for k in range(101)])
+        rc, out, _, _ = self._audit((log, sass, past))
+        self.assertEqual(rc, 1, out)
+        self.assertIn(f"FAIL (the whole stack's budget, {self.top}): 101 kernels > 100\n"
+                      f"FAIL (the whole stack's budget, {self.top}): 1.62 MiB of .text > "
+                      "1.60 MiB\n", out)
+        # the core itself still answers to its own budget
+        rc, out, _, _ = self._audit((log, sass, at), level=CORE_BUILDS[0])
+        self.assertEqual(rc, 1, out)
+        self.assertIn("FAIL (the core's budget, core): 100 kernels > 40\n", out)
+
+    def test_an_unknown_core_build_or_a_diff_that_does_not_apply_is_a_one_line_error(self):
+        rc, out, err, _ = self._audit(_core_unit(), level="nonesuch")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("unknown core build 'nonesuch'; the core builds are core, ", err)
+        from detgrid.kit import stack
+
+        core = self.tmp / "kit" / stack.UPSTREAM_ROOT / stack.KERNEL_DIR / stack.CORE_FILES[0]
+        core.write_text("int changed;\n" * 600)
+        rc, out, err, _ = self._audit(_core_unit())
+        self.assertEqual((rc, out), (2, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertTrue(err.startswith(f"sass audit: {self.top}: "), err)
+
+    def test_cut_core_writes_each_speed_levels_file(self):
+        from detgrid.kit import stack
+
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            rc = sass_audit.main(["cut-core", "--kit", str(self.tmp / "kit"),
+                                  "--into", str(self.tmp / "src")])
+        self.assertEqual(rc, 0, stderr.getvalue())
+        rows = [line.split() for line in stdout.getvalue().splitlines()]
+        self.assertEqual([row[0] for row in rows], list(CORE_BUILDS[1:]))
+        for k, (level, path, lines) in enumerate(rows):
+            self.assertEqual(Path(path), self.tmp / "src" / level / stack.KERNEL_DIR
+                             / "GridSamplerDeterministic.cu")
+            self.assertEqual(int(lines), 600 + 64 * (k + 1))
+            self.assertEqual(Path(path).read_text(),
+                             stack.core_sources(self.tmp / "kit", level)[
+                                 f"{stack.KERNEL_DIR}/GridSamplerDeterministic.cu"])
+        for level in (CORE_BUILDS[0], "nonesuch"):  # the core is built from its own file
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                rc = sass_audit.main(["cut-core", "--kit", str(self.tmp / "kit"),
+                                      "--into", str(self.tmp / "src"), "--level", level])
+            self.assertEqual((rc, stdout.getvalue()), (2, ""))
+            self.assertIn(f"'{level}' is not a speed level of the upstream stack",
+                          stderr.getvalue())
+
+
 class TestLevels(TestCase):
     """The pipeline's levels: `cut` writes a level's ATen files, `levels` sets the core's
     machine code against its budget (failed past it) and the built levels' and every level's
@@ -731,8 +874,24 @@ class TestLevels(TestCase):
         path.write_text(json.dumps(core.record()))
         return str(path)
 
-    def _levels(self, *flags, core=None):
+    def _core_build(self, level, kernels=38, text_bytes=990464, sums_registers=40, spills=0):
+        """A `core --level LEVEL --json` file."""
+        build = sass_audit.CoreCode(
+            664, sass_audit.MachineCode("sm_90", kernels, text_bytes),
+            {"grid_sampler_2d_records_kernel<float, int>": 32,
+             "sum_run_partials_kernel<float, long>": 40,
+             "sum_runs_kernel<float, int>": sums_registers}, spills, [], {}, level)
+        path = self.tmp / f"build-{level}.json"
+        path.write_text(json.dumps(build.record()))
+        return str(path)
+
+    def _levels(self, *flags, core=None, builds=None):
+        """`levels` with the core's measurement and each speed level's core build's (``builds``:
+        their files; default each as _core_build makes it)."""
+        if builds is None:
+            builds = [self._core_build(level) for level in CORE_BUILDS[1:]]
         return self._main("levels", "--kit", str(self.tmp / "kit"), "--core", core or self._core(),
+                          *[arg for path in builds for arg in ("--core-build", path)],
                           "--measured", str(self.tmp / "measured"), *flags)
 
     def test_cut_writes_a_pipeline_level_as_the_stack_cuts_it(self):
@@ -815,11 +974,19 @@ class TestLevels(TestCase):
         (self.tmp / "benchmarks" / "machine_code.json").write_text(record.read_text())
         code = report.read_machine_code(self.tmp)
         self.assertEqual((code.arch, code.kernels, code.text_bytes), ("sm_90", 38, 966784))
-        # the core's record first, then the pipeline's levels
-        self.assertEqual(list(written["levels"]), [stack.CORE, *stack.LEVEL_NAMES])
+        # the core's record first, then each speed level's core build, then the pipeline's
+        # levels
+        self.assertEqual(list(written["levels"]),
+                         [stack.CORE, *CORE_BUILDS[1:], *stack.LEVEL_NAMES])
         self.assertEqual(written["levels"][stack.CORE], json.loads(Path(self._core()).read_text()))
         self.assertEqual(written["levels"][stack.CORE]["registers"],
                          {"sum_runs_kernel<float, int>": 32})
+        for level in CORE_BUILDS[1:]:
+            self.assertEqual(written["levels"][level],
+                             {"lines": 664, "arch": "sm_90", "kernels": 38, "text_bytes": 990464,
+                              "run_sum_registers": {"sum_run_partials_kernel<float, long>": 40,
+                                                    "sum_runs_kernel<float, int>": 40},
+                              "spilling_kernels": 0, "cub_frames": []})
         self.assertEqual(written["levels"][self.first],
                          {"lines": 1303, "kernels": 37, "text_bytes": 1237504,
                           "spilling_kernels": 1, "fp32_reduces": []})
@@ -828,6 +995,8 @@ class TestLevels(TestCase):
                           "spilling_kernels": None, "fp32_reduces": None})
         self.assertEqual(written["budgets"],
                          {"core": {"kernels": 40, "text_bytes": 2**20, "lines": 600},
+                          "whole_stack": {"level": CORE_BUILDS[-1], "kernels": 100,
+                                          "text_bytes": int(1.6 * 2**20), "lines": None},
                           "whole_pipeline": {"level": self.top, "kernels": 128,
                                              "text_bytes": 2 * 2**20, "lines": None}})
         self.assertEqual((written["budget_met"], written["over_budget"]), (True, []))
@@ -895,6 +1064,73 @@ class TestLevels(TestCase):
             self.assertEqual(err.count("\n"), 1, err)
             self.assertIn(message, err)
             self.assertFalse((self.tmp / "m.json").exists())
+        # every speed level's core build, once each, and the core's measurement as --core
+        for builds, message in (
+                ([], f"no --core-build of {', '.join(CORE_BUILDS[1:])}"),
+                ([self._core_build("nonesuch")], "core build 'nonesuch' is not a speed level's"),
+                ([self._core_build(CORE_BUILDS[-1])] * 2, "is measured twice"),
+                ([str(self.tmp / "bad.json")], "not a `core --level --json` file"),
+                ([str(self.tmp / "none.json")], "cannot read")):
+            rc, out, err = self._levels("--machine-code-json", str(self.tmp / "m.json"),
+                                        builds=builds)
+            self.assertEqual((rc, out), (2, ""))
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(message, err)
+            self.assertFalse((self.tmp / "m.json").exists())
+        rc, out, err = self._levels(core=self._core_build(CORE_BUILDS[-1]))
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("not the core's (give it as --core-build)", err)
+
+    def test_the_core_builds_are_printed_side_by_side(self):
+        _fake_kit(self.tmp / "kit")
+        self._measure(self.top, 100, 2**20)
+        top = CORE_BUILDS[-1]
+        rc, out, err = self._levels()
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"core build {top} (the core's file as the stack up to {top} has it): 664 "
+                      "lines, 38 kernels, 0.94 MiB of sm_90 .text (990464 bytes); the whole "
+                      "stack's budget 100 kernels, 1.60 MiB; 0 kernel(s) of its own with a stack "
+                      "frame or spills, 0 of CUB's with a stack frame\n"
+                      f"whole stack budget ({top}): met\n", out)
+        names = " | ".join(CORE_BUILDS)
+        more = len(CORE_BUILDS) - 1
+        self.assertIn(f"core builds side by side: {names}\n"
+                      f"  lines: 600{' | 664' * more}\n"
+                      f"  kernels: 38{' | 38' * more}\n"
+                      f"  .text bytes: 966784{' | 990464' * more}\n"
+                      "  run sums' registers (ptxas -v):\n"
+                      f"  sum_run_partials_kernel<float, long>: -{' | 40' * more}\n"
+                      f"  sum_runs_kernel<float, int>: 32{' | 40' * more}\n"
+                      "pipeline levels: ", out)
+        self.assertNotIn("grid_sampler_2d_records_kernel", out)  # the run sums alone
+
+    def test_the_whole_stack_over_budget_fails_and_is_recorded(self):
+        _fake_kit(self.tmp / "kit")
+        self._measure(self.top, 100, 2**20)
+        top = CORE_BUILDS[-1]
+        record = self.tmp / "machine_code.json"
+        builds = [self._core_build(level) for level in CORE_BUILDS[1:-1]]
+        builds.append(self._core_build(top, kernels=101, text_bytes=int(1.6 * 2**20) + 1))
+        rc, out, _ = self._levels("--machine-code-json", str(record), builds=builds)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("core budget: met\n", out)
+        self.assertIn(f"OVER BUDGET (whole stack, failed): whole stack ({top}): 101 kernels > 100\n"
+                      f"OVER BUDGET (whole stack, failed): whole stack ({top}): 1.60 MiB of .text "
+                      "> 1.60 MiB\n"
+                      f"whole stack budget ({top}): OVER BUDGET, 2 finding(s); failed\n", out)
+        self.assertTrue(out.endswith("pipeline budget: met\n"), out)
+        written = json.loads(record.read_text())
+        self.assertIs(written["budget_met"], False)
+        self.assertEqual(written["over_budget"],
+                         [f"whole stack ({top}): 101 kernels > 100",
+                          f"whole stack ({top}): 1.60 MiB of .text > 1.60 MiB"])
+        # the top-level count stays the core's
+        self.assertEqual((written["kernels"], written["text_bytes"]), (38, 966784))
+        # at the budget: met
+        builds[-1] = self._core_build(top, kernels=100, text_bytes=int(1.6 * 2**20))
+        rc, out, _ = self._levels(builds=builds)
+        self.assertEqual(rc, 0, out)
+        self.assertIn(f"whole stack budget ({top}): met\n", out)
 
     def test_the_audit_of_a_level_writes_its_measurement(self):
         files = {"ptxas": "", "sass": "\t.target\tsm_90\n" + _sass(_listing(["EXIT"], {})),

@@ -14,6 +14,17 @@ helpers it inlines, and its budget (CORE_BUDGET: kernels, CUB's included,
 bytes of sm_90 `.text`, and lines of new ATen code). It prints every
 kernel's registers and records the unit for benchmarks/machine_code.json.
 
+Each speed level's core build (`core --level LEVEL`, detgrid.levels.CORE_BUILDS
+after the core: the core's file as the prefix of the upstream stack ending at
+that level has it, which `cut-core` writes), built as the core is: the same
+rules (a stack frame or spill of its own, flush to zero), and on the top
+build (the last speed level's) the whole upstream stack's budget instead of
+the core's (STACK_BUDGET: kernels, CUB's included, and bytes of sm_90
+`.text`; the 600 lines are the core's alone). `levels --core-build` sets the
+core builds side by side (lines, kernels, `.text`, and the registers of each
+run-sum kernel, RUN_SUM_KERNELS: what a speed level costs) and records each
+under its level's name in benchmarks/machine_code.json.
+
 The pipeline (aten_kernels/pipeline/, the extension's speed path, its levels
 cut from one set of sources by detgrid.kit.stack), on a build of its
 GridSamplerDeterministic.cu (with --exact, on a build of
@@ -45,13 +56,14 @@ Its host executors' bit equality rests on the four checks:
 A build of a prefix of the pipeline (`cut` writes a level's ATen files as the
 stack cuts them) is audited with the same checks. `levels` then prints each
 level's lines and the built levels' kernels and `.text`, with the whole
-pipeline's budget (PIPELINE_BUDGET) and the core's, and records them in
-benchmarks/machine_code.json (the one writer of that file): under ``levels``
-the core's record (``core``, what `detgrid report` cites) beside the
-pipeline's levels; its top-level arch, kernels and text_bytes are the
-upstream change's, the core's.
+pipeline's budget (PIPELINE_BUDGET), the core's and the whole stack's, and
+records them in benchmarks/machine_code.json (the one writer of that file):
+under ``levels`` the core's record (``core``, what `detgrid report` cites),
+then each speed level's core build, beside the pipeline's levels; its
+top-level arch, kernels and text_bytes are the upstream change's, the core's.
 The whole pipeline over its budget is reported ("over budget"), not failed
-(--strict fails on it); the core over its budget fails. A level's build
+(--strict fails on it); the core over its budget fails, and so does the top
+core build over the whole stack's. A level's build
 fails the audit as the whole pipeline's does, except that with
 --report-spills its stack frames and spills are reported, not failed (the
 levels' record counts them).
@@ -140,6 +152,14 @@ CORE_BUDGET = LevelBudget(40, 1 * 2**20, 600)
 TOP_LEVEL = "top"  # stands for detgrid.kit.stack.TOP, the whole pipeline
 PIPELINE_BUDGET = LevelBudget(128, 2 * 2**20)
 LEVEL_BUDGETS = {CORE_LEVEL: CORE_BUDGET, TOP_LEVEL: PIPELINE_BUDGET}
+# The whole upstream stack's budget ("the whole stack: <= 100 named kernels and 1.6 MiB"):
+# kernels, CUB's included, and sm_90 `.text` of the core's file as the top core build (the
+# prefix of the stack ending at its last speed level, detgrid.levels.CORE_BUILDS[-1]) has it.
+# No line budget: the core's 600 lines are the core's alone. The audit fails past it.
+STACK_BUDGET = LevelBudget(100, int(1.6 * 2**20))
+# The core's run sums, whose registers the core builds' audit sets side by side: what a speed
+# level of the stack costs in registers.
+RUN_SUM_KERNELS = ("sum_runs_kernel", "sum_run_partials_kernel")
 
 # The upstream core: its kernels are those of its file's anonymous namespace
 # (OUR_KERNEL); its arithmetic is its own file's and that of the existing
@@ -890,7 +910,9 @@ def _code_text(code: MachineCode) -> str:
 
 def print_levels(levels: Dict[str, LevelCode], top: str, findings: List[str], strict: bool,
                  core: Optional["CoreCode"] = None,
-                 core_findings: Sequence[str] = ()) -> None:
+                 core_findings: Sequence[str] = (),
+                 builds: Optional[Dict[str, "CoreCode"]] = None, top_build: Optional[str] = None,
+                 stack_findings: Sequence[str] = ()) -> None:
     if core is not None:
         print(f"core (the upstream change): {core.lines} lines, {_code_text(core.code)}; "
               f"budget {_budget_text(CORE_BUDGET)}; {core.spilling_kernels} kernel(s) of its own "
@@ -899,6 +921,8 @@ def print_levels(levels: Dict[str, LevelCode], top: str, findings: List[str], st
             print(f"OVER BUDGET (core, failed): {finding}")
         print("core budget: met" if not core_findings else
               f"core budget: OVER BUDGET, {len(core_findings)} finding(s); failed")
+        if builds is not None and top_build is not None:
+            print_core_builds(core, builds, top_build, stack_findings)
     print("pipeline levels: lines of each level's ATen files as the stack cuts them; kernels "
           "and sm_90 .text of its GridSamplerDeterministic.cu, CUB's included")
     budgets = level_budgets(top)
@@ -921,16 +945,22 @@ def print_levels(levels: Dict[str, LevelCode], top: str, findings: List[str], st
 
 
 def levels_record(levels: Dict[str, LevelCode], top: str, findings: List[str],
-                  core: "CoreCode", core_findings: Sequence[str] = ()) -> dict:
+                  core: "CoreCode", core_findings: Sequence[str] = (),
+                  builds: Optional[Dict[str, "CoreCode"]] = None, top_build: Optional[str] = None,
+                  stack_findings: Sequence[str] = ()) -> dict:
     """benchmarks/machine_code.json: the upstream change's (the core's) arch, kernels and
     text_bytes; under ``levels``, the core's record first (``core``: lines, arch, kernels,
     text_bytes, registers per kernel, kernels of its own with a stack frame or spills, CUB's
-    frames, fused instructions per kernel family; what `detgrid report` cites), then every
-    pipeline level's lines, kernels and text_bytes (null: not built); the budgets (``core``
-    and ``whole_pipeline``) and whether they are met."""
+    frames, fused instructions per kernel family; what `detgrid report` cites), then each speed
+    level's core build (``builds``, CoreCode.build_record: its lines, arch, kernels, text_bytes,
+    run sums' registers, spilling kernels, CUB's frames), then every pipeline level's lines,
+    kernels and text_bytes (null: not built); the budgets (``core``, ``whole_stack`` on
+    ``top_build`` when builds are given, and ``whole_pipeline``) and whether they are met."""
+    builds = builds or {}
     return {
         **dataclasses.asdict(core.code),
         "levels": {CORE_LEVEL: core.record(),
+                   **{level: build.build_record() for level, build in builds.items()},
                    **{level: {"lines": lv.lines,
                               "kernels": lv.code.kernels if lv.code else None,
                               "text_bytes": lv.code.text_bytes if lv.code else None,
@@ -938,9 +968,12 @@ def levels_record(levels: Dict[str, LevelCode], top: str, findings: List[str],
                               "fp32_reduces": lv.reduces}
                       for level, lv in levels.items()}},
         "budgets": {CORE_LEVEL: dataclasses.asdict(CORE_BUDGET),
+                    **({"whole_stack": {"level": top_build, **dataclasses.asdict(STACK_BUDGET)}}
+                       if top_build is not None else {}),
                     "whole_pipeline": {"level": top, **dataclasses.asdict(PIPELINE_BUDGET)}},
-        "budget_met": not findings and not core_findings,
-        "over_budget": [f"core: {finding}" for finding in core_findings] + list(findings),
+        "budget_met": not findings and not core_findings and not stack_findings,
+        "over_budget": ([f"core: {finding}" for finding in core_findings] + list(stack_findings)
+                        + list(findings)),
     }
 
 
@@ -975,15 +1008,59 @@ def cut_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def cut_core_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m detgrid.kit.sass_audit cut-core",
+        description="write the core's file as each speed level's prefix of the upstream stack "
+        "has it (detgrid.kit.stack.core_sources: the core with the levels' diffs applied) under "
+        "INTO/LEVEL/, and print one line per level: LEVEL PATH_OF_ITS_.cu LINES")
+    parser.add_argument("--kit", required=True, help="the kit's root (holds aten_kernels/)")
+    parser.add_argument("--into", required=True, help="folder to write them under")
+    parser.add_argument("--level", action="append", default=[],
+                        help="a speed level (repeatable); default every speed level of "
+                        "detgrid.levels.CORE_BUILDS")
+    args = parser.parse_args(argv)
+    speed_levels = _core_builds()[1:]
+    levels = args.level or list(speed_levels)
+    unknown = [level for level in levels if level not in speed_levels]
+    if unknown:
+        return _usage_error(f"cut-core: {', '.join(map(repr, unknown))} is not a speed level "
+                            f"of the upstream stack ({', '.join(speed_levels) or 'none'})")
+    rows = []
+    try:
+        for level in levels:
+            unit = None
+            for rel, text in _stack().core_sources(args.kit, level).items():
+                path = Path(args.into) / level / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+                if rel.endswith("/GridSamplerDeterministic.cu"):
+                    unit = (path, len(text.splitlines()))
+            if unit is None:
+                return _usage_error(f"cut-core: {level}: no GridSamplerDeterministic.cu")
+            rows.append((level, *unit))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return _usage_error(f"cut-core: {e}")
+    for level, path, lines in rows:
+        print(f"{level} {path} {lines}")
+    return 0
+
+
 def levels_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m detgrid.kit.sass_audit levels",
-        description="the core's machine code against its budget (failed past it), and every "
-        "pipeline level's lines and the built levels' machine code against the whole "
-        "pipeline's budget (reported, not failed, without --strict)")
+        description="the core's machine code against its budget and the top core build's "
+        "against the whole stack's (failed past them), the core builds side by side (lines, "
+        "kernels, .text, the run sums' registers), and every pipeline level's lines and the "
+        "built levels' machine code against the whole pipeline's budget (reported, not "
+        "failed, without --strict)")
     parser.add_argument("--kit", required=True, help="the kit's root (holds aten_kernels/)")
     parser.add_argument("--core", required=True, metavar="PATH",
                         help="the core's measurement (`core --json`)")
+    parser.add_argument("--core-build", action="append", default=[], metavar="PATH",
+                        help="a speed level's core build's measurement (`core --level LEVEL "
+                        "--json`; repeatable): every speed level of detgrid.levels.CORE_BUILDS "
+                        "once, the top one against the whole stack's budget (failed past it)")
     parser.add_argument("--measured", required=True, metavar="DIR",
                         help="the --level-json files of the pipeline's levels built (the whole "
                         "pipeline at least)")
@@ -1009,23 +1086,49 @@ def levels_main(argv: Sequence[str]) -> int:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return _usage_error(f"levels: {args.core}: not a `core --json` file "
                             f"({type(e).__name__}: {e})")
+    if core.level != CORE_LEVEL:
+        return _usage_error(f"levels: {args.core}: the core build of {core.level}, not the "
+                            "core's (give it as --core-build)")
+    core_builds = _core_builds()
+    measured_builds: Dict[str, CoreCode] = {}
+    for path in args.core_build:
+        try:
+            build = read_core_json(path)
+        except (OSError, UnicodeDecodeError) as e:
+            return _usage_error(f"levels: cannot read {path}: {e.strerror or e}")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return _usage_error(f"levels: {path}: not a `core --level --json` file "
+                                f"({type(e).__name__}: {e})")
+        if build.level not in core_builds[1:] or build.level in measured_builds:
+            return _usage_error(f"levels: {path}: core build {build.level!r} is "
+                                + ("measured twice" if build.level in measured_builds else
+                                   f"not a speed level's (those are "
+                                   f"{', '.join(core_builds[1:]) or 'none'})"))
+        measured_builds[build.level] = build
     unknown = sorted(set(measured) - set(lines))
     missing = [level for level in (stack.TOP,) if level not in measured]
-    if unknown or missing:
-        return _usage_error(f"levels: {args.measured}: " + "; ".join(
-            ([f"no level {', '.join(unknown)}"] if unknown else [])
-            + ([f"no measurement of {', '.join(missing)}"] if missing else [])))
+    missing_builds = [level for level in core_builds[1:] if level not in measured_builds]
+    if unknown or missing or missing_builds:
+        pipeline = "; ".join(([f"no level {', '.join(unknown)}"] if unknown else [])
+                             + ([f"no measurement of {', '.join(missing)}"] if missing else []))
+        return _usage_error("levels: " + "; ".join(
+            ([f"{args.measured}: {pipeline}"] if pipeline else [])
+            + ([f"no --core-build of {', '.join(missing_builds)}"] if missing_builds else [])))
     levels = {level: LevelCode(level, n, *measured.get(level, (None, None, None)))
               for level, n in lines.items()}
     findings = level_budget_findings(levels, stack.TOP)
     core_findings = core_budget_violations(core)
-    print_levels(levels, stack.TOP, findings, args.strict, core, core_findings)
+    builds = {level: measured_builds[level] for level in core_builds[1:]}
+    top_build = core_builds[-1]
+    stack_findings = stack_budget_findings({CORE_LEVEL: core, **builds}, top_build)
+    print_levels(levels, stack.TOP, findings, args.strict, core, core_findings, builds,
+                 top_build, stack_findings)
     if args.machine_code_json:
         with open(args.machine_code_json, "w", encoding="utf-8") as f:
-            json.dump(levels_record(levels, stack.TOP, findings, core, core_findings), f,
-                      indent=2)
+            json.dump(levels_record(levels, stack.TOP, findings, core, core_findings, builds,
+                                    top_build, stack_findings), f, indent=2)
             f.write("\n")
-    return 1 if core_findings or (findings and args.strict) else 0
+    return 1 if core_findings or stack_findings or (findings and args.strict) else 0
 
 
 # ------------------------------------------------------------------- the upstream core
@@ -1042,12 +1145,31 @@ class CoreCode:
     spilling_kernels: int
     cub_frames: List[dict]
     fused: Dict[str, dict]
+    # Which core build (detgrid.levels.CORE_BUILDS) this is: the core, or the prefix of the
+    # upstream stack ending at a speed level, whose lines are those of the core's file as that
+    # prefix has it.
+    level: str = CORE_LEVEL
 
     def record(self) -> dict:
-        """The core's entry of benchmarks/machine_code.json (and what `core --json` writes)."""
-        return {"lines": self.lines, **dataclasses.asdict(self.code),
+        """The core's entry of benchmarks/machine_code.json (and what `core --json` writes); a
+        speed level's build's names its level first."""
+        return {**({"level": self.level} if self.level != CORE_LEVEL else {}),
+                "lines": self.lines, **dataclasses.asdict(self.code),
                 "registers": self.registers, "spilling_kernels": self.spilling_kernels,
                 "cub_frames": self.cub_frames, "fused": self.fused}
+
+    def run_sum_registers(self) -> Dict[str, int]:
+        """Registers of its run sums (RUN_SUM_KERNELS), by short label."""
+        return {label: n for label, n in self.registers.items()
+                if label.split("<", 1)[0] in RUN_SUM_KERNELS}
+
+    def build_record(self) -> dict:
+        """A speed level's core build's entry of benchmarks/machine_code.json: the lines of the
+        core's file as its prefix of the stack has it, its machine code, its run sums'
+        registers, its own kernels with a stack frame or spills and CUB's frames."""
+        return {"lines": self.lines, **dataclasses.asdict(self.code),
+                "run_sum_registers": self.run_sum_registers(),
+                "spilling_kernels": self.spilling_kernels, "cub_frames": self.cub_frames}
 
 
 def read_core_json(path) -> CoreCode:
@@ -1056,7 +1178,7 @@ def read_core_json(path) -> CoreCode:
                     MachineCode(str(data["arch"]), int(data["kernels"]), int(data["text_bytes"])),
                     {str(k): int(v) for k, v in data["registers"].items()},
                     int(data["spilling_kernels"]), list(data["cub_frames"]),
-                    dict(data["fused"]))
+                    dict(data["fused"]), str(data.get("level", CORE_LEVEL)))
 
 
 def core_budget_violations(core: CoreCode, budget: LevelBudget = CORE_BUDGET) -> List[str]:
@@ -1067,9 +1189,78 @@ def core_budget_violations(core: CoreCode, budget: LevelBudget = CORE_BUDGET) ->
     return found + budget_violations(core.code, budget.kernels, budget.text_bytes)
 
 
-def core_lines(kit_root) -> int:
-    """Lines of the files the upstream core adds (detgrid.kit.stack.core_sources)."""
-    return sum(len(text.splitlines()) for text in _stack().core_sources(kit_root).values())
+def core_lines(kit_root, upto: str = CORE_LEVEL) -> int:
+    """Lines of the files the upstream core adds (detgrid.kit.stack.core_sources), as the prefix
+    of the stack ending at ``upto`` has them."""
+    return sum(len(text.splitlines())
+               for text in _stack().core_sources(kit_root, upto).values())
+
+
+def _core_builds() -> Tuple[str, ...]:
+    """detgrid.levels.CORE_BUILDS: the core, then each prefix of the upstream stack that ends
+    at a speed level, named by that level."""
+    from detgrid import levels  # only here, as _stack
+
+    return tuple(levels.CORE_BUILDS)
+
+
+# What a core build's failures past a budget print under.
+CORE_BUDGET_KIND = "the core's budget"
+STACK_BUDGET_KIND = "the whole stack's budget"
+
+
+def core_build_budgets(level: str, builds: Sequence[str]) -> List[Tuple[str, LevelBudget]]:
+    """The budgets the core build ``level`` answers to, by the kind its failures print under:
+    the core's (CORE_BUDGET) on the core (``builds[0]``), the whole stack's (STACK_BUDGET) on
+    the top core build (``builds[-1]``); a build between them answers to none."""
+    found = []
+    if level == builds[0]:
+        found.append((CORE_BUDGET_KIND, CORE_BUDGET))
+    if level == builds[-1]:
+        found.append((STACK_BUDGET_KIND, STACK_BUDGET))
+    return found
+
+
+def stack_budget_findings(builds: Dict[str, CoreCode], top: str) -> List[str]:
+    """Where the top core build ``top`` (the whole upstream stack) exceeds STACK_BUDGET, or
+    was not measured."""
+    label = f"whole stack ({top})"
+    if top not in builds:
+        return [f"{label}: not measured"]
+    return [f"{label}: {problem}" for problem in core_budget_violations(builds[top], STACK_BUDGET)]
+
+
+def run_sum_register_rows(builds: Dict[str, CoreCode]) -> List[Tuple[str, List[Optional[int]]]]:
+    """Per run-sum kernel (label), its registers in each build, in ``builds``' order (None:
+    not in that build)."""
+    labels = sorted({label for build in builds.values() for label in build.run_sum_registers()})
+    return [(label, [build.run_sum_registers().get(label) for build in builds.values()])
+            for label in labels]
+
+
+def print_core_builds(core: CoreCode, builds: Dict[str, CoreCode], top: str,
+                      stack_findings: Sequence[str]) -> None:
+    """Each speed level's core build against the whole stack's budget, then the core and the
+    builds side by side: kernels, .text and the run sums' registers."""
+    for level, build in builds.items():
+        budget = (f"; the whole stack's budget {_budget_text(STACK_BUDGET)}" if level == top
+                  else "")
+        print(f"core build {level} (the core's file as the stack up to {level} has it): "
+              f"{build.lines} lines, {_code_text(build.code)}{budget}; "
+              f"{build.spilling_kernels} kernel(s) of its own with a stack frame or spills, "
+              f"{len(build.cub_frames)} of CUB's with a stack frame")
+    for finding in stack_findings:
+        print(f"OVER BUDGET (whole stack, failed): {finding}")
+    print(f"whole stack budget ({top}): met" if not stack_findings else
+          f"whole stack budget ({top}): OVER BUDGET, {len(stack_findings)} finding(s); failed")
+    every = {CORE_LEVEL: core, **builds}
+    print(f"core builds side by side: {' | '.join(every)}")
+    print(f"  lines: {' | '.join(str(b.lines) for b in every.values())}")
+    print(f"  kernels: {' | '.join(str(b.code.kernels) for b in every.values())}")
+    print(f"  .text bytes: {' | '.join(str(b.code.text_bytes) for b in every.values())}")
+    print("  run sums' registers (ptxas -v):")
+    for label, registers in run_sum_register_rows(every):
+        print(f"  {label}: " + " | ".join("-" if n is None else str(n) for n in registers))
 
 
 def _is_core_kernel(name: str) -> bool:
@@ -1134,9 +1325,14 @@ def core_kernel_rows(resources: Dict[str, Resources], sections: Dict[str, int]
 
 
 def print_core(core: CoreCode, sections: Dict[str, int],
-               rows: List[Tuple[bool, str, Resources, Optional[int]]]) -> None:
-    print(f"machine code (core): {core.lines} lines of new ATen code, {_code_text(core.code)}; "
-          f"budget {_budget_text(CORE_BUDGET)}")
+               rows: List[Tuple[bool, str, Resources, Optional[int]]],
+               budgets: Sequence[Tuple[str, LevelBudget]] = ((CORE_BUDGET_KIND, CORE_BUDGET),)
+               ) -> None:
+    what = ("lines of new ATen code" if core.level == CORE_LEVEL
+            else f"lines of the core's file as the stack up to {core.level} has it")
+    budget = "; ".join(("budget " if kind == CORE_BUDGET_KIND else "the whole stack's budget ")
+                       + _budget_text(b) for kind, b in budgets) or "no budget of its own"
+    print(f"machine code ({core.level}): {core.lines} {what}, {_code_text(core.code)}; {budget}")
     for name, count, size in kernel_families(sections):
         print(f"family {name}: {count} kernels, {size / 1024:.1f} KiB")
     for _, label, r, size in rows:
@@ -1153,17 +1349,28 @@ def print_core(core: CoreCode, sections: Dict[str, int],
 def core_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m detgrid.kit.sass_audit core",
-        description="audit a build of the upstream core's GridSamplerDeterministic.cu: no "
-        "stack frame or spill in its kernels, no flush to zero, its budget; print its kernels' "
-        "registers and its fused instructions per kernel family (reported, not failed)")
+        description="audit a build of the upstream core's GridSamplerDeterministic.cu (with "
+        "--level, a speed level's core build): no stack frame or spill in its kernels, no "
+        "flush to zero, its budget (the top core build's: the whole stack's); print its "
+        "kernels' registers and its fused instructions per kernel family (reported, not "
+        "failed)")
     parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
     parser.add_argument("--sass", required=True, help="output of nvdisasm -c -g -gi")
     parser.add_argument("--cubin", required=True, metavar="PATH", help="the unit's cubin")
     parser.add_argument("--kit", required=True,
                         help="the kit's root, whose core's lines are counted")
     parser.add_argument("--json", metavar="PATH", help="write the core's record there, for "
-                        "`levels --core`")
+                        "`levels --core` (with --level, for `levels --core-build`)")
+    parser.add_argument("--level", default=CORE_LEVEL, metavar="NAME",
+                        help="the core build this is (detgrid.levels.CORE_BUILDS): the core "
+                        "(default), or a speed level: the core's file as the prefix of the "
+                        "upstream stack ending at it has it (`cut-core` writes it), audited by "
+                        "the same rules; the top one against the whole stack's budget")
     args = parser.parse_args(argv)
+    builds = _core_builds()
+    if args.level not in builds:
+        return _usage_error(f"unknown core build {args.level!r}; the core builds are "
+                            f"{', '.join(builds)}")
     try:
         with open(args.ptxas_log, encoding="utf-8") as f:
             resources = parse_ptxas(f.read())
@@ -1171,11 +1378,16 @@ def core_main(argv: Sequence[str]) -> int:
             sass = f.read()
         with open(args.cubin, "rb") as f:
             sections = elf_text_sections(f.read())
-        lines = core_lines(args.kit)
     except (OSError, UnicodeDecodeError) as e:
         return _usage_error(f"cannot read {e.filename or 'an input'}: {e.strerror or e}")
     except (ValueError, struct.error) as e:
         return _usage_error(f"{args.cubin}: not a cubin ({e})")
+    try:
+        lines = core_lines(args.kit, args.level)
+    except (OSError, UnicodeDecodeError) as e:
+        return _usage_error(f"cannot read {e.filename or 'an input'}: {e.strerror or e}")
+    except ValueError as e:  # a level's diff that does not apply to the core's file
+        return _usage_error(f"{args.level}: {e}")
     functions = parse_sass(sass)
     ours = [n for n in functions if _is_core_kernel(n)]
     if not ours:
@@ -1183,23 +1395,25 @@ def core_main(argv: Sequence[str]) -> int:
     spills = resource_violations(resources, (), CORE_SCOPE)
     core = CoreCode(lines, MachineCode(target_arch(sass) or "unknown", len(sections),
                                        sum(sections.values())),
-                    {}, len(spills), unit_cub_frames(resources), fused_by_family(functions))
+                    {}, len(spills), unit_cub_frames(resources), fused_by_family(functions),
+                    args.level)
     rows = core_kernel_rows(resources, sections)
     core.registers = {label: r.registers for own, label, r, _ in rows if own}
+    budgets = core_build_budgets(args.level, builds)
     problems = {
         "stack frames or spills": spills,
         "flush-to-zero arithmetic": ftz_violations(functions, CORE_SCOPE),
-        "the core's budget": core_budget_violations(core),
+        **{kind: core_budget_violations(core, budget) for kind, budget in budgets},
     }
     reported = [f"{frame['kernel']}: {frame['stack_frame']} B stack frame, "
                 f"{frame['spill_stores']} B spill stores, {frame['spill_loads']} B spill loads"
                 for frame in core.cub_frames]
     for kind, found in problems.items():
         for problem in found:
-            print(f"FAIL ({kind}, core): {problem}")
+            print(f"FAIL ({kind}, {args.level}): {problem}")
     for problem in reported:
-        print(f"REPORTED, not failed (CUB's stack frames, core): {problem}")
-    print_core(core, sections, rows)
+        print(f"REPORTED, not failed (CUB's stack frames, {args.level}): {problem}")
+    print_core(core, sections, rows, budgets)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(core.record(), f, indent=2)
@@ -1207,7 +1421,7 @@ def core_main(argv: Sequence[str]) -> int:
     failed = sum(map(len, problems.values()))
     fused = {op: sum(family[op] for family in core.fused.values())
              for op in ("FFMA", "DFMA", "HFMA2")}
-    print(f"sass audit (core): {len(ours)} kernels of its own, "
+    print(f"sass audit ({args.level}): {len(ours)} kernels of its own, "
           f"{sum(len(functions[n].instructions) for n in ours)} instructions, "
           f"{' '.join(f'{op}={n}' for op, n in fused.items())} (reported); {failed} problem(s)"
           + (f", {len(reported)} reported, not failed" if reported else ""))
@@ -1247,13 +1461,16 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["cut"]:
         return cut_main(argv[1:])
+    if argv[:1] == ["cut-core"]:
+        return cut_core_main(argv[1:])
     if argv[:1] == ["levels"]:
         return levels_main(argv[1:])
     if argv[:1] == ["core"]:
         return core_main(argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="subcommands: `core` (the upstream core's build), `cut` (a pipeline level's ATen "
+        epilog="subcommands: `core` (a core build: the upstream core's, or with --level a speed "
+        "level's), `cut-core` (a speed level's core file), `cut` (a pipeline level's ATen "
         "files), `levels` (the budgets, benchmarks/machine_code.json); "
         "each takes --help")
     parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
