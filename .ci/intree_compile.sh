@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # In-tree compile check: upstream v2.6.0 (Debian's pytorch source, cached by
-# detgrid.kit.upstream_tree) patched by this checkout's `detgrid patch`, then the
+# detgrid.kit.upstream_tree) patched by this checkout's `detgrid patch` (the
+# whole stack: the core, the cuDNN route and the core's speed levels, so
+# GridSamplerDeterministic.cu is the last speed level's), then the
 # patched/new GridSampler .cu (nvcc 12.4) and .cpp (g++) files compiled to
 # objects against the tree's own headers, its own torchgen's generated headers
 # and its CMake-configured headers (see tools/detgrid/kit/intree_compile.py);

@@ -287,6 +287,25 @@ class TestCore(TestCase):
         self.assertEqual(changed, ["Det.cu", "GridSampler.cu"])
         self.assertEqual(differing, ["Dense.cuh", "Det.cu"])
 
+    def test_the_copys_core_file_must_be_the_stacks_up_to_the_patch_applied(self):
+        from detgrid.kit import stack
+
+        copy = self.tmp / "copy"
+        for name in stack.UPSTREAM_NAMES:
+            for rel, text in stack.core_sources(IC.KIT_ROOT, name).items():
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                (copy / rel).write_text(text)
+            self.assertEqual(IC.check_core_files(copy, name),
+                             ["aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"])
+        # the whole stack's file is its last speed level's, not the core's
+        core, top = stack.CORE, stack.UPSTREAM_NAMES[-1]
+        self.assertTrue(stack.UPSTREAM_STACK[-1].speed_level)
+        with self.assertRaisesRegex(IC.SetupError, f"not the stack's up to {core} \\(differs\\)"):
+            IC.check_core_files(copy, core)
+        (copy / "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu").unlink()
+        with self.assertRaisesRegex(IC.SetupError, f"not the stack's up to {top} \\(missing\\)"):
+            IC.check_core_files(copy, top)
+
     def test_no_core_is_an_option(self):
         err = io.StringIO()
         with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(err), \

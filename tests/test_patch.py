@@ -1,6 +1,7 @@
 """`detgrid patch` on a real PyTorch tree (Debian's v2.6.0 source), on main as known and on a tree
-with #196856 (tests/fixtures/*/README.md say what they mirror): the core (`--upto core`) and the
-cuDNN patch after it (the default), their anchors, refusals and idempotence.
+with #196856 (tests/fixtures/*/README.md say what they mirror): the core (`--upto core`), the
+cuDNN patch after it (`--upto cudnn`) and the core's speed levels after that (the default: the
+whole stack), their anchors, refusals and idempotence.
 
 The real-tree tests skip, with the reason, when the tree is not cached and Debian cannot be reached.
 """
@@ -265,8 +266,8 @@ class TestPatchRealTree(TestCase):
         rc, stdout, stderr = run_patch("--pytorch", tree, "--out", out)
         self.assertEqual(rc, 0, stderr)
         self.assertIn("base: v2.6.0", stdout)
-        # the core's file, as the kit has it
-        for rel, text in stack.core_sources(KIT_ROOT).items():
+        # the core's file, as the whole stack (the core and its speed levels) has it
+        for rel, text in stack.core_sources(KIT_ROOT, P.TOP).items():
             self.assertEqual((tree / rel).read_text(), text)
         cu = (tree / P.CU).read_text()
         for dims in P.DIMS:
@@ -363,10 +364,12 @@ class TestPatchRealTree(TestCase):
                          "    const TensorBase &grad_input, const TensorBase &grad_output,\n"
                          "    const TensorBase &input, const TensorBase &grid, int64_t interpolation_mode,\n"
                          "    int64_t padding_mode, bool align_corners);\n")
-        # the kit's .cu defines what the header declares, and includes that header
-        core = stack.core_sources(KIT_ROOT)[P.CORE_SOURCE]
-        P.check_kit_core(P.CORE_SOURCE, core.encode())
-        self.assertIn("#include <ATen/native/cuda/GridSampler.h>\n", core)
+        # the kit's .cu defines what the header declares, and includes that header, in every
+        # build of it the stack writes (the core's and each speed level's)
+        for name in stack.UPSTREAM_NAMES:
+            core = stack.core_sources(KIT_ROOT, name)[P.CORE_SOURCE]
+            P.check_kit_core(P.CORE_SOURCE, core.encode())
+            self.assertIn("#include <ATen/native/cuda/GridSampler.h>\n", core)
 
     def test_composite_leaves_cudnn_in_deterministic_mode(self):
         # the composite's cuDNN condition gains the flag, with a one-line why; nothing else of
@@ -513,8 +516,10 @@ class TestPatchRealTree(TestCase):
 
     def test_new_files_pass_checkout_lint(self):
         tree = real_tree()
-        files = {rel: text.encode("utf-8") for rel, text in stack.core_sources(KIT_ROOT).items()}
-        self.assertEqual(P.lint_new_files(tree, files), [])
+        for name in stack.UPSTREAM_NAMES:  # every build of the core's file the stack writes
+            files = {rel: text.encode("utf-8")
+                     for rel, text in stack.core_sources(KIT_ROOT, name).items()}
+            self.assertEqual(P.lint_new_files(tree, files), [], name)
         # the linter does fire on what upstream forbids
         bad = {f"{P.KERNEL_DIR}/Bad.cu": b"#include <cub/cub.cuh>\n\tcudaStreamSynchronize(s);\n"}
         codes = " ".join(P.lint_new_files(tree, bad))
@@ -849,31 +854,81 @@ class TestPatchMain(FixtureTree):
         self.assertIn("already applied", stdout)
         assert_untouched(self, self.tree, before)
 
-    def test_upto_core_then_the_default_is_the_whole_change(self):
-        # the default on a tree with the core committed finds every core edit present and adds
-        # the cuDNN patch alone; the tree is then the one the whole change in one go gives
+    def test_upto_core_then_cudnn_then_the_default_is_the_whole_change(self):
+        # each run on a tree with the earlier patches committed finds their edits present and
+        # adds its own patch alone; the tree is then the one the whole change in one go gives
         whole = git_copy(self.fixture, self.tmp / "whole")
         rc, _, stderr = run_patch("--pytorch", whole, "--out", self.tmp / "whole.patch")
         self.assertEqual(rc, 0, stderr)
         self.assertEqual(subject(whole), stack.UPSTREAM_STACK[0].title)
+        self.assertEqual((whole / P.CORE_SOURCE).read_text(),
+                         stack.core_sources(KIT_ROOT, P.TOP)[P.CORE_SOURCE])
         self.patch_ok("--upto", "core")
-        stdout = self.patch_ok()
+        stdout = self.patch_ok("--upto", "cudnn")
         for dims in P.DIMS:
             self.assertIn(f"{dims}D deterministic dispatch already present", stdout)
         self.assertIn(f"{P.DET_LAUNCHER} already declared", stdout)
         self.assertEqual(changed_paths(self.tree), CUDNN_PATHS_MAIN)
         self.assertEqual(subject(self.tree), stack.UPSTREAM_STACK[1].title)
-        self.assertEqual(git(self.tree, "rev-parse", "HEAD^{tree}").strip(),
-                         git(whole, "rev-parse", "HEAD^{tree}").strip())
         nn = git(self.tree, "diff", "HEAD~1", "HEAD", "--", P.TEST_NN)
         self.assertEqual(re.findall(r"^\+    def (test_\w+)\(", nn, re.M), list(P.CUDNN_NN_TESTS))
         message = " ".join(git(self.tree, "log", "-1", "--format=%B").split())
         self.assertIn("no longer picks cuDNN", message)
         self.assertNotIn("unique_by_key", message)  # the core's text is the core's commit's
+        self.assertNotIn("kChannelGroup", message)  # the speed level's is its own commit's
+        # the default: the speed levels alone, each only the core's file
+        stdout = self.patch_ok()
+        self.assertNotIn("exists and differs", stdout)
+        self.assertEqual(changed_paths(self.tree), [P.CORE_SOURCE])
+        self.assertEqual(subject(self.tree), stack.UPSTREAM_STACK[2].title)
+        message = " ".join(git(self.tree, "log", "-1", "--format=%B").split())
+        self.assertIn("See #68959", message)
+        self.assertIn("kChannelGroup = 4", message)
+        for word in ("unique_by_key", "cuDNN", "Fixes", "Tests:", "level", "stock"):
+            self.assertNotIn(word, message)
+        self.assertEqual(git(self.tree, "rev-parse", "HEAD^{tree}").strip(),
+                         git(whole, "rev-parse", "HEAD^{tree}").strip())
         self.assert_noop()
 
+    def test_upto_a_speed_level_writes_its_file_and_cudnn_the_cores(self):
+        core = stack.core_sources(KIT_ROOT, "core")[P.CORE_SOURCE]
+        level = stack.core_sources(KIT_ROOT, "grouped-channels")[P.CORE_SOURCE]
+        self.assertNotEqual(core, level)
+        self.assertIn("kChannelGroup", level)
+        self.assertNotIn("kChannelGroup", core)
+        self.assertEqual(stack.core_sources(KIT_ROOT, "cudnn")[P.CORE_SOURCE], core)
+        cudnn = git_copy(self.fixture, self.tmp / "cudnn")
+        rc, _, stderr = run_patch("--pytorch", cudnn, "--upto", "cudnn", "--out", self.tmp / "c.patch")
+        self.assertEqual(rc, 0, stderr)
+        self.assertEqual((cudnn / P.CORE_SOURCE).read_text(), core)
+        self.assertEqual(subject(cudnn), stack.UPSTREAM_STACK[0].title)
+        self.patch_ok("--upto", "grouped-channels")
+        self.assertEqual((self.tree / P.CORE_SOURCE).read_text(), level)
+        # the speed level changes nothing but that file: the trees differ there alone
+        level_tree, cudnn_tree = snapshot(self.tree), snapshot(cudnn)
+        self.assertEqual(sorted(k for k in set(level_tree) | set(cudnn_tree)
+                                if level_tree.get(k) != cudnn_tree.get(k)), [P.CORE_SOURCE])
+        message = " ".join(git(self.tree, "log", "-1", "--format=%B").split())
+        self.assertIn("unique_by_key", message)  # one commit: the core's text leads
+        self.assertIn("kChannelGroup = 4", message)
+        # the patch file holds the level's file
+        text = (self.tmp / "m.patch").read_text()
+        self.assertIn("+constexpr int kChannelGroup = 4;", text)
+        # --upto adds patches and never takes one out: --upto cudnn on the whole stack finds
+        # the core's file as the later speed level has it, and leaves it so
+        before, head = snapshot(self.tree), git(self.tree, "rev-parse", "HEAD")
+        rc, stdout, stderr = run_patch("--pytorch", self.tree, "--upto", "cudnn",
+                                       "--out", self.tmp / "back.patch")
+        self.assertEqual(rc, 0, stderr)
+        self.assertIn(f"{P.CORE_SOURCE}: already as the stack up to grouped-channels has it; "
+                      "left as it is", stdout)
+        self.assertIn("already applied", stdout)
+        assert_untouched(self, self.tree, before)
+        self.assertEqual(git(self.tree, "rev-parse", "HEAD"), head)
+        self.assertFalse((self.tmp / "back.patch").exists())
+
     def test_upto_names_a_patch_of_the_stack(self):
-        for name in ("fast", "pipeline", "index32"):
+        for name in ("fast", "pipeline", "index32", "channel-groups"):
             rc, _, stderr = run_patch("--pytorch", self.tree, "--upto", name)
             self.assertEqual(rc, 2)
             self.assertIn(f"invalid choice: '{name}'", stderr)

@@ -4,7 +4,9 @@
 ``python -m detgrid.kit.upstream_tree`` prints) never touches TREE. It
 
 1. copies the files the patch and the compile need into a temporary git repo (committed, tagged
-   v<version>) and runs ``detgrid patch`` of this checkout of the kit on it;
+   v<version>) and runs ``detgrid patch`` of this checkout of the kit on it: the whole stack
+   (detgrid.levels.UPSTREAM_STACK), so GridSamplerDeterministic.cu is the core's with every speed
+   level's diff applied; the copy's file must be ``stack.core_sources(kit, <last patch>)``;
 2. runs the copy's own torchgen (``python -m torchgen.gen --per-operator-headers --generate
    headers``), cached under ``<cache>/intree-gen/<version>-<hash of torchgen's inputs>``;
 3. writes the headers CMake would configure (``cmake_macros.h``, ``cuda_cmake_macros.h``,
@@ -19,8 +21,9 @@
 5. then the stack's core alone (issue 41): resets the copy to v<version>, runs ``detgrid patch
    --upto core`` on it and compiles again only the units whose first compile read a file that
    differs between the two patched trees (``git diff`` of the two commits; in practice the
-   deterministic unit GridSamplerDeterministic.cu), the others' compiles standing for both; the
-   core's changed headers must be covered the same way. ``--no-core`` leaves this step out.
+   deterministic unit GridSamplerDeterministic.cu, which the speed levels change), the others'
+   compiles standing for both; the core's changed headers must be covered the same way, and the
+   copy's file must be ``stack.core_sources(kit, "core")``. ``--no-core`` leaves this step out.
 
 The CUDA toolchain is the release the checkout's wheels were built with (CUDA 12.4 for v2.6.0),
 assembled once under ``<cache>/intree-cuda-<release>``. PyPI's ``nvidia-cuda-nvcc-cu12`` wheels
@@ -57,6 +60,7 @@ from detgrid.kit import apt, stack, upstream_tree
 EXIT_OK, EXIT_COMPILE, EXIT_SETUP = 0, 1, 2
 
 KIT_TOOLS = Path(__file__).resolve().parents[2]
+KIT_ROOT = KIT_TOOLS.parent  # where aten_kernels/ is: the core's sources and the levels' diffs
 
 
 class SetupError(RuntimeError):
@@ -465,6 +469,19 @@ def _detgrid_patch(dest: Path, tag: str, upto: Optional[str], out: Path, log=pri
     return sorted(line for line in diff.stdout.splitlines() if line.strip())
 
 
+def check_core_files(copy: Path, upto: str, kit: Path = KIT_ROOT) -> List[str]:
+    """The core's files in the patched copy must be the kit's as the prefix of the stack ending at
+    ``upto`` has them (``stack.core_sources``): SetupError naming the first that is not; the paths
+    checked otherwise."""
+    want = stack.core_sources(kit, upto)
+    for rel, text in want.items():
+        f = Path(copy) / rel
+        if not f.is_file() or f.read_bytes() != text.encode("utf-8"):
+            raise SetupError(f"{rel} in the copy is not the stack's up to {upto} "
+                             f"({'missing' if not f.is_file() else 'differs'})")
+    return sorted(want)
+
+
 def head(copy: Path) -> str:
     return _run(["git", "-C", copy, "rev-parse", "HEAD"], "git rev-parse").stdout.strip()
 
@@ -784,6 +801,7 @@ def compile_core(copy: Path, work: Path, paths: Paths, std: str, jobs: int,
     changed, differing = repatch_upto(copy, core, work / f"detgrid-{core}.patch", log)
     log(f"{core}: the copy reset and patched with `detgrid patch --upto {core}` "
         f"({time.time() - t0:.0f} s); differing from the whole stack: {', '.join(differing)}")
+    check_core_files(copy, core)
     units = compiled_units(changed)
     headers = [c for c in changed if unit_kind(c) == "header"]
     again = units_to_compile_again(units, differing, whole_depfiles, copy)
@@ -831,6 +849,9 @@ def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print,
     copy = work / "pytorch"
     changed = copy_and_patch(tree, copy, log)
     log(f"patched copy: {copy} ({time.time() - t0:.0f} s); changed: {', '.join(changed)}")
+    top = stack.UPSTREAM_NAMES[-1]
+    log(f"whole stack ({', '.join(stack.UPSTREAM_NAMES)}): "
+        f"{', '.join(check_core_files(copy, top))} as the stack up to {top} has it")
 
     gen = generate_aten(copy, cache, pydeps, log)
     build = work / "build"

@@ -8,14 +8,15 @@ crash-safely as one commit (author and committer from the user's git configurati
 commit with ``git format-patch``. ``--check`` plans, builds the change in a temporary copy and
 checks that it applies, writing nothing.
 
-The change is a stack of two patches (detgrid.levels.UPSTREAM_STACK); ``--upto`` names the last
-one applied, the whole stack by default. Every edit of a patch is found present on a second run, so
-``--upto cudnn`` on a tree with the core committed adds the cuDNN patch alone.
+The change is a stack of patches (detgrid.levels.UPSTREAM_STACK): the core, the cuDNN route, then
+the core's speed levels; ``--upto`` names the last one applied, the whole stack by default. Every
+edit of a patch is found present on a second run, so ``--upto cudnn`` on a tree with the core
+committed adds the cuDNN patch alone, and the default on a tree with both adds the speed levels.
 
 core:
 
-- ``cuda/GridSamplerDeterministic.cu`` (the kit's, ``stack.core_sources``): the deterministic
-  launcher, declared in ``cuda/GridSampler.h`` beside the existing backward launchers;
+- ``cuda/GridSamplerDeterministic.cu`` (the kit's, ``stack.core_sources(kit, "core")``): the
+  deterministic launcher, declared in ``cuda/GridSampler.h`` beside the existing backward launchers;
 - ``GridSampler.cu``: in both backward launchers, the deterministic branch (deterministic mode
   with grad_input requested) goes where the alert was, and the alert moves into its else branch:
   grid-only calls keep the existing kernel, which has one writer per element for them, without an
@@ -44,6 +45,12 @@ cudnn:
 - the docstring and notes page list the op as deterministic (only true with this patch: without
   it the cuDNN route alerts or is silently nondeterministic).
 
+speed levels (``UpstreamPatch.speed_level``), each its own patch:
+
+- ``cuda/GridSamplerDeterministic.cu`` as ``stack.core_sources(kit, level)`` has it (the core's
+  file with the diffs of the levels up to this one applied), and nothing else: a level changes no
+  bit of grad_input, adds no file and no test.
+
 ``--tests-only`` writes only the tests (test_torch.py, test_nn.py) of the patches up to ``--upto``
 as a patch of their own: a conformance suite for any deterministic backward (#196856's included).
 """
@@ -69,8 +76,11 @@ KIT_ROOT = Path(__file__).resolve().parents[3]
 KERNEL_DIR = stack.KERNEL_DIR
 CORE_FILES = stack.CORE_FILES  # the files the core adds (basenames), from stack.core_sources
 CORE_SOURCE = f"{KERNEL_DIR}/GridSamplerDeterministic.cu"  # defines DET_LAUNCHER
-CORE, CUDNN_PATCH = stack.UPSTREAM_NAMES[0], stack.UPSTREAM_NAMES[-1]
+CORE = stack.CORE  # the first patch: the new file, the dispatch, the core's tests
+CUDNN_PATCH = "cudnn"  # the cuDNN route: the composite, the cuDNN backward, docs, their tests
+SPEED_LEVELS = tuple(u.name for u in stack.UPSTREAM_STACK if u.speed_level)  # edit the .cu alone
 TOP = stack.UPSTREAM_NAMES[-1]  # --upto's default: the whole stack
+assert CUDNN_PATCH in stack.UPSTREAM_NAMES and CUDNN_PATCH not in SPEED_LEVELS
 DIMS = (2, 3)  # grid_sampler_2d and grid_sampler_3d: one edit, parameterised by dims
 LAUNCHERS = {d: f"launch_grid_sampler_{d}d_backward_kernel" for d in DIMS}
 DET_LAUNCHER = "launch_grid_sampler_backward_deterministic_kernel"  # for both dims
@@ -1228,14 +1238,15 @@ def has_double_backward(tree: Path) -> bool:
 def edits(tree: Path, replace_existing: bool, tests_only: bool,
           upto: str = TOP) -> Tuple[Tuple[str, str, Callable], ...]:
     """(patch, path, edit(path, text, notes) -> text) for every file the patches up to ``upto``
-    edit in place, in the order they are made (a file edited by both patches: the core's first)."""
+    edit in place, in the order they are made (a file edited by both patches: the core's first).
+    The speed levels edit no file in place: they only change the core's file (_plan_core_files)."""
     parts = stack.UPSTREAM_NAMES[: stack.UPSTREAM_NAMES.index(upto) + 1]
     nn = functools.partial(edit_test_nn, double_backward=has_double_backward(tree), parts=parts)
     core_tests = ((CORE, TEST_TORCH, edit_test_torch),)
     cudnn_tests = ((CUDNN_PATCH, TEST_TORCH, edit_test_torch_cudnn),)
     if CUDNN_PATCH not in parts:
         cudnn_tests = ()
-    tests = (*core_tests, *cudnn_tests, (CORE if parts == (CORE,) else CUDNN_PATCH, TEST_NN, nn))
+    tests = (*core_tests, *cudnn_tests, (CUDNN_PATCH if CUDNN_PATCH in parts else CORE, TEST_NN, nn))
     if tests_only:
         return tests
     cu = functools.partial(edit_gridsampler_cu, replace_existing=replace_existing)
@@ -1339,22 +1350,66 @@ def _all_test_sources(text: str) -> Dict[str, str]:
     return {n: text[s:e] for n, s, e in _test_methods(text, 0, len(text))}
 
 
-def _plan_core_files(kit: Path, tree: Path, p: Plan) -> None:
+def _core_builds(kit: Path, upto: str) -> List[Tuple[str, Dict[str, str]]]:
+    """(patch, the core's files as the prefix of the stack ending at that patch has them), for
+    every patch of the prefix ending at ``upto``, in order."""
+    names = stack.UPSTREAM_NAMES[: stack.UPSTREAM_NAMES.index(upto) + 1]
     try:
-        sources = stack.core_sources(kit)
+        return [(name, stack.core_sources(kit, name)) for name in names]
     except OSError as e:
         raise NotUsable(f"{stack.UPSTREAM_ROOT}/{KERNEL_DIR}",
                         f"{kit}/{stack.UPSTREAM_ROOT}/{KERNEL_DIR}: {e.strerror}: "
                         f"{Path(e.filename).name if e.filename else ''}") from None
+    except ValueError as e:  # a level's diff that does not apply to the file before it
+        raise NotUsable(f"{stack.LEVELS_ROOT}", f"{kit}/{stack.LEVELS_ROOT}: {e}") from None
+
+
+def _core_file_parts(builds: List[Tuple[str, Dict[str, str]]], rel: str,
+                     old: Optional[bytes]) -> set:
+    """The patches whose change of the core's file ``rel`` writing the last build over ``old``
+    makes: those after the last build ``old`` is, each that changes the file; all of them, the
+    core first, when ``old`` is no build of the prefix (a tree without the file, or another)."""
+    texts = [sources[rel].encode("utf-8") for _, sources in builds]
+    start = max((i for i, t in enumerate(texts) if t == old), default=None)
+    if start is None:
+        return {CORE, *(builds[i][0] for i in range(1, len(builds)) if texts[i] != texts[i - 1])}
+    return {builds[i][0] for i in range(start + 1, len(builds)) if texts[i] != texts[i - 1]}
+
+
+def _later_build_of(kit: Path, after: int, rel: str, data: bytes) -> Optional[str]:
+    """The last speed level after the first ``after`` patches whose build of ``rel`` is ``data``."""
+    found = None
+    for name in stack.UPSTREAM_NAMES[after:]:
+        if name in SPEED_LEVELS:
+            try:
+                if stack.core_sources(kit, name)[rel].encode("utf-8") == data:
+                    found = name
+            except (OSError, ValueError):
+                break
+    return found
+
+
+def _plan_core_files(kit: Path, tree: Path, p: Plan, upto: str = TOP) -> None:
+    """The core's files as the prefix of the stack ending at ``upto`` has them: the core's, then
+    each speed level's diffs applied (stack.core_sources)."""
+    builds = _core_builds(kit, upto)
+    sources = builds[-1][1]
     check_kit_core(f"{stack.UPSTREAM_ROOT}/{CORE_SOURCE}", sources[CORE_SOURCE].encode("utf-8"))
     for rel, text in sources.items():
         dst = tree / rel
         p.old[rel] = dst.read_bytes() if dst.exists() else None
         p.new[rel] = text.encode("utf-8")
-        if p.old[rel] is not None and p.old[rel] != p.new[rel]:
-            p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
+        if p.old[rel] is not None and p.old[rel] != p.new[rel] and not any(
+                p.old[rel] == files[rel].encode("utf-8") for _, files in builds):
+            # not an earlier patch's file (whose later patches are this change)
+            ahead = _later_build_of(kit, len(builds), rel, p.old[rel])
+            if ahead is None:
+                p.notes.append(f"{rel}: exists and differs; replaced with the kit's")
+            else:  # a later patch of the stack is applied: --upto adds patches, never takes any out
+                p.new[rel] = p.old[rel]
+                p.notes.append(f"{rel}: already as the stack up to {ahead} has it; left as it is")
         if p.new[rel] != p.old[rel]:
-            p.parts.add(CORE)
+            p.parts |= _core_file_parts(builds, rel, p.old[rel])
 
 
 def _nn_parts(old: str, new: str) -> set:
@@ -1375,7 +1430,7 @@ def plan(tree: Path, kit: Optional[Path] = None, replace_existing: bool = False,
     tree = Path(tree)
     p = Plan(base=detect_base(tree), tests_only=tests_only)
     if not tests_only:
-        _plan_core_files(kit_root(kit), tree, p)
+        _plan_core_files(kit_root(kit), tree, p, upto)
     for part, rel, fn in edits(tree, replace_existing, tests_only, upto):
         if not (tree / rel).is_file():
             raise AnchorError(rel, rel, "file missing")
@@ -1462,6 +1517,18 @@ CUDNN_TEXT = (
     "sampling with zeros padding and align_corners=True: cuDNN's backward is nondeterministic. "
     "grid_sample takes grid_sampler_2d there, forward and backward, so its forward result in "
     "that mode may differ in the last bits from cuDNN's.")
+# A speed level's paragraph (its patch changes GridSamplerDeterministic.cu alone).
+SPEED_LEVEL_TEXTS = {
+    "grouped-channels": (
+        "In GridSamplerDeterministic.cu's run sums and stored partials, a thread takes a run and "
+        "a group of up to kChannelGroup = 4 channels, where it took a run and one channel: the "
+        "run's record ids, weights and grad_output offsets are read once per group, and each "
+        "channel's terms are formed and added in the same order as for a lone channel, so "
+        "grad_input's bits do not change. A thread keeps up to four accumulators; a chunk "
+        "launches runs x ceil(C/4) threads instead of runs x C."),
+}
+SPEED_LEVEL_TEXT = ("A speed change of GridSamplerDeterministic.cu alone (Note [Deterministic "
+                    "grid_sampler backward]): grad_input's bits do not change.")
 CUDNN_ALERT_TEXT = ("cudnn_grid_sampler_backward, which a direct call of torch.cudnn_grid_sampler "
                     "still reaches, alerts in deterministic mode.")
 
@@ -1482,15 +1549,19 @@ def _cudnn_test_changes(pl: Plan) -> List[str]:
 
 def commit_message(pl: Plan) -> str:
     """Subject, body and test plan, saying only what this plan changes: the core's subject when
-    it holds core edits, else the cuDNN patch's."""
+    it holds core edits, else the cuDNN patch's when it holds the cuDNN route's, else the first
+    speed level's it holds."""
     changed = set(pl.changed)
     titles = {u.name: u.title for u in stack.UPSTREAM_STACK}
     if pl.tests_only:
         parts = [TESTS_ONLY_SUBJECT, "", "See #68959", *_tests_only_intro()]
     elif CORE in pl.parts or not pl.parts:
         parts = [titles[CORE], "", "Fixes #68959"]
-    else:
+    elif CUDNN_PATCH in pl.parts:
         parts = [titles[CUDNN_PATCH], "", "See #68959"]
+    else:
+        level = next(name for name in SPEED_LEVELS if name in pl.parts)
+        parts = [titles[level], "", "See #68959"]
     if not pl.tests_only and CORE in pl.parts:
         parts += ["", textwrap.fill(CORE_TEXT, 72)]
     if COMPOSITE in changed or CUDNN in changed:
@@ -1504,9 +1575,17 @@ def commit_message(pl: Plan) -> str:
     if docs:
         parts += ["", textwrap.fill(f"Docs: {' and '.join(dict.fromkeys(docs))} list grid_sample's "
                                     "CUDA backward as deterministic.", 72)]
+    if not pl.tests_only:
+        for name in SPEED_LEVELS:
+            if name in pl.parts:
+                parts += ["", textwrap.fill(SPEED_LEVEL_TEXTS.get(name, SPEED_LEVEL_TEXT), 72)]
     added, alerts = _added_tests(pl, TEST_NN), _updated_alert_tests(pl)
     cudnn_tests = _cudnn_test_changes(pl) if TEST_TORCH in pl.new else []
     run = [*added, *(t for t in _kept_upstream_tests(pl) if t not in added)]
+    if not pl.tests_only and not added and any(name in pl.parts for name in SPEED_LEVELS):
+        # a speed level's commit adds no test: the deterministic tests the tree has check it
+        nn = pl.new[TEST_NN].decode("utf-8")
+        run = [*(n for n in upstream_nn_tests().names if f"def {n}(" in nn), *run]
     if added or alerts or cudnn_tests:
         parts += ["", "Tests:"]
         parts += [f"- test_nn.py: adds {n}" for n in added]

@@ -4,9 +4,12 @@
 GridSamplerDeterministic.cu, its declaration, the dispatch in both launchers and the core's tests.
 02-cudnn.patch is `detgrid patch --upto cudnn` on the same tree, the core committed: `detgrid
 patch` finds every core edit present, so the commit holds the cuDNN route alone (the composite's
-choice, the cuDNN backward's alert, their tests, the docs). Beside each patch its body
-(NN-name.md) says what it changes and what it breaks. Applying the patches in name order gives
-patches/v2.6.0.patch's tree.
+choice, the cuDNN backward's alert, their tests, the docs). Each speed level after them
+(03-grouped-channels.patch, ...) is `detgrid patch --upto LEVEL` on the same tree: the core's
+GridSamplerDeterministic.cu as the stack up to that level has it (stack.core_sources), alone.
+Beside each patch its body (NN-name.md) says what it changes and what it breaks: the core's and
+the cuDNN route's are BODIES below, a speed level's is aten_kernels/levels/<name>/BODY.md.
+Applying the patches in name order gives patches/v2.6.0.patch's tree.
 
     python -m detgrid.kit.stack_patches --write patches/stack
 """
@@ -23,7 +26,9 @@ from detgrid.kit import stack
 STACK_DIR = Path("patches") / "stack"
 REGENERATE = "python -m detgrid.kit.stack_patches --write patches/stack"
 
-# Each patch's body (NN-name.md): what it changes, then what a user may notice (BC notes).
+# Each patch's body (NN-name.md): what it changes, then what a user may notice (BC notes). A speed
+# level's body is its own file, beside its diff (BODY_FILE).
+BODY_FILE = "BODY.md"
 BODIES: Dict[str, str] = {
     "core": """\
 Under `torch.use_deterministic_algorithms(True)` the CUDA backward of `grid_sample` (4-D and
@@ -92,16 +97,25 @@ def write_patches(out_dir: Path, name: str, email: str, kit: Optional[Path] = No
     return 0
 
 
-def body(part: stack.UpstreamPatch) -> str:
-    """NN-name.md: the patch's subject, then what it changes and its BC notes."""
-    return f"# {part.title}\n\n{BODIES[part.name]}"
+def body_source(part: stack.UpstreamPatch, kit: Optional[Path] = None) -> Path:
+    """Where a speed level's body is: aten_kernels/levels/<name>/BODY.md of the kit."""
+    from detgrid.kit import patch
+
+    return patch.kit_root(kit) / stack.LEVELS_ROOT / part.name / BODY_FILE
 
 
-def write_bodies(out_dir: Path) -> None:
+def body(part: stack.UpstreamPatch, kit: Optional[Path] = None) -> str:
+    """NN-name.md: the patch's subject, then what it changes and its BC notes (a speed level's
+    from its BODY.md)."""
+    text = body_source(part, kit).read_text() if part.speed_level else BODIES[part.name]
+    return f"# {part.title}\n\n{text}"
+
+
+def write_bodies(out_dir: Path, kit: Optional[Path] = None) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for part in stack.UPSTREAM_STACK:
-        (out_dir / f"{part.patch}.md").write_text(body(part))
+        (out_dir / f"{part.patch}.md").write_text(body(part, kit))
 
 
 def main(argv=None) -> int:
