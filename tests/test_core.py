@@ -10,10 +10,14 @@ included, and its bits against every launch shape and thread order."""
 import hashlib
 import itertools
 import os
+import re
 import unittest
 
 import detgrid.ops  # noqa: F401  (registers torch.ops.detgrid)
 import torch
+from detgrid import levels
+from detgrid.kit import stack
+from golden import core as golden_core
 from torch.testing._internal.common_utils import (
     TestCase,
     instantiate_parametrized_tests,
@@ -85,6 +89,37 @@ class TestCore(TestCase):
         with open(SOURCE, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         self.assertEqual(ops._core_source_sha256(), digest)
+
+    def test_each_build_compiles_its_prefix_of_the_stack(self):
+        # The host build of each level compiles exactly the bytes of the
+        # core's file with the speed levels' diffs up to it applied.
+        self.assertEqual(tuple(ops._core_builds()), levels.CORE_BUILDS)
+        digests = set()
+        for level in levels.CORE_BUILDS:
+            (text,) = stack.core_sources(ROOT, upto=level).values()
+            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+            with self.subTest(level=level):
+                self.assertEqual(ops._core_source_sha256(level), digest)
+            digests.add(digest)
+        self.assertEqual(len(digests), len(levels.CORE_BUILDS))
+
+    def test_an_unknown_level_is_refused_in_one_line(self):
+        args = problem(2, torch.float32) + (BILINEAR, 0, False)
+        message = ("^core: no build of the core named 'no-such-level'; the builds are "
+                   + re.escape(", ".join(levels.CORE_BUILDS)) + "$")
+        calls = {
+            "_core_grad_input": lambda: ops._core_grad_input(*args, level="no-such-level"),
+            "_core_counters": lambda: ops._core_counters(*args, level="no-such-level"),
+            "_core_source_sha256": lambda: ops._core_source_sha256("no-such-level"),
+        }
+        for name, call in calls.items():
+            with self.subTest(op=name):
+                with self.assertRaisesRegex(RuntimeError, message):
+                    call()
+        with self.assertRaisesRegex(ValueError, "^unknown level 'no-such-level'; the levels "
+                                    "are core, grouped-channels, pipeline, [^\n]*$"):
+            detgrid.ops.grid_sampler_2d_backward_with_options(
+                *args, [True, False], level="no-such-level")
 
     @parametrize("dims", (2, 3))
     @parametrize("dtype", DTYPES)
@@ -250,13 +285,146 @@ class TestCore(TestCase):
         self.assertEqual([detgrid.ops.core_longest_fold(n) for n in (-1, 1, 256, 257, 512, 513)],
                          [-1, 1, 256, 257, 257, 258])
 
+    def test_work_counters_take_the_channel_groups_of_each_builds_source(self):
+        # kChannelGroup as each build's source (core_sources) has it, 1 where
+        # it has none: the core's run sums take one channel per thread.
+        self.assertEqual(tuple(detgrid.ops.CORE_CHANNEL_GROUPS), levels.CORE_BUILDS)
+        for level in levels.CORE_BUILDS:
+            (text,) = stack.core_sources(ROOT, upto=level).values()
+            found = re.findall(r"^constexpr int kChannelGroup = (\d+);$", text, re.M)
+            with self.subTest(level=level):
+                self.assertLessEqual(len(found), 1)
+                self.assertEqual(detgrid.ops.CORE_CHANNEL_GROUPS[level],
+                                 int(found[0]) if found else 1)
+        self.assertNotIn("kChannelGroup", stack.core_sources(ROOT)[
+            f"{stack.KERNEL_DIR}/GridSamplerDeterministic.cu"])
+
     def test_5d_bicubic_is_refused_in_one_line(self):
         grad_output, inp, grid = problem(3, torch.float32)
         with self.assertRaisesRegex(RuntimeError, "bicubic interpolation of 5-D input"):
             ops._core_grad_input(grad_output, inp, grid, BICUBIC, 0, False)
 
 
+# Launch shapes of the host build (block_size, grid_size, shuffle_seed) the
+# speed levels are run under beside their own: few threads looping over many
+# items, in shuffled block and thread orders.
+LEVEL_LAUNCHES = ((0, 0, 0), (32, 3, 5), (1, 7, 9))
+
+
+def hot_grid(grid, seed, lengths=(255, 256, 257, 513, 3000)):
+    """grid with runs of points piled on a few positions (one per length)."""
+    gen = torch.Generator().manual_seed(seed)
+    dims = grid.shape[-1]
+    flat = grid.view(-1, dims)
+    hot = torch.rand(len(lengths), dims, generator=gen, dtype=torch.float64) * 1.6 - 0.8
+    starts = torch.randperm(flat.shape[0] // 3000 - 1, generator=gen)[:len(lengths)] * 3000
+    for position, start, length in zip(hot, starts.tolist(), lengths):
+        flat[start:start + length] = position.to(grid.dtype)
+    return grid
+
+
+class TestCoreBuilds(TestCase):
+    """Each speed level of the core (detgrid.levels.CORE_BUILDS after the
+    core) sums every channel's terms in the core's order: its grad_input has
+    the core's bits, under every launch shape and thread order, where a
+    level's grouping meets its edge cases: channel counts that are not a
+    multiple of a group, runs long enough for stored partials, Half and
+    BFloat16 over several chunks (the float scratch), 3-D. The core's own
+    bits are pinned by tests/test_core_golden.py."""
+
+    def assert_levels_give_the_cores_bits(self, args, what, nan_signs=False):
+        """nan_signs: the sign bit of a NaN may differ (golden.core.differ_only_in_nan_signs:
+        the host code's operand order, not the order of the sum)."""
+        core = ops._core_grad_input(*args)
+        for level in levels.CORE_BUILDS[1:]:
+            for shape in LEVEL_LAUNCHES:
+                got = ops._core_grad_input(*args, *shape, level=level)
+                same = same_bits(got, core) or (
+                    nan_signs and golden_core.differ_only_in_nan_signs(got, core))
+                self.assertTrue(same, f"{what}: {level}, launch {shape}")
+        return core
+
+    @parametrize("channels", (1, 3, 5, 6, 7))
+    def test_hot_runs_with_stored_partials(self, channels):
+        # Runs of 255 .. 3000 records of one position beside scattered ones;
+        # 2-D bicubic's 16 taps of 36,000 points make two chunks.
+        for dims, mode, dtype in itertools.chain(
+                itertools.product((2,), MODES_2D, (torch.float32, torch.float64)),
+                itertools.product((3,), MODES_3D, (torch.float32,))):
+            points = (150, 240) if dims == 2 else (100, 60)
+            grad_output, inp, grid = problem(dims, dtype, points=points, image=(9, 11),
+                                             channels=channels, batch=1, seed=channels)
+            args = (grad_output, inp, hot_grid(grid, channels), mode, channels % 3,
+                    bool(channels % 2))
+            what = f"{dims}-D mode {mode} {dtype}"
+            self.assert_levels_give_the_cores_bits(args, what)
+            if mode == BICUBIC:
+                self.assertEqual(ops._core_counters(*args)[10], 2, what)  # sorts: chunks
+            if mode != BICUBIC:  # bicubic's taps spread a pile over 16 positions
+                fold = detgrid.ops.work_counters(*args, [True, False], level="core")
+                self.assertGreater(fold["longest_fold"], 256, what)
+
+    @parametrize("dims", (2, 3))
+    @parametrize("dtype", (torch.float16, torch.bfloat16))
+    def test_reduced_precision_over_several_chunks(self, dims, dtype):
+        # Sums over several chunks wait in float (the core's scratch), with
+        # hot runs among them; 5 channels: a group of 4 and one of 1.
+        if UNDER_SANITIZERS and dtype != torch.float16:
+            self.skipTest(MAIN_SUITE_ONLY)
+        points = (600, 600) if dims == 2 else (200, 120)
+        grad_output, inp, grid = problem(dims, dtype, points=points, image=(12, 10),
+                                         channels=5, batch=1, seed=dims)
+        args = (grad_output, inp, hot_grid(grid, dims), BILINEAR, 0, False)
+        sorts = ops._core_counters(*(t.to("meta") for t in args[:3]), *args[3:])[10]
+        self.assertGreaterEqual(sorts, 2)  # chunks
+        self.assertGreater(grad_output[0, 0].numel() * 2 ** dims, CHUNK_RECORDS)
+        self.assert_levels_give_the_cores_bits(args, f"{dims}-D {dtype}")
+
+    @parametrize("dims", (2, 3))
+    @parametrize("dtype", DTYPES)
+    def test_every_mode_and_padding(self, dims, dtype):
+        for mode, padding, align in cases(dims):
+            args = problem(dims, dtype, channels=6, seed=mode * 10 + padding) + (
+                mode, padding, align)
+            self.assert_levels_give_the_cores_bits(args, f"mode {mode} padding {padding} "
+                                                   f"align_corners={align}")
+
+    @parametrize("dtype", (torch.float64, torch.float32))
+    def test_non_finite_and_huge_coordinates(self, dtype):
+        # Bicubic sums +NaN terms (a NaN coordinate's weights) with -NaN ones
+        # (inf * 0 in the cubic coefficients): which sign the sum keeps is the
+        # host code's operand order, which differs between the builds (see
+        # tests/test_core_golden.py's NAN_SIGNS_DIFFER); every other bit is
+        # the core's, and bilinear and nearest keep every bit.
+        if UNDER_SANITIZERS:
+            self.skipTest("NaN and huge flip counts convert to int (undefined on the host "
+                          "with g++)")
+        for dims in (2, 3):
+            for mode, padding, align in cases(dims):
+                args = problem(dims, dtype, points=(9, 9), image=(4, 5), channels=7,
+                               batch=1, seed=padding, coordinates=HOSTILE) + (
+                                   mode, padding, align)
+                self.assert_levels_give_the_cores_bits(
+                    args, f"{dims}-D mode {mode} padding {padding}",
+                    nan_signs=mode == BICUBIC)
+
+    def test_a_level_counts_the_cores_launches_sorts_and_workspace(self):
+        # A speed level regroups the run sums' threads: it launches, sorts
+        # and allocates what the core does, and finds the same runs.
+        grad_output, inp, grid = problem(2, torch.float32, points=(300, 300), channels=7,
+                                         seed=2)
+        args = (grad_output, inp, hot_grid(grid, 2), BILINEAR, 0, False)
+        core = ops._core_counters(*args)
+        for level in levels.CORE_BUILDS[1:]:
+            counted = ops._core_counters(*args, level=level)
+            with self.subTest(level=level):
+                # all but the threads launched (index 5)
+                self.assertEqual(counted[:5] + counted[6:], core[:5] + core[6:])
+                self.assertLess(counted[5], core[5])
+
+
 instantiate_parametrized_tests(TestCore)
+instantiate_parametrized_tests(TestCoreBuilds)
 
 if __name__ == "__main__":
     run_tests()

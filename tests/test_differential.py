@@ -21,7 +21,10 @@ its grad_input is compared with the same expectations on finite grids, and
 on huge and non-finite ones with a serial run of the existing CUDA kernel's
 arithmetic (the same NaN and infinite elements, close finite ones; float32
 and float64, where one rounding of the sum does not dominate); its bits must
-not move with the launch shape and thread order."""
+not move with the launch shape and thread order, and each of its speed
+levels (detgrid.levels.CORE_BUILDS) must give them too (bicubic sums of
+NaNs of both signs may keep another NaN sign on the host:
+golden.core.differ_only_in_nan_signs)."""
 
 import os
 
@@ -30,6 +33,8 @@ import torch
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 import stock_reference as ref
+from detgrid import levels
+from golden import core as golden_core
 from detgrid_testing import (
     ALL_DTYPES,
     REDUCED_DTYPES,
@@ -222,6 +227,14 @@ class TestRandomizedCore(TestCase):
             core = torch.ops.detgrid._core_grad_input(*args)
             shuffled = torch.ops.detgrid._core_grad_input(*args, 32, 3, number + 1)
             assert_bitwise_equal(self, shuffled, core, f"{case}: core, another launch shape")
+            for level in levels.CORE_BUILDS[1:]:
+                for launch in ((0, 0, 0), (16, 2, number + 7)):
+                    got = torch.ops.detgrid._core_grad_input(*args, *launch, level=level)
+                    what = f"{case}: {level}, launch {launch}, against the core"
+                    if case.mode == ref.BICUBIC and got.isnan().any():
+                        self.assertTrue(golden_core.differ_only_in_nan_signs(got, core), what)
+                    else:
+                        assert_bitwise_equal(self, got, core, what)
             if not hostile and case.dtype in REDUCED_DTYPES:
                 self._assert_existing_kernels(case, core, args)
             elif not hostile:

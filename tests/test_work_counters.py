@@ -345,6 +345,136 @@ class TestWorkCounters(TestCase):
             _counters((1, 1, 4, 4, 4), (2, 2, 2), mode=BICUBIC, index_bits=32)
 
 
+def _core_counters(grad_output, inp, grid, mode, align_corners=True, mask=(True, False),
+                   level="core"):
+    return ops.work_counters(grad_output, inp, grid, mode, ZEROS, align_corners, list(mask),
+                             level=level)
+
+
+def _points(channels, coordinates, dtype=torch.float64):
+    """(grad_output, input, grid) on the CPU: one 5x5 image of `channels` channels,
+    a row of points at the given (x, y) grid coordinates. With align_corners=True
+    pixel p of 5 is at -1 + p / 2, exactly."""
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.tensor([[list(coordinates)]], dtype=dtype)
+    inp = torch.randn(1, channels, 5, 5, generator=gen, dtype=dtype)
+    grad_output = torch.randn(1, channels, 1, len(coordinates), generator=gen, dtype=dtype)
+    return grad_output, inp, grid
+
+
+class TestCoreWorkCounters(TestCase):
+    """reduce_items and record_visits of the core's builds (the host build's
+    hostify::Counters: what unique_by_key found, per chunk), worked out by
+    hand. A build's channel group is ops.CORE_CHANNEL_GROUPS[level] (its
+    source's kChannelGroup, tests/test_core.py)."""
+
+    def test_nearest_runs_and_records_by_hand(self):
+        # 6 points: two on pixel (0, 0), one on (1, 2), one on (4, 4), two
+        # outside (keyed nowhere): 4 records in 3 runs with a destination,
+        # and the nowhere run.
+        problem = _points(5, [(-1, -1), (-1, -1), (-0.5, 0), (1, 1), (3, 0), (-3, 0)])
+        raw = torch.ops.detgrid._core_counters(*problem, NEAREST, ZEROS, True)
+        # runs (nowhere's included), runs with a destination, their records, sorts
+        self.assertEqual(raw[7:], [4, 3, 4, 1])
+        core = _core_counters(*problem, NEAREST)
+        self.assertEqual((core["reduce_items"], core["record_visits"]), (3 * 5, 4 * 5))
+        grouped = _core_counters(*problem, NEAREST, level="grouped-channels")
+        # 5 channels: a group of 4 and a group of 1
+        self.assertEqual((grouped["reduce_items"], grouped["record_visits"]), (3 * 2, 4 * 2))
+
+    def test_bilinear_taps_outside_the_image_are_not_visited(self):
+        # A point on pixel (1, 2): its 4 taps land; one on pixel (4, 0) at
+        # the right edge: its 2 taps at x = 5 land nowhere. 6 runs of one
+        # record each with a destination.
+        problem = _points(7, [(-0.5, 0), (1, -1)])
+        raw = torch.ops.detgrid._core_counters(*problem, BILINEAR, ZEROS, True)
+        self.assertEqual(raw[7:], [7, 6, 6, 1])
+        for level, groups in (("core", 7), ("grouped-channels", 2)):
+            c = _core_counters(*problem, BILINEAR, level=level)
+            self.assertEqual((c["reduce_items"], c["record_visits"]), (6 * groups, 6 * groups),
+                             level)
+
+    def test_runs_are_summed_over_chunks(self):
+        # 131,073 points on the middle of a 2x2 image: a chunk of 2^19
+        # records (131,072 points x 4 taps), then one of 4 records. Each
+        # chunk finds 4 runs, all with a destination.
+        points = 131073
+        grid = torch.zeros(1, 1, points, 2)
+        inp = torch.randn(1, 3, 2, 2)
+        grad_output = torch.randn(1, 3, 1, points)
+        raw = torch.ops.detgrid._core_counters(grad_output, inp, grid, BILINEAR, ZEROS, False)
+        self.assertEqual(raw[7:], [8, 8, 4 * points, 2])
+        for level, groups in (("core", 3), ("grouped-channels", 1)):
+            c = _core_counters(grad_output, inp, grid, BILINEAR, False, level=level)
+            self.assertEqual(c["chunks"], 2)
+            self.assertEqual(c["reduce_items"], 8 * groups, level)
+            self.assertEqual(c["record_visits"], 4 * points * groups, level)
+
+    def test_records_of_landed_runs_are_every_record_inside_the_image(self):
+        # Points well inside the image: every tap lands, so each record is
+        # visited once per channel group; a level divides the core's visits
+        # by C and multiplies them by ceil(C / 4).
+        gen = torch.Generator().manual_seed(1)
+        for channels in (1, 3, 4, 5, 6, 7, 9):
+            grid = torch.rand(2, 40, 30, 2, generator=gen) - 0.5
+            inp = torch.randn(2, channels, 8, 9, generator=gen)
+            grad_output = torch.randn(2, channels, 40, 30, generator=gen)
+            core = _core_counters(grad_output, inp, grid, BILINEAR, False)
+            grouped = _core_counters(grad_output, inp, grid, BILINEAR, False,
+                                     level="grouped-channels")
+            groups = -(-channels // 4)
+            with self.subTest(channels=channels):
+                self.assertEqual(core["record_visits"], core["records"] * channels)
+                self.assertEqual(grouped["record_visits"], core["records"] * groups)
+                self.assertEqual(grouped["reduce_items"] * channels,
+                                 core["reduce_items"] * groups)
+                # at most one run per grad_input position of one channel
+                self.assertLessEqual(core["reduce_items"], 2 * 8 * 9 * channels)
+                for field in ("launches", "chunks", "items_sorted", "workspace_bytes",
+                              "longest_fold", "key_bytes"):
+                    self.assertEqual(grouped[field], core[field], field)
+
+    def test_shapes_alone_count_no_runs(self):
+        # Meta tensors: where the points land is unknown.
+        problem = meta_problem((1, 5, 8, 8), (4, 4))
+        for level in ops.CORE_CHANNEL_GROUPS:
+            c = _core_counters(*problem, BILINEAR, level=level)
+            self.assertEqual((c["reduce_items"], c["record_visits"]), (-1, -1), level)
+            self.assertEqual(c["chunks"], 1, level)
+        raw = torch.ops.detgrid._core_counters(*problem, BILINEAR, ZEROS, True)
+        self.assertEqual(raw[7:], [-1, -1, -1, 1])
+
+    def test_grid_only_calls_reduce_nothing(self):
+        problem = _points(5, [(-1, -1), (0, 0)])
+        for level in ops.CORE_CHANNEL_GROUPS:
+            c = _core_counters(*problem, BILINEAR, mask=(False, True), level=level)
+            self.assertEqual((c["reduce_items"], c["record_visits"]), (0, 0), level)
+
+    def test_the_pipeline_has_no_run_sums(self):
+        problem = _points(5, [(-1, -1), (0, 0)])
+        for level in ("pipeline", "fused-fills"):
+            c = _core_counters(*problem, BILINEAR, level=level)
+            self.assertEqual((c["reduce_items"], c["record_visits"]), (-1, -1), level)
+            self.assertEqual(set(c), set(ops.WORK_COUNTER_FIELDS) | {"points", "records"})
+
+    def test_every_core_field_is_counted(self):
+        problem = _points(5, [(-1, -1), (0, 0)])
+        c = _core_counters(*problem, BILINEAR)
+        self.assertEqual(set(c), set(ops.WORK_COUNTER_FIELDS) | {"points", "records"})
+
+    def test_chunks_are_the_sorts_where_many_channels_shrink_them(self):
+        # 4096 float channels: a chunk's stored partials (16 MiB of them)
+        # leave room for 2^18 records, not 2^19: 2^20 records make 4 chunks.
+        problem = meta_problem((1, 4096, 16, 16), (512, 512))
+        c = _core_counters(*problem, BILINEAR)
+        self.assertEqual(c["items_sorted"], 1 << 20)
+        self.assertEqual(c["chunks"], 4)
+        self.assertEqual(c["launches_per_chunk"], c["launches"] // 4)
+        # 256 channels keep chunks of 2^19 records.
+        self.assertEqual(_core_counters(*meta_problem((1, 256, 16, 16), (512, 512)),
+                                        BILINEAR)["chunks"], 2)
+
+
 instantiate_parametrized_tests(TestWorkCounters)
 
 if __name__ == "__main__":

@@ -236,9 +236,13 @@ int64_t nowhere_key(const at::Tensor& input) {
 // What the CUDA build would launch, sort and allocate for this call:
 // launches, items sorted, the sort's end bit, key bytes, peak workspace
 // bytes, threads launched, from the shapes alone (meta tensors will do); and
-// the longest run of one grad_input position in a chunk, which needs the
-// grid's values: counted by running the host build where the tensors are CPU
-// tensors, -1 otherwise.
+// what needs the grid's values, counted by running the host build where the
+// tensors are CPU tensors, -1 otherwise: the longest run of one grad_input
+// position in a chunk, then, summed over chunks, the runs unique_by_key
+// found (the out-of-bounds taps' run included), the runs with a grad_input
+// position (that run left out) and the records in those runs (see
+// hostify::Counters). Last, from the shapes again, the radix sorts: one per
+// chunk.
 std::vector<int64_t> core_counters(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -275,7 +279,11 @@ std::vector<int64_t> core_counters(
       c.key_bytes,
       c.workspace_bytes,
       c.threads,
-      run ? c.longest_run : -1};
+      run ? c.longest_run : -1,
+      run ? c.runs : -1,
+      run ? c.landed_runs : -1,
+      run ? c.landed_records : -1,
+      c.sorts};
 }
 
 at::Tensor existing_kernel_reference(

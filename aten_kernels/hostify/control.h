@@ -26,6 +26,7 @@ struct Config {
 
 struct Counters {
   int64_t launches = 0; // kernels, CUB calls and fills
+  int64_t sorts = 0; // radix sorts: the core sorts once per chunk
   int64_t items_sorted = 0;
   int64_t sort_end_bit = 0; // of the last sort
   int64_t key_bytes = 0;
@@ -36,6 +37,15 @@ struct Counters {
   // left out: the most records of one grad_input position in a chunk.
   // Counted only where the call runs.
   int64_t longest_run = 0;
+  // Runs of equal keys unique_by_key found, summed over its calls (a chunk
+  // each): `runs` counts every run, Config::nowhere_key's included (the
+  // run sums' num_runs); `landed_runs` and `landed_records` only the runs
+  // whose key is not Config::nowhere_key, and the records in them: the
+  // runs that have a grad_input position to write, and the records whose
+  // terms are summed. Counted only where the call runs.
+  int64_t runs = 0;
+  int64_t landed_runs = 0;
+  int64_t landed_records = 0;
 };
 
 // The one Config and Counters of the process (control.cpp).

@@ -237,7 +237,7 @@ grid_sampler_3d_backward_with_options = _backward_with_options("grid_sampler_3d_
 WORK_COUNTER_FIELDS = ("launches", "chunks", "launches_per_chunk", "items_sorted",
                        "key_bits", "key_bytes", "workspace_bytes", "sort_scratch_bytes",
                        "elements_swept", "atomics", "longest_fold", "channel_merges",
-                       "longest_fill")
+                       "longest_fill", "reduce_items", "record_visits")
 
 
 def work_counters(
@@ -289,14 +289,28 @@ def work_counters(
     longest_fill (the most words of a dense chunk's segment table one thread
     of a point pass zero-fills, where the point pass fills it; 0 where the
     table is left to a fill of its own, as a short last chunk's is).
-    Also `points` and `records` (points x taps), from the shapes.
+    reduce_items and record_visits count the run sums of the core's builds
+    and are -1 for the pipeline's levels, which have no such reduce (see
+    below). Also `points` and `records` (points x taps), from the shapes.
 
     level="core" counts the upstream core's host build, which counts what
     its CUDA build launches, sorts and allocates: workspace_bytes holds
-    CUB's temporary storage (sort_scratch_bytes is 0), launches_per_chunk
-    is launches over chunks, longest_fold is counted from the longest run of
-    one grad_input position in a chunk where the tensors are CPU tensors
-    (-1 otherwise), and channel_merges is -1 (the core has no such walk).
+    CUB's temporary storage (sort_scratch_bytes is 0), chunks are its
+    sorts (one a chunk), launches_per_chunk is launches over chunks,
+    longest_fold is counted from the longest run of one grad_input position
+    in a chunk where the tensors are CPU tensors (-1 otherwise), and
+    channel_merges is -1 (the core has no such walk).
+    The core's builds count their run sums where the tensors are CPU tensors
+    (where the points land decides them; -1 otherwise), summed over chunks:
+    reduce_items, the run-sum items launched that have work, one per run of
+    records with a grad_input position (the run of out-of-bounds taps left
+    out) and group of channels; record_visits, the reads of a record's id,
+    weights and grad_output offset, once per record of those runs and group
+    of channels, by the run sums and the stored partials together. A group
+    is CORE_CHANNEL_GROUPS[level] channels (the last one shorter): 1 at
+    level="core", 4 (kChannelGroup) at "grouped-channels", where both
+    fields are the core's times ceil(C / 4) / C. Both are 0 for a grid-only
+    call.
     """
     dims = input.dim() - 2
     interpolation_mode, padding_mode, align_corners, output_mask = _aten_arguments(
@@ -328,6 +342,11 @@ def work_counters(
 # kPartialRecords in aten_kernels/aten/.../GridSamplerDeterministic.cu).
 CORE_CHUNK_RECORDS = 1 << 19
 CORE_PARTIAL_RECORDS = 256
+# Channels one thread of each core build's run sums and stored partials takes
+# per walk of a run's records: one at the core, kChannelGroup from the level
+# grouped-channels on (in the source as detgrid.kit.stack.core_sources gives
+# it). Every build in levels.CORE_BUILDS has its entry.
+CORE_CHANNEL_GROUPS = {"core": 1, "grouped-channels": 4}
 
 
 def core_longest_fold(longest_run: int) -> int:
@@ -349,17 +368,23 @@ def _core_work_counters(grad_output, input, grid, interpolation_mode, padding_mo
     if not output_mask[0]:
         return counters  # the existing kernel's grid-only route: no sort, no workspace
     (launches, items_sorted, sort_end_bit, key_bytes, workspace_bytes, threads,
-     longest_run) = torch.ops.detgrid._core_counters(
+     longest_run, runs, landed_runs, landed_records, sorts) = torch.ops.detgrid._core_counters(
         grad_output, input, grid, interpolation_mode, padding_mode, align_corners, level)
-    del sort_end_bit, threads
-    chunks = -(-items_sorted // CORE_CHUNK_RECORDS)
+    del sort_end_bit, threads, runs
+    # Each run-sum item takes a run and a group of channels: ceil(C / group) per run.
+    groups = -(-input.size(1) // CORE_CHANNEL_GROUPS[level])
+    # One sort per chunk (chunks shrink below CORE_CHUNK_RECORDS records where many
+    # channels' stored partials would not fit).
+    chunks = sorts
     counters.update(
         launches=launches, chunks=chunks,
         launches_per_chunk=launches // chunks if chunks else 0,
         items_sorted=items_sorted, key_bits=8 * key_bytes, key_bytes=key_bytes,
         # CUB's temporary storage is allocated from the same allocator: in workspace_bytes
         workspace_bytes=workspace_bytes, sort_scratch_bytes=0,
-        longest_fold=core_longest_fold(longest_run), channel_merges=-1)
+        longest_fold=core_longest_fold(longest_run), channel_merges=-1,
+        reduce_items=landed_runs * groups if landed_runs >= 0 else -1,
+        record_visits=landed_records * groups if landed_records >= 0 else -1)
     return counters
 
 
@@ -374,7 +399,8 @@ def _pipeline_work_counters(grad_output, input, grid, interpolation_mode, paddin
         _mode_number(f"grid_sampler_{dims}d_backward", "accumulate", accumulate),
         knobs["serial_fold"], knobs["reduce"], knobs["channel_group"],
         knobs["separate_fills"], carry_elements)
-    return dict(zip(WORK_COUNTER_FIELDS, values))
+    # The fields after the operator's are the core's run sums': -1, the pipeline has none.
+    return {**dict.fromkeys(WORK_COUNTER_FIELDS, -1), **dict(zip(WORK_COUNTER_FIELDS, values))}
 
 
 def backward_route(device_type: str, deterministic: bool, warn_only: bool,

@@ -2,8 +2,9 @@
 // hostify's stand-in (see ../../../prelude.h) for the at::cuda::cub calls
 // the source makes, with CUB's results: a stable radix sort over the key
 // bits [begin_bit, end_bit) of CUB's bit pattern (a signed key's sign bit
-// flipped), and the first value of each run of equal keys (the longest
-// run counted, see control.h). at::cuda::cub
+// flipped), and the first value of each run of equal keys (the runs, the
+// records of those with a destination and the longest run counted, see
+// control.h). at::cuda::cub
 // names namespace hostify::cub, so that no definition here is merged with
 // libtorch's at link time.
 #include "../../../launch.h"
@@ -37,6 +38,7 @@ void radix_sort_pairs(
     int64_t end_bit = sizeof(key_t) * 8) {
   auto& count = counters();
   ++count.launches;
+  ++count.sorts;
   count.items_sorted += n;
   count.sort_end_bit = end_bit;
   count.key_bytes = sizeof(key_t);
@@ -86,15 +88,18 @@ void unique_by_key(
   if (!config().run) {
     return;
   }
+  auto& count = counters();
   int64_t selected = 0;
   int64_t run_begin = 0;
   for (int64_t i = 0; i <= num_input_items; ++i) {
     if (i < num_input_items && i > 0 && keys_in[i] == keys_in[i - 1]) {
       continue;
     }
+    // A run [run_begin, i) ends here.
     if (i > 0 && static_cast<int64_t>(keys_in[i - 1]) != config().nowhere_key) {
-      counters().longest_run =
-          std::max<int64_t>(counters().longest_run, i - run_begin);
+      count.longest_run = std::max<int64_t>(count.longest_run, i - run_begin);
+      ++count.landed_runs;
+      count.landed_records += i - run_begin;
     }
     if (i < num_input_items) {
       values_out[selected++] = values_in[i];
@@ -102,6 +107,7 @@ void unique_by_key(
     }
   }
   *num_selected = selected;
+  count.runs += selected;
 }
 
 } // namespace hostify::cub
