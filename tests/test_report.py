@@ -195,6 +195,16 @@ class TestReportBodies(TestCase):
                                           "until adapted"], [])
         yield full
 
+    def test_the_pr_names_each_speed_step_that_follows_the_core(self):
+        steps = [p for p in R.UPSTREAM_STACK if p.speed_level]
+        self.assertTrue(steps)
+        approach = R.render_approach(stub_report(self.tmp + "/a")[0])
+        for step in steps:
+            self.assertIn(f"`{step.patch}`", approach)
+        with mock.patch.object(R, "UPSTREAM_STACK", tuple(p for p in R.UPSTREAM_STACK
+                                                          if not p.speed_level)):
+            self.assertNotIn("Speed steps", R.render_approach(stub_report(self.tmp + "/b")[0]))
+
     def test_bodies_stay_within_their_word_limits(self):
         self.assertEqual(R.WORD_LIMITS, LIMITS)
         self.assertEqual(set(R.BODIES), set(LIMITS))
@@ -400,8 +410,8 @@ class TestReportBodies(TestCase):
     def test_test_plan_says_what_the_kit_checks_on_cpu_and_only_what_this_report_ran(self):
         pr = R.render_pr(stub_report(self.tmp)[0])
         plan = section(pr, "Test plan")
-        self.assertIn("On CPU, `tests/test_core.py` checks a host build of the patch's `.cu` against "
-                      "a serial run of the existing kernel's arithmetic and golden digests.", plan)
+        self.assertIn("On CPU, `tests/test_core.py` checks the `.cu`'s host build against the "
+                      "existing kernel's arithmetic run serially, and golden digests.", plan)
         # nothing in view claims the patch applied or compiled without a checkout to show it
         self.assertNotRegex(plan, r"(?i)applies|compiles|nvcc")
         self.assertNotIn("The kit's suite", plan)

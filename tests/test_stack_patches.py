@@ -91,13 +91,15 @@ class TestCheckedInStack(TestCase):
         level = (STACK / f"{stack.UPSTREAM_STACK[2].patch}.md").read_text()
         words = " ".join(level.split())
         for term in ("`kChannelGroup = 4`", "record ids, weights and grad_output offsets",
-                     "added in the same order", "grad_input's bits are those of the previous patch",
+                     "added in the same order", "grad_input keeps its bits",
                      "four accumulators", "runs x ceil(C/4) instead of runs x C",
-                     "**Counters**", "**What a GPU run must time to accept it**",
+                     "**Counters**", "Record visits", "**Cost**", "registers",
+                     "**What a GPU run must time to accept it**",
                      "`detgrid bench`'s `core` and `grouped-channels` rows",
-                     "at most 1, and no row slower by more than 5%"):
+                     "at most 1, no row slower by more than 5%",
+                     "bits equal to the previous patch's"):
             self.assertIn(term, words)
-        self.assertIn("\n<!-- counters: filled from detgrid work_counters -->\n", level)
+        self.assertNotIn("<!--", level)  # no placeholder left unfilled
         for word in ("likely", "host", "executor", "pipeline"):
             self.assertNotIn(word, level.lower())
 

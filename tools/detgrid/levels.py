@@ -38,8 +38,8 @@ UPSTREAM_STACK: Tuple[UpstreamPatch, ...] = (
     UpstreamPatch("cudnn", "02-cudnn",
                   "grid_sampler: leave cuDNN in deterministic mode"),
     UpstreamPatch("grouped-channels", "03-grouped-channels",
-                  "grid_sampler deterministic backward: one walk of a run's "
-                  "records per four channels", speed_level=True),
+                  "grid_sampler deterministic backward: one record walk per "
+                  "four channels", speed_level=True),
 )
 UPSTREAM_NAMES = tuple(p.name for p in UPSTREAM_STACK)
 CORE = UPSTREAM_NAMES[0]

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from detgrid.levels import UPSTREAM_STACK
+
 KIT_ROOT = Path(__file__).resolve().parents[3]
 REPRO_SCRIPTS = ("show_error.py", "show_nondeterminism.py", "show_fix.py")
 EXIT_MEANING = {0: "claims held", 1: "FAILED", 77: "not checkable here"}
@@ -781,16 +783,23 @@ CUDNN_COMMIT = (
     "(`cudnn_grid_sampler_backward` alerts there, #180417).")
 
 
+def render_speed_steps() -> str:
+    """The cuDNN commit's sentence, with the stack's speed levels, which follow as commits of
+    their own."""
+    steps = ", ".join(f"`{p.patch}`" for p in UPSTREAM_STACK if p.speed_level)
+    return CUDNN_COMMIT + (f" Speed steps follow: {steps}." if steps else "")
+
+
 def render_approach(report: Report) -> str:
     size = " ".join(part for part in [render_patch_line(report), render_machine_code(report)] if part)
-    return "\n\n".join([APPROACH, CUDNN_COMMIT, size])
+    return "\n\n".join(part for part in [APPROACH, render_speed_steps(), size] if part)
 
 
 # What the kit runs on CPU (no GPU): the core's host build against the existing kernel's
 # arithmetic (tests/test_core.py) and its goldens (tests/test_core_golden.py).
 CPU_PROOF = (
-    "On CPU, `tests/test_core.py` checks a host build of the patch's `.cu` against a serial run "
-    "of the existing kernel's arithmetic and golden digests.")
+    "On CPU, `tests/test_core.py` checks the `.cu`'s host build against the existing kernel's "
+    "arithmetic run serially, and golden digests.")
 
 
 def render_test_plan(report: Report) -> str:
