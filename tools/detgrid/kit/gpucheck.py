@@ -215,36 +215,52 @@ def core_grad_input(case: Case, level: str = levels.CORE) -> Optional[torch.Tens
         case.padding_mode, case.align_corners, level=level)
 
 
-def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
-    """The core on the device against its host build, per case: "host
-    == CUDA bit for bit" is a measurement here, not a requirement, since
-    both builds contract multiply-adds into FMAs where their compilers
-    choose (on --device cpu the "device" run is the host build with a
-    shuffled launch, block size 64)."""
+def _compare_cases(cases: Sequence[Case],
+                   pair: Callable[[Case], Optional[Tuple[torch.Tensor, torch.Tensor]]]
+                   ) -> Dict[str, Any]:
+    """pair(case) -> (got, reference), or None for a case it skips, over the cases: how many
+    ran, how many are the same bits (NaNs alike), the largest difference, the first
+    mismatches and errors (an error is recorded and the other cases still run)."""
     equal, worst, mismatches, errors, ran = 0, 0.0, [], [], 0
     for case in cases:
         try:
-            ref = core_grad_input(case)
-            if ref is None:
-                continue
-            if torch.device(device).type == "cpu":
-                got = torch.ops.detgrid._core_grad_input(
-                    case.grad_output, case.input, case.grid, case.interpolation_mode,
-                    case.padding_mode, case.align_corners, 64, 0, 7)
-            else:
-                got = core_grad_input(case.to(device))
-                synchronize(device)
-        except Exception as e:  # recorded, the other cases still run
+            pair_ = pair(case)
+        except Exception as e:
             errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
             continue
+        if pair_ is None:
+            continue
+        got, ref = pair_
         ran += 1
         same = same_bits_or_both_nan(got, ref)
         equal += same
         worst = max(worst, max_abs_diff(got, ref))
         if not same:
             mismatches.append(case.name)
-    return {"dtype": dtype, "dim": dim, "cases": ran, "bitwise_equal": equal,
-            "max_abs_diff": worst, "mismatches": mismatches[:10], "errors": errors[:10]}
+    return {"cases": ran, "bitwise_equal": equal, "max_abs_diff": worst,
+            "mismatches": mismatches[:10], "errors": errors[:10]}
+
+
+def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
+    """The core on the device against its host build, per case: "host
+    == CUDA bit for bit" is a measurement here, not a requirement, since
+    both builds contract multiply-adds into FMAs where their compilers
+    choose (on --device cpu the "device" run is the host build with a
+    shuffled launch, block size 64)."""
+    def pair(case: Case) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        ref = core_grad_input(case)
+        if ref is None:
+            return None
+        if torch.device(device).type == "cpu":
+            got = torch.ops.detgrid._core_grad_input(
+                case.grad_output, case.input, case.grid, case.interpolation_mode,
+                case.padding_mode, case.align_corners, 64, 0, 7)
+        else:
+            got = core_grad_input(case.to(device))
+            synchronize(device)
+        return got, ref
+
+    return {"dtype": dtype, "dim": dim, **_compare_cases(cases, pair)}
 
 
 def level_row(device: str, level: str, dtype: str, dim: int,
@@ -252,25 +268,16 @@ def level_row(device: str, level: str, dtype: str, dim: int,
     """A speed level of the core against the core, both on the device: a level changes no
     bit, so here equality is required (the host builds show it on the CPU; nvcc's choices of
     FMA contraction in the level's loops are what this row measures)."""
-    equal, mismatches, errors, ran = 0, [], [], 0
-    for case in cases:
-        try:
-            on_device = case.to(device)
-            core = core_grad_input(on_device)
-            if core is None:
-                continue
-            got = core_grad_input(on_device, level)
-            synchronize(device)
-        except Exception as e:  # recorded, the other cases still run
-            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
-            continue
-        ran += 1
-        same = same_bits_or_both_nan(got, core)
-        equal += same
-        if not same:
-            mismatches.append(case.name)
-    return {"level": level, "dtype": dtype, "dim": dim, "cases": ran, "bitwise_equal": equal,
-            "mismatches": mismatches[:10], "errors": errors[:10]}
+    def pair(case: Case) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        on_device = case.to(device)
+        core = core_grad_input(on_device)
+        if core is None:
+            return None
+        got = core_grad_input(on_device, level)
+        synchronize(device)
+        return got, core
+
+    return {"level": level, "dtype": dtype, "dim": dim, **_compare_cases(cases, pair)}
 
 
 def levels_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
