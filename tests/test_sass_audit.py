@@ -894,6 +894,16 @@ class TestLevels(TestCase):
                           *[arg for path in builds for arg in ("--core-build", path)],
                           "--measured", str(self.tmp / "measured"), *flags)
 
+    def _assert_levels_refuse(self, message, core=None, builds=None):
+        """`levels` with these inputs fails in one line naming ``message`` and writes no
+        machine_code.json."""
+        rc, out, err = self._levels("--machine-code-json", str(self.tmp / "m.json"),
+                                    core=core, builds=builds)
+        self.assertEqual((rc, out), (2, ""))
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(message, err)
+        self.assertFalse((self.tmp / "m.json").exists())
+
     def test_cut_writes_a_pipeline_level_as_the_stack_cuts_it(self):
         from detgrid.kit import stack
 
@@ -1058,12 +1068,7 @@ class TestLevels(TestCase):
         (self.tmp / "bad.json").write_text('{"lines": 600}')
         for core, message in ((str(self.tmp / "none.json"), "cannot read"),
                               (str(self.tmp / "bad.json"), "not a `core --json` file")):
-            rc, out, err = self._levels("--machine-code-json", str(self.tmp / "m.json"),
-                                        core=core)
-            self.assertEqual((rc, out), (2, ""))
-            self.assertEqual(err.count("\n"), 1, err)
-            self.assertIn(message, err)
-            self.assertFalse((self.tmp / "m.json").exists())
+            self._assert_levels_refuse(message, core=core)
         # every speed level's core build, once each, and the core's measurement as --core
         for builds, message in (
                 ([], f"no --core-build of {', '.join(CORE_BUILDS[1:])}"),
@@ -1071,12 +1076,7 @@ class TestLevels(TestCase):
                 ([self._core_build(CORE_BUILDS[-1])] * 2, "is measured twice"),
                 ([str(self.tmp / "bad.json")], "not a `core --level --json` file"),
                 ([str(self.tmp / "none.json")], "cannot read")):
-            rc, out, err = self._levels("--machine-code-json", str(self.tmp / "m.json"),
-                                        builds=builds)
-            self.assertEqual((rc, out), (2, ""))
-            self.assertEqual(err.count("\n"), 1, err)
-            self.assertIn(message, err)
-            self.assertFalse((self.tmp / "m.json").exists())
+            self._assert_levels_refuse(message, builds=builds)
         rc, out, err = self._levels(core=self._core_build(CORE_BUILDS[-1]))
         self.assertEqual((rc, out), (2, ""))
         self.assertIn("not the core's (give it as --core-build)", err)
