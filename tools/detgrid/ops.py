@@ -353,7 +353,9 @@ def core_longest_fold(longest_run: int) -> int:
     """The most terms one thread of the core adds in sequence, for a chunk whose longest run
     of one grad_input position holds ``longest_run`` records: the run's first partial (up
     to CORE_PARTIAL_RECORDS records) and then its stored partials, one per further
-    CORE_PARTIAL_RECORDS records (a partial is itself at most CORE_PARTIAL_RECORDS)."""
+    CORE_PARTIAL_RECORDS records (a partial is itself at most CORE_PARTIAL_RECORDS). The
+    same at every core build: from grouped-channels on, a thread's channels advance through
+    the records and the stored partials together, each channel a chain of this length."""
     if longest_run <= 0:
         return longest_run  # -1: not counted (no data to run on)
     first = min(longest_run, CORE_PARTIAL_RECORDS)
