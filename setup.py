@@ -40,8 +40,6 @@ CORE_SOURCE = os.path.join(
     "aten_kernels", "aten", "src", "ATen", "native", "cuda",
     "GridSamplerDeterministic.cu")
 HOSTIFY = os.path.join("aten_kernels", "hostify")
-# The core's speed levels: each one's diff to the core's file (detgrid.levels).
-LEVELS = os.path.join("aten_kernels", "levels")
 # Where the core's file as each prefix of the stack has it is written.
 CORE_BUILDS_DIR = os.path.join("build", "detgrid-core-builds")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
@@ -96,16 +94,18 @@ def core_builds():
     ends with a speed level, its levels' diffs applied in order."""
     levels = load_by_path("detgrid_levels", "tools", "detgrid", "levels.py")
     textdiff = load_by_path("detgrid_textdiff", "tools", "detgrid", "kit", "textdiff.py")
-    with open(os.path.join(ROOT, CORE_SOURCE), encoding="utf-8") as f:
-        text = f.read()
-    builds = [(levels.CORE, text)]
     name = os.path.basename(CORE_SOURCE)
+    with open(os.path.join(ROOT, CORE_SOURCE), encoding="utf-8") as f:
+        files = {name: f.read()}
+    builds = [(levels.CORE, files[name])]
     for part in levels.UPSTREAM_STACK:
         if part.speed_level:
-            with open(os.path.join(ROOT, LEVELS, part.name, name + ".diff"),
-                      encoding="utf-8") as f:
-                text = textdiff.apply(text, f.read(), f"{part.name}/{name}.diff")
-            builds.append((part.name, text))
+            files = textdiff.apply_folders(
+                files, [os.path.join(ROOT, levels.LEVELS_ROOT, part.name)])
+            if set(files) != {name}:
+                sys.exit(f"detgrid: level {part.name} adds {sorted(set(files) - {name})}, "
+                         "which setup.py does not build yet")
+            builds.append((part.name, files[name]))
     return builds
 
 

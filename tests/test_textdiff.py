@@ -8,6 +8,8 @@ diff applies to today's core and changes nothing but the run sums."""
 import difflib
 import os
 import re
+import tempfile
+from pathlib import Path
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -81,6 +83,21 @@ class TestTextDiff(TestCase):
         # ... and it applies to nothing else.
         with self.assertRaises(textdiff.DiffError):
             textdiff.apply("already here\n", diff + "@@ -1,1 +1,1 @@\n-other\n+x\n", "new.cu")
+
+    def test_folders_apply_in_order_and_may_add_files(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            first, second = Path(tmp) / "first", Path(tmp) / "second"
+            first.mkdir()
+            second.mkdir()
+            (first / "a.cu.diff").write_text(textdiff.make("x\n", "y\n", "a.cu"))
+            (second / "a.cu.diff").write_text(textdiff.make("y\n", "z\n", "a.cu"))
+            (second / "b.cuh.diff").write_text(textdiff.make("", "new\n", "b.cuh"))
+            texts = {"a.cu": "x\n"}
+            self.assertEqual(textdiff.apply_folders(texts, [first, second]),
+                             {"a.cu": "z\n", "b.cuh": "new\n"})
+            self.assertEqual(texts, {"a.cu": "x\n"})  # the caller's dict is left alone
+            with self.assertRaisesRegex(textdiff.DiffError, "^second/a.cu.diff: "):
+                textdiff.apply_folders(texts, [second])
 
     def test_the_empty_diff_leaves_the_text(self):
         self.assertEqual(textdiff.apply(OLD, "", "f"), OLD)

@@ -42,6 +42,8 @@ UPSTREAM_STACK: Tuple[UpstreamPatch, ...] = (
                   "four channels", speed_level=True),
 )
 UPSTREAM_NAMES = tuple(p.name for p in UPSTREAM_STACK)
+# A speed level's diffs to the core's files: <LEVELS_ROOT>/<name>/<file>.diff.
+LEVELS_ROOT = "aten_kernels/levels"
 CORE = UPSTREAM_NAMES[0]
 # The builds of the core's file that level= runs: the core, then each prefix
 # of the stack that ends with a speed level, named by that level.

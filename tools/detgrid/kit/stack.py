@@ -35,6 +35,7 @@ from detgrid.levels import (  # noqa: F401  (the levels, re-exported for the kit
     KERNEL_CORE_FILES,
     LEVEL_NAMES,
     LEVELS,
+    LEVELS_ROOT,
     TOP,
     Level,
     UPSTREAM_NAMES,
@@ -128,13 +129,10 @@ PIPELINE_ROOT = "aten_kernels/pipeline"  # the pipeline's: aten_kernels/pipeline
 CORE_FILES = ("GridSamplerDeterministic.cu",)  # the files the core adds to the tree
 
 
-LEVELS_ROOT = "aten_kernels/levels"  # a speed level's diff: <LEVELS_ROOT>/<name>/<file>.diff
-
-
 def core_sources(kit_root, upto: str = CORE) -> Dict[str, str]:
-    """{path under the tree: text} of the core's files as the prefix of the
-    upstream stack ending at ``upto`` has them: the core's, with the diffs of
-    the speed levels up to ``upto`` applied in order."""
+    """{path under the tree: text} of the core's files as the prefix of the upstream stack
+    ending at ``upto`` has them: the core's, with the diffs of the speed levels up to ``upto``
+    applied in order."""
     from pathlib import Path
 
     from detgrid.kit import textdiff
@@ -142,14 +140,10 @@ def core_sources(kit_root, upto: str = CORE) -> Dict[str, str]:
     if upto not in UPSTREAM_NAMES:
         raise StackError(f"unknown patch {upto!r}; the stack is {', '.join(UPSTREAM_NAMES)}")
     source = Path(kit_root) / UPSTREAM_ROOT / KERNEL_DIR
-    texts = {name: (source / name).read_text() for name in CORE_FILES}
-    for part in UPSTREAM_STACK[: UPSTREAM_NAMES.index(upto) + 1]:
-        if not part.speed_level:
-            continue
-        for diff in sorted((Path(kit_root) / LEVELS_ROOT / part.name).glob("*.diff")):
-            name = diff.name[: -len(".diff")]
-            texts[name] = textdiff.apply(texts.get(name, ""), diff.read_text(),
-                                         f"{part.name}/{diff.name}")
+    texts = textdiff.apply_folders(
+        {name: (source / name).read_text() for name in CORE_FILES},
+        [Path(kit_root) / LEVELS_ROOT / part.name
+         for part in UPSTREAM_STACK[: UPSTREAM_NAMES.index(upto) + 1] if part.speed_level])
     return {f"{KERNEL_DIR}/{name}": text for name, text in texts.items()}
 
 

@@ -9,7 +9,8 @@ detgrid package nor, on every machine, a `patch` program.
 
 import difflib
 import re
-from typing import List
+from pathlib import Path
+from typing import Dict, Iterable, List
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -59,3 +60,15 @@ def apply(old: str, diff: str, name: str = "") -> str:
             i += 1
     out.extend(source[at:])
     return "".join(out)
+
+
+def apply_folders(texts: Dict[str, str], folders: Iterable[Path]) -> Dict[str, str]:
+    """``texts`` ({file name: text}) with each folder's diffs applied in order: a folder holds
+    ``<file name>.diff`` for every file it changes or adds (a new file's diff is from empty)."""
+    texts = dict(texts)
+    for folder in folders:
+        for diff in sorted(Path(folder).glob("*.diff")):
+            name = diff.name[: -len(".diff")]
+            texts[name] = apply(texts.get(name, ""), diff.read_text(encoding="utf-8"),
+                                f"{Path(folder).name}/{diff.name}")
+    return texts
