@@ -40,6 +40,9 @@ CORE_SOURCE = os.path.join(
     "aten_kernels", "aten", "src", "ATen", "native", "cuda",
     "GridSamplerDeterministic.cu")
 HOSTIFY = os.path.join("aten_kernels", "hostify")
+# The coordinate helpers torch 2.15 added to ATen/native/cuda/GridSampler.cuh,
+# for older torch: ahead of torch's headers wherever the core is compiled.
+COMPAT_INCLUDE = os.path.join("aten_kernels", "compat", "include")
 # Where the core's file as each prefix of the stack has it is written.
 CORE_BUILDS_DIR = os.path.join("build", "detgrid-core-builds")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
@@ -219,7 +222,7 @@ def extension(toolkit):
                      "GridSamplerDeterministicCPU.cpp", "knobs.cpp",
                      os.path.join("exact", "ExactCPU.cpp"), "core_ops.cpp")
     ]
-    include_dirs = [os.path.abspath(PIPELINE_SRC)]
+    include_dirs = [os.path.abspath(PIPELINE_SRC), os.path.abspath(COMPAT_INCLUDE)]
     if toolkit is None:
         return cpp_extension.CppExtension(
             "detgrid._C",
@@ -297,6 +300,7 @@ class BuildWithHostify(cpp_extension.BuildExtension):
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             "-include", os.path.join(ROOT, HOSTIFY, "prelude.h"),
             "-I" + os.path.join(ROOT, HOSTIFY, "include"),
+            "-I" + os.path.join(ROOT, COMPAT_INCLUDE),
         ] + ["-I" + folder for folder in cpp_extension.include_paths()] + [
             "-I" + host_cuda_include()]
         flags += ["-mfma", "-ffp-contract=fast"] if toolchain.cpu_has_fma() else [

@@ -112,13 +112,16 @@ check() {
 }
 
 # The core (issue 59), whose host build setup.py makes with flags of its
-# own: hostified, against the release's GridSampler.cuh and UpSample.cuh.
+# own: hostified, against the release's GridSampler.cuh and UpSample.cuh,
+# with aten_kernels/compat/include ahead of them (the helpers torch 2.15
+# added, for older releases), as setup.py builds it.
 core=$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu
 check_hostified() {
   local version=$1 folder=$2 start=$SECONDS unit=$work/$1/GridSamplerDeterministic.host.cpp
   "$python" "$root/aten_kernels/hostify/hostify.py" "$core" "$unit"
   if g++ -fsyntax-only -std=c++20 -Wno-attributes \
     -include "$root/aten_kernels/hostify/prelude.h" -I"$root/aten_kernels/hostify/include" \
+    -I"$root/aten_kernels/compat/include" \
     -I"$folder/torch/include" -I"$folder/torch/include/torch/csrc/api/include" \
     -I"$cuda_home/include" $("$python" -c \
       'import sysconfig; print("-I" + sysconfig.get_paths()["include"])') \

@@ -129,6 +129,10 @@ audit_core() {
     --cubin "$work/$1/kernels.cubin" --kit "$root" "${@:2}"
 }
 core_src=$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu
+# The helpers torch 2.15 added to GridSampler.cuh, for the older headers the
+# audit builds against (they add nothing from 2.15 on): the core's one
+# folder ahead of torch's, as setup.py builds it.
+compat_include=$root/aten_kernels/compat/include
 pipeline_src=$root/aten_kernels/pipeline/aten/src
 mkdir -p "$work/levels"
 
@@ -139,7 +143,7 @@ status=0
 # The upstream core: its budget fails the audit; its fused multiply-adds are
 # counted per kernel family, by design; CUB's stack frames are reported.
 echo "sass audit: building the upstream core (${core_src#"$root"/}) for sm_90"
-build core "$core_src" "" "${torch_defines[@]}"
+build core "$core_src" "$compat_include" "${torch_defines[@]}"
 audit_core core --json "$work/core.json" \
   | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family |^kernel |^fused family " \
   || status=1
@@ -154,7 +158,7 @@ mkdir -p "$work/core-builds"
 core_builds=()
 while read -r -u 3 level source lines; do
   echo "sass audit: building the upstream stack up to $level ($lines lines of the core's file) for sm_90"
-  build "core-$level" "$source" "" "${torch_defines[@]}"
+  build "core-$level" "$source" "$compat_include" "${torch_defines[@]}"
   audit_core "core-$level" --level "$level" --json "$work/core-builds/$level.json" \
     | grep -E "^FAIL|^REPORTED|^sass audit|^machine code|^family |^kernel |^fused family " \
     || status=1
@@ -218,6 +222,6 @@ must_fail() {
 echo "sass audit: negative controls, a point pass and a reduce of the pipeline, and the core, built with --use_fast_math"
 build fast_math "$root/.ci/audit/fast_math_probe.cu" "$pipeline_src" --use_fast_math
 must_fail fast_math "flush-to-zero" audit fast_math
-build core_fast_math "$core_src" "" "${torch_defines[@]}" --use_fast_math
+build core_fast_math "$core_src" "$compat_include" "${torch_defines[@]}" --use_fast_math
 must_fail core_fast_math "^FAIL (flush-to-zero" audit_core core_fast_math
 exit $status

@@ -5,7 +5,9 @@ by its host build, which setup.py makes from the same source bytes
 (aten_kernels/hostify/). Its grad_input is checked against a serial run of
 the existing CUDA kernel's arithmetic built on the same helpers
 (hostify/existing_kernel_reference.cpp), non-finite and huge coordinates
-included, and its bits against every launch shape and thread order."""
+included, 5-D bicubic (tricubic) against tests/stock_reference.py's float64
+sums and the extension's default route, and its bits against every launch
+shape and thread order."""
 
 import hashlib
 import itertools
@@ -14,6 +16,7 @@ import re
 import unittest
 
 import detgrid.ops  # noqa: F401  (registers torch.ops.detgrid)
+import stock_reference
 import torch
 from detgrid import levels
 from detgrid.kit import stack
@@ -32,7 +35,10 @@ ops = torch.ops.detgrid
 
 BILINEAR, NEAREST, BICUBIC = 0, 1, 2
 MODES_2D = (BILINEAR, NEAREST, BICUBIC)
-MODES_3D = (BILINEAR, NEAREST)
+MODES_3D = (BILINEAR, NEAREST, BICUBIC)
+# The 5-D modes of the existing kernel's host run (existing_kernel_reference.cpp);
+# tricubic is checked against tests/stock_reference.py.
+EXISTING_KERNEL_MODES_3D = (BILINEAR, NEAREST)
 PADDINGS = (0, 1, 2)  # zeros, border, reflection
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 # grad_input against the existing kernel's serial sums in the same dtype:
@@ -74,8 +80,11 @@ def problem(dims, dtype, points=(7, 9), image=(5, 6), channels=3, batch=2, seed=
     return grad_output.to(dtype), inp.to(dtype), grid.to(dtype)
 
 
-def cases(dims):
-    modes = MODES_2D if dims == 2 else MODES_3D
+def cases(dims, existing_kernel=False):
+    """(mode, padding, align_corners) of every case; existing_kernel: only the
+    modes existing_kernel_reference.cpp runs."""
+    modes = MODES_2D if dims == 2 else (EXISTING_KERNEL_MODES_3D if existing_kernel
+                                        else MODES_3D)
     return itertools.product(modes, PADDINGS, (False, True))
 
 
@@ -124,7 +133,7 @@ class TestCore(TestCase):
     @parametrize("dims", (2, 3))
     @parametrize("dtype", DTYPES)
     def test_grad_input_is_the_existing_kernels(self, dims, dtype):
-        for mode, padding, align in cases(dims):
+        for mode, padding, align in cases(dims, existing_kernel=True):
             args = problem(dims, dtype, seed=mode * 10 + padding) + (mode, padding, align)
             ours = ops._core_grad_input(*args)
             existing = ops._existing_kernel_reference(*args)
@@ -138,7 +147,7 @@ class TestCore(TestCase):
         # function (finite coordinates, float64).
         backward = (torch.ops.aten.grid_sampler_2d_backward if dims == 2
                     else torch.ops.aten.grid_sampler_3d_backward)
-        for mode, padding, align in cases(dims):
+        for mode, padding, align in cases(dims, existing_kernel=True):
             args = problem(dims, torch.float64, seed=padding) + (mode, padding, align)
             with self.subTest(mode=mode, padding=padding, align_corners=align):
                 self.assertEqual(ops._existing_kernel_reference(*args),
@@ -153,7 +162,7 @@ class TestCore(TestCase):
         # The same NaN and infinity in the same elements (bicubic with border
         # or reflection padding puts a NaN coordinate's terms on an edge
         # pixel), and the same finite values.
-        for mode, padding, align in cases(dims):
+        for mode, padding, align in cases(dims, existing_kernel=True):
             args = problem(dims, dtype, points=(9, 9), image=(4, 5), channels=2, batch=1,
                            seed=padding, coordinates=HOSTILE) + (mode, padding, align)
             ours = ops._core_grad_input(*args)
@@ -299,10 +308,59 @@ class TestCore(TestCase):
         self.assertNotIn("kChannelGroup", stack.core_sources(ROOT)[
             f"{stack.KERNEL_DIR}/GridSamplerDeterministic.cu"])
 
-    def test_5d_bicubic_is_refused_in_one_line(self):
-        grad_output, inp, grid = problem(3, torch.float32)
-        with self.assertRaisesRegex(RuntimeError, "bicubic interpolation of 5-D input"):
-            ops._core_grad_input(grad_output, inp, grid, BICUBIC, 0, False)
+    @parametrize("dtype", DTYPES)
+    def test_tricubic_grad_input_agrees_with_the_float64_reference(self, dtype):
+        # stock_reference.backward: float64 sums of the existing kernel's taps
+        # and weights (64 per point), in the dtype's coordinate arithmetic.
+        for padding, align in itertools.product(PADDINGS, (False, True)):
+            args = problem(3, dtype, seed=20 + padding) + (BICUBIC, padding, align)
+            expected = stock_reference.backward(*args)[0]
+            with self.subTest(padding=padding, align_corners=align):
+                self.assertEqual(ops._core_grad_input(*args).double(), expected,
+                                 atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+    @parametrize("dtype", (torch.float64, torch.float32))
+    @unittest.skipIf(UNDER_SANITIZERS, "huge flip counts convert to int in the reference's "
+                     "arithmetic (undefined on the host with g++)")
+    def test_tricubic_non_finite_coordinates_give_the_references_nan_and_inf(self, dtype):
+        # A point with a non-finite coordinate gets no tap, as the extension's
+        # default route and the reference decide (its declared departure): the
+        # same NaN and infinity in the same elements as both. Finite values
+        # agree but under reflection, where a coordinate near 1e30 folds by
+        # resolve_cubic_taps' exact parity (the reference saturates the fold
+        # count at INT_MAX) and one near 3e9 moves by the unnormalize's
+        # contracted multiply-add (the host build's FMA, as nvcc's).
+        for padding, align in itertools.product(PADDINGS, (False, True)):
+            args = problem(3, dtype, points=(9, 9), image=(4, 5), channels=2, batch=1,
+                           seed=padding, coordinates=HOSTILE) + (BICUBIC, padding, align)
+            ours = ops._core_grad_input(*args)
+            others = {"reference": stock_reference.backward(*args)[0],
+                      "default route": detgrid.ops.grid_sampler_3d_backward(
+                          *args, [True, False])[0]}
+            for name, other in others.items():
+                with self.subTest(padding=padding, align_corners=align, against=name):
+                    self.assertEqual(ours.isnan(), other.isnan())
+                    self.assertEqual(ours.isinf(), other.isinf())
+                    if padding != 2:
+                        finite = ours.isfinite()
+                        self.assertEqual(ours[finite].double(), other[finite].double(),
+                                         atol=1e-4, rtol=1e-4)
+
+    @parametrize("dtype", (torch.float32, torch.float16))
+    def test_tricubic_bits_do_not_depend_on_launch_shape_or_thread_order(self, dtype):
+        if UNDER_SANITIZERS and dtype != torch.float16:
+            self.skipTest(MAIN_SUITE_ONLY)
+        # 9,000 points of 64 taps: two chunks, a hot position and ordinary ones.
+        grad_output, inp, grid = problem(3, dtype, points=(60, 50), image=(6, 7),
+                                         channels=2, batch=1, seed=4)
+        grid[0, :20] = 0.0
+        args = (grad_output, inp, grid, BICUBIC, 1, False)
+        self.assertEqual(ops._core_counters(*args)[10], 2)  # sorts: chunks
+        shapes = ((0, 0, 0), (32, 0, 0), (0, 7, 0), (64, 3, 11), (256, 0, 5), (1, 1, 1))
+        results = [ops._core_grad_input(*args, *shape) for shape in shapes]
+        for shape, result in zip(shapes[1:], results[1:]):
+            with self.subTest(block_size=shape[0], grid_size=shape[1], seed=shape[2]):
+                self.assertTrue(same_bits(result, results[0]))
 
 
 # Launch shapes of the host build (block_size, grid_size, shuffle_seed) the
@@ -347,7 +405,8 @@ class TestCoreBuilds(TestCase):
     @parametrize("channels", (1, 3, 5, 6, 7))
     def test_hot_runs_with_stored_partials(self, channels):
         # Runs of 255 .. 3000 records of one position beside scattered ones;
-        # 2-D bicubic's 16 taps of 36,000 points make two chunks.
+        # 2-D bicubic's 16 taps of 36,000 points make two chunks, 3-D
+        # bicubic's 64 taps of 18,000 points three.
         for dims, mode, dtype in itertools.chain(
                 itertools.product((2,), MODES_2D, (torch.float32, torch.float64)),
                 itertools.product((3,), MODES_3D, (torch.float32,))):
@@ -359,8 +418,9 @@ class TestCoreBuilds(TestCase):
             what = f"{dims}-D mode {mode} {dtype}"
             self.assert_levels_give_the_cores_bits(args, what)
             if mode == BICUBIC:
-                self.assertEqual(ops._core_counters(*args)[10], 2, what)  # sorts: chunks
-            if mode != BICUBIC:  # bicubic's taps spread a pile over 16 positions
+                chunks = 2 if dims == 2 else 3
+                self.assertEqual(ops._core_counters(*args)[10], chunks, what)  # sorts
+            if mode != BICUBIC:  # bicubic's taps spread a pile over 16 (64) positions
                 fold = detgrid.ops.work_counters(*args, [True, False], level="core")
                 self.assertGreater(fold["longest_fold"], 256, what)
 

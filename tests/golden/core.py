@@ -1,6 +1,6 @@
 """Golden digests of the core (aten_kernels/aten/, issue 59), run by its
-host build, over the inputs of the golden corpus (corpus.py: every case but
-5-D bicubic, which the core refuses). Every build of the core's file that
+host build, over the inputs of the golden corpus (corpus.py: every case,
+5-D bicubic included). Every build of the core's file that
 level= runs (detgrid.levels.CORE_BUILDS: the core and its speed levels)
 must give these digests.
 
@@ -28,7 +28,7 @@ from golden import corpus
 DIGESTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "core_digests.json")
 
-CASES = tuple(c for c in corpus.CASES if not (c.dims == 3 and c.mode == "bicubic"))
+CASES = corpus.CASES
 
 
 def grad_input(case: corpus.Case, level: str = "core", block_size: int = 0,

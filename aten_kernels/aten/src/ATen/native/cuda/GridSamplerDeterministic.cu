@@ -2,6 +2,7 @@
 #include <ATen/native/cuda/GridSampler.h>
 
 #include <ATen/Dispatch.h>
+#include <ATen/NumericUtils.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ceil_div.h>
 #include <ATen/core/TensorBase.h>
@@ -30,7 +31,9 @@
 // order fixed by the shapes and the grid, per chunk of kMaxChunkRecords:
 //   1. A thread per output point writes a record per tap, keyed by the
 //      grad_input position it lands on (`nowhere` when out of bounds) and
-//      valued by its id, point * taps + tap.
+//      valued by its id, point * taps + tap. Bicubic taps go x offset
+//      outermost, then y, then z: tap 16 * i + 4 * j + k of a tricubic point
+//      is x offset i, y offset j, z offset k.
 //   2. A stable radix sort by key leaves each position's records in
 //      ascending id; unique_by_key finds where each run of one key begins.
 //   3. Runs are summed in partials of kPartialRecords records; those after a
@@ -67,7 +70,7 @@ template <typename scalar_t, typename index_t>
 struct ChunkRecords {
   index_t* keys;
   int32_t* ids;
-  // Per record its weight; per bicubic point its four x then four y
+  // Per record its weight; per bicubic point its four x, four y (and four z)
   // coefficients.
   scalar_t* weights;
   index_t* gout_offsets;
@@ -177,6 +180,77 @@ __global__ void grid_sampler_2d_records_kernel(
   }
 }
 
+// a[i] for an i known only at run time, by selects: a register array
+// indexed at run time would live in local memory.
+template <typename T>
+__device__ T pick(const T (&a)[4], int i) {
+  return i == 0 ? a[0] : (i == 1 ? a[1] : (i == 2 ? a[2] : a[3]));
+}
+
+// The 64 records of a tricubic point whose grid coordinates (x, y, z) are
+// `coord` apart by `stride`, from record `first`; its 12 coefficients go to
+// `coeffs`. A point with a coordinate that is not finite gets no tap, as in
+// the bilinear modes: padding would place its NaN coefficients on an edge.
+template <typename scalar_t, typename index_t>
+__device__ void tricubic_records(
+    const scalar_t* coord,
+    index_t stride,
+    index_t inp_D,
+    index_t inp_H,
+    index_t inp_W,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    index_t image,
+    int32_t first,
+    scalar_t* coeffs,
+    const ChunkRecords<scalar_t, index_t>& chunk) {
+  // Each axis's taps: x's columns, y's rows, z's layers. The axes are a
+  // loop, for one copy of the padding's code; constant indices keep the
+  // arrays in registers.
+  index_t columns[4], rows[4], layers[4];
+  bool finite = true;
+#pragma unroll 1
+  for (int axis = 0; axis < 3; ++axis) {
+    const index_t size = axis == 0 ? inp_W : (axis == 1 ? inp_H : inp_D);
+    // Unnormalized in float arithmetic as the 2-D taps are (Half and
+    // BFloat16 rounded once, not per operation).
+    scalar_t multiplier;
+    const scalar_t source = grid_sampler_unnormalize_set_grad(
+        coord[axis * stride], size, align_corners, &multiplier);
+    finite = finite && !at::_isnan(source) && !at::_isinf(source);
+    index_t taps[4];
+    resolve_cubic_taps(
+        source,
+        size,
+        padding_mode,
+        align_corners,
+        coeffs + 4 * axis,
+        static_cast<scalar_t*>(nullptr),
+        taps);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      columns[t] = axis == 0 ? taps[t] : columns[t];
+      rows[t] = axis == 1 ? taps[t] : rows[t];
+      layers[t] = axis == 2 ? taps[t] : layers[t];
+    }
+  }
+#pragma unroll 1
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll 1
+    for (int j = 0; j < 4; ++j) {
+      const index_t px = pick(columns, i);
+      const index_t py = pick(rows, j);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        chunk.tap(
+            first + 16 * i + 4 * j + k,
+            finite && px >= 0 && py >= 0 && layers[k] >= 0,
+            image + (layers[k] * inp_H + py) * inp_W + px);
+      }
+    }
+  }
+}
+
 template <typename scalar_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(kThreads)
 __global__ void grid_sampler_3d_records_kernel(
@@ -203,6 +277,30 @@ __global__ void grid_sampler_3d_records_kernel(
     const index_t n = index / (out_D * out_H * out_W);
     const index_t grid_offset = n * grid.strides[0] + d * grid.strides[1] +
         h * grid.strides[2] + w * grid.strides[3];
+    chunk.gout_offsets[i] = n * grad_output.strides[0] +
+        d * grad_output.strides[2] + h * grad_output.strides[3] +
+        w * grad_output.strides[4];
+    const index_t image = n * inp_D * inp_H * inp_W;
+    const int32_t first = static_cast<int32_t>(i);
+    if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+      // The launcher indexes tricubic with int64_t only: one copy of its
+      // code per dtype.
+      if constexpr (std::is_same_v<index_t, int64_t>) {
+        tricubic_records(
+            grid.data + grid_offset,
+            grid.strides[4],
+            inp_D,
+            inp_H,
+            inp_W,
+            padding_mode,
+            align_corners,
+            image,
+            64 * first,
+            chunk.weights + 12 * i,
+            chunk);
+      }
+      continue;
+    }
     auto source_index = [&](int axis, index_t size) {
       scalar_t multiplier;
       return grid_sampler_compute_source_index_set_grad(
@@ -215,11 +313,6 @@ __global__ void grid_sampler_3d_records_kernel(
     const scalar_t ix = source_index(0, inp_W);
     const scalar_t iy = source_index(1, inp_H);
     const scalar_t iz = source_index(2, inp_D);
-    chunk.gout_offsets[i] = n * grad_output.strides[0] +
-        d * grad_output.strides[2] + h * grad_output.strides[3] +
-        w * grad_output.strides[4];
-    const index_t image = n * inp_D * inp_H * inp_W;
-    const int32_t first = static_cast<int32_t>(i);
     if (interpolation_mode == GridSamplerInterpolation::Nearest) {
       const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
       const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
@@ -313,6 +406,13 @@ struct SortedChunk {
       return gOut;
     }
     if (interpolation_mode == GridSamplerInterpolation::Bicubic) {
+      // Four coefficients per axis, x first, and two bits of the tap.
+      if (tap_bits == 6) {
+        const int32_t tap = id & 63;
+        const scalar_t* coeffs = weights + 12 * point;
+        return gOut * coeffs[tap >> 4] * coeffs[4 + ((tap >> 2) & 3)] *
+            coeffs[8 + (tap & 3)];
+      }
       const int32_t tap = id & 15;
       return gOut * weights[8 * point + (tap >> 2)] *
           weights[8 * point + 4 + (tap & 3)];
@@ -428,7 +528,7 @@ void sum_grad_input(
   const int dims = input.dim() - 2;
   const bool bicubic = interpolation_mode == GridSamplerInterpolation::Bicubic;
   const bool nearest = interpolation_mode == GridSamplerInterpolation::Nearest;
-  const int tap_bits = bicubic ? 4 : (nearest ? 0 : dims);
+  const int tap_bits = bicubic ? 2 * dims : (nearest ? 0 : dims);
   const int64_t channels = input.size(1);
   const int64_t positions_per_image =
       input.numel() / (input.size(0) * channels);
@@ -447,7 +547,9 @@ void sum_grad_input(
   const ChunkRecords<scalar_t, index_t> records{
       keys,
       ids,
-      allocate<scalar_t>(workspace, bicubic ? max_records / 2 : max_records),
+      allocate<scalar_t>(
+          workspace,
+          bicubic ? (max_records >> tap_bits) * 4 * dims : max_records),
       allocate<index_t>(workspace, max_records >> tap_bits),
       static_cast<index_t>(nowhere)};
   SortedChunk<scalar_t, index_t> sorted{
@@ -558,13 +660,10 @@ void launch_grid_sampler_backward_deterministic_kernel(
     return;
   }
   TORCH_INTERNAL_ASSERT(grad_input.is_contiguous());
-  TORCH_CHECK(
-      input.dim() == 4 ||
-          interpolation_mode !=
-              static_cast<int64_t>(GridSamplerInterpolation::Bicubic),
-      "grid_sampler_3d_backward: deterministic algorithms do not support "
-      "bicubic interpolation of 5-D input");
-  const bool index_32bit = canUse32BitIndexMath(input) &&
+  const bool tricubic = input.dim() == 5 &&
+      interpolation_mode ==
+          static_cast<int64_t>(GridSamplerInterpolation::Bicubic);
+  const bool index_32bit = !tricubic && canUse32BitIndexMath(input) &&
       canUse32BitIndexMath(grid) && canUse32BitIndexMath(grad_output);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       ScalarType::Half,
