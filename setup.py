@@ -39,6 +39,11 @@ CUDA_SOURCE = os.path.join(EXTENSION, "exact", "ExactCuda.cu")
 CORE_SOURCE = os.path.join(
     "aten_kernels", "aten", "src", "ATen", "native", "cuda",
     "GridSamplerDeterministic.cu")
+# The extension's grad_grid (Note [grad_grid alone]): plain CUDA, built like the
+# core (nvcc, and hostify for the host) but with every operation rounded on its own,
+# on both (-fmad=false, -ffp-contract=off), so that the host gives the GPU's bits.
+GRID_GRADIENT_SOURCE = os.path.join(EXTENSION, "GridGradient.cu")
+GRID_GRADIENT_NVCC_FLAGS = ["-fmad=false"]
 HOSTIFY = os.path.join("aten_kernels", "hostify")
 # The coordinate helpers torch 2.15 added to ATen/native/cuda/GridSampler.cuh,
 # for older torch: ahead of torch's headers wherever the core is compiled.
@@ -271,12 +276,27 @@ class BuildWithHostify(cpp_extension.BuildExtension):
     and its stand-in headers ahead of torch's, into objects the extension
     links (flags of their own, which one Extension cannot give one source).
     The host build contracts a * b + c into FMAs, as nvcc does, where the
-    CPU has them (-mfma); elsewhere it rounds every product."""
+    CPU has them (-mfma); elsewhere it rounds every product. The grid
+    gradient's unit is hostified the same way and rounds every operation,
+    as its CUDA build does (-fmad=false)."""
 
     def build_extensions(self):
         for ext in self.extensions:
             ext.extra_objects = list(ext.extra_objects or []) + self.hostify_objects()
         super().build_extensions()
+
+    def build_extension(self, ext):
+        """The CUDA build compiles GridGradient.cu on its own, for its flags
+        (one Extension gives every source the same); BuildExtension has wrapped
+        the compiler for nvcc by now."""
+        if ("DETGRID_WITH_CUDA", None) in ext.define_macros:
+            flags = dict(ext.extra_compile_args)
+            flags["nvcc"] = flags["nvcc"] + GRID_GRADIENT_NVCC_FLAGS
+            ext.extra_objects = list(ext.extra_objects) + self.compiler.compile(
+                [GRID_GRADIENT_SOURCE], output_dir=self.build_temp,
+                macros=ext.define_macros, include_dirs=ext.include_dirs,
+                extra_postargs=flags, depends=ext.depends)
+        super().build_extension(ext)
 
     def hostify_objects(self):
         import torch
@@ -294,6 +314,13 @@ class BuildWithHostify(cpp_extension.BuildExtension):
                 f"#define kHostifiedSourceSha256 kHostifiedSourceSha256_{symbol}\n"
                 + load_hostify().hostify_source(text, CORE_SOURCE)))
             units.append(generated)
+        grid_gradient = os.path.join(out, "GridGradient.host.cpp")
+        with open(os.path.join(ROOT, GRID_GRADIENT_SOURCE), encoding="utf-8") as f:
+            write_if_changed(grid_gradient, (
+                "#define launch_grid_sampler_grid_gradient_kernel "
+                "launch_grid_sampler_grid_gradient_host\n"
+                "#define kHostifiedSourceSha256 kHostifiedSourceSha256_grid_gradient\n"
+                + load_hostify().hostify_source(f.read(), GRID_GRADIENT_SOURCE)))
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
         flags = [
             "-std=c++20", "-O2", "-fPIC", "-fno-fast-math", "-Wno-attributes",
@@ -303,20 +330,21 @@ class BuildWithHostify(cpp_extension.BuildExtension):
             "-I" + os.path.join(ROOT, COMPAT_INCLUDE),
         ] + ["-I" + folder for folder in cpp_extension.include_paths()] + [
             "-I" + host_cuda_include()]
-        flags += ["-mfma", "-ffp-contract=fast"] if toolchain.cpu_has_fma() else [
+        contract = ["-mfma", "-ffp-contract=fast"] if toolchain.cpu_has_fma() else [
             "-ffp-contract=off"]
-        flags += EXTRA_CXX_FLAGS
-        sources = (*units,
-                   os.path.join(ROOT, HOSTIFY, "existing_kernel_reference.cpp"),
-                   os.path.join(ROOT, HOSTIFY, "control.cpp"))
+        sources = {unit: contract for unit in units}
+        sources[grid_gradient] = ["-ffp-contract=off"]
+        for name in ("existing_kernel_reference.cpp", "control.cpp"):
+            sources[os.path.join(ROOT, HOSTIFY, name)] = contract
         objects = [os.path.join(out, os.path.basename(s) + ".o") for s in sources]
         compiler = os.environ.get("CXX", "c++")
-        print("detgrid: hostify the core (" + ", ".join(
+        print("detgrid: hostify the core and the grid gradient (" + ", ".join(
             os.path.basename(s) for s in sources) + ")", file=sys.stderr)
         with concurrent.futures.ThreadPoolExecutor() as pool:
             runs = list(pool.map(
                 lambda pair: subprocess.run(
-                    [compiler, "-c", pair[0], "-o", pair[1]] + flags,
+                    [compiler, "-c", pair[0], "-o", pair[1]] + flags + sources[pair[0]]
+                    + EXTRA_CXX_FLAGS,
                     capture_output=True, text=True),
                 zip(sources, objects)))
         for source, run in zip(sources, runs):
