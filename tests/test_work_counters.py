@@ -209,7 +209,7 @@ class TestWorkCounters(TestCase):
 
     def test_grad_grid_is_one_launch_before_the_chunks(self):
         # Upstream, stock's kernel makes grad_grid after the deterministic grad_input; the
-        # extension's grid-gradient pass does, before the first chunk: one launch, outside
+        # extension's grid-gradient kernel does, before the first chunk: one launch, outside
         # the per-chunk count, and nothing else changes.
         for mode in (BILINEAR, "bicubic"):
             with self.subTest(mode=mode):
@@ -221,7 +221,7 @@ class TestWorkCounters(TestCase):
 
     def test_grid_gradient_alone_is_one_pass_without_workspace(self):
         # On CUDA a deterministic call for grad_grid alone takes the
-        # grid-gradient pass: one launch (nearest: one fill), no sort, no
+        # grid-gradient kernel: one launch (nearest too), no sort, no
         # workspace, no fold.
         for mode in ("bilinear", "bicubic", "nearest"):
             with self.subTest(mode=mode):

@@ -15,7 +15,8 @@
 // it only counts what a run would do (launches, items sorted, workspace).
 
 #include "GridSamplerDeterministicCPU.h"
-#include "GridGradientPass.cuh"
+#include "../hostify/control.h"
+#include "GridGradient.h"
 #include "HostExecutors.h"
 
 #include <ATen/Dispatch.h>
@@ -131,15 +132,10 @@ void grid_sampler_backward_executor(
     int64_t grain_size) {
   check_grain_size(grain_size);
   check_rank(call.input);
-  const HostExecutor executor{grain_size > 0 ? grain_size : kDefaultGrainSize};
-  grid_only::run_backward(executor, call, [&] {
-    gsd::run_deterministic_backward(executor, call, plan);
-  });
-}
-
-void grid_gradient_executor(const detgrid::BackwardCall& call) {
-  check_rank(call.input);
-  grid_only::run_grid_gradient_pass(HostExecutor{kDefaultGrainSize}, call);
+  gsd::run_deterministic_backward(
+      HostExecutor{grain_size > 0 ? grain_size : kDefaultGrainSize},
+      call,
+      plan);
 }
 
 int64_t longest_fold(
@@ -152,11 +148,41 @@ int64_t longest_fold(
   return longest;
 }
 
+namespace {
+
+// Sets hostify's launches to be counted, not run, for one call, and puts
+// back the Config in place before it.
+class CountOnly {
+ public:
+  CountOnly() : saved_(hostify::config()) {
+    hostify::config() = hostify::Config{};
+    hostify::config().run = false;
+    hostify::counters() = hostify::Counters{};
+  }
+  ~CountOnly() {
+    hostify::config() = saved_;
+  }
+
+ private:
+  hostify::Config saved_;
+};
+
+} // namespace
+
 WorkCounters count_grid_gradient_work(
     const detgrid::BackwardCall& call) {
   check_rank(call.input);
+  const CountOnly count_only;
+  at::native::launch_grid_sampler_grid_gradient_host(
+      call.grad_grid,
+      call.grad_output,
+      call.input,
+      call.grid,
+      call.interpolation_mode,
+      call.padding_mode,
+      call.align_corners);
   WorkCounters counters;
-  grid_only::run_grid_gradient_pass(CountingExecutor{&counters}, call);
+  counters.launches = hostify::counters().launches;
   return counters;
 }
 
@@ -165,10 +191,7 @@ WorkCounters count_backward_work(
     const at::native::grid_sampler_deterministic::BackwardPlan& plan) {
   check_rank(call.input);
   WorkCounters counters;
-  const CountingExecutor executor{&counters};
-  grid_only::run_backward(executor, call, [&] {
-    gsd::run_deterministic_backward(executor, call, plan);
-  });
+  gsd::run_deterministic_backward(CountingExecutor{&counters}, call, plan);
   return counters;
 }
 

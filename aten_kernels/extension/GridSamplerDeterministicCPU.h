@@ -10,22 +10,16 @@
 
 namespace detgrid {
 
-// The extension's backward for the call's CPU tensors (2-D for a 4-D input,
-// 3-D for a 5-D one), grad_input requested: grad_input as
-// at::native::launch_grid_sampler_backward_deterministic_kernel
-// writes it (every element, contiguous), and grad_grid when output_mask[1]
-// by the grid-gradient pass (GridGradientPass.cuh). The caller checks the
-// arguments as for those, and makes the plan; grain_size is
-// at::parallel_for's (0 for the default).
+// The extension's grad_input for the call's CPU tensors (2-D for a 4-D
+// input, 3-D for a 5-D one), as the pipeline's
+// at::native::launch_grid_sampler_backward_deterministic_kernel writes it
+// (every element, contiguous); grad_grid is the caller's (GridGradient.cu).
+// The caller checks the arguments as for those, and makes the plan;
+// grain_size is at::parallel_for's (0 for the default).
 void grid_sampler_backward_executor(
     const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan,
     int64_t grain_size = 0);
-
-// The grid gradient alone (GridGradientPass.cuh) on the host: writes every
-// element of a contiguous grad_grid for checked CPU arguments with
-// output_mask[1].
-void grid_gradient_executor(const detgrid::BackwardCall& call);
 
 // What one call of the CUDA pipeline does, counted exactly by running the
 // pipeline with an executor that runs nothing: the tensors need only their
@@ -63,11 +57,15 @@ struct WorkCounters {
   int64_t longest_fill = 0;
 };
 
-// What the grid-gradient pass launches for a call with output_mask
-// {false, true}, counted as count_backward_work counts.
+// What launch_grid_sampler_grid_gradient_kernel launches for a call with
+// output_mask[1] (launches only), counted by running its host build with
+// hostify's launches counted, not run: the tensors need only their sizes,
+// strides and dtype, and a data pointer.
 WorkCounters count_grid_gradient_work(
     const detgrid::BackwardCall& call);
 
+// grad_input's pipeline alone: the grid gradient's launches are
+// count_grid_gradient_work's.
 WorkCounters count_backward_work(
     const detgrid::BackwardCall& call,
     const at::native::grid_sampler_deterministic::BackwardPlan& plan);

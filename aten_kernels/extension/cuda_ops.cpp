@@ -1,7 +1,6 @@
 // CUDA side of the extension: allocates, guards the device and calls the
 // ATen-style launcher; routes stock aten kernels while detgrid is enabled.
 
-#include "GridGradientCuda.h"
 #include "exact/ExactCuda.h"
 #include "ops.h"
 
@@ -55,7 +54,7 @@ at::Tensor grid_gradient_cuda(
     int64_t padding_mode,
     bool align_corners) {
   const c10::cuda::CUDAGuard device_guard(input.device());
-  return grid_gradient_by<grid_only::launch_cuda_grid_gradient>(
+  return grid_gradient_by<at::native::launch_grid_sampler_grid_gradient_kernel>(
       grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
 }
 
@@ -104,6 +103,8 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
   const exact::LaunchShape shape = launch_with_knobs(
       options,
       kDims == 2 ? "grid_sampler_2d_backward" : "grid_sampler_3d_backward");
+  write_requested_grad_grid<
+      at::native::launch_grid_sampler_grid_gradient_kernel>(call);
   if (options.accumulate == kAccumulateOrdered) {
     exact::launch_cuda_backward_with_plan<kDims>(call, plan, shape);
   } else {

@@ -11,6 +11,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "BackwardCall.h"
+#include "GridGradient.h"
 #include "knobs.h"
 #include "routing.h"
 
@@ -104,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor> with_default_options(
       BackwardOptions{});
 }
 
-// The grid gradient alone (GridGradientPass.cuh), as a kernel: checked
+// The grid gradient alone (GridGradient.cu), as a kernel: checked
 // arguments in, a contiguous grad_grid out.
 using GridGradientFn = at::Tensor (*)(
     const at::Tensor& grad_output,
@@ -115,9 +117,9 @@ using GridGradientFn = at::Tensor (*)(
     bool align_corners);
 
 // grad_grid of a grid-only call (checked arguments of either rank), as
-// allocate_gradients allocates it, written in full by `pass`, the pass's
-// executor on one device.
-template <void (*pass)(const detgrid::BackwardCall&)>
+// allocate_gradients allocates it, written in full by `launch`, the grid
+// gradient's launcher on one device.
+template <at::native::GridGradientLauncher launch>
 at::Tensor grid_gradient_by(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -127,17 +129,32 @@ at::Tensor grid_gradient_by(
     bool align_corners) {
   const at::Tensor grad_grid =
       std::get<1>(allocate_gradients(input, grid, {false, true}));
-  pass(
-      {{at::Tensor(),
-        grad_output,
-        input,
-        grid,
-        interpolation_mode,
-        padding_mode,
-        align_corners},
-       grad_grid,
-       {false, true}});
+  launch(
+      grad_grid,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners);
   return grad_grid;
+}
+
+// The grad_grid of a backward call that requests it, by `launch`; the
+// caller then runs grad_input's pass, as upstream's launcher runs the
+// deterministic grad_input beside the existing kernel's grad_grid.
+template <at::native::GridGradientLauncher launch>
+void write_requested_grad_grid(const BackwardCall& call) {
+  if (call.output_mask[1]) {
+    launch(
+        call.grad_grid,
+        call.grad_output,
+        call.input,
+        call.grid,
+        call.interpolation_mode,
+        call.padding_mode,
+        call.align_corners);
+  }
 }
 
 at::Tensor grid_gradient_cpu(
@@ -151,7 +168,7 @@ at::Tensor grid_gradient_cpu(
 // What detgrid's backward gives a call that does not request grad_input:
 // nothing for a call that requests nothing; grad_grid from stock's kernel
 // where backward_route gives a deterministic call to stock (CPU), from
-// detgrid's grid-gradient pass, with stock's CUDA arithmetic, otherwise;
+// detgrid's grid gradient, with stock's CUDA arithmetic, otherwise;
 // nullopt when grad_input is requested, for the pipeline to compute.
 template <AtenBackwardFn stock, GridGradientFn grid_gradient>
 std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(

@@ -27,7 +27,7 @@ at::Tensor grid_gradient_cpu(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners) {
-  return grid_gradient_by<grid_gradient_executor>(
+  return grid_gradient_by<at::native::launch_grid_sampler_grid_gradient_host>(
       grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
 }
 
@@ -68,6 +68,8 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
       grad_grid,
       output_mask};
   const auto plan = plan_with_knobs(call, options);
+  write_requested_grad_grid<at::native::launch_grid_sampler_grid_gradient_host>(
+      call);
   if (options.accumulate == kAccumulateOrdered) {
     grid_sampler_backward_executor(call, plan, options.grain_size);
   } else {
@@ -229,8 +231,8 @@ std::vector<int64_t> backward_work_counters(
       grad_grid_shell,
       output_mask};
   if (!output_mask[0]) {
-    // On CUDA a deterministic call for grad_grid alone takes the
-    // grid-gradient pass (routing.h): launches, and no chunk, sort,
+    // On CUDA a deterministic call for grad_grid alone takes the grid
+    // gradient's kernel (routing.h): launches, and no chunk, sort,
     // workspace or fold.
     const int64_t launches =
         output_mask[1] ? count_grid_gradient_work(call).launches : 0;
@@ -253,8 +255,12 @@ std::vector<int64_t> backward_work_counters(
       ? count_backward_work(call, plan)
       : count_exact_backward_work(
             call, plan, accumulate == kAccumulateExactAtomic);
+  // The grid gradient's launch comes before grad_input's, outside its
+  // chunks.
+  const int64_t grid_launches =
+      output_mask[1] ? count_grid_gradient_work(call).launches : 0;
   return {
-      counters.launches,
+      grid_launches + counters.launches,
       counters.chunks,
       counters.launches_per_chunk,
       counters.items_sorted,
@@ -288,8 +294,8 @@ std::string backward_route_name(
   return route == BackwardRoute::Stock ? "stock" : "detgrid";
 }
 
-// detgrid::_grid_gradient: the grid-gradient pass a grid-only call takes on
-// the detgrid route, after the backward's checks.
+// detgrid::_grid_gradient: the grid gradient a grid-only call takes on the
+// detgrid route, after the backward's checks.
 template <GridGradientFn grid_gradient>
 at::Tensor checked_grid_gradient(
     const at::Tensor& grad_output,
@@ -454,7 +460,7 @@ TORCH_LIBRARY(detgrid, m) {
       &point_taps);
 }
 
-// Registers one device's 2-D and 3-D backward and grid-gradient pass.
+// Registers one device's 2-D and 3-D backward and grid gradient.
 template <
     BackwardWithOptionsFn backward_2d,
     BackwardWithOptionsFn backward_3d,

@@ -22,8 +22,8 @@ enum class BackwardRoute { Stock, Detgrid };
 // - a call for grad_grid alone (or for nothing) has one writer per element,
 //   so it is deterministic either way. On CPU stock's kernel serves it. On
 //   CUDA every released torch alerts in the launcher before it looks at
-//   output_mask, so detgrid's grid-gradient pass serves it, with stock's
-//   arithmetic (GridGradientPass.cuh).
+//   output_mask, so detgrid's grid gradient serves it, with stock's
+//   arithmetic (GridGradient.cu).
 // warn_only changes no route: where stock would only warn, the call is one
 // detgrid serves deterministically anyway, with no warning to give.
 inline BackwardRoute backward_route(

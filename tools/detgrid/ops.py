@@ -115,7 +115,7 @@ def _refuse_pipeline_knobs(name: str, level: str, **given: int) -> None:
 def _core_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
                    output_mask, block_size: int, max_blocks: int, level: str) -> Gradients:
     """The grad_input of the upstream core's build ``level`` (aten_kernels/aten/, with the
-    speed levels' diffs up to it) and the grid-gradient pass's grad_grid, as the patched
+    speed levels' diffs up to it) and the grid gradient's grad_grid, as the patched
     GridSampler.cu returns them; block_size and max_blocks shape the host build's
     launches."""
     if input.requires_grad or grid.requires_grad or grad_output.requires_grad:
@@ -214,7 +214,7 @@ def _backward_with_options(name: str):
     level (detgrid.levels.RUNNABLE): "core" runs the upstream core, the
     first patch of patches/stack/ (block_size and max_blocks shape its host
     build's launches; it has none of the other knobs), with grad_grid from
-    the grid-gradient pass. A level of the pipeline runs what that prefix of
+    the grid-gradient kernel. A level of the pipeline runs what that prefix of
     the pipeline runs, the default the whole pipeline: it sets the knobs of
     the later levels' choices (a knob given as well takes its own value).
     The pipeline sums grad_input in an order of its own: its levels share
@@ -414,7 +414,7 @@ def backward_route(device_type: str, deterministic: bool, warn_only: bool,
 
     Outside deterministic mode stock's kernel runs. In it, a call that
     requests grad_input runs detgrid's; a call for grad_grid alone runs
-    stock's kernel on CPU, and detgrid's grid-gradient pass (stock's
+    stock's kernel on CPU, and detgrid's grid-gradient kernel (stock's
     arithmetic) on CUDA, where every released torch's kernel alerts on any
     call. warn_only changes no route.
     """
@@ -434,7 +434,7 @@ def grid_gradient(
     padding_mode: Mode,
     align_corners: bool,
 ) -> torch.Tensor:
-    """grad_grid alone, by the grid-gradient pass that serves a grid-only
+    """grad_grid alone, by the grid-gradient kernel that serves a grid-only
     call on the detgrid route (on CUDA in deterministic mode), on the
     tensors' device: stock's arithmetic, the bits of the grad_grid that
     detgrid's full backward returns."""

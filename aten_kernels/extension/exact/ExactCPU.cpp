@@ -2,7 +2,6 @@
 // (ExactBackward.cuh), with at::parallel_for's threads taking the atomic
 // variant's std::atomic_ref additions in whatever order they come.
 
-#include "../GridGradientPass.cuh"
 #include "../GridSamplerDeterministicCPU.h"
 #include "../HostExecutors.h"
 #include "ExactBackward.cuh"
@@ -16,10 +15,11 @@ void grid_sampler_backward_exact_executor(
     int64_t grain_size) {
   check_grain_size(grain_size);
   check_rank(call.input);
-  const HostExecutor executor{grain_size > 0 ? grain_size : kDefaultGrainSize};
-  grid_only::run_backward(executor, call, [&] {
-    exact::run_exact_backward(executor, call, plan, atomic);
-  });
+  exact::run_exact_backward(
+      HostExecutor{grain_size > 0 ? grain_size : kDefaultGrainSize},
+      call,
+      plan,
+      atomic);
 }
 
 WorkCounters count_exact_backward_work(
@@ -28,10 +28,7 @@ WorkCounters count_exact_backward_work(
     bool atomic) {
   check_rank(call.input);
   WorkCounters counters;
-  const CountingExecutor executor{&counters};
-  grid_only::run_backward(executor, call, [&] {
-    exact::run_exact_backward(executor, call, plan, atomic);
-  });
+  exact::run_exact_backward(CountingExecutor{&counters}, call, plan, atomic);
   return counters;
 }
 

@@ -3,10 +3,9 @@
 // GridSamplerDeterministic.cu (upstream has no other user for it), so this
 // translation unit includes that file whole, and the extension compiles it
 // in that file's place: one executor and one set of kernels for both ways
-// of accumulating, and for the grid-gradient pass (GridGradientCuda.cuh).
+// of accumulating.
 #include <ATen/native/cuda/GridSamplerDeterministic.cu>
 
-#include "../GridGradientCuda.cuh"
 #include "ExactBackward.cuh"
 #include "ExactCuda.h"
 
@@ -162,9 +161,7 @@ void launch_cuda_exact_backward(
   const at::native::CudaExecutor executor{
       launch_config(shape),
       at::cuda::getCurrentCUDAStream()};
-  grid_only::run_backward(executor, call, [&] {
-    run_exact_backward(executor, call, plan, atomic);
-  });
+  run_exact_backward(executor, call, plan, atomic);
 }
 
 template void launch_cuda_exact_backward<2>(
@@ -186,9 +183,7 @@ void launch_cuda_backward_with_plan(
   const at::native::CudaExecutor executor{
       launch_config(shape),
       at::cuda::getCurrentCUDAStream()};
-  grid_only::run_backward(executor, call, [&] {
-    gsd::run_deterministic_backward(executor, call, plan);
-  });
+  gsd::run_deterministic_backward(executor, call, plan);
 }
 
 template void launch_cuda_backward_with_plan<2>(
