@@ -17,7 +17,8 @@
 #                      build compiles it (-DDETGRID_WITH_CUDA) and as the
 #                      host-only build does (without; cuda_ops.cpp is only
 #                      in the CUDA build)
-#   nvcc -c (sm_90)    aten_kernels/extension/exact/ExactCuda.cu
+#   nvcc -c (sm_90)    aten_kernels/extension/exact/ExactCuda.cu and
+#                      aten_kernels/extension/GridGradient.cu
 # with system nvcc 13.0 and g++, headers only (nothing is linked). The CUDA
 # library headers ATen includes (cusparse.h, cublas_v2.h) come from
 # .ci/fetch_cuda_headers.sh's cache, added late as setup.py adds pip's.
@@ -111,14 +112,18 @@ check() {
   fi
 }
 
-# The core (issue 59), whose host build setup.py makes with flags of its
-# own: hostified, against the release's GridSampler.cuh and UpSample.cuh,
-# with aten_kernels/compat/include ahead of them (the helpers torch 2.15
-# added, for older releases), as setup.py builds it.
+# The core (issue 59) and the grid gradient, whose host builds setup.py makes
+# with flags of their own: hostified, against the release's GridSampler.cuh
+# and UpSample.cuh, with aten_kernels/compat/include ahead of them (the
+# helpers torch 2.15 added, for older releases), as setup.py builds them.
 core=$root/aten_kernels/aten/src/ATen/native/cuda/GridSamplerDeterministic.cu
+grid_gradient=$root/aten_kernels/extension/GridGradient.cu
 check_hostified() {
-  local version=$1 folder=$2 start=$SECONDS unit=$work/$1/GridSamplerDeterministic.host.cpp
-  "$python" "$root/aten_kernels/hostify/hostify.py" "$core" "$unit"
+  local version=$1 folder=$2 source=$3 start=$SECONDS
+  local name unit
+  name=$(basename "$source" .cu)
+  unit=$work/$1/$name.host.cpp
+  "$python" "$root/aten_kernels/hostify/hostify.py" "$source" "$unit"
   if g++ -fsyntax-only -std=c++20 -Wno-attributes \
     -include "$root/aten_kernels/hostify/prelude.h" -I"$root/aten_kernels/hostify/include" \
     -I"$root/aten_kernels/compat/include" \
@@ -126,9 +131,9 @@ check_hostified() {
     -I"$cuda_home/include" $("$python" -c \
       'import sysconfig; print("-I" + sysconfig.get_paths()["include"])') \
     "$unit" > "$work/log" 2>&1; then
-    echo "old torch compile: torch $version, hostified core ok ($((SECONDS - start)) s)"
+    echo "old torch compile: torch $version, hostified $name ok ($((SECONDS - start)) s)"
   else
-    echo "FAILED: torch $version, hostified core; g++ said:"
+    echo "FAILED: torch $version, hostified $name; g++ said:"
     grep -E "error" "$work/log" | sed -n 1,20p || tail -n 20 "$work/log"
     status=1
   fi
@@ -147,9 +152,11 @@ for version in 2.11.0 2.6.0; do
   done < <(find "$root/aten_kernels/extension" -name '*.cpp' -print0 | sort -z)
   if [ "$version" = 2.11.0 ]; then
     check "$version" nvcc "$nvcc" "$root/aten_kernels/extension/exact/ExactCuda.cu"
+    check "$version" nvcc "$nvcc" "$root/aten_kernels/extension/GridGradient.cu"
     check "$version" nvcc "$nvcc" "$core"
   fi
-  check_hostified "$version" "$folder"
+  check_hostified "$version" "$folder" "$core"
+  check_hostified "$version" "$folder" "$grid_gradient"
 done
 echo "old torch compile: $((SECONDS - started)) s"
 exit $status

@@ -51,7 +51,8 @@
 # benchmarks/machine_code.json. Then audits the
 # kernels of accumulate="exact" (aten_kernels/extension/exact/) from a build of
 # ExactCuda.cu, the extension's CUDA unit: no stack frame or spill in any of
-# them, no fused multiply-add and no flush to zero; prints the registers and
+# them, no fused multiply-add and no flush to zero (and the same of the
+# grad_grid kernels, from a build of GridGradient.cu); prints the registers and
 # the instructions per record of each exact reduce, and per term, with the
 # integer atomics in that loop, of each ScatterTerms. Then proves the audit
 # has teeth: a --use_fast_math build of a point pass and a reduce of the
@@ -198,13 +199,20 @@ sass_audit levels --kit "$root" --core "$work/core.json" "${core_builds[@]}" \
   --measured "$work/levels" "${machine_code[@]}" "${levels_strictness[@]}" || status=1
 
 # ExactCuda.cu includes GridSamplerDeterministic.cu whole; --exact audits only
-# the extension's own kernels (the exact stages' and the grid-gradient
-# pass's), the others were audited above. One line per
+# the exact stages' kernels, the others were audited above. One line per
 # reduce: per-record=N regs=R; per ScatterTerms: per-term=N atomics=A regs=R.
 echo "sass audit: building ExactCuda.cu (accumulate=\"exact\") for sm_90"
 build exact "$root/aten_kernels/extension/exact/ExactCuda.cu" "$pipeline_src"
 audit exact --exact --loops | grep -E "^FAIL|^sass audit|^exact kernels|^per-(record|term)=" \
   || status=1
+
+# GridGradient.cu, the extension's grad_grid, built as setup.py builds it
+# (torch's defines, the compat folder, -fmad=false): no stack frame or
+# spill, no fused multiply-add, no flush to zero.
+echo "sass audit: building GridGradient.cu (grad_grid) for sm_90"
+build grid_gradient "$root/aten_kernels/extension/GridGradient.cu" "$compat_include" \
+  "${torch_defines[@]}" -fmad=false
+audit grid_gradient --grid-gradient | grep -E "^FAIL|^sass audit" || status=1
 
 # must_fail NAME PATTERN AUDIT...: the audit of the --use_fast_math build NAME
 # fails, and for flush-to-zero (PATTERN in its output).

@@ -35,14 +35,16 @@ SCATTER = (EXACT_NAMESPACE
            + "26scatter_exact_terms_kernelIN7detgrid5exact12ScatterTermsILi4ELi2EfiiEEiiEEvT_T0_T1_")
 SPARSE = (EXACT_NAMESPACE
           + "21sum_runs_exact_kernelIN7detgrid5exact17ReduceExactSparseILi4ELi2EfiiEEiiEEvT_T0_T1_")
+# A kernel of a GridGradient.cu build (the extension's grad_grid).
 GRID_GRADIENT = (
-    EXACT_NAMESPACE + "33grid_sampler_grid_gradient_kernelIN7detgrid9grid_only16GridGradientPass"
-    "ILi2EN2at6native26grid_sampler_deterministic12BackwardArgsIN3c104HalfEiLi2EEEEEiEEvT_T0_")
+    "_ZN2at6native48_GLOBAL__N__fc89ace5_15_GridGradient_cu_faa09a9936grid_sampler_2d_grid_"
+    "gradient_kernelIN3c104HalfEiEEvT0_NS_4cuda6detail10TensorInfoIKT_S5_EESB_SB_PS9_NS0_6detail"
+    "24GridSamplerInterpolationENSD_18GridSamplerPaddingEb")
 POINT_PASS_IN_EXACT_UNIT = (
     EXACT_NAMESPACE + "33grid_sampler_point_records_kernelINS0_26grid_sampler_deterministic9PointPass"
     "ILi2ENS3_12BackwardArgsIN3c108BFloat16ElLi3EEEEElEEvT_T0_")
 EXACT_SUM = "/src/extension/exact/ExactSum.cuh"
-GRID_PASS = "/src/extension/GridGradientPass.cuh"
+GRID_GRADIENT_SOURCE = "/src/extension/GridGradient.cu"
 ATOMICS_HEADER = "/usr/local/cuda/include/device_atomic_functions.hpp"
 
 
@@ -286,9 +288,10 @@ class TestSassAudit(TestCase):
         self.assertEqual(sass_audit.setup_violations(rows), [])
 
     def test_exact_scope_holds_the_extensions_own_stages_alone(self):
-        for name in (SCATTER, SPARSE, GRID_GRADIENT):
+        for name in (SCATTER, SPARSE):
             self.assertRegex(name, sass_audit.EXACT.kernel)
             self.assertNotRegex(name, sass_audit.PIPELINE.kernel)
+        self.assertNotRegex(GRID_GRADIENT, sass_audit.EXACT.kernel)
         # Audited in the release build, not again in the exact one.
         self.assertNotRegex(POINT_PASS_IN_EXACT_UNIT, sass_audit.EXACT.kernel)
         self.assertNotRegex(POINT_PASS_IN_EXACT_UNIT, sass_audit.PIPELINE.kernel)
@@ -306,13 +309,22 @@ class TestSassAudit(TestCase):
         # The pipeline's scope knows neither the kernel nor the file.
         self.assertEqual(sass_audit.fused_violations(functions, lines), [])
 
-    def test_fused_multiply_add_in_the_grid_gradient_pass_is_refused(self):
-        sass = _sass(_listing(["FFMA R1, R2, R3, R4"], {}, {0: (GRID_PASS, 30)}),
+    def test_grid_gradient_scope_holds_its_kernels_alone(self):
+        self.assertRegex(GRID_GRADIENT, sass_audit.GRID_GRADIENT.kernel)
+        self.assertNotRegex(GRID_GRADIENT, sass_audit.PIPELINE.kernel)
+        for name in (SCATTER, SPARSE, OURS):
+            self.assertNotRegex(name, sass_audit.GRID_GRADIENT.kernel)
+
+    def test_fused_multiply_add_in_the_grid_gradient_is_refused(self):
+        sass = _sass(_listing(["FFMA R1, R2, R3, R4"], {}, {0: (GRID_GRADIENT_SOURCE, 30)}),
                      name=GRID_GRADIENT)
-        lines = _Lines({(GRID_PASS, 30): "  sum = sum + value * weight;"})
-        found = sass_audit.fused_violations(sass_audit.parse_sass(sass), lines, sass_audit.EXACT)
+        lines = _Lines({(GRID_GRADIENT_SOURCE, 30): "  gix -= val * weight * gOut;"})
+        functions = sass_audit.parse_sass(sass)
+        found = sass_audit.fused_violations(functions, lines, sass_audit.GRID_GRADIENT)
         self.assertEqual(len(found), 1)
-        self.assertIn("GridGradientPass.cuh:30", found[0])
+        self.assertIn("GridGradient.cu:30", found[0])
+        # The exact scope no longer knows the kernel.
+        self.assertEqual(sass_audit.fused_violations(functions, lines, sass_audit.EXACT), [])
 
     def test_exact_kernels_may_not_spill(self):
         log = textwrap.dedent(f"""\

@@ -28,8 +28,9 @@ under its level's name in benchmarks/machine_code.json.
 The pipeline (aten_kernels/pipeline/, the extension's speed path, its levels
 cut from one set of sources by detgrid.kit.stack), on a build of its
 GridSamplerDeterministic.cu (with --exact, on a build of
-aten_kernels/extension/exact/ExactCuda.cu, of the extension's own kernels
-only, the exact accumulation's and the grid-gradient pass's: see EXACT).
+aten_kernels/extension/exact/ExactCuda.cu, of the exact accumulation's
+kernels only: see EXACT; with --grid-gradient, on a build of
+aten_kernels/extension/GridGradient.cu: see GRID_GRADIENT).
 Its host executors' bit equality rests on the four checks:
 
 * resources (`ptxas -v`): no detgrid kernel has a stack frame or spills,
@@ -169,21 +170,23 @@ RUN_SUM_KERNELS = ("sum_runs_kernel", "sum_run_partials_kernel")
 CORE_SOURCES = ("GridSamplerDeterministic.cu", "GridSampler.cuh", "UpSample.cuh")
 CORE_SCOPE = Scope(OUR_KERNEL, CORE_SOURCES)
 
-# The extension's own kernels (--exact): the exact accumulation's, those
-# whose stage (the kernel's first template argument) is one of
-# detgrid::exact's, and the grid-gradient pass's
-# (detgrid::grid_only::GridGradientPass, the same build). ExactCuda.cu
+# The exact accumulation's kernels (--exact): those whose stage (the
+# kernel's first template argument) is one of detgrid::exact's. ExactCuda.cu
 # includes GridSamplerDeterministic.cu whole, so its build also holds the
 # pipeline's kernels (in ExactCuda.cu's anonymous namespace): they are the
 # release build's and audited there, not twice. These stages inline the
-# pipeline's arithmetic (mul_rn, divide, the grid gradient), so its sources
+# pipeline's arithmetic (mul_rn, divide), so its sources
 # count as ours too.
 EXACT_STAGES = ("FindGradOutputBound", "ScatterTerms", "ReduceExactDense", "ReduceExactSparse",
                 "RoundSums")
-EXACT = Scope(re.compile(r"IN7detgrid(?:5exact\d+(" + "|".join(EXACT_STAGES)
-                         + r")|9grid_only16GridGradientPass)I"),
-              OUR_SOURCES + ("ExactSum.cuh", "ExactBackward.cuh", "ExactCuda.cu",
-                             "GridGradientPass.cuh", "GridGradientCuda.cuh"))
+EXACT = Scope(re.compile(r"IN7detgrid5exact\d+(" + "|".join(EXACT_STAGES) + r")I"),
+              OUR_SOURCES + ("ExactSum.cuh", "ExactBackward.cuh", "ExactCuda.cu"))
+# The extension's grad_grid (--grid-gradient): the kernels of GridGradient.cu,
+# built as setup.py builds it (-fmad=false), so that every operation is
+# rounded on its own, as in its host build; its arithmetic is its own file's
+# and that of the existing helpers it inlines.
+GRID_GRADIENT = Scope(re.compile(r"grid_sampler_[23]d_grid_gradient_kernel"),
+                      ("GridGradient.cu", "GridSampler.cuh", "UpSample.cuh"))
 # The exact stages that loop over terms (ScatterTerms, one per thread
 # invocation) or over an element's records (the reduces).
 EXACT_LOOP_STAGES = ("ScatterTerms", "ReduceExactDense", "ReduceExactSparse")
@@ -1482,6 +1485,8 @@ def main(argv=None) -> int:
                         "(with --exact: the exact reduces' per record, ScatterTerms' per term)")
     parser.add_argument("--exact", action="store_true",
                         help="audit the exact accumulation's kernels (an ExactCuda.cu build)")
+    parser.add_argument("--grid-gradient", action="store_true",
+                        help="audit the grad_grid kernels (a GridGradient.cu build)")
     parser.add_argument("--cubin", metavar="PATH",
                         help="the cubin of GridSamplerDeterministic.cu alone: check its kernel "
                         "names and its budget, print its kernels and .text by kernel name")
@@ -1494,9 +1499,12 @@ def main(argv=None) -> int:
                         help="with --cubin and --level: write its arch, kernels and text_bytes "
                         "there, for `levels`")
     args = parser.parse_args(argv)
-    if args.cubin and args.exact:
-        return _usage_error("--cubin is the upstream unit's budget, not ExactCuda.cu's "
-                            "(drop --exact)")
+    if args.cubin and (args.exact or args.grid_gradient):
+        return _usage_error("--cubin is the upstream unit's budget, not the extension's "
+                            "(drop --exact or --grid-gradient)")
+    if args.grid_gradient and (args.exact or args.loops):
+        return _usage_error("--grid-gradient audits its build alone, with no loop table "
+                            "(drop --exact and --loops)")
     if (args.level or args.level_json) and not args.cubin:
         return _usage_error("--level and --level-json need --cubin")
     if args.level_json and not args.level:
@@ -1514,10 +1522,11 @@ def main(argv=None) -> int:
         return _usage_error(f"cannot read {e.filename or 'an input'}: {e.strerror or e}")
     except (ValueError, struct.error) as e:
         return _usage_error(f"{args.cubin}: not a cubin ({e})")
-    scope = EXACT if args.exact else PIPELINE
+    scope = EXACT if args.exact else GRID_GRADIENT if args.grid_gradient else PIPELINE
+    kind = "exact " if args.exact else "grad_grid " if args.grid_gradient else ""
     ours = [n for n in functions if scope.kernel.search(n)]
     if not ours:
-        return _usage_error(f"no detgrid {'exact ' if args.exact else ''}kernel in the SASS "
+        return _usage_error(f"no detgrid {kind}kernel in the SASS "
                             "(was it built with -lineinfo?)")
     problems = {
         "stack frames or spills": resource_violations(resources, args.allow_spills, scope),
@@ -1525,7 +1534,7 @@ def main(argv=None) -> int:
             functions, SourceLines(), scope),
         "flush-to-zero arithmetic": ftz_violations(functions, scope),
     }
-    if not args.exact:
+    if scope is PIPELINE:
         reduces = reduce_loop_table(functions, resources)
         problems["2-D fp32 dense reduce setup"] = setup_violations(reduces)
     if args.cubin:
@@ -1555,7 +1564,7 @@ def main(argv=None) -> int:
             print_reduce_loops(reduces)
     failed = sum(map(len, problems.values()))
     noted = sum(map(len, reported.values()))
-    print(f"sass audit: {len(ours)} detgrid {'extension ' if args.exact else ''}kernels, "
+    print(f"sass audit: {len(ours)} detgrid {'extension ' if scope is not PIPELINE else ''}kernels, "
           f"{sum(len(functions[n].instructions) for n in ours)} instructions; "
           f"{failed} problem(s)" + (f", {noted} reported, not failed" if noted else ""))
     return 1 if failed else 0
