@@ -126,5 +126,6 @@ using std::isfinite;
 
 // Launch bounds shape the device code alone.
 #define C10_LAUNCH_BOUNDS_1(max_threads_per_block)
+#define C10_LAUNCH_BOUNDS_2(max_threads_per_block, min_blocks_per_sm)
 
 #include "launch.h"
