@@ -7,11 +7,10 @@ pipeline's executor) gave, recorded in golden/grid_gradient_digests.json. The ke
 that replaced it (aten_kernels/extension/GridGradient.cu) must give every bit of them,
 NaN's sign and payload aside (see digest_of): the same elements are NaN.
 
-One domain is left out: reflection padding where the flip count, floor(|x| / span),
-leaves int's range (infinite coordinates, and finite ones past 2^31 spans). The
-existing helpers convert it with static_cast<int>, which the GPU saturates (INT_MAX,
-odd; the recorded pass did the same) and which g++'s host build leaves undefined
-(x86 gives INT_MIN, even): there the host build's bits are the host's, not the GPU's.
+Reflection with hostile coordinates has a set of its own, most of its coordinates infinite
+or huge: there the flip count, floor(|x| / span), leaves int's range, and the bits are the
+GPU's saturating conversion's (INT_MAX, odd), which the recorded pass took and the kernel
+takes on the host too.
 
     python tests/test_grid_gradient_bits.py --regenerate   # only with the recorded pass
 """
@@ -76,6 +75,32 @@ def problem(dims, padding, dtype, seed):
     return grad_output, inp, grid
 
 
+def reflection_cases():
+    """(name, dims, mode, align_corners, dtype) of the hostile reflection set."""
+    for dims, mode, align_corners, dtype in itertools.product(
+            (2, 3), ("bilinear", "bicubic"), (False, True),
+            (torch.float32, torch.float64, torch.float16)):
+        name = f"reflection_hostile_{dims}d_{mode}_{'align' if align_corners else 'edges'}_" \
+               f"{str(dtype).split('.')[1]}"
+        yield name, dims, mode, align_corners, dtype
+
+
+def reflection_problem(dims, dtype):
+    """(grad_output, input, grid) with every coordinate drawn from HOSTILE."""
+    gen = torch.Generator().manual_seed(5)
+    in_size, out_size = ((5, 7), (6, 5)) if dims == 2 else ((4, 5, 3), (3, 4, 2))
+    inp = torch.randn(2, 3, *in_size, generator=gen, dtype=torch.float64).to(dtype)
+    grad_output = torch.randn(2, 3, *out_size, generator=gen, dtype=torch.float64).to(dtype)
+    hostile = torch.tensor(HOSTILE, dtype=torch.float64)
+    grid = hostile[torch.randint(0, hostile.numel(), (2, *out_size, dims), generator=gen)]
+    return grad_output, inp, grid.to(dtype)
+
+
+def reflection_digest(dims, mode, align_corners, dtype):
+    return digest_of(ops.grid_gradient(*reflection_problem(dims, dtype), mode, "reflection",
+                                       align_corners))
+
+
 def digest_of(grad_grid):
     """sha256 of the bits, each NaN as the one quiet NaN: which NaN a sum of
     two NaNs keeps is the host's choice (x86 keeps an operand's, in the order
@@ -93,10 +118,17 @@ def digest(dims, mode, padding, align_corners, dtype, seed):
 class TestGridGradientBits(TestCase):
     def test_grid_gradient_keeps_the_recorded_bits(self):
         golden = json.loads(GOLDEN.read_text())
-        self.assertEqual(sorted(golden), sorted(name for name, *_ in cases()))
+        self.assertEqual(sorted(golden), sorted(
+            [name for name, *_ in cases()] + [name for name, *_ in reflection_cases()]))
         for name, *case in cases():
             with self.subTest(case=name):
                 self.assertEqual(digest(*case), golden[name])
+
+    def test_reflection_of_hostile_coordinates_keeps_the_recorded_bits(self):
+        golden = json.loads(GOLDEN.read_text())
+        for name, *case in reflection_cases():
+            with self.subTest(case=name):
+                self.assertEqual(reflection_digest(*case), golden[name])
 
     def test_the_cases_hold_hostile_values(self):
         grad_output, inp, grid = problem(3, "zeros", torch.float32, 0)
@@ -106,7 +138,8 @@ class TestGridGradientBits(TestCase):
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--regenerate"]:
-        GOLDEN.write_text(json.dumps({name: digest(*case) for name, *case in cases()},
-                                     indent=2, sort_keys=True) + "\n")
+        digests = {name: digest(*case) for name, *case in cases()}
+        digests.update({name: reflection_digest(*case) for name, *case in reflection_cases()})
+        GOLDEN.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
     else:
         run_tests()

@@ -39,6 +39,10 @@
 // (tests/stock_reference.py) models them. The existing kernels' fp32 and
 // fp64 builds may contract a multiply into an add instead.
 //
+// Reflection's flip count is converted to int as the GPU converts it
+// (reflect_set_grad), so that the host build gives the GPU's bits for
+// infinite and huge coordinates too.
+//
 // One departure, the one the deterministic grad_input takes: a point with a
 // non-finite bicubic coordinate has no tap (the bilinear kernel's rule,
 // safe_downgrade_to_int_range), where the existing kernel would pad the
@@ -55,6 +59,84 @@ using at::cuda::detail::TensorInfo;
 // ptxas plans registers for: with the block size alone, it held the Half
 // kernels with 64-bit indices to 80 and 128 registers and spilled.
 constexpr int kThreads = 256;
+
+// Reflection as reflect_coordinates_set_grad reflects, with its flip count,
+// floor(|in - low| / span), converted to int as the GPU converts it: past
+// int's range the GPU saturates (INT_MAX: odd flips; NaN: 0), where C++
+// leaves static_cast<int> undefined (x86 gives INT_MIN: even), so that the
+// host build gives the GPU's bits for infinite and huge coordinates too.
+template <typename scalar_t>
+__device__ scalar_t reflect_set_grad(
+    scalar_t in,
+    int twice_low,
+    int twice_high,
+    scalar_t* grad_in) {
+  if (twice_low == twice_high) {
+    *grad_in = static_cast<scalar_t>(0);
+    return static_cast<scalar_t>(0);
+  }
+  const scalar_t low = static_cast<scalar_t>(twice_low) / 2;
+  const scalar_t span = static_cast<scalar_t>(twice_high - twice_low) / 2;
+  in = in - low;
+  const bool negative = in < static_cast<scalar_t>(0);
+  if (negative) {
+    in = -in;
+  }
+  const scalar_t extra = ::fmod(in, span);
+  const auto flips = ::floor(in / span);
+  const bool odd =
+      flips >= 2147483648.0 || (flips >= 0 && static_cast<int>(flips) % 2 != 0);
+  *grad_in = static_cast<scalar_t>(negative != odd ? -1 : 1);
+  return odd ? span - extra + low : extra + low;
+}
+
+// Reflection by the image's bounds, as the existing helpers call it.
+template <typename scalar_t>
+__device__ scalar_t reflect_in_image_set_grad(
+    scalar_t in,
+    int size,
+    bool align_corners,
+    scalar_t* grad_in) {
+  return align_corners ? reflect_set_grad(in, 0, 2 * (size - 1), grad_in)
+                       : reflect_set_grad(in, -1, 2 * size - 1, grad_in);
+}
+
+// grid_sampler_compute_source_index_set_grad, reflecting by
+// reflect_set_grad.
+template <typename scalar_t>
+__device__ scalar_t source_index_set_grad(
+    scalar_t coord,
+    int size,
+    GridSamplerPadding padding_mode,
+    bool align_corners,
+    scalar_t* grad_in) {
+  if (padding_mode != GridSamplerPadding::Reflection) {
+    return grid_sampler_compute_source_index_set_grad(
+        coord, size, padding_mode, align_corners, grad_in);
+  }
+  scalar_t grad_refl, grad_clip;
+  coord =
+      grid_sampler_unnormalize_set_grad(coord, size, align_corners, grad_in);
+  coord = reflect_in_image_set_grad(coord, size, align_corners, &grad_refl);
+  coord = clip_coordinates_set_grad(coord, size, &grad_clip);
+  *grad_in = (*grad_in) * grad_refl * grad_clip;
+  return safe_downgrade_to_int_range(coord);
+}
+
+// compute_coordinates, reflecting by reflect_set_grad.
+template <typename scalar_t>
+__device__ scalar_t padded_coordinate(
+    scalar_t coord,
+    int size,
+    GridSamplerPadding padding_mode,
+    bool align_corners) {
+  if (padding_mode != GridSamplerPadding::Reflection) {
+    return compute_coordinates(coord, size, padding_mode, align_corners);
+  }
+  scalar_t grad_refl;
+  coord = reflect_in_image_set_grad(coord, size, align_corners, &grad_refl);
+  return safe_downgrade_to_int_range(clip_coordinates(coord, size));
+}
 
 // Bilinear weights of the low and the high tap along one axis, as the
 // existing kernel forms them: (i_se - i) and (i - i_nw) in scalar_t.
@@ -107,7 +189,7 @@ __device__ CubicAxis<scalar_t> cubic_axis(
 #pragma unroll 1
   for (int i = 0; i < 4; ++i) {
     int index = static_cast<int>(
-        compute_coordinates(nw - 1 + i, size, padding_mode, align_corners));
+        padded_coordinate(nw - 1 + i, size, padding_mode, align_corners));
     index = index >= 0 && index < size ? index : -1;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -175,12 +257,10 @@ __global__ void grid_sampler_2d_grid_gradient_kernel(
     scalar_t gix = static_cast<scalar_t>(0);
     scalar_t giy = static_cast<scalar_t>(0);
     if (interpolation_mode == GridSamplerInterpolation::Bilinear) {
-      const auto ax = linear_axis<scalar_t, index_t>(
-          grid_sampler_compute_source_index_set_grad(
-              x, inp_W, padding_mode, align_corners, &gix_mult));
-      const auto ay = linear_axis<scalar_t, index_t>(
-          grid_sampler_compute_source_index_set_grad(
-              y, inp_H, padding_mode, align_corners, &giy_mult));
+      const auto ax = linear_axis<scalar_t, index_t>(source_index_set_grad(
+          x, inp_W, padding_mode, align_corners, &gix_mult));
+      const auto ay = linear_axis<scalar_t, index_t>(source_index_set_grad(
+          y, inp_H, padding_mode, align_corners, &giy_mult));
       for (index_t c = 0; c < C; ++c) {
         const scalar_t gOut = gOut_ptr[c * gOut_sC];
         const scalar_t* const inp_ptr_NC = inp_ptr_N + c * inp_sC;
@@ -282,15 +362,12 @@ __global__ void grid_sampler_3d_grid_gradient_kernel(
     scalar_t giy = static_cast<scalar_t>(0);
     scalar_t giz = static_cast<scalar_t>(0);
     if (interpolation_mode == GridSamplerInterpolation::Bilinear) {
-      const auto ax = linear_axis<scalar_t, index_t>(
-          grid_sampler_compute_source_index_set_grad(
-              x, inp_W, padding_mode, align_corners, &gix_mult));
-      const auto ay = linear_axis<scalar_t, index_t>(
-          grid_sampler_compute_source_index_set_grad(
-              y, inp_H, padding_mode, align_corners, &giy_mult));
-      const auto az = linear_axis<scalar_t, index_t>(
-          grid_sampler_compute_source_index_set_grad(
-              z, inp_D, padding_mode, align_corners, &giz_mult));
+      const auto ax = linear_axis<scalar_t, index_t>(source_index_set_grad(
+          x, inp_W, padding_mode, align_corners, &gix_mult));
+      const auto ay = linear_axis<scalar_t, index_t>(source_index_set_grad(
+          y, inp_H, padding_mode, align_corners, &giy_mult));
+      const auto az = linear_axis<scalar_t, index_t>(source_index_set_grad(
+          z, inp_D, padding_mode, align_corners, &giz_mult));
       for (index_t c = 0; c < C; ++c) {
         const scalar_t gOut = gOut_ptr[c * gOut_sC];
         const scalar_t* const inp_ptr_NC = inp_ptr_N + c * inp_sC;
