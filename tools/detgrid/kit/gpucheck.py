@@ -204,12 +204,9 @@ def executor_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Di
 # --------------------------------------------------------------------------
 
 
-def core_grad_input(case: Case, level: str = levels.CORE) -> Optional[torch.Tensor]:
+def core_grad_input(case: Case, level: str = levels.CORE) -> torch.Tensor:
     """The grad_input of the core's build ``level`` (detgrid.levels.CORE_BUILDS) for the
-    case, on the case's device (the host build on CPU, the nvcc build on CUDA); None where
-    it refuses the case (5-D bicubic)."""
-    if case.dim == 3 and case.interpolation_mode == 2:
-        return None
+    case, on the case's device (the host build on CPU, the nvcc build on CUDA)."""
     return torch.ops.detgrid._core_grad_input(
         case.grad_output, case.input, case.grid, case.interpolation_mode,
         case.padding_mode, case.align_corners, level=level)
@@ -247,10 +244,8 @@ def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[s
     both builds contract multiply-adds into FMAs where their compilers
     choose (on --device cpu the "device" run is the host build with a
     shuffled launch, block size 64)."""
-    def pair(case: Case) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def pair(case: Case) -> Tuple[torch.Tensor, torch.Tensor]:
         ref = core_grad_input(case)
-        if ref is None:
-            return None
         if torch.device(device).type == "cpu":
             got = torch.ops.detgrid._core_grad_input(
                 case.grad_output, case.input, case.grid, case.interpolation_mode,
@@ -268,11 +263,9 @@ def level_row(device: str, level: str, dtype: str, dim: int,
     """A speed level of the core against the core, both on the device: a level changes no
     bit, so here equality is required (the host builds show it on the CPU; nvcc's choices of
     FMA contraction in the level's loops are what this row measures)."""
-    def pair(case: Case) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def pair(case: Case) -> Tuple[torch.Tensor, torch.Tensor]:
         on_device = case.to(device)
         core = core_grad_input(on_device)
-        if core is None:
-            return None
         got = core_grad_input(on_device, level)
         synchronize(device)
         return got, core

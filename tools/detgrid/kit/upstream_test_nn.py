@@ -433,8 +433,10 @@ class TestNNDeviceType(NNTestCase):
         # coordinate's NaN terms on an edge pixel of grad_input.
         # 3-D takes NaN only: #24823 reports +-Inf coordinates corrupting CUDA
         # memory in the 3-D kernel (NaN did not), so there the default backward
-        # is no safe reference for them. 5-D bicubic is left out: the
-        # deterministic backward refuses it (test_..._5d_bicubic).
+        # is no safe reference for them. 5-D bicubic is left out: there a
+        # point with a non-finite coordinate gets no tap, where the default
+        # backward pads its NaN terms onto an edge voxel (test_..._5d_bicubic
+        # covers finite grids).
         torch.manual_seed(0)
         eps = torch.finfo(dtype).eps
         non_finite_grad_input = False
@@ -465,21 +467,29 @@ class TestNNDeviceType(NNTestCase):
         self.assertTrue(non_finite_grad_input)
 
     @onlyCUDA
-    def test_grid_sample_backward_deterministic_5d_bicubic(self, device):
-        # Bicubic sampling of 5-D input, where torch has it: the deterministic
-        # backward does not pin an order for its sums and refuses it in one line
-        # rather than fall back on atomicAdd.
+    @dtypes(torch.float, torch.double)
+    def test_grid_sample_backward_deterministic_5d_bicubic(self, device, dtype):
+        # Bicubic sampling of 5-D input (64 taps a point), where torch has it:
+        # the same bits on every run, and the default backward's gradients up
+        # to summation order.
         torch.manual_seed(0)
-        input = torch.randn(1, 2, 3, 4, 5, device=device, requires_grad=True)
-        grid = torch.rand(1, 2, 3, 4, 3, device=device) * 2 - 1
+        input = torch.randn(2, 3, 4, 5, 6, device=device, dtype=dtype)
+        grid = torch.rand(2, 3, 4, 5, 3, device=device, dtype=dtype) * 2.4 - 1.2
         try:
-            output = F.grid_sample(input, grid, mode='bicubic', align_corners=False)
+            F.grid_sample(input, grid, mode='bicubic', align_corners=False)
         except RuntimeError as e:
             raise unittest.SkipTest(f'no bicubic interpolation of 5-D input in this torch: {e}') from None
-        with DeterministicGuard(True):
-            with self.assertRaisesRegex(
-                    RuntimeError, 'deterministic algorithms do not support bicubic interpolation of 5-D input'):
-                output.backward(torch.randn_like(output))
+        grad_output = torch.randn(2, 3, 3, 4, 5, device=device, dtype=dtype)
+        for padding_mode, align_corners in product((0, 1, 2), (False, True)):
+            args = (grad_output, input, grid, 2, padding_mode, align_corners, [True, True])
+            expected = torch.ops.aten.grid_sampler_3d_backward(*args)
+            with DeterministicGuard(True):
+                first = torch.ops.aten.grid_sampler_3d_backward(*args)
+                second = torch.ops.aten.grid_sampler_3d_backward(*args)
+            msg = f'padding_mode={padding_mode}, align_corners={align_corners}'
+            self.assertEqual(first[0], second[0], atol=0, rtol=0, msg=msg)
+            self.assertEqual(first[0], expected[0], msg=msg)
+            self.assertEqual(first[1], expected[1], msg=msg)
 
     @onlyCUDA
     @dtypes(torch.float, torch.double)
@@ -614,9 +624,9 @@ ADDED = {
                        r"float\(\s*['\"][+-]?inf['\"]\s*\)|torch\.inf|math\.inf"),
     },
     "test_grid_sample_backward_deterministic_5d_bicubic": {
-        "checks": "5-D bicubic, where torch samples it: deterministic mode refuses grad_input in "
-                  "one line (skipped where torch has no 5-D bicubic)",
-        "covered_if": (r"bicubic interpolation of 5-D input",),
+        "checks": "5-D bicubic, where torch samples it: repeated bits, and the default backward's "
+                  "gradients (skipped where torch has no 5-D bicubic)",
+        "covered_if": None,
     },
     "test_grid_sample_backward_deterministic_hot_run_across_chunks": {
         "checks": "a constant grid, each hot pixel's run of records spanning a chunk boundary: "
