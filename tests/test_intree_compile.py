@@ -377,6 +377,59 @@ class TestCompileCommands(TestCase):
         self.assertIn("-Werror", gpu)
 
 
+class TestCompatHeaders(TestCase):
+    """The core calls helpers that torch 2.15's GridSampler.cuh has and v2.6.0's lacks: the kit's
+    compat folder goes ahead of the tree's headers for the core's unit alone, in a tree before
+    2.15, with the release as macros where the tree has no generated torch/version.h."""
+
+    core = "aten/src/ATen/native/cuda/GridSamplerDeterministic.cu"
+
+    def test_flags_by_release_and_version_header(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp)
+            compat = f"-I{IC.COMPAT_INCLUDE}"
+            self.assertEqual(IC.compat_flags(tree, "2.6.0a0\n"),
+                             (compat, "-DTORCH_VERSION_MAJOR=2", "-DTORCH_VERSION_MINOR=6"))
+            self.assertEqual(IC.compat_flags(tree, "2.14.1"),
+                             (compat, "-DTORCH_VERSION_MAJOR=2", "-DTORCH_VERSION_MINOR=14"))
+            self.assertEqual(IC.compat_flags(tree, "2.15.0a0"), ())
+            self.assertEqual(IC.compat_flags(tree, "2.16.0a0"), ())
+            # a configured tree's own torch/version.h gives the release
+            header = tree / "torch/csrc/api/include/torch/version.h"
+            header.parent.mkdir(parents=True)
+            header.write_text("#pragma once\n")
+            self.assertEqual(IC.compat_flags(tree, "2.6.0a0"), (compat,))
+            with self.assertRaises(IC.SetupError):
+                IC.release_of("main")
+            with self.assertRaises(IC.SetupError):
+                IC.compat_flags(tree, "2.6.0", compat=tree / "nowhere")
+
+    def test_core_unit_alone_gets_the_compat_folder_first(self):
+        paths = IC.Paths(tree=Path("/w/pytorch"), build=Path("/w/build"), gen=Path("/g/aten/src"),
+                         toolchain=Path("/tc"), objects=Path("/w/obj"),
+                         compat=("-I/kit/compat", "-DTORCH_VERSION_MAJOR=2",
+                                 "-DTORCH_VERSION_MINOR=6"))
+        core = IC.compile_command(self.core, "nvcc", paths, "c++17")
+        self.assertLess(core.index("-I/kit/compat"), core.index("-I/g/aten/src"))
+        self.assertLess(core.index("-I/kit/compat"), core.index("-I/w/pytorch/aten/src"))
+        self.assertIn("-DTORCH_VERSION_MINOR=6", core)
+        for rel, kind in (("aten/src/ATen/native/cuda/GridSampler.cu", "nvcc"),
+                          ("aten/src/ATen/native/GridSampler.cpp", "cpp"),
+                          ("aten/src/ATen/native/cudnn/GridSampler.cpp", "cuda-cpp")):
+            cmd = IC.compile_command(rel, kind, paths, "c++17")
+            self.assertNotIn("-I/kit/compat", cmd)
+            self.assertNotIn("-DTORCH_VERSION_MINOR=6", cmd)
+        # without compat flags (a tree at 2.15 or later) the core compiles like the rest
+        plain = IC.compile_command(self.core, "nvcc", TestCompileCommands.paths, "c++17")
+        self.assertNotIn(f"-I{IC.COMPAT_INCLUDE}", plain)
+
+    def test_the_compat_header_reads_the_release_where_it_can(self):
+        text = (IC.COMPAT_INCLUDE / "ATen/native/cuda/GridSampler.cuh").read_text()
+        self.assertIn("#include_next <ATen/native/cuda/GridSampler.cuh>", text)
+        self.assertIn("#if __has_include(<torch/version.h>)", text)
+        self.assertIn("#if !defined(TORCH_VERSION_MAJOR) || !defined(TORCH_VERSION_MINOR)", text)
+
+
 class TestMain(TestCase):
     def test_not_a_tree_exits_2_with_the_reason(self):
         err = io.StringIO()

@@ -565,6 +565,46 @@ def unit_kind(path: str) -> Optional[str]:
     return None
 
 
+# The core's deterministic backward calls the coordinate helpers that torch 2.15 added to
+# ATen/native/cuda/GridSampler.cuh (resolve_cubic_taps, compute_coordinates_sized). The upstream
+# patch targets main, which has them; the tree this check patches is a stand-in (v2.6.0), whose
+# GridSampler.cuh lacks them. So, for a tree older than COMPAT_SINCE, the kit's compat folder (a
+# GridSampler.cuh that #include_next's the tree's and adds the helpers, as the kit's own builds
+# against older wheels use it) goes ahead of the tree's headers, for the units that call the
+# helpers only (COMPAT_UNITS): every other unit still compiles against the tree's headers alone.
+COMPAT_INCLUDE = KIT_ROOT / "aten_kernels" / "compat" / "include"
+COMPAT_UNITS = ("aten/src/ATen/native/cuda/GridSamplerDeterministic.cu",)
+COMPAT_SINCE = (2, 15)
+# torch/version.h, which the compat header reads the release from, is generated (CMake configures
+# it from version.h.in; wheels ship it): where the tree's include directories (Paths.includes)
+# hold none, the release is passed to the compile as its macros, from the tree's version.txt.
+VERSION_HEADERS = ("torch/version.h", "torch/csrc/api/include/torch/version.h")
+
+
+def release_of(version_txt: str) -> Tuple[int, int]:
+    """(major, minor) of a version.txt's text ("2.6.0a0" -> (2, 6))."""
+    m = re.match(r"(\d+)\.(\d+)", version_txt.strip())
+    if not m:
+        raise SetupError(f"version.txt {version_txt.strip()!r}: no <major>.<minor>")
+    return int(m.group(1)), int(m.group(2))
+
+
+def compat_flags(tree: Path, version_txt: str, compat: Path = COMPAT_INCLUDE) -> Tuple[str, ...]:
+    """The flags that go ahead of the include paths of COMPAT_UNITS: none for a tree at
+    COMPAT_SINCE or later (its GridSampler.cuh has the helpers); else -I of the compat folder, and
+    -DTORCH_VERSION_MAJOR/MINOR of version.txt where the tree has no generated torch/version.h."""
+    release = release_of(version_txt)
+    if release >= COMPAT_SINCE:
+        return ()
+    if not (Path(compat) / "ATen/native/cuda/GridSampler.cuh").is_file():
+        raise SetupError(f"{compat}: no ATen/native/cuda/GridSampler.cuh (the helpers PyTorch "
+                         f"{version_txt.strip()} lacks)")
+    flags = [f"-I{compat}"]
+    if not any((Path(tree) / h).is_file() for h in VERSION_HEADERS):
+        flags += [f"-DTORCH_VERSION_MAJOR={release[0]}", f"-DTORCH_VERSION_MINOR={release[1]}"]
+    return tuple(flags)
+
+
 @dataclass
 class Paths:
     tree: Path
@@ -572,11 +612,14 @@ class Paths:
     gen: Path  # torchgen output (CMake's <binary dir>/aten/src)
     toolchain: Path
     objects: Path
+    compat: Tuple[str, ...] = ()  # compat_flags(): ahead of the includes of COMPAT_UNITS only
 
-    def includes(self, cuda: bool) -> List[str]:
+    def includes(self, cuda: bool, unit: Optional[str] = None) -> List[str]:
         inc = [f"-I{self.gen}", f"-I{self.build / 'aten/src'}", f"-I{self.build}",
                f"-I{self.tree / 'aten/src'}", f"-I{self.tree}",
                f"-I{self.tree / 'torch/csrc/api/include'}"]
+        if unit in COMPAT_UNITS:
+            inc = [*self.compat, *inc]
         if cuda:
             inc += ["-isystem", str(self.toolchain / "include")]
         return inc
@@ -614,11 +657,11 @@ def compile_command(rel: str, kind: str, paths: Paths, std: str, cxx: str = "g++
     dep = obj.with_suffix(".d")
     if kind == "nvcc":
         return [str(paths.toolchain / "bin/nvcc"), "-c", f"-std={std}", "-ccbin", cxx,
-                *COMMON_DEFINES, *CUDA_DEFINES, *NVCC_FLAGS, *paths.includes(cuda=True),
+                *COMMON_DEFINES, *CUDA_DEFINES, *NVCC_FLAGS, *paths.includes(cuda=True, unit=rel),
                 "-MD", "-MF", str(dep), "-o", str(obj), str(src)]
     cuda = kind == "cuda-cpp"
     return [cxx, "-c", f"-std={std}", *COMMON_DEFINES, *(CUDA_DEFINES if cuda else CPU_DEFINES),
-            *CXX_FLAGS, *paths.includes(cuda=cuda), "-MD", "-MF", str(dep), "-o", str(obj), str(src)]
+            *CXX_FLAGS, *paths.includes(cuda=cuda, unit=rel), "-MD", "-MF", str(dep), "-o", str(obj), str(src)]
 
 
 def parse_depfile(text: str) -> List[str]:
@@ -861,7 +904,12 @@ def run(tree: Path, work: Path, jobs: int, reuse_ok: bool = True, log=print,
     headers = [c for c in changed if unit_kind(c) == "header"]
     if not units:
         raise SetupError("the patch changed no translation unit: nothing to compile")
-    paths = Paths(tree=copy, build=build, gen=gen, toolchain=toolchain, objects=work / "obj")
+    paths = Paths(tree=copy, build=build, gen=gen, toolchain=toolchain, objects=work / "obj",
+                  compat=compat_flags(copy, version))
+    if paths.compat:
+        log(f"{', '.join(COMPAT_UNITS)}: with {' '.join(paths.compat)} ahead of the tree's headers "
+            f"(PyTorch {version} predates {COMPAT_SINCE[0]}.{COMPAT_SINCE[1]}'s GridSampler.cuh "
+            "helpers that the core calls; the upstream patch targets main, which has them)")
     log(f"compiling {len(units)} units, {jobs} at a time: {', '.join(u for u, _ in units)}")
     reuse = Reuse(cache / "intree-compiled", work, enabled=reuse_ok)
     ok, depfiles = compile_units(units, paths, tc.cxx_std, jobs, changed, reuse, log)

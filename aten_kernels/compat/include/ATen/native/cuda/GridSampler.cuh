@@ -4,12 +4,22 @@
 // (resolve_cubic_taps and the compute_coordinates_sized it pads with), for the
 // torch releases before 2.15 that lack them. Not part of the upstream patch:
 // the kit puts this folder ahead of torch's headers in its own builds (the
-// extension's CUDA build, the host build, the nvcc checks), so that the core's
-// file compiles unchanged on every release the kit supports; against 2.15 and
-// later it adds nothing, and torch's own helpers are the ones called.
+// extension's CUDA build, the host build, the nvcc checks, and the in-tree
+// check's compile of the core against the v2.6.0 stand-in tree), so that the
+// core's file compiles unchanged on every release the kit supports; against
+// 2.15 and later it adds nothing, and torch's own helpers are the ones called.
 #include_next <ATen/native/cuda/GridSampler.cuh>
 
+// The release: from <torch/version.h>, which wheels ship and a CMake build
+// generates; a source tree that was never configured has none, and its compile
+// must then pass TORCH_VERSION_MAJOR and TORCH_VERSION_MINOR (the in-tree check,
+// detgrid.kit.intree_compile, passes them from the tree's version.txt).
+#if __has_include(<torch/version.h>)
 #include <torch/version.h>
+#endif
+#if !defined(TORCH_VERSION_MAJOR) || !defined(TORCH_VERSION_MINOR)
+#error "detgrid compat GridSampler.cuh: no <torch/version.h>; define TORCH_VERSION_MAJOR and TORCH_VERSION_MINOR (the tree's version.txt)"
+#endif
 
 #include <cmath>
 #include <limits>
