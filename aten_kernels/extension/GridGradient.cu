@@ -14,6 +14,7 @@
 #include <ATen/native/cuda/UpSample.cuh>
 
 #include <cmath>
+#include <limits>
 
 // Note [grad_grid alone]
 // The extension's grad_grid: the existing backward kernels' grid gradient,
@@ -146,9 +147,17 @@ struct LinearAxis {
   scalar_t weight[2];
 };
 
+// The downgrade lets 2^31 through in float, where converting it to int is
+// undefined on the host (the GPU saturates): a coordinate past index_t's
+// range takes its largest low tap but one, which, like the GPU's, leaves
+// both taps out of bounds.
 template <typename scalar_t, typename index_t>
 __device__ LinearAxis<scalar_t, index_t> linear_axis(scalar_t coord) {
-  const index_t low = static_cast<index_t>(::floor(coord));
+  constexpr index_t kLast = std::numeric_limits<index_t>::max();
+  const scalar_t floored = ::floor(coord);
+  const index_t low = floored < static_cast<scalar_t>(kLast)
+      ? static_cast<index_t>(floored)
+      : kLast - 1;
   return {low, {(low + 1) - coord, coord - low}};
 }
 
@@ -188,9 +197,14 @@ __device__ CubicAxis<scalar_t> cubic_axis(
   // in local memory.
 #pragma unroll 1
   for (int i = 0; i < 4; ++i) {
-    int index = static_cast<int>(
-        padded_coordinate(nw - 1 + i, size, padding_mode, align_corners));
-    index = index >= 0 && index < size ? index : -1;
+    // A padded tap is a whole number or the downgrade's -100, but one at
+    // 2^31 passes the downgrade, where a float-to-int conversion is
+    // undefined on the host: the bounds are tested before converting.
+    const scalar_t padded =
+        padded_coordinate(nw - 1 + i, size, padding_mode, align_corners);
+    const int index = padded >= 0 && padded < static_cast<scalar_t>(size)
+        ? static_cast<int>(padded)
+        : -1;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       axis.index[k] = k == i ? index : axis.index[k];
