@@ -1,8 +1,8 @@
 """Builds detgrid: the Python packages in tools/detgrid (the runtime, kit, bench) and the extension.
 
 The extension compiles the ATen-style sources in aten_kernels/ against the
-installed torch: always the host executor, and the CUDA kernels too when
-torch has CUDA. Build it against the torch you run:
+installed torch: always their host builds (hostify), and the CUDA kernels
+too when torch has CUDA. Build it against the torch you run:
 
     pip install --no-build-isolation .
 
@@ -27,13 +27,7 @@ from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# The pipeline: the extension's speed path (detgrid.levels).
-PIPELINE_SRC = os.path.join("aten_kernels", "pipeline", "aten", "src")
 EXTENSION = os.path.join("aten_kernels", "extension")
-# The extension's CUDA translation unit: it includes ATen's
-# pipeline's GridSamplerDeterministic.cu whole (whose CUDA executor the exact
-# accumulation shares) and is compiled in its place.
-CUDA_SOURCE = os.path.join(EXTENSION, "exact", "ExactCuda.cu")
 # The upstream core: the file the patch adds to ATen, built for CUDA by nvcc
 # and for the host from the same bytes (hostify).
 CORE_SOURCE = os.path.join(
@@ -53,15 +47,15 @@ CORE_BUILDS_DIR = os.path.join("build", "detgrid-core-builds")
 BUILD_INFO = os.path.join(ROOT, "tools", "detgrid", "_build_info.py")
 VERSION = "0.1.0"
 
-# The extension is C++20 (requires-expressions, std::atomic_ref), on both
-# compilers. torch.utils.cpp_extension appends its own -std only to a command
-# line that holds none, and its own is -std=c++17 up to torch 2.11 (C++20 from
-# 2.12, pytorch#176659), so it is asked for here, spelled -std=... exactly as
-# cpp_extension looks for it. .ci/old_torch_compile.sh checks the command
-# lines of torch 2.11.0 and 2.6.0.
-# The host side must not contract a * b + c into an FMA: the executor has to
-# round exactly like the CUDA kernels, which use explicit _rn intrinsics.
-CXX_FLAGS = ["-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math"]
+# The extension is built as C++20 on every torch, on both compilers: one
+# language for the kernels whatever the release. torch.utils.cpp_extension
+# appends its own -std only to a command line that holds none, and its own is
+# -std=c++17 up to torch 2.11 (C++20 from 2.12, pytorch#176659), so it is
+# asked for here, spelled -std=... exactly as cpp_extension looks for it.
+# .ci/old_torch_compile.sh checks the command lines of torch 2.11.0 and 2.6.0.
+# The glue does no floating-point work of its own; the kernels' host builds
+# take flags of their own (BuildWithHostify).
+CXX_FLAGS = ["-std=c++20", "-O2", "-fno-fast-math"]
 # Extra host compiler and linker flags, for instrumented builds such as
 # .ci/sanitize.sh's (-fsanitize=...). They come after Python's own CFLAGS,
 # so they can undo one of them (-fno-wrapv).
@@ -223,11 +217,9 @@ def write_build_info(toolkit) -> None:
 def extension(toolkit):
     sources = [
         os.path.join(EXTENSION, name)
-        for name in ("register.cpp", "autograd.cpp", "checks.cpp",
-                     "GridSamplerDeterministicCPU.cpp", "knobs.cpp",
-                     os.path.join("exact", "ExactCPU.cpp"), "core_ops.cpp")
+        for name in ("register.cpp", "autograd.cpp", "checks.cpp", "core_ops.cpp")
     ]
-    include_dirs = [os.path.abspath(PIPELINE_SRC), os.path.abspath(COMPAT_INCLUDE)]
+    include_dirs = [os.path.abspath(COMPAT_INCLUDE)]
     if toolkit is None:
         return cpp_extension.CppExtension(
             "detgrid._C",
@@ -241,8 +233,7 @@ def extension(toolkit):
         toolkit.home, os.path.join(ROOT, "build", "detgrid-link"))
     return cpp_extension.CUDAExtension(
         "detgrid._C",
-        sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CUDA_SOURCE, CORE_SOURCE,
-                   *cuda_level_units()],
+        sources + [os.path.join(EXTENSION, "cuda_ops.cpp"), CORE_SOURCE, *cuda_level_units()],
         include_dirs=include_dirs,
         library_dirs=[cudart_dir] if cudart_dir else [],
         define_macros=[("DETGRID_WITH_CUDA", None)],

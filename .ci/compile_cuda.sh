@@ -14,8 +14,10 @@ python=${PYTHON:-python3}
 status=0
 for version in 2.14.1 2.15.0; do
   cache=$(PYTHON=$python bash "$root/.ci/fetch_cuda_headers.sh" "$version")
+  # The compat folder first, as setup.py builds the units: the helpers torch
+  # 2.15 added to GridSampler.cuh, for older headers (nothing from 2.15 on).
   includes=(
-    -I"$root/aten_kernels/pipeline/aten/src"
+    -I"$root/aten_kernels/compat/include"
     -I"$cache/torch/include"
     -I"$cache/torch/include/torch/csrc/api/include"
     -I"$cache/nvidia/cu13/include"

@@ -17,24 +17,27 @@
 #                      build compiles it (-DDETGRID_WITH_CUDA) and as the
 #                      host-only build does (without; cuda_ops.cpp is only
 #                      in the CUDA build)
-#   nvcc -c (sm_90)    aten_kernels/extension/exact/ExactCuda.cu and
+#   nvcc -c (sm_90)    the core (aten_kernels/aten/src/ATen/native/cuda/
+#                      GridSamplerDeterministic.cu) and
 #                      aten_kernels/extension/GridGradient.cu
+#   g++ -fsyntax-only  the same two hostified, as setup.py builds their host
+#                      units
 # with system nvcc 13.0 and g++, headers only (nothing is linked). The CUDA
 # library headers ATen includes (cusparse.h, cublas_v2.h) come from
 # .ci/fetch_cuda_headers.sh's cache, added late as setup.py adds pip's.
 #
 #   2.11.0 (cu130, what the lent GPU machines run): all of the above.
-#   2.6.0: the host units only (both builds). Its CUDA unit cannot be checked
-#     honestly with the CUDA 13 here: torch 2.6.0 is built for CUDA 12 (12.4),
-#     and its own ATen/cuda/cub.cuh (which ExactCuda.cu includes through
-#     ATen's CUDA headers) uses cub::Equality and cub::TransformInputIterator,
-#     which CUDA 13's CCCL no longer has: nvcc 13.0 stops there, in torch's
-#     header, with or without our code. (.ci/intree_compile.sh compiles the
-#     v2.6.0 tree's units with nvcc 12.4.)
+#   2.6.0: the host units only (both builds, and the two hostified). Its CUDA
+#     units are not checked with the CUDA 13 here: torch 2.6.0 is built for
+#     CUDA 12 (12.4), and its own ATen/cuda/cub.cuh (which the core includes)
+#     uses cub::Equality and cub::TransformInputIterator, which CUDA 13's CCCL
+#     no longer has: nvcc 13.0 stops there, in torch's header, with or without
+#     our code. (.ci/intree_compile.sh compiles the v2.6.0 tree's units with
+#     nvcc 12.4.)
 #
 # Before setup.py asked for -std=c++20, both releases gave -std=c++17 to g++
-# and nvcc, and GridSamplerDeterministicCPU.cpp, ExactCPU.cpp and ExactCuda.cu
-# failed here ('requires' was not declared; std has no atomic_ref).
+# and nvcc, and the extension's C++20 units failed here ('requires' was not
+# declared; std has no atomic_ref).
 #
 #   PYTHON   any Python 3 with pip (default python3)
 set -euo pipefail
@@ -151,8 +154,7 @@ for version in 2.11.0 2.6.0; do
     [ "$(basename "$unit")" = cuda_ops.cpp ] || check "$version" cpu g++ "$unit"
   done < <(find "$root/aten_kernels/extension" -name '*.cpp' -print0 | sort -z)
   if [ "$version" = 2.11.0 ]; then
-    check "$version" nvcc "$nvcc" "$root/aten_kernels/extension/exact/ExactCuda.cu"
-    check "$version" nvcc "$nvcc" "$root/aten_kernels/extension/GridGradient.cu"
+    check "$version" nvcc "$nvcc" "$grid_gradient"
     check "$version" nvcc "$nvcc" "$core"
   fi
   check_hostified "$version" "$folder" "$core"

@@ -193,11 +193,10 @@ def python_cflags():
 
 
 def command(kind, release, cxx_flags, nvcc_flags, root, late_includes):
-    aten_src = os.path.join(root, "aten_kernels", "pipeline", "aten", "src")
     compat = os.path.join(root, "aten_kernels", "compat", "include")
     cuda = kind != "cpu"
     macros = ["-DDETGRID_WITH_CUDA"] if cuda else []
-    include_dirs = [aten_src, compat] + release.include_paths("cuda" if cuda else "cpu") + \
+    include_dirs = [compat] + release.include_paths("cuda" if cuda else "cpu") + \
         [sysconfig.get_paths()["include"]]
     pp_opts = macros + [f"-I{d}" for d in include_dirs]
 

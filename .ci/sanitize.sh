@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CI: the extension's host side (the host executor runs the same shared math
-# as the CUDA kernels) built with AddressSanitizer and UndefinedBehavior-
+# CI: the extension's host side (the kernels' host builds, made from the CUDA
+# sources' own bytes) built with AddressSanitizer and UndefinedBehavior-
 # Sanitizer, and the kernel test files run under it. Any sanitizer report
 # fails the job.
 #
@@ -13,10 +13,10 @@
 # leaves out float-cast-overflow: a float-to-int conversion of NaN, +-Inf or
 # an out-of-range value gives 0x80000000... on x86 but a clamped value (0 for
 # NaN) on CUDA, so the shared math must never make one, and this checks it
-# over the golden corpus, the hostile coordinates of test_fidelity.py and the
-# random hostile grids of test_differential.py, and the hot fold's reuse of
-# the dead sort buffers by test_hot_fold.py. No division by zero is relied
-# on either (float-divide-by-zero).
+# over the golden corpus, the hostile coordinates of test_fidelity.py and
+# test_grid_gradient_bits.py, and the random hostile grids of
+# test_differential.py. No division by zero is relied on either
+# (float-divide-by-zero).
 #
 # Environment:
 #   DETGRID_PYTHON           interpreter with torch (default .venv/bin/python)
@@ -28,8 +28,8 @@ ROOT=$PWD
 PY=${DETGRID_PYTHON:-$ROOT/.venv/bin/python}
 
 default_tests="tests/test_bitwise.py tests/test_agreement.py tests/test_bad_input.py \
-tests/test_reduction_modes.py tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py \
-tests/test_exact.py tests/test_differential.py tests/test_hot_fold.py tests/test_core.py"
+tests/test_3d.py tests/test_fidelity.py tests/test_nan_rule.py tests/test_differential.py \
+tests/test_core.py tests/test_grid_gradient_bits.py"
 [[ -f tests/test_golden.py ]] && default_tests+=" tests/test_golden.py"
 read -r -a test_files <<<"${DETGRID_SANITIZE_TESTS:-$default_tests}"
 
@@ -43,11 +43,11 @@ git ls-files -z --cached --others --exclude-standard |
 sanitizers="-fsanitize=address,undefined,float-cast-overflow,float-divide-by-zero"
 sanitizers+=" -fno-sanitize-recover=undefined,float-cast-overflow,float-divide-by-zero"
 # -g1: the line tables the reports' stack traces need, without the variable
-# and type information that made the instrumented build of the exact
-# accumulation's unit take 6 GB and most of this step's 27 minutes. -O1, as
+# and type information, which makes an instrumented build take gigabytes and
+# many minutes. -O1, as
 # the sanitizers' own documentation advises: the build takes about 90 s less
 # than at setup.py's -O2, and the instrumented tests take about as long.
-echo "sanitize: building the host executor with $sanitizers -fno-wrapv in $tree"
+echo "sanitize: building the host builds with $sanitizers -fno-wrapv in $tree"
 (
   cd "$tree"
   DETGRID_CPU_ONLY=1 \

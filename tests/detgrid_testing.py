@@ -3,7 +3,7 @@
 
 Terminology follows GridSamplerDeterministic.cu: a *point* is one output
 location (n, h, w) or (n, d, h, w), a *tap* one input pixel (voxel) a point
-reads, a *record* one (point, tap) pair, a *tile* 4096 consecutive points.
+reads, a *record* one (point, tap) pair.
 
 Every helper serves both grid_sampler_2d (4-D input, `dims` = 2) and
 grid_sampler_3d (5-D input, `dims` = 3): the problem makers take D and out_D
@@ -14,11 +14,13 @@ import functools
 import math
 import unittest
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import TestCase
 
 import detgrid
+import stock_reference
 from detgrid import ops
 from detgrid.bench import stock_limits
 from detgrid.kit.bitwise import differing_elements
@@ -38,9 +40,6 @@ TAPS_PER_AXIS = {BILINEAR: 2, NEAREST: 1, BICUBIC: 4}
 MODES_3D = (BILINEAR, NEAREST, BICUBIC)
 # Every (spatial dims, interpolation mode) grid_sample supports.
 SAMPLERS = tuple((2, mode) for mode in MODES) + tuple((3, mode) for mode in MODES_3D)
-
-TILE_POINTS = 4096
-RECORDS_PER_PARTIAL = 256
 
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 REDUCED_DTYPES = (torch.float16, torch.bfloat16)
@@ -189,7 +188,7 @@ def make_zoom_problem(N, C, H, W, out_H, out_W, *, D=None, out_D=None,
     pixel cell (voxel cell in 3-D, with D and out_D), so each of its corner
     pixels receives a record from almost every point, thousands per
     destination; the rest are spread over the image (so record counts per
-    tile are not multiples of 256). The grad outputs span several binades so
+    chunk are not multiples of a partial's 256). The grad outputs span several binades so
     that the summation order shows in the bits."""
     in_size, out_size = _spatial_sizes(H, W, out_H, out_W, D, out_D)
     gen = torch.Generator().manual_seed(seed)
@@ -239,15 +238,18 @@ def hard_grid(N, out_H, out_W, H, W, align_corners, *, D=None, out_D=None,
                        dim=-1).reshape(N, *out_size, len(in_size))
 
 
-def half_pixel_grid(grid, in_size):
-    """`grid` (float64) moved to the nearest whole or half pixel under
-    align_corners=False. With power-of-two input sizes (`in_size`, outermost
-    first) the grid values, pixel coordinates, weights and cubic
-    coefficients are then exact in every dtype, so half and bfloat16 take
-    the taps and weights float32 does."""
+def snapped_grid(grid, in_size, steps_per_pixel):
+    """`grid` (float64) moved to the nearest multiple of 1 / steps_per_pixel
+    of a pixel under align_corners=False: whole pixels (1) or whole and half
+    pixels (2). With power-of-two input sizes (`in_size`, outermost first)
+    the grid values, pixel coordinates, weights and cubic coefficients are
+    then exact in every dtype, so half and bfloat16 take the taps and
+    weights float32 does: bilinear weights are powers of two (or 0), bicubic
+    coefficients 0 and 1 on whole pixels."""
     size = torch.tensor(tuple(in_size)[::-1], dtype=torch.float64, device=grid.device)
-    twice_pixel = torch.round((grid + 1) * size - 1)
-    return (twice_pixel + 1) / size - 1
+    # The pixel coordinate is ((grid + 1) * size - 1) / 2.
+    steps = torch.round(((grid + 1) * size - 1) * (steps_per_pixel / 2))
+    return (steps * (2 / steps_per_pixel) + 1) / size - 1
 
 
 def smooth_grid(N, out_H, out_W, H, W, align_corners, *, D=None, out_D=None,
@@ -420,12 +422,6 @@ class DetGridSample(torch.autograd.Function):
         return grad_input, grad_grid, None, None, None
 
 
-def ulp_rtol(dtype):
-    """One unit in the last place of `dtype` at 1.0 (twice the bound of a
-    single round-to-nearest)."""
-    return torch.finfo(dtype).eps
-
-
 def reset_switch():
     detgrid.disable(("cpu",))
     if ops.has_cuda_kernels():
@@ -447,13 +443,96 @@ class DetgridTestCase(TestCase):
 
 
 # ---------------------------------------------------------------------------
+# Half and BFloat16 against float64
+# ---------------------------------------------------------------------------
+
+# How often the core rounds a Half/BFloat16 term of grad_input to the dtype,
+# forming it as stock's kernel does (GridSamplerDeterministic.cu's
+# SortedChunk::term): nearest's is gOut itself; bilinear's (trilinear's)
+# weight * gOut; bicubic's gOut * x_coeff * y_coeff (* z_coeff), a rounding
+# per product. (The weights themselves are stock's scalar_t values, as the
+# reference takes them.)
+TERM_ROUNDINGS = {(2, NEAREST): 0, (3, NEAREST): 0, (2, BILINEAR): 1, (3, BILINEAR): 1,
+                  (2, BICUBIC): 2, (3, BICUBIC): 3}
+
+
+def term_magnitudes(grad_output, inp, grid, mode, padding, align_corners):
+    """Per grad_input element, in float64: the sum of its terms' magnitudes
+    |weight| * |gOut| and how many terms it has, over stock's taps and weights
+    (stock_reference.point_taps)."""
+    dims = inp.dim() - 2
+    N, C = inp.shape[:2]
+    in_size = tuple(inp.shape[2:])
+    points = grid.detach().cpu().reshape(-1, dims)
+    positions, in_bounds, weights = stock_reference.point_taps(
+        points, in_size, mode, padding, align_corners)
+    per_image = math.prod(grad_output.shape[2:])
+    gout = grad_output.detach().cpu().double().reshape(N, C, per_image).permute(0, 2, 1)
+    gout = gout.reshape(len(points), C).abs().numpy()
+    flat = np.zeros(in_bounds.shape, dtype=np.int64)
+    for a in range(dims):
+        flat = flat * in_size[a] + np.where(in_bounds, positions[..., a], 0)
+    image = np.repeat(np.arange(N), per_image)[:, None, None]
+    channel = np.arange(C)[None, None, :]
+    magnitude = np.zeros((N, C, int(np.prod(in_size))))
+    count = np.zeros_like(magnitude)
+    contribution = np.abs(np.where(in_bounds, weights, 0.0))[..., None] * gout[:, None, :]
+    np.add.at(magnitude, (image, channel, flat[..., None]), contribution)
+    np.add.at(count, (image, channel, flat[..., None]), in_bounds[..., None] * 1.0)
+    return (torch.from_numpy(magnitude).reshape(N, C, *in_size),
+            torch.from_numpy(count).reshape(N, C, *in_size))
+
+
+def reduced_precision_error_bound(dtype, dims, mode, exact, magnitude, count):
+    """How far a Half/BFloat16 grad_input element of the core may lie from the
+    float64 sum `exact` of stock's terms (stock_reference.backward), given the
+    sum of the terms' magnitudes and their count (term_magnitudes): each
+    term formed in the dtype (TERM_ROUNDINGS[dims, mode] roundings, relative
+    error u each, u the dtype's unit roundoff, or eta absolute below its
+    smallest normal), the terms summed in float (gamma_n of float32 over the
+    magnitudes, in any order), the sum rounded to the dtype once (u |sum|, or
+    eta); plus the reference's own error, within 2^-23 of the magnitudes
+    (float32 products of tricubic coefficients, float64 sums). Stock's
+    atomic backward forms the same terms and rounds each add to the dtype as
+    well, so it needs at least this bound; a tap moved by a pixel, or a
+    weight off by more than the dtype's rounding, leaves it."""
+    finfo = torch.finfo(dtype)
+    u = finfo.eps / 2
+    eta = finfo.smallest_normal * u  # half the spacing of the dtype's subnormals
+    k = TERM_ROUNDINGS[dims, mode]
+    gamma = count * 2.0 ** -24 / (1 - count * 2.0 ** -24)
+    terms = ((1 + u) ** k * (1 + gamma) - 1 + 2.0 ** -23) * magnitude
+    return u * exact.abs() + eta + (1 + u) * (terms + k * eta * count * (1 + gamma))
+
+
+def assert_within_rounding_of_exact(test, grad_input, exact, args, mode, padding,
+                                    align_corners, what="grad_input"):
+    """A Half/BFloat16 grad_input within reduced_precision_error_bound of the
+    float64 reference `exact` (stock_reference.backward of `args`, the
+    (grad_output, input, grid) it ran on, with finite grids), element by
+    element."""
+    magnitude, count = term_magnitudes(*args, mode, padding, align_corners)
+    bound = reduced_precision_error_bound(grad_input.dtype, grad_input.dim() - 2, mode,
+                                          exact, magnitude, count)
+    error = (grad_input.detach().cpu().double() - exact).abs()
+    over = ~(error <= bound)  # a NaN on either side is over too
+    if over.any():
+        index = tuple(int(i) for i in over.nonzero()[0])
+        test.fail(f"{what}: {int(over.sum())} of {over.numel()} elements beyond the "
+                  f"rounding bound; first at {index}: "
+                  f"{grad_input.detach().cpu()[index].item()!r} vs exact "
+                  f"{exact[index].item()!r}, error {error[index].item():.3g} > "
+                  f"bound {bound[index].item():.3g}")
+
+
+# ---------------------------------------------------------------------------
 # Equality across devices
 # ---------------------------------------------------------------------------
 
 
 def assert_same_bits_or_both_nan(test, actual, expected, what="tensor"):
     """assert_bitwise_equal, except that two NaNs are equal whatever their
-    payloads: the rule for a CUDA result against the host executor's, whose
+    payloads: the rule for a CUDA result against the host build's, whose
     arithmetic NaNs differ in their bits (detgrid.kit.bitwise says why)."""
     if actual is None or expected is None:
         test.assertIs(actual, expected, f"{what}: one side is None")

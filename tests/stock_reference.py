@@ -10,20 +10,33 @@ How stock's grid_sampler_{2d,3d}_backward_kernel forms a point's taps:
   bicubic: the unnormalized coordinate, ix_nw = floor(ix), and per tap the
     position ix_nw - 1 + i in scalar_t, padded by compute_coordinates (clip,
     or reflect then clip; then safe_downgrade_to_int_range) and converted to
-    int (add_value_bounded, get_value_bounded).
+    int (add_value_bounded, get_value_bounded). compute_coordinates clips
+    with ::min and ::max, which take a NaN to the edge: a bicubic point with
+    a non-finite coordinate has NaN coefficients, and under border or
+    reflection padding its taps land on an edge pixel.
 reflect_coordinates counts flips with static_cast<int>(floor(in / span)), a
-conversion the GPU saturates at INT_MIN and INT_MAX and takes NaN to 0.
+conversion the GPU saturates at INT_MIN and INT_MAX and takes NaN to 0
+(gpu_int). C++ leaves it undefined past int's range, so a host build of
+stock's helpers (the core's) may take other taps there than the GPU.
+Tricubic (5-D bicubic) taps are padded by compute_coordinates_sized (torch
+2.15's helper of resolve_cubic_taps), whose fold takes the parity of its flip
+count from fmod: no float is converted to int, on the GPU and the host alike.
 
 Stock's coordinate helpers compute in scalar_t. For Half and BFloat16 every
 operator of c10::Half / c10::BFloat16 computes in float and rounds the result
 to the 16-bit type; `_Arith` does the same with numpy float32 arithmetic and a
 dtype cast (torch's). For float32 and float64 the rounding is the identity.
-Stock's unnormalize is float arithmetic whose result is returned as scalar_t.
+Stock's unnormalize is float arithmetic whose result is returned as scalar_t,
+here without FMA contraction (fma_unnormalize contracts it, exactly for
+float32 grids): a build that contracts it (nvcc, the core's host build) may
+move a huge float64 coordinate by an ulp, and so its taps, under
+align_corners=False where the size is no power of two.
 
-One declared departure: a non-finite bicubic coordinate gets no tap. Stock's
-bicubic backward would pad its NaN tap positions onto an edge pixel (border's
-::max takes NaN to 0) with NaN coefficients; detgrid applies its bilinear
-backward's rule (safe_downgrade_to_int_range) to every mode.
+Two declared departures, detgrid's: a tricubic (5-D bicubic) point with a
+coordinate that is not finite has no tap (the core's rule, tricubic_records in
+GridSamplerDeterministic.cu: padding would place its NaN coefficients on an
+edge); and the grid gradient of a bicubic point with a coordinate that is not
+finite is 0 (aten_kernels/extension/GridGradient.cu), in both ranks.
 """
 
 import numpy as np
@@ -99,10 +112,17 @@ class _Arith:
             return np.where(coord <= 0, self.opmath(0), np.where(coord >= upper, upper, coord)), \
                 inside.astype(np.float64)
 
-    def reflect(self, coord, twice_low, twice_high):
+    def clip_coordinates(self, coord, size):
+        """clip_coordinates: ::min(size - 1, ::max(coord, 0)), which take a
+        NaN to 0 (fminf and fmaxf return the operand that is a number)."""
+        return np.fmin(self.const(size - 1), np.fmax(coord, self.opmath(0)))
+
+    def reflect(self, coord, twice_low, twice_high, exact_parity=False):
         """reflect_coordinates_set_grad: (coordinate, derivative); the
         coordinate is also reflect_coordinates'. The flip count is the GPU's
-        int conversion of floor(in / span), in / span a scalar_t quotient."""
+        int conversion of floor(in / span), in / span a scalar_t quotient;
+        with exact_parity, floor(in / span) itself (compute_coordinates_sized:
+        its parity by fmod)."""
         if twice_low == twice_high:
             return np.zeros_like(coord), np.zeros(coord.shape)
         low = self.div(self.const(twice_low), self.opmath(2))
@@ -112,14 +132,17 @@ class _Arith:
             sign = np.where(distance < 0, -1.0, 1.0)
             distance = np.abs(distance)
             extra = np.fmod(distance, span)
-            flips = gpu_int(np.floor(self.div(distance, span)))
-            even = flips % 2 == 0
+            flips = np.floor(self.div(distance, span))
+            if not exact_parity:
+                flips = gpu_int(flips)
+            even = np.fmod(flips, 2) == 0
             return (np.where(even, self.add(extra, low), self.add(self.sub(span, extra), low)),
                     np.where(even, sign, -sign))
 
     def pad(self, coord, size, padding, align_corners):
-        """compute_coordinates: clip, or reflect then clip; with the
-        derivative of the padding."""
+        """The padding of grid_sampler_compute_source_index_set_grad:
+        clip_coordinates_set_grad, or reflect then clip; with the derivative
+        of the padding."""
         if padding == BORDER:
             return self.clip(coord, size)
         if padding == REFLECTION:
@@ -130,6 +153,18 @@ class _Arith:
             coord, d_clip = self.clip(coord, size)
             return coord, d_reflect * d_clip
         return coord, np.ones(coord.shape)
+
+    def compute_coordinates(self, coord, size, padding, align_corners, sized=False):
+        """compute_coordinates before its downgrade: clip_coordinates, or
+        reflect_coordinates then clip_coordinates; sized:
+        compute_coordinates_sized, the same but for the flip count's parity
+        (see reflect)."""
+        if padding == REFLECTION:
+            twice_low, twice_high = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+            coord = self.reflect(coord, twice_low, twice_high, exact_parity=sized)[0]
+        if padding in (BORDER, REFLECTION):
+            coord = self.clip_coordinates(coord, size)
+        return coord
 
     def downgrade(self, coord):
         """safe_downgrade_to_int_range: -100 beyond int's range (INT_MAX - 1
@@ -174,30 +209,34 @@ class _Arith:
         return [-g0, -g1, -g2, -g3]
 
 
-def axis_taps(arith, coord, size, mode, padding, align_corners):
+def axis_taps(arith, coord, size, mode, padding, align_corners, sized=False):
     """Per point of one axis: indices [P, K], in_bounds [P, K], weights and
     their derivatives by the pixel coordinate [P, K] (scalar_t values), the
     derivative of the pixel coordinate by the grid coordinate [P] (exact)
-    and usable [P] (False: the point has no tap, see the module comment)."""
+    and finite [P]: False where a bicubic coordinate is not finite (its
+    coefficients are NaN; bilinear and nearest padding downgrades such a
+    coordinate out of bounds, so they are always True). sized: bicubic taps
+    padded by compute_coordinates_sized, as tricubic grad_input's are."""
     mult = np.full(coord.shape, (size - 1) / 2 if align_corners else size / 2)
     source = arith.unnormalize(coord, size, align_corners)
     if mode == BICUBIC:
-        usable = np.isfinite(source)
-        source = np.where(usable, source, 0)
-        base = np.floor(source)
-        t = arith.sub(source, base)
-        weights = np.stack(arith.cubic_coefficients(t), axis=1)
-        dweights = np.stack(arith.cubic_coefficient_derivatives(t), axis=1)
-        # (ix_nw - 1) + i in scalar_t, compute_coordinates, static_cast<int>.
-        positions = [arith.add(arith.sub(base, 1), k) for k in range(4)]
-        padded = [arith.downgrade(arith.pad(p, size, padding, align_corners)[0])
-                  for p in positions]
+        finite = np.isfinite(source)
+        with np.errstate(invalid="ignore"):
+            base = np.floor(source)
+            t = arith.sub(source, base)
+            weights = np.stack(arith.cubic_coefficients(t), axis=1)
+            dweights = np.stack(arith.cubic_coefficient_derivatives(t), axis=1)
+            # (ix_nw - 1) + i in scalar_t, compute_coordinates, static_cast<int>.
+            positions = [arith.add(arith.sub(base, 1), k) for k in range(4)]
+            padded = [arith.downgrade(arith.compute_coordinates(p, size, padding,
+                                                                align_corners, sized))
+                      for p in positions]
         indices = np.stack([gpu_int(p) for p in padded], axis=1)
     else:
         source, d_pad = arith.pad(source, size, padding, align_corners)
         mult = mult * d_pad
         source = arith.downgrade(source)
-        usable = np.ones(source.shape, dtype=bool)
+        finite = np.ones(source.shape, dtype=bool)
         if mode == NEAREST:
             indices = gpu_int(np.rint(source))[:, None]
             weights = np.ones_like(source)[:, None]
@@ -209,8 +248,21 @@ def axis_taps(arith, coord, size, mode, padding, align_corners):
             weights = np.stack([arith.sub(arith.const(low + 1), source),
                                 arith.sub(source, arith.const(low))], axis=1)
             dweights = np.broadcast_to(np.array([-1.0, 1.0]), weights.shape)
-    in_bounds = (indices >= 0) & (indices < size) & usable[:, None]
-    return indices, in_bounds, weights, usable, dweights, mult
+    in_bounds = (indices >= 0) & (indices < size)
+    return indices, in_bounds, weights, finite, dweights, mult
+
+
+def _finite(axes):
+    """Per point, whether every bicubic coordinate of it is finite."""
+    return np.logical_and.reduce([axis[3] for axis in axes])
+
+
+def _with_taps(axes, mode):
+    """Per point, whether its in-bounds taps count: all but a tricubic point
+    with a coordinate that is not finite (the module comment's departure)."""
+    if mode == BICUBIC and len(axes) == 3:
+        return _finite(axes)
+    return np.ones(axes[0][3].shape, dtype=bool)
 
 
 def point_taps(grid, input_size, mode, padding, align_corners, fma_unnormalize=False):
@@ -221,15 +273,16 @@ def point_taps(grid, input_size, mode, padding, align_corners, fma_unnormalize=F
     arith = _Arith(grid.dtype, fma_unnormalize)
     coords = grid.to(torch.float64).numpy()
     dims = len(input_size)
+    tricubic = mode == BICUBIC and dims == 3
     axes = [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), input_size[a],
-                      mode, padding, align_corners) for a in range(dims)]
-    usable = np.logical_and.reduce([axis[3] for axis in axes])
+                      mode, padding, align_corners, tricubic) for a in range(dims)]
+    with_taps = _with_taps(axes, mode)
     per_axis = axes[0][0].shape[1]
     positions, in_bounds, weights = [], [], []
     for digits in np.ndindex(*(per_axis,) * dims):
         positions.append([axes[a][0][:, digits[a]] for a in range(dims)])
         in_bounds.append(np.logical_and.reduce([axes[a][1][:, digits[a]]
-                                                for a in range(dims)]) & usable)
+                                                for a in range(dims)]) & with_taps)
         # Multiplied from x outwards, ((wx * wy) * wz): in scalar_t for
         # bilinear and trilinear, as stock's kernels do; bicubic's forward
         # applies one axis at a time (and its backward multiplies
@@ -251,7 +304,10 @@ def backward(grad_output, inp, grid, mode, padding, align_corners):
     """The gradients stock's CUDA backward's taps and weights give, exactly
     (float64 sums over stock's taps and weights), for any dtype: (grad_input,
     grad_grid) in float64. grad_grid multiplies the axes' weights and
-    derivatives in float64 and uses the exact unnormalize factor."""
+    derivatives in float64 and uses the exact unnormalize factor; it takes
+    the grid gradient's taps (GridGradient.cu pads tricubic taps as 2-D
+    bicubic ones, by compute_coordinates) and is 0 for a bicubic point with a
+    coordinate that is not finite (the module comment's departures)."""
     dims = inp.dim() - 2
     in_size = tuple(inp.shape[2:])
     N, C = inp.shape[:2]
@@ -259,9 +315,15 @@ def backward(grad_output, inp, grid, mode, padding, align_corners):
     points = grid.reshape(-1, dims)
     arith = _Arith(grid.dtype)
     coords = points.to(torch.float64).numpy()
-    axes = [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), in_size[a],
-                      mode, padding, align_corners) for a in range(dims)]
-    usable = np.logical_and.reduce([axis[3] for axis in axes])
+
+    def every_axis(sized):
+        return [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), in_size[a],
+                          mode, padding, align_corners, sized) for a in range(dims)]
+
+    tricubic = mode == BICUBIC and dims == 3
+    axes = every_axis(tricubic)
+    grid_axes = every_axis(False) if tricubic else axes
+    with_taps = _with_taps(axes, mode)
     n_of = np.repeat(np.arange(N), int(np.prod(out_size)))
     out_numel, in_numel = int(np.prod(out_size)), int(np.prod(in_size))
     gout = grad_output.double().reshape(N, C, out_numel).permute(0, 2, 1).reshape(
@@ -271,23 +333,32 @@ def backward(grad_output, inp, grid, mode, padding, align_corners):
     grad_grid = np.zeros((len(coords), dims))
     per_axis = axes[0][0].shape[1]
     tap_weights = point_taps(points, in_size, mode, padding, align_corners)[2]
-    for tap, digits in enumerate(np.ndindex(*(per_axis,) * dims)):
-        inside = np.logical_and.reduce([axes[a][1][:, digits[a]] for a in range(dims)]) & usable
+
+    def tap(axes, digits, mask):
+        """(inside, flat index) of one tap of every point."""
+        inside = np.logical_and.reduce([axes[a][1][:, digits[a]] for a in range(dims)]) & mask
         flat = np.zeros(len(coords), dtype=np.int64)
         for a in range(dims):
             flat = flat * in_size[a] + np.where(inside, axes[a][0][:, digits[a]], 0)
-        factors = [axes[a][2][:, digits[a]].astype(np.float64) for a in range(dims)]
-        weight = tap_weights[:, tap].astype(np.float64)
+        return inside, flat
+
+    finite = _finite(grid_axes)
+    for number, digits in enumerate(np.ndindex(*(per_axis,) * dims)):
+        inside, flat = tap(axes, digits, with_taps)
+        weight = tap_weights[:, number].astype(np.float64)
         contribution = np.where(inside, weight, 0.0)[:, None] * gout
         np.add.at(grad_input, (n_of[:, None], np.arange(C)[None, :], flat[:, None]),
                   contribution)
+        inside, flat = tap(grid_axes, digits, finite)
         tap_values = values[n_of, :, flat] * inside[:, None]
+        factors = [grid_axes[a][2][:, digits[a]].astype(np.float64) for a in range(dims)]
         for a in range(dims):
-            derivative = np.prod([axes[b][4][:, digits[b]] if b == a else factors[b]
+            derivative = np.prod([grid_axes[b][4][:, digits[b]] if b == a else factors[b]
                                   for b in range(dims)], axis=0)
-            grad_grid[:, dims - 1 - a] += derivative * (tap_values * gout).sum(axis=1)
+            grad_grid[:, dims - 1 - a] += np.where(
+                finite, derivative * (tap_values * gout).sum(axis=1), 0.0)
     for a in range(dims):
-        grad_grid[:, dims - 1 - a] *= np.where(usable, axes[a][5], 0.0)
+        grad_grid[:, dims - 1 - a] *= grid_axes[a][5]
     return (torch.from_numpy(grad_input).reshape(N, C, *in_size),
             torch.from_numpy(grad_grid).reshape(*grid.shape))
 
@@ -325,7 +396,7 @@ def grid_gradient(grad_output, inp, grid, mode, padding, align_corners):
     coords = points.to(torch.float64).numpy()
     axes = [axis_taps(arith, coords[:, dims - 1 - a].astype(arith.opmath), in_size[a],
                       mode, padding, align_corners) for a in range(dims)]
-    usable = np.logical_and.reduce([axis[3] for axis in axes])
+    finite = _finite(axes)
     grad = np.zeros((len(coords), dims), dtype=arith.opmath)
     if mode == NEAREST:
         return torch.from_numpy(grad.astype(np.float64)).reshape(*grid.shape)
@@ -373,5 +444,5 @@ def grid_gradient(grad_output, inp, grid, mode, padding, align_corners):
         if mode != BICUBIC and extent:
             # times the padding's derivative (0, 1 or -1, signed zeros kept)
             mult = mult * (axes[a][5] / (extent / 2))
-        grad[:, k] = np.where(usable, arith.mul(mult, sums[k]), 0)
+        grad[:, k] = np.where(finite, arith.mul(mult, sums[k]), 0)
     return torch.from_numpy(grad.astype(np.float64)).reshape(*grid.shape)

@@ -8,10 +8,10 @@ Everything 3-D shares with 2-D is tested beside its 2-D twin, by the tests
 parametrized over SAMPLERS or dims (subtests with a "3d" suffix):
 agreement with stock over mode x padding x align_corners x dtype x layout x
 output_mask and gradcheck (test_agreement.py); bitwise reproducibility over
-runs, threads, grain and chunk sizes, layouts, CUDA launch shapes, CUDA ==
-host executor, and the numpy reference of the canonical order
-(test_bitwise.py); dense vs sparse reduction (test_reduction_modes.py);
-non-finite coordinates (test_bad_input.py); the switch (test_switch.py)."""
+runs, threads, the host build's launch shapes, the core's builds, layouts,
+CUDA == host build, and the numpy reference of the core's summation order
+(test_bitwise.py); non-finite coordinates (test_bad_input.py); the switch
+(test_switch.py)."""
 
 import hypothesis
 import hypothesis.strategies as st
@@ -27,12 +27,12 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+from detgrid import levels
 from detgrid_testing import (
     ALL_DTYPES,
     BICUBIC,
     BILINEAR,
     MODES_3D,
-    NEAREST,
     PADDINGS,
     REFLECTION,
     ZEROS,
@@ -87,10 +87,10 @@ class TestShapes3d(DetgridTestCase):
         sizes[{"N": "N", "C": "C", "D_out": "out_D", "H_out": "out_H",
                "W_out": "out_W"}[empty]] = 0
         grad_output, inp, grid = make_problem(**sizes, dtype=dtype, device=device)
-        for chunk_points in (0, 4096):
+        # The default backward, and each build of the core.
+        for options in ({}, *({"level": level} for level in levels.CORE_BUILDS)):
             grad_input, grad_grid = detgrid_backward(
-                grad_output, inp, grid, mode, REFLECTION, False,
-                chunk_points=chunk_points)
+                grad_output, inp, grid, mode, REFLECTION, False, **options)
             self.assertEqual(grad_input.shape, inp.shape)
             self.assertEqual(grad_grid.shape, grid.shape)
             self.assertEqual(grad_input.dtype, dtype)
@@ -175,7 +175,7 @@ class TestShapes3d(DetgridTestCase):
         align_corners=st.booleans(), zoom=st.booleans(),
         dtype=st.sampled_from((torch.float32, torch.bfloat16)),
         seed=st.integers(0, 2**16))
-    def test_knobs_never_change_bits_on_random_3d_problems(
+    def test_builds_and_launch_shapes_never_change_bits_on_random_3d_problems(
             self, device, batch, channels, in_d, in_h, in_w, out_d, out_h, out_w,
             mode, padding, align_corners, zoom, dtype, seed):
         sizes = dict(D=in_d, out_D=out_d, dtype=dtype, device=device, seed=seed)
@@ -185,8 +185,8 @@ class TestShapes3d(DetgridTestCase):
         else:
             args = make_problem(batch, channels, in_h, in_w, out_h, out_w, **sizes)
         default = detgrid_backward(*args, mode, padding, align_corners)
-        for options in ({"chunk_points": 4096}, {"grain_size": 3},
-                        {"chunk_points": 8192, "grain_size": 1}):
+        for options in ({"level": levels.CORE}, {"block_size": 32, "max_blocks": 3},
+                        {"level": levels.CORE, "block_size": 1, "max_blocks": 7}):
             assert_pair_bitwise_equal(
                 self, detgrid_backward(*args, mode, padding, align_corners, **options),
                 default, str(options))
@@ -326,39 +326,22 @@ class TestInvalidArguments3d(DetgridTestCase):
         with self.assertRaises((RuntimeError, NotImplementedError)):
             detgrid_backward(grad_output.to_sparse(), inp, grid, BILINEAR, ZEROS, False)
 
-    def test_chunk_points_message(self, device):
+    @onlyCPU
+    def test_negative_launch_shape_message(self, device):
+        # The host build's launch shape (block_size, max_blocks) is 0 (its own) or positive.
         args = self._args(device)
         message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   chunk_points=100)
-        self.assertExpectedInline(message, """grid_sampler_3d_backward (deterministic): chunk_points must be a positive multiple of 4096 with chunk_points * taps < 2^31, got 100""")  # noqa: B950
-
-    def test_chunk_points_bound_counts_eight_trilinear_taps(self, device):
-        # 2^28 points make 2^31 records of 8 trilinear taps, too many for
-        # int32 record ids; 2^28 - 4096 points, or nearest's single tap, or
-        # 2-D's 4 bilinear taps fit (and change no bit).
-        chunk_points = 1 << 28
-        grad_output, inp, grid = args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   chunk_points=chunk_points)
-        self.assertIn("chunk_points must be a positive multiple of 4096", message)
-        planar = (grad_output[:, :, 0], inp[:, :, 0], grid[:, 0, ..., :2])
-        for problem, mode, points in ((args, BILINEAR, chunk_points - 4096),
-                                      (args, NEAREST, chunk_points),
-                                      (planar, BILINEAR, chunk_points)):
-            assert_pair_bitwise_equal(
-                self,
-                detgrid_backward(*problem, mode, ZEROS, False, chunk_points=points),
-                detgrid_backward(*problem, mode, ZEROS, False),
-                f"{problem[1].dim()}-D input, {mode_name(mode)}, {points} points")
+                                   block_size=-32)
+        self.assertExpectedInline(message, """core: block_size, grid_size and shuffle_seed must be 0 or positive, got -32, 0, 0""")  # noqa: B950
 
     @onlyCUDA
-    @parametrize("block_size", (33, 1024, 544))
-    def test_cuda_block_size_must_be_warp_multiple_up_to_512(self, device, block_size):
+    @parametrize("shape", ({"block_size": 128}, {"max_blocks": 3}),
+                 name_fn=lambda shape: next(iter(shape)))
+    def test_cuda_launch_shape_is_refused(self, device, shape):
+        # The CUDA build launches with the kernels' own shapes.
         args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   block_size=block_size)
-        self.assertIn("block_size must be a multiple of the warp size and at most 512",
-                      message)
+        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False, **shape)
+        self.assertExpectedInline(message, """core: block_size, grid_size and shuffle_seed shape the host build's launches only""")  # noqa: B950
 
     @onlyCUDA
     def test_cuda_grid_on_another_device_is_rejected(self, device):

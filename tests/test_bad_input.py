@@ -1,8 +1,18 @@
 # Owner(s): ["module: nn"]
 """Hostile inputs: non-finite and huge grid coordinates, degenerate and empty
 shapes, and invalid arguments. detgrid never crashes; it gives the
-documented result (GridSamplerDeterministic.cu, invariant (c)) or a clear
-error.
+documented result or a clear error.
+
+grad_input follows stock's CUDA kernel on a bad coordinate (the core calls
+its coordinate helpers, GridSamplerDeterministic.cu): a NaN, infinite or
+out-of-range coordinate is dropped by bilinear and nearest sampling
+(safe_downgrade_to_int_range), save that border padding clamps an infinite or
+huge one to the edge and reflection folds a huge finite one back; 2-D bicubic
+pads each tap, so under border or reflection padding a point with a
+non-finite coordinate puts NaN terms on an edge pixel, as stock does; a
+tricubic (5-D bicubic) point with a non-finite coordinate has no tap. The
+grid gradient of a point with a non-finite bicubic coordinate is 0
+(GridGradient.cu).
 
 Stock CPU grid_sampler crashes on NaN grids with border/reflection padding
 (upstream #24823), so nothing here hands a NaN grid to stock.
@@ -12,7 +22,9 @@ grid_sampler_3d; the 3-D subtests carry a "3d" suffix. The 3-D twins of the
 shape and argument checks are in test_3d.py."""
 
 import math
+import os
 
+import numpy as np
 import torch
 from torch.testing._internal.common_device_type import (
     dtypes,
@@ -24,6 +36,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+import stock_reference as ref
 from detgrid import ops
 from detgrid_testing import (
     DetgridTestCase,
@@ -38,6 +51,7 @@ from detgrid_testing import (
     SAMPLERS,
     ZEROS,
     assert_bitwise_equal,
+    bits,
     depth_sizes,
     detgrid_backward,
     dims_name,
@@ -59,6 +73,21 @@ BAD_POINTS = {
     3: (((0, 1, 0, 2), (0,)), ((1, 0, 1, 3), (1,)), ((1, 1, 2, 0), (2,)),
         ((0, 0, 2, 1), (0, 1, 2))),
 }
+# Launch shapes of the host build, (block_size, max_blocks): its own, and
+# small blocks on a small grid.
+LAUNCHES = ((0, 0), (32, 3))
+
+# Under .ci/sanitize.sh (UBSan's float-cast-overflow), what converts a NaN, an
+# infinite or an out-of-range float to int on the host is left out: stock's
+# reflection helpers do so with the flip count of a non-finite or huge
+# coordinate (reflect_coordinates; the GPU saturates), except in tricubic
+# sampling, whose taps convert none.
+UNDER_SANITIZERS = os.environ.get("DETGRID_SANITIZERS") == "1"
+
+
+def _converts_out_of_range(dims, mode, padding, value):
+    return (padding == REFLECTION and not (dims == 3 and mode == BICUBIC)
+            and not (math.isfinite(value) and abs(value) < 2 ** 20))
 
 
 def _value_name(value):
@@ -67,8 +96,8 @@ def _value_name(value):
 
 
 def _unnormalized(value, size, align_corners, dtype):
-    """The pixel coordinate detgrid computes for a grid value, in its opmath
-    precision (float32 for Half/BFloat16), one rounding per operation."""
+    """The pixel coordinate of a grid value as stock's unnormalize forms it, in
+    opmath (float32 for Half/BFloat16), one rounding per operation."""
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
     g = torch.tensor(value, dtype=dtype).to(opmath)
     one, half = torch.tensor(1.0, dtype=opmath), torch.tensor(0.5, dtype=opmath)
@@ -77,22 +106,23 @@ def _unnormalized(value, size, align_corners, dtype):
     return (((g + one) * size - one) * half).item()
 
 
-def _classify_axis(value, size, mode, padding, align_corners, dtype):
-    """What invariant (c) makes of one bad coordinate: "void" (the point
-    contributes nothing and gets a zero grad_grid), "edge" (border padding
-    clamps it to the image edge) or "folded" (the point is kept as it is:
-    reflection padding folds a huge finite coordinate back into the image,
-    and bicubic sampling pads each tap of a finite one, so that border puts
-    its taps on the edge and reflection folds them)."""
+def _classify_axis(value, size, dims, mode, padding, align_corners, dtype):
+    """What one bad coordinate makes of its point: "void" (the point adds
+    nothing to grad_input and gets a zero grad_grid), "edge" (border padding
+    clamps it to the image edge), "folded" (the point is kept as it is:
+    reflection folds a huge finite coordinate back into the image, and bicubic
+    sampling pads each tap of one, so that border puts its taps on the edge
+    and reflection folds them) or "nan" (2-D bicubic, border or reflection: NaN
+    coefficients on taps padded onto the image, as stock's; a zero grad_grid)."""
     coord = _unnormalized(value, size, align_corners, dtype)
+    if mode == BICUBIC:
+        if padding == ZEROS:
+            return "void"  # every tap downgraded out of bounds, or beyond the image
+        if not math.isfinite(coord):
+            return "nan" if dims == 2 else "void"
+        return "folded"
     if math.isnan(coord):
         return "void"
-    if mode == BICUBIC:
-        # Only a non-finite unnormalized coordinate voids a bicubic point;
-        # zeros padding leaves a huge one's taps all outside, which is void.
-        if padding == ZEROS or not math.isfinite(coord):
-            return "void"
-        return "folded"
     if padding == BORDER:
         return "edge"
     if padding == REFLECTION and math.isfinite(coord):
@@ -103,12 +133,13 @@ def _classify_axis(value, size, mode, padding, align_corners, dtype):
 class TestNonFiniteCoordinates(DetgridTestCase):
     D, H, W = 4, 5, 6
 
-    def _classify(self, value, axes, mode, padding, align_corners, dtype):
-        kinds = {_classify_axis(value, (self.W, self.H, self.D)[axis], mode, padding,
+    def _classify(self, value, axes, dims, mode, padding, align_corners, dtype):
+        kinds = {_classify_axis(value, (self.W, self.H, self.D)[axis], dims, mode, padding,
                                 align_corners, dtype) for axis in axes}
-        if "void" in kinds:
-            return "void"
-        return "folded" if "folded" in kinds else "edge"
+        for kind in ("void", "nan", "folded"):
+            if kind in kinds:
+                return kind
+        return "edge"
 
     @dtypes(*ALL_DTYPES)
     @parametrize("value", BAD_VALUES, name_fn=_value_name)
@@ -116,17 +147,19 @@ class TestNonFiniteCoordinates(DetgridTestCase):
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
     def test_bad_coordinate_gives_documented_gradient(self, device, dtype, dims, mode,
                                                       padding, value):
+        if UNDER_SANITIZERS and _converts_out_of_range(dims, mode, padding, value):
+            self.skipTest("a reflection flip count past int's range")
         depth = depth_sizes(dims, self.D, 3)
         for align_corners in (False, True):
             grad_output, inp, grid = make_problem(
                 2, 2, self.H, self.W, 3, 4, seed=13 + align_corners, **depth)
             bad_grid = grid.clone()
-            # The expected result is that of a finite problem: void points
-            # carry no gradient there, edge points sit beyond the edge,
+            # The expected result is that of a finite problem: void and nan
+            # points carry no gradient there, edge points sit beyond the edge,
             # folded points are kept as they are.
             expected_grad_output = grad_output.clone()
             expected_grid = grid.clone()
-            void_points, kinds = [], []
+            void_points, nan_points, kinds = [], [], []
             for point, axes in BAD_POINTS[dims]:
                 # grad_output[n, :, h, w] (or [n, :, d, h, w]) of the point.
                 channels = (point[0], slice(None), *point[1:])
@@ -134,16 +167,18 @@ class TestNonFiniteCoordinates(DetgridTestCase):
                 # them shows.
                 grad_output[channels] = torch.tensor([1.5, -2.0])
                 expected_grad_output[channels] = grad_output[channels]
-                kind = self._classify(value, axes, mode, padding, align_corners, dtype)
+                kind = self._classify(value, axes, dims, mode, padding, align_corners, dtype)
                 kinds.append(kind)
                 for axis in axes:
                     bad_grid[(*point, axis)] = value
-                    if kind != "void":
+                    if kind in ("edge", "folded"):
                         expected_grid[(*point, axis)] = (
                             value if kind == "folded" else math.copysign(2.0, value))
-                if kind == "void":
+                if kind in ("void", "nan"):
                     expected_grad_output[channels] = 0
                     void_points.append(point)
+                if kind == "nan":
+                    nan_points.append(point)
             grad_output, inp, bad_grid, expected_grad_output, expected_grid = (
                 t.to(device=device, dtype=dtype) for t in (
                     grad_output, inp, bad_grid, expected_grad_output, expected_grid))
@@ -151,21 +186,36 @@ class TestNonFiniteCoordinates(DetgridTestCase):
 
             grad_input, grad_grid = detgrid_backward(
                 grad_output, inp, bad_grid, mode, padding, align_corners)
-            self.assertTrue(grad_input.isfinite().all(), msg)
             self.assertTrue(grad_grid.isfinite().all(), msg)
             for point in void_points:
                 self.assertTrue((grad_grid[point] == 0).all(),
                                 f"{msg}: grad_grid at {point}: "
                                 f"{grad_grid[point].tolist()}")
+            # NaN exactly on the nan points' taps, which stock's helpers pad
+            # onto the image (stock_reference models them).
+            nan_taps = torch.zeros((2, *inp.shape[2:]), dtype=torch.bool)
+            for point in nan_points:
+                positions, in_bounds, weights = ref.point_taps(
+                    bad_grid[point].cpu().view(1, dims), inp.shape[2:], mode, padding,
+                    align_corners)
+                self.assertTrue(in_bounds.all() and np.isnan(weights).all(), msg)
+                for position in positions[0]:
+                    nan_taps[(point[0], *position)] = True
+            want_nan = nan_taps.unsqueeze(1).expand(inp.shape)
+            self.assertTrue(torch.equal(grad_input.isnan().cpu(), want_nan), msg)
+            if not nan_points:
+                self.assertTrue(grad_input.isfinite().all(), msg)
             expected_input, expected_grid_grad = detgrid_backward(
                 expected_grad_output, inp, expected_grid, mode, padding,
                 align_corners)
-            # Same bits as the finite problem: void points add nothing to
-            # grad_input (their records would add +-0 to a partial sum, and
-            # this problem has far fewer than 256 records per pixel, so the
-            # partition cannot change either), edge points act as if beyond
-            # the edge, other points' grid gradients are untouched.
-            assert_bitwise_equal(self, grad_input, expected_input, f"{msg} grad_input")
+            # Same bits as the finite problem but for the NaN taps: void
+            # points add nothing to grad_input (their records would add +-0 to
+            # a partial sum, and this problem has far fewer than 256 records per
+            # pixel, so the partition cannot change either), edge points act as
+            # if beyond the edge, other points' grid gradients are untouched.
+            assert_bitwise_equal(self, grad_input.masked_fill(want_nan.to(device), 0),
+                                 expected_input.masked_fill(want_nan.to(device), 0),
+                                 f"{msg} grad_input")
             for point in void_points:
                 expected_grid_grad[point] = grad_grid[point]
             assert_bitwise_equal(self, grad_grid, expected_grid_grad, f"{msg} grad_grid")
@@ -183,10 +233,10 @@ class TestNonFiniteCoordinates(DetgridTestCase):
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
     def test_void_points_leave_the_summation_order_alone(self, device, dtype, dims,
                                                          mode):
-        # In a multi-tile, high-collision problem (partials and tiles both
-        # matter), points with non-finite coordinates must act exactly like
-        # points far outside the image under zeros padding: neither has a
-        # record on any pixel, so every pixel's canonical order is the same.
+        # In a high-collision problem (runs longer than a partial), points
+        # with non-finite coordinates must act exactly like points far outside
+        # the image under zeros padding: neither has a record on any pixel, so
+        # every pixel's order of terms is the same.
         if dims == 2:
             problem = make_zoom_problem(2, 2, 6, 7, 48, 48, dtype=dtype,
                                         device=device, seed=17)
@@ -209,29 +259,37 @@ class TestNonFiniteCoordinates(DetgridTestCase):
             bad[..., axis][on_axis.to(device)] = values[on_axis].to(device=device,
                                                                     dtype=dtype)
             far[..., axis][on_axis.to(device)] = -5.0
-        for chunk_points in (0, 4096):
+        launches = LAUNCHES if device == "cpu" else ((0, 0),)
+        for block_size, max_blocks in launches:
+            shape = dict(block_size=block_size, max_blocks=max_blocks)
             assert_bitwise_equal(
                 self,
-                detgrid_backward(grad_output, inp, bad, mode, ZEROS, False,
-                                 chunk_points=chunk_points)[0],
-                detgrid_backward(grad_output, inp, far, mode, ZEROS, False,
-                                 chunk_points=chunk_points)[0],
-                f"grad_input chunk_points={chunk_points}")
+                detgrid_backward(grad_output, inp, bad, mode, ZEROS, False, **shape)[0],
+                detgrid_backward(grad_output, inp, far, mode, ZEROS, False, **shape)[0],
+                f"grad_input {shape}")
 
     @dtypes(torch.float32, torch.float64)
     @parametrize("padding", PADDINGS, name_fn=padding_name)
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
-    def test_all_nan_grid_gives_zero_gradients(self, device, dtype, dims, mode,
-                                               padding):
+    def test_all_nan_grid_gives_zero_gradients_but_2d_bicubics_edge(self, device, dtype,
+                                                                    dims, mode, padding):
+        # Every point void; but 2-D bicubic under border or reflection padding
+        # puts every point's 16 taps on pixel (0, 0), as stock does: NaN there.
+        if UNDER_SANITIZERS and _converts_out_of_range(dims, mode, padding, NAN):
+            self.skipTest("a reflection flip count of NaN")
         depth = depth_sizes(dims, 3, 2)
         grad_output, inp, grid = make_problem(2, 3, 4, 5, 6, 7, dtype=dtype,
                                               device=device, **depth)
         grid = torch.full_like(grid, NAN)
-        for chunk_points in (0, 4096):
-            grad_input, grad_grid = detgrid_backward(
-                grad_output, inp, grid, mode, padding, False, chunk_points=chunk_points)
-            self.assertEqual(grad_input, torch.zeros_like(inp), atol=0, rtol=0)
-            self.assertTrue((grad_grid == 0).all())
+        grad_input, grad_grid = detgrid_backward(grad_output, inp, grid, mode, padding,
+                                                 False)
+        expected = torch.zeros_like(inp)
+        if (dims, mode) == (2, BICUBIC) and padding != ZEROS:
+            expected[..., 0, 0] = NAN
+        self.assertTrue(torch.equal(bits(grad_input.nan_to_num(nan=7.0)),
+                                    bits(expected.nan_to_num(nan=7.0))))
+        self.assertTrue(torch.equal(grad_input.isnan(), expected.isnan()))
+        self.assertTrue((grad_grid == 0).all())
 
     @parametrize("dims,mode", SAMPLERS, name_fn=sampler_name)
     def test_non_finite_grad_output_reaches_grad_input_like_stock(self, device, dims,
@@ -294,16 +352,14 @@ class TestDegenerateShapes(DetgridTestCase):
         sizes = dict(N=2, C=3, H=4, W=5, out_H=6, out_W=7)
         sizes[{"N": "N", "C": "C", "H_out": "out_H", "W_out": "out_W"}[empty]] = 0
         grad_output, inp, grid = make_problem(**sizes, dtype=dtype, device=device)
-        for chunk_points in (0, 4096):
-            grad_input, grad_grid = detgrid_backward(
-                grad_output, inp, grid, mode, REFLECTION, False,
-                chunk_points=chunk_points)
-            self.assertEqual(grad_input.shape, inp.shape)
-            self.assertEqual(grad_grid.shape, grid.shape)
-            self.assertEqual(grad_input.dtype, dtype)
-            self.assertEqual(grad_grid.dtype, dtype)
-            self.assertEqual(grad_input, torch.zeros_like(inp), atol=0, rtol=0)
-            self.assertEqual(grad_grid, torch.zeros_like(grid), atol=0, rtol=0)
+        grad_input, grad_grid = detgrid_backward(grad_output, inp, grid, mode, REFLECTION,
+                                                 False)
+        self.assertEqual(grad_input.shape, inp.shape)
+        self.assertEqual(grad_grid.shape, grid.shape)
+        self.assertEqual(grad_input.dtype, dtype)
+        self.assertEqual(grad_grid.dtype, dtype)
+        self.assertEqual(grad_input, torch.zeros_like(inp), atol=0, rtol=0)
+        self.assertEqual(grad_grid, torch.zeros_like(grid), atol=0, rtol=0)
 
     @parametrize("output_mask", ((True, False), (False, True)),
                  name_fn=lambda m: "input%d_grid%d" % m)
@@ -460,42 +516,28 @@ class TestInvalidArguments(DetgridTestCase):
         with self.assertRaises((RuntimeError, NotImplementedError)):
             detgrid_backward(grad_output.to_sparse(), inp, grid, BILINEAR, ZEROS, False)
 
-    @parametrize("chunk_points", (100, 4097, 6144))
-    def test_chunk_points_must_be_a_multiple_of_the_tile(self, device, chunk_points):
-        args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   chunk_points=chunk_points)
-        self.assertIn("chunk_points must be a positive multiple of 4096", message)
+    @parametrize("option", ("block_size", "max_blocks"))
+    def test_negative_launch_shape_is_refused(self, device, option):
+        if device != "cpu":
+            self.skipTest("a launch shape is the host build's")
+        message = self._first_line(RuntimeError, *self._args(device), BILINEAR, ZEROS, False,
+                                   **{option: -1})
+        got = {"block_size": "-1, 0, 0", "max_blocks": "0, -1, 0"}[option]
+        self.assertEqual(message, "core: block_size, grid_size and shuffle_seed must be 0 "
+                                  f"or positive, got {got}")
 
-    @parametrize("chunk_points", (-4096, -1))
-    def test_negative_chunk_points_are_rejected(self, device, chunk_points):
-        args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   chunk_points=chunk_points)
-        self.assertIn("chunk_points must be a positive multiple of 4096", message)
-
-    @parametrize("chunk_points", (2 ** 62, 2 ** 31, (2 ** 31 // 4) // 4096 * 4096 + 4096))
-    def test_chunk_points_whose_records_overflow_int32_are_rejected(self, device, chunk_points):
-        # 4 * 2^62 wraps to 0 in int64: the check must not multiply.
-        args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   chunk_points=chunk_points)
-        self.assertIn("with chunk_points * taps < 2^31", message)
-
-    def test_chunk_points_message(self, device):
-        args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   chunk_points=100)
-        self.assertExpectedInline(message, """grid_sampler_2d_backward (deterministic): chunk_points must be a positive multiple of 4096 with chunk_points * taps < 2^31, got 100""")  # noqa: B950
+    def test_unknown_level_is_refused(self, device):
+        message = self._first_line(ValueError, *self._args(device), BILINEAR, ZEROS, False,
+                                   level="fast")
+        self.assertExpectedInline(message, """grid_sampler_2d_backward_with_options(): unknown level 'fast'; the levels are core, grouped-channels""")  # noqa: B950
 
     @onlyCUDA
-    @parametrize("block_size", (33, 1024, 544))
-    def test_cuda_block_size_must_be_warp_multiple_up_to_512(self, device, block_size):
-        args = self._args(device)
-        message = self._first_line(RuntimeError, *args, BILINEAR, ZEROS, False,
-                                   block_size=block_size)
-        self.assertIn("block_size must be a multiple of the warp size and at most 512",
-                      message)
+    @parametrize("option", ("block_size", "max_blocks"))
+    def test_cuda_launch_shape_is_refused(self, device, option):
+        message = self._first_line(RuntimeError, *self._args(device), BILINEAR, ZEROS, False,
+                                   **{option: 64})
+        self.assertEqual(message, "core: block_size, grid_size and shuffle_seed shape the "
+                                  "host build's launches only")
 
     @onlyCUDA
     def test_cuda_grid_on_another_device_is_rejected(self, device):

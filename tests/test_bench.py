@@ -2,8 +2,9 @@
 """Tests of `detgrid bench` (detgrid.bench.matrix and the benchmark matrix in
 detgrid.bench.workloads) that need no GPU: the workload registry against
 shared BENCHMARKS.md, the builders, the cuDNN-route classification, the
-summary and targets, the budget guard, and a small run on the host executor
-that writes JSON, Markdown and a PNG.
+summary and targets, the budget guard, the core builds' work counters on
+every row (issue 60's acceptance), and a small run on the host builds that
+writes JSON, Markdown and a PNG.
 
 Names here avoid the word the device run selects tests by (-k cuda).
 """
@@ -14,13 +15,14 @@ import json
 import math
 import os
 import tempfile
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stdout
 from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.testing._internal.common_utils import TestCase, run_tests
 
+from detgrid import levels, ops
 from detgrid.bench import matrix as bench, workloads
 from detgrid.kit import cli
 
@@ -302,19 +304,50 @@ class TestBenchSummary(TestCase):
         self.assertEqual(targets[2]["failing"], ["slow_wide"])
         self.assertFalse(targets[3]["met"])        # plain adds 200 MiB
         self.assertEqual(targets[3]["failing"], ["plain"])
-        self.assertTrue(targets[4]["met"])
+        self.assertTrue(targets[-1]["met"])        # every row right
         per_row = [bench.row_targets(r, cuda=True) for r in rows]
         self.assertEqual([t["speed_goal"] for t in per_row], [0.5, 0.5, 1.5])
         self.assertEqual([t["met"] for t in per_row], [True, False, False])
         wrong = bench.summarize([measured_row("w", 0.1, correct=False)], cuda=True)
-        self.assertFalse(wrong["targets"][4]["met"])
+        self.assertFalse(wrong["targets"][-1]["met"])
         self.assertEqual(wrong["incorrect"], ["w"])
+
+    def test_a_build_without_the_cores_bits_is_incorrect(self):
+        differs = {**measured_row("d", 0.5), "same_bits": False}
+        s = bench.summarize([differs, {**measured_row("e", 0.5), "same_bits": True}], cuda=True)
+        self.assertEqual((s["bits_differ"], s["incorrect"]), (["d"], ["d"]))
+        self.assertFalse(s["targets"][-1]["met"])
+
+    def test_speed_levels_are_held_to_the_core(self):
+        def timed(name, level_vs_core):
+            core = {"ms": 1.0, "ratio": 1.0, "ratio_vs_core": 1.0, "equals_core": True}
+            level = {"ms": level_vs_core, "ratio": level_vs_core,
+                     "ratio_vs_core": level_vs_core, "equals_core": True}
+            return {**measured_row(name, 1.0), "same_bits": True,
+                    "levels": {levels.CORE: core,
+                               **{lv: level for lv in bench.SPEED_LEVELS}}}
+
+        s = bench.summarize([timed("a", 0.5), timed("b", 1.2)], cuda=True)
+        for level in bench.SPEED_LEVELS:
+            entry = s["levels"][level]
+            self.assertAlmostEqual(entry["geomean_vs_core"], (0.5 * 1.2) ** 0.5)
+            self.assertEqual((entry["worst_vs_core"], entry["worst_vs_core_workload"]),
+                             (1.2, "b"))
+            target = next(t for t in s["targets"] if t["target"].startswith(f"{level}/core"))
+            self.assertFalse(target["met"])        # b is above 1.05
+            self.assertEqual(target["failing"], ["b"])
+        ok = bench.summarize([timed("a", 0.9), timed("b", 1.04)], cuda=True)
+        for level in bench.SPEED_LEVELS:
+            self.assertTrue(next(t for t in ok["targets"]
+                                 if t["target"].startswith(f"{level}/core"))["met"])
+        self.assertAlmostEqual(ok["levels"][levels.CORE]["geomean"], 1.0)
 
     def test_targets_are_not_applicable_on_the_host(self):
         rows = [measured_row("a", 5.0, extra=None)]
         s = bench.summarize(rows, cuda=False)
-        self.assertEqual([t["met"] for t in s["targets"][:4]], [bench.CPU_NA] * 4)
-        self.assertTrue(s["targets"][4]["met"])  # correctness counts everywhere
+        self.assertEqual([t["met"] for t in s["targets"][:-1]],
+                         [bench.CPU_NA] * (len(s["targets"]) - 1))
+        self.assertTrue(s["targets"][-1]["met"])  # correctness counts everywhere
         self.assertEqual(bench.row_targets(rows[0], cuda=False)["met"], bench.CPU_NA)
 
     def test_outputs_without_matplotlib_skip_only_the_png(self):
@@ -379,6 +412,7 @@ class TestBenchTable(TestCase):
         native = bench._row_cells(table_row(stock_route="native"), False, 10)
         self.assertEqual(native[2], "native*")
         self.assertEqual(bench._row_cells(table_row(), False, 10)[2], "cudnn")
+        self.assertEqual(bench._row_cells(table_row(same_bits=False), False, 10)[-1], "**BITS**")
 
     def test_cpu_smoke_rows_say_n_a(self):
         cells = bench._row_cells(table_row(targets={"met": bench.CPU_NA}), False, 10)
@@ -469,8 +503,13 @@ class TestBenchHostRuns(TestCase):
         for r in measured:
             self.assertEqual(r["status"], "measured", r.get("error"))
             self.assertEqual(r["stock_route"], "native")
-            core = {"core", *bench.SPEED_LEVELS} if r["output_mask"][0] else set()
-            self.assertEqual(set(r["variants"]), {"native", "detgrid", *core})
+            builds = set(levels.CORE_BUILDS) if r["output_mask"][0] else set()
+            self.assertEqual(set(r["variants"]), {"native", "detgrid", *builds})
+            # every build's counters, of the call as run and at full size
+            for field in ("counters", "counters_full_size"):
+                self.assertEqual(set(r[field]), set(levels.CORE_BUILDS))
+                for counted in r[field].values():
+                    self.assertEqual(set(bench.COUNTERS) - set(counted), set())
             for v in r["variants"].values():
                 self.assertGreater(v["median_ms"], 0)
                 self.assertEqual(v["n"], 20)
@@ -517,6 +556,14 @@ class TestBenchHostRuns(TestCase):
         self.assertIn("5 rows measured, 0 skipped, 0 errors", md)
         for name in names:
             self.assertIn(name, md)
+        # The builds' table: every row that requests grad_input; the counters' table: all.
+        builds = md[md.index("## The core's builds"):md.index("## Work counters")]
+        counted = md[md.index("## Work counters"):md.index("## Targets")]
+        for name in names:
+            self.assertEqual(f"| {name} |" in builds, rows[name]["output_mask"][0], name)
+            self.assertIn(f"| {name} |", counted)
+            if rows[name]["output_mask"][0]:
+                self.assertTrue(rows[name]["same_bits"], name)
 
     def test_three_d_rows_time_the_three_d_backwards(self):
         # Every variant of a 3-D row (stock, detgrid, the float64 judge,
@@ -527,7 +574,7 @@ class TestBenchHostRuns(TestCase):
         self.assertEqual(ops_run, {"aten::grid_sampler_3d_backward",
                                    "detgrid::grid_sampler_3d_backward"})
         self.assertEqual(set(row["variants"]),
-                         {"native", "detgrid", "core", *bench.SPEED_LEVELS, "in_tree"})
+                         {"native", "detgrid", *levels.CORE_BUILDS, "in_tree"})
         self.assertEqual(row["records"], math.prod(row["grid_shape"][:-1]) * 8)
         self.assertLess(max(v for v in row["in_tree_rel_diff"].values() if v is not None),
                         1e-12)
@@ -560,7 +607,7 @@ class TestBenchHostRuns(TestCase):
         rows = {r["name"]: r for r in result["workloads"]}
         self.assertEqual(set(rows["stn_mnist"]["variants"]), {"native", "detgrid"})
         self.assertEqual(set(rows["voxelmorph_warp_3d"]["variants"]),
-                         {"native", "detgrid", "core", *bench.SPEED_LEVELS, "in_tree"})
+                         {"native", "detgrid", *levels.CORE_BUILDS, "in_tree"})
         self.assertIn("in-tree path: 3-D (2-D: raises; 3-D: runs)", bench.markdown(result))
 
     def test_budget_guard_skips_workloads_once_time_is_up(self):
@@ -597,7 +644,7 @@ class TestBenchHostRuns(TestCase):
             row = bench.bench_workload(w, "cpu", 0.2, warmup=1, reps=3, in_tree=True)
         self.assertEqual(row["stock_route"], "cudnn")
         self.assertEqual(set(row["variants"]),
-                         {"native", "cudnn", "detgrid", "core", *bench.SPEED_LEVELS, "in_tree"})
+                         {"native", "cudnn", "detgrid", *levels.CORE_BUILDS, "in_tree"})
         self.assertEqual(row["stock_ms"], row["variants"]["cudnn"]["median_ms"])
         self.assertAlmostEqual(row["ratio"], row["detgrid_ms"] / row["stock_ms"])
         self.assertTrue(row["cudnn_inputs_made_contiguous"])
@@ -606,27 +653,73 @@ class TestBenchHostRuns(TestCase):
         self.assertIn("in_tree_ratio", row)
         self.assertFalse(torch.are_deterministic_algorithms_enabled())
 
-    def test_the_upstream_core_is_checked_and_timed_where_grad_input_is_requested(self):
-        full = bench.bench_workload(workloads.BENCH_WORKLOADS["rtdetr_l80"], "cpu", 0.05,
-                                    warmup=1, reps=2)
-        self.assertIn("core", full["variants"])
-        self.assertTrue(full["core_correct"])
-        self.assertAlmostEqual(full["core_ratio"], full["core_ms"] / full["stock_ms"])
+    def test_each_build_of_the_core_is_timed_where_grad_input_is_requested(self):
+        self.assertEqual(bench.BUILDS, ("core", "grouped-channels"))
+        w = workloads.BENCH_WORKLOADS["rtdetr_l80"]
+        row = bench.bench_workload(w, "cpu", 0.05, warmup=1, reps=2)
+        # The default backward and every build give the core's bits.
+        self.assertTrue(row["detgrid_equals_core"])
+        self.assertTrue(row["same_bits"])
+        for build in bench.BUILDS:
+            timed = row["levels"][build]
+            self.assertTrue(timed["equals_core"], build)
+            self.assertEqual(timed["ms"], row["variants"][build]["median_ms"])
+            self.assertAlmostEqual(timed["ratio"], timed["ms"] / row["stock_ms"])
+            self.assertAlmostEqual(timed["ratio_vs_core"],
+                                   timed["ms"] / row["levels"]["core"]["ms"])
+        self.assertEqual(row["levels"]["core"]["ratio_vs_core"], 1.0)
         grid_only = next(w for w in workloads.BENCH_WORKLOADS.values() if not w.output_mask[0])
         row = bench.bench_workload(grid_only, "cpu", 0.05, warmup=1, reps=2)
-        self.assertNotIn("core", row["variants"])
-        self.assertNotIn("core_ratio", row)
+        self.assertEqual(set(row["variants"]), {"native", "detgrid"})
+        self.assertNotIn("levels", row)
+        self.assertNotIn("same_bits", row)
 
-    def test_each_speed_level_of_the_core_is_timed_against_the_core_and_keeps_its_bits(self):
-        self.assertEqual(bench.SPEED_LEVELS, ("grouped-channels",))
-        row = bench.bench_workload(workloads.BENCH_WORKLOADS["rtdetr_l80"], "cpu", 0.05,
-                                   warmup=1, reps=2)
+    def test_the_builds_are_run_as_their_level_runs_them(self):
+        # _raw_level, the timed call, is detgrid.ops.*_with_options(level=).
+        for name in ("rtdetr_l80", "voxelmorph_warp_3d", "stn_mnist"):
+            w = workloads.BENCH_WORKLOADS[name]
+            case = w.build("cpu", scale=bench.size_scale(w, "tiny"))
+            for build in bench.BUILDS:
+                raw = bench._raw_level(case, build)
+                via_ops = workloads.run_detgrid(case, level=build)
+                for got, want in zip(raw, via_ops):
+                    self.assertTrue(workloads.bitwise_equal(got, want), (name, build))
+                self.assertEqual([g is None for g in raw], [not m for m in case.output_mask])
+
+    def test_a_build_that_moves_a_bit_is_flagged(self):
+        real = bench._raw_level
+
+        def off_by_an_ulp(case, level):
+            grad_input, grad_grid = real(case, level)
+            if level != levels.CORE:
+                grad_input = torch.nextafter(grad_input, torch.full_like(grad_input, math.inf))
+            return grad_input, grad_grid
+
+        w = workloads.BENCH_WORKLOADS["rtdetr_l80"]
+        with mock.patch.object(bench, "_raw_level", off_by_an_ulp):
+            row = bench.bench_workload(w, "cpu", 0.05, warmup=0, reps=1)
+        self.assertTrue(row["correct"])  # within tolerance of stock
+        self.assertTrue(row["detgrid_equals_core"])
+        self.assertTrue(row["levels"]["core"]["equals_core"])
         for level in bench.SPEED_LEVELS:
-            self.assertIn(level, row["variants"])
-            timed = row["core_levels"][level]
-            self.assertTrue(timed["equals_core"])
-            self.assertEqual(timed["ms"], row["variants"][level]["median_ms"])
-            self.assertAlmostEqual(timed["ratio_vs_core"], timed["ms"] / row["core_ms"])
+            self.assertFalse(row["levels"][level]["equals_core"])
+        self.assertFalse(row["same_bits"])
+        row["targets"] = bench.row_targets(row, cuda=False)
+        self.assertEqual(bench.summarize([row], cuda=False)["incorrect"], ["rtdetr_l80"])
+
+    def test_row_counters_are_work_counters_of_each_build(self):
+        w = workloads.BENCH_WORKLOADS["mask2former_l32"]
+        scale = bench.size_scale(w, "tiny")
+        row = bench.bench_workload(w, "cpu", scale, warmup=0, reps=1)
+        case = w.build("cpu", scale=scale)
+        for build in bench.BUILDS:
+            self.assertEqual(row["counters"][build], workloads.work_counters(case, build))
+            self.assertEqual(row["counters_full_size"][build],
+                             workloads.full_size_work_counters(w, build))
+            # the call as run is counted with its data; at full size, from its shapes
+            self.assertGreater(row["counters"][build]["longest_fold"], 0)
+            self.assertEqual(row["counters_full_size"][build]["longest_fold"], -1)
+            self.assertEqual(row["counters_full_size"][build]["records"], w.records())
 
     def test_failing_cudnn_leaves_native_stock_as_the_baseline(self):
         def broken(case):
@@ -638,7 +731,7 @@ class TestBenchHostRuns(TestCase):
             row = bench.bench_workload(w, "cpu", 0.2, warmup=0, reps=2)
         self.assertEqual(row["stock_route"], "native")
         self.assertIn("CUDNN_STATUS_NOT_SUPPORTED", row["cudnn_error"])
-        self.assertEqual(set(row["variants"]), {"native", "detgrid", "core", *bench.SPEED_LEVELS})
+        self.assertEqual(set(row["variants"]), {"native", "detgrid", *levels.CORE_BUILDS})
 
     def test_unknown_workload_is_refused(self):
         with self.assertRaises(ValueError):
@@ -662,156 +755,103 @@ class TestBenchHostRuns(TestCase):
         self.assertNotIn("skipped", out.getvalue())
 
 
-class TestBenchAccumulate(TestCase):
-    """--accumulate (the extension's accumulate knob) and --counters."""
-
-    def test_accumulation_names_are_the_operators(self):
-        from detgrid import ops
-
-        self.assertEqual(cli.BENCH_ACCUMULATIONS, tuple(ops.ACCUMULATE_MODES))
+class TestBenchCounters(TestCase):
+    """The core builds' work counters on the benchmark rows (issue 60's
+    acceptance) and `detgrid bench --counters`."""
 
     def test_every_benchmark_row_launches_at_most_five_kernels_per_chunk(self):
-        # Issue 42: point pass, sort, the hot fold's sum over its slots and
-        # its launch, reduce, at most, on a dense chunk that may hold a hot
-        # key; below 16 channels, one merge per sorted item.
-        for name, w in workloads.BENCH_WORKLOADS.items():
-            counters = workloads.full_size_work_counters(w)
-            self.assertLessEqual(counters["launches_per_chunk"], 5, name)
-            if w.output_mask[0] and w.input_shape[1] < 16:
-                self.assertEqual(counters["channel_merges"], counters["items_sorted"], name)
+        # Issue 60: at every build, a chunk's records, its sort, the runs'
+        # starts (unique_by_key), the stored partials and the run sums.
+        for r in bench.counter_rows():
+            w = workloads.BENCH_WORKLOADS[r["name"]]
+            for build, counted in r["counters"].items():
+                where = (r["name"], build)
+                if not w.output_mask[0]:  # the grid gradient alone: one launch, no chunk
+                    self.assertEqual((counted["launches"], counted["chunks"]), (1, 0), where)
+                    continue
+                self.assertGreater(counted["chunks"], 0, where)
+                self.assertLessEqual(counted["launches_per_chunk"], 5, where)
+                self.assertGreaterEqual(counted["launches"], 5 * counted["chunks"], where)
 
-    def test_counter_rows_count_each_accumulation_of_every_workload(self):
+    def test_the_constant_grid_folds_at_most_4096_terms_in_one_thread_at_every_build(self):
+        # Issue 60 (and 33): a million points on one place of a 2x2 input.
+        # A chunk of 2^19 records holds 2^17 points, so each pixel's run in
+        # it is 2^17 records: 256 summed by the run's first partial, then its
+        # 511 stored partials, in one thread (per channel) at every build.
+        (row,) = bench.counter_rows(["constant_grid"], data=True)
+        for build, counted in row["counters"].items():
+            self.assertLessEqual(counted["longest_fold"], 4096, build)
+            self.assertEqual(counted["longest_fold"], 256 + (2**17 - 256) // 256, build)
+            self.assertEqual(counted["chunks"], 8, build)
+        # From the shapes alone the fold is not counted.
+        (shapes_only,) = bench.counter_rows(["constant_grid"])
+        for counted in shapes_only["counters"].values():
+            self.assertEqual(counted["longest_fold"], -1)
+
+    def test_counter_rows_count_every_build_of_every_workload_at_full_size(self):
         rows = bench.counter_rows()
         self.assertEqual([r["name"] for r in rows], list(workloads.BENCH_WORKLOADS))
         for r in rows:
             w = workloads.BENCH_WORKLOADS[r["name"]]
-            ordered, exact, atomic = (r["counters"][m]
-                                      for m in ("ordered", "exact", "exact_atomic"))
-            self.assertEqual(r["channels"], w.input_shape[1])
-            for mode, counters in r["counters"].items():
-                self.assertEqual(counters, workloads.full_size_work_counters(w, mode), r["name"])
-                self.assertEqual(counters["records"], r["records"], r["name"])
-            if not w.output_mask[0]:  # the grid gradient alone sums nothing
-                self.assertEqual(exact, ordered, r["name"])
-                self.assertEqual(atomic, ordered, r["name"])
-                self.assertEqual(r["slices_bytes"], 0, r["name"])
-                continue
-            self.assertEqual(ordered["atomics"], 0, r["name"])
-            # The sorted variant sorts what the ordered path sorts, once per
-            # block of an image's channels; its only atomics are the scale
-            # pre-pass's.
-            self.assertEqual(exact["items_sorted"],
-                             ordered["items_sorted"] * workloads.exact_channel_blocks(w),
-                             r["name"])
-            self.assertGreater(exact["atomics"], 0, r["name"])
-            # The atomic variant sorts nothing and adds the words of each
-            # term (at most two: no bench row is float64) per record and
-            # channel to the pre-pass's.
-            self.assertEqual((atomic["items_sorted"], atomic["sort_scratch_bytes"]), (0, 0))
-            self.assertEqual(atomic["atomics"],
-                             exact["atomics"] + 2 * r["records"] * r["channels"], r["name"])
-            for counters in (exact, atomic):
-                self.assertGreater(counters["workspace_bytes"], r["slices_bytes"], r["name"])
+            self.assertEqual(list(r["counters"]), list(levels.CORE_BUILDS))
+            self.assertEqual((tuple(r["input_shape"]), tuple(r["grid_shape"])), w.shapes())
+            for build, counted in r["counters"].items():
+                self.assertEqual(counted, workloads.full_size_work_counters(w, build))
+                self.assertEqual(counted["records"], r["records"], r["name"])
+                # every record is sorted, one item each
+                self.assertEqual(counted["items_sorted"], r["records"], r["name"])
+            # A speed level moves no launch, sort or buffer; it starts fewer
+            # run-sum threads where a group holds several channels.
+            core = r["counters"][levels.CORE]
+            for level in bench.SPEED_LEVELS:
+                counted = r["counters"][level]
+                for field in ("launches", "chunks", "launches_per_chunk", "items_sorted",
+                              "key_bytes", "workspace_bytes"):
+                    self.assertEqual(counted[field], core[field], (r["name"], level, field))
+                self.assertLessEqual(counted["threads"], core["threads"], (r["name"], level))
 
-    def test_exact_slices_are_per_element_bytes_in_blocks_of_images_or_channel_planes(self):
-        w = workloads.BENCH_WORKLOADS
-        # 28 B per element (3 words + flags) for float terms, 44 B for double.
-        self.assertEqual(workloads.exact_bytes_per_element(torch.float32), 28)
-        self.assertEqual(workloads.exact_bytes_per_element(torch.bfloat16), 28)
-        self.assertEqual(workloads.exact_bytes_per_element(torch.float64), 44)
-        # All 128 images fit in 64 MiB; the counted workspace grows by
-        # exactly the slices when only the channels change.
-        for dtype in (torch.float32, torch.float64):
-            narrow, wide = (dataclasses.replace(w["rtdetr_l20"], input_shape=(128, c, 20, 20),
-                                                dtype=dtype) for c in (8, 16))
-            per_element = workloads.exact_bytes_per_element(dtype)
-            self.assertEqual(workloads.exact_slices_bytes(wide), 128 * 16 * 400 * per_element)
-            for mode in ("exact", "exact_atomic"):
-                grown = (workloads.full_size_work_counters(wide, mode)["workspace_bytes"]
-                         - workloads.full_size_work_counters(narrow, mode)["workspace_bytes"])
-                self.assertEqual(grown, workloads.exact_slices_bytes(wide)
-                                 - workloads.exact_slices_bytes(narrow), (dtype, mode))
-        # 11 images of 80x80x32 fit in 64 MiB: more images make more
-        # blocks, not more slices.
-        image = 32 * 80 * 80 * 28
-        for n in (11, 12, 128):
-            x = dataclasses.replace(w["rtdetr_l80"], input_shape=(n, 32, 80, 80),
-                                    grid_shape=(n, 500, 4, 2))
-            self.assertEqual(workloads.exact_slices_bytes(x), 11 * image, n)
-        # An image beyond the budget takes blocks of whole channel planes,
-        # at least one: dvgo's 160^3 planes take 115 MB each, one a block.
-        self.assertEqual(workloads.exact_slices_bytes(w["dvgo_dense_grid_3d"]),
-                         160 ** 3 * 28)
-        self.assertEqual(workloads.exact_channel_blocks(w["dvgo_dense_grid_3d"]), 12)
-        self.assertEqual(workloads.exact_channel_blocks(w["rtdetr_l80"]), 1)
-        self.assertEqual(workloads.exact_slices_bytes(w["monodepth2_grid_only"]), 0)
+    def test_counters_with_data_count_the_runs_of_each_build(self):
+        # rtdetr_l20 at full size: 32 channels, so grouped-channels reads each
+        # record once per group of 4 where the core reads it once per channel.
+        (row,) = bench.counter_rows(["rtdetr_l20"], data=True)
+        core, grouped = row["counters"]["core"], row["counters"]["grouped-channels"]
+        self.assertEqual(row["input_shape"][1], 32)
+        self.assertGreater(core["reduce_items"], 0)
+        self.assertGreater(core["record_visits"], core["records"])  # once per channel
+        self.assertEqual(grouped["reduce_items"] * 4, core["reduce_items"])
+        self.assertEqual(grouped["record_visits"] * 4, core["record_visits"])
+        self.assertEqual(grouped["longest_fold"], core["longest_fold"])
+        case = workloads.BENCH_WORKLOADS["rtdetr_l20"].build("cpu")
+        self.assertEqual(core, ops.work_counters(*case.args(), level="core"))
 
-    def test_counters_flag_prints_every_workload_under_each_accumulation(self):
+    def test_counters_flag_prints_every_workload_at_every_build(self):
         out = io.StringIO()
         with redirect_stdout(out):
             self.assertEqual(cli.main(["bench", "--counters"]), 0)
         text = out.getvalue()
         table = [line for line in text.splitlines() if line.startswith("| ")]
+        head = table[0].strip("| ").split(" | ")
         self.assertEqual([line.split(" | ")[1] for line in table[1:]],
                          list(workloads.BENCH_WORKLOADS))
         rows = {r["name"]: r for r in bench.counter_rows()}
+        column = {name: head.index(name) for name in ("launches", "threads", "record visits")}
         for line in table[1:]:
             cells = line.strip("| ").split(" | ")
             counters = rows[cells[1]]["counters"]
-            self.assertEqual(cells[5], " / ".join(f"{counters[m]['launches']:,}"
-                                                  for m in cli.BENCH_ACCUMULATIONS))
-            self.assertEqual(cells[7], " / ".join(f"{counters[m]['atomics']:,}"
-                                                  for m in cli.BENCH_ACCUMULATIONS))
-        self.assertIn("Each cell: ordered / exact / exact_atomic", text)
+            launches = {f"{c['launches']:,}" for c in counters.values()}
+            self.assertEqual(cells[column["launches"]], launches.pop())  # the same at each
+            threads = [f"{counters[b]['threads']:,}" for b in levels.CORE_BUILDS]
+            self.assertEqual(cells[column["threads"]],
+                             threads[0] if len(set(threads)) == 1 else " / ".join(threads))
+            # From the shapes alone: not counted, but by a grid-only call, which reduces nothing.
+            grad_input = workloads.BENCH_WORKLOADS[cells[1]].output_mask[0]
+            self.assertEqual(cells[column["record visits"]], "-" if grad_input else "0")
+        self.assertIn(f"Two values in a cell: {' / '.join(levels.CORE_BUILDS)}", text)
         out = io.StringIO()
         with redirect_stdout(out):
             self.assertEqual(cli.main(["bench", "--counters", "--workloads", "tensorf_line"]), 0)
         self.assertEqual([line.split(" | ")[1] for line in out.getvalue().splitlines()
                           if line.startswith("| ")][1:], ["tensorf_line"])
-
-    def test_accumulate_times_and_counts_that_accumulation(self):
-        for name, dim in (("rtdetr_l20", 2), ("voxelmorph_warp_3d", 3)):
-            w = workloads.BENCH_WORKLOADS[name]
-            scale = bench.size_scale(w, "tiny")
-            row, ops_run = backward_ops_run(lambda: bench.bench_workload(
-                w, "cpu", scale, warmup=0, reps=2, accumulate="exact_atomic"))
-            # Every detgrid call (checked, timed) took the knob.
-            self.assertEqual(ops_run, {f"aten::grid_sampler_{dim}d_backward",
-                                       f"detgrid::_grid_sampler_{dim}d_backward_with_options"})
-            self.assertTrue(row["correct"], row)
-            self.assertEqual(row["counters"]["items_sorted"], 0)
-            self.assertGreater(row["counters"]["atomics"], 0)
-            self.assertEqual(row["counters_full_size"],
-                             workloads.full_size_work_counters(w, "exact_atomic"))
-
-    def test_accumulate_is_recorded_only_where_it_is_not_ordered(self):
-        config = bench.BenchConfig(device="cpu", names=["rtdetr_l20"], size="tiny", warmup=0,
-                                   reps=2)
-        ordered = bench.run_bench(config)
-        self.assertNotIn("accumulate", ordered)
-        self.assertNotIn("accumulate=", bench.markdown(ordered))
-        self.assertFalse(bench.default_out(ordered).endswith("-exact.json"))
-        self.assertEqual(ordered["workloads"][0]["counters"]["atomics"], 0)
-        with tempfile.TemporaryDirectory() as work:
-            out = os.path.join(work, "exact.json")
-            with mock.patch("builtins.print"):
-                rc = cli.main(["bench", "--device", "cpu", "--quick", "--accumulate", "exact",
-                               "--workloads", "rtdetr_l20", "--out", out])
-            self.assertEqual(rc, 0)
-            data = strict_json(out)
-            with open(os.path.join(work, "exact.md")) as f:
-                md = f.read()
-        self.assertEqual(data["accumulate"], "exact")
-        self.assertIn('det sums grad_input with accumulate="exact"', md)
-        self.assertTrue(bench.default_out(data).endswith("-quick-exact.json"))
-        row = data["workloads"][0]
-        self.assertTrue(row["correct"], row)
-        self.assertEqual(row["counters_full_size"],
-                         workloads.full_size_work_counters(
-                             workloads.BENCH_WORKLOADS["rtdetr_l20"], "exact"))
-        with redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as refused:
-            cli.main(["bench", "--accumulate", "kahan", "--counters"])
-        self.assertEqual(refused.exception.code, 2)
 
 
 if __name__ == "__main__":

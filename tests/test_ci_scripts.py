@@ -294,6 +294,19 @@ def test_release_default_std_lands_where_setup_gives_none(tmp_path):
     assert "-I/cuda/include" in cuda and "-I/cuda/include" not in args["cpu"]
 
 
+def test_the_compat_folder_is_the_kits_one_include_folder_ahead_of_the_releases(tmp_path):
+    # setup.py's include_dirs: aten_kernels/compat/include (the GridSampler.cuh helpers torch
+    # 2.15 added) ahead of the release's headers, on every command line.
+    proc, args = old_torch_flags(tmp_path, fake_release(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    compat = f"-I{ROOT / 'aten_kernels' / 'compat' / 'include'}"
+    torch_include = f"-I{tmp_path / 'torch' / 'include'}"
+    for kind, command in args.items():
+        includes = [a for a in command if a.startswith("-I")]
+        assert includes.index(compat) == includes.index(torch_include) - 1, kind
+        assert not [a for a in includes if a.startswith(f"-I{ROOT}") and a != compat], kind
+
+
 def test_refuses_a_release_that_orders_nvcc_flags_otherwise(tmp_path):
     torch_root = fake_release(tmp_path, nvcc_std="pass")
     proc, _ = old_torch_flags(tmp_path, torch_root)

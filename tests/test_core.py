@@ -6,8 +6,7 @@ by its host build, which setup.py makes from the same source bytes
 the existing CUDA kernel's arithmetic built on the same helpers
 (hostify/existing_kernel_reference.cpp), non-finite and huge coordinates
 included, 5-D bicubic (tricubic) against tests/stock_reference.py's float64
-sums and the extension's default route, and its bits against every launch
-shape and thread order."""
+sums, and its bits against every launch shape and thread order."""
 
 import hashlib
 import itertools
@@ -125,10 +124,20 @@ class TestCore(TestCase):
             with self.subTest(op=name):
                 with self.assertRaisesRegex(RuntimeError, message):
                     call()
-        with self.assertRaisesRegex(ValueError, "^unknown level 'no-such-level'; the levels "
-                                    "are core, grouped-channels, pipeline, [^\n]*$"):
-            detgrid.ops.grid_sampler_2d_backward_with_options(
-                *args, [True, False], level="no-such-level")
+        levels_message = ("unknown level 'no-such-level'; the levels are "
+                          + re.escape(", ".join(levels.CORE_BUILDS)) + "$")
+        python_calls = {
+            "grid_sampler_2d_backward_with_options":
+                lambda: detgrid.ops.grid_sampler_2d_backward_with_options(
+                    *args, [True, False], level="no-such-level"),
+            "work_counters": lambda: detgrid.ops.work_counters(
+                *args, [True, False], level="no-such-level"),
+        }
+        for name, call in python_calls.items():
+            with self.subTest(op=name):
+                with self.assertRaisesRegex(ValueError,
+                                            f"^{name}\\(\\): {levels_message}"):
+                    call()
 
     @parametrize("dims", (2, 3))
     @parametrize("dtype", DTYPES)
@@ -323,28 +332,25 @@ class TestCore(TestCase):
     @unittest.skipIf(UNDER_SANITIZERS, "huge flip counts convert to int in the reference's "
                      "arithmetic (undefined on the host with g++)")
     def test_tricubic_non_finite_coordinates_give_the_references_nan_and_inf(self, dtype):
-        # A point with a non-finite coordinate gets no tap, as the extension's
-        # default route and the reference decide (its declared departure): the
-        # same NaN and infinity in the same elements as both. Finite values
-        # agree but under reflection, where a coordinate near 1e30 folds by
-        # resolve_cubic_taps' exact parity (the reference saturates the fold
-        # count at INT_MAX) and one near 3e9 moves by the unnormalize's
-        # contracted multiply-add (the host build's FMA, as nvcc's).
+        # A point with a non-finite coordinate gets no tap, as the reference
+        # decides (tricubic_records: padding would place its NaN coefficients on
+        # an edge): the same NaN and infinity in the same elements. Finite values
+        # agree but under reflection with align_corners=False, where a
+        # coordinate near 3e9 moves by the unnormalize's contracted multiply-add
+        # (the host build's FMA, as nvcc's), which the reference rounds twice,
+        # and reflects elsewhere.
         for padding, align in itertools.product(PADDINGS, (False, True)):
             args = problem(3, dtype, points=(9, 9), image=(4, 5), channels=2, batch=1,
                            seed=padding, coordinates=HOSTILE) + (BICUBIC, padding, align)
             ours = ops._core_grad_input(*args)
-            others = {"reference": stock_reference.backward(*args)[0],
-                      "default route": detgrid.ops.grid_sampler_3d_backward(
-                          *args, [True, False])[0]}
-            for name, other in others.items():
-                with self.subTest(padding=padding, align_corners=align, against=name):
-                    self.assertEqual(ours.isnan(), other.isnan())
-                    self.assertEqual(ours.isinf(), other.isinf())
-                    if padding != 2:
-                        finite = ours.isfinite()
-                        self.assertEqual(ours[finite].double(), other[finite].double(),
-                                         atol=1e-4, rtol=1e-4)
+            reference = stock_reference.backward(*args)[0]
+            with self.subTest(padding=padding, align_corners=align):
+                self.assertEqual(ours.isnan(), reference.isnan())
+                self.assertEqual(ours.isinf(), reference.isinf())
+                if padding != 2 or align:
+                    finite = ours.isfinite()
+                    self.assertEqual(ours[finite].double(), reference[finite].double(),
+                                     atol=1e-4, rtol=1e-4)
 
     @parametrize("dtype", (torch.float32, torch.float16))
     def test_tricubic_bits_do_not_depend_on_launch_shape_or_thread_order(self, dtype):

@@ -2,17 +2,18 @@
 """grad_grid keeps its bits: over a broad seeded set of calls (2-D and 3-D, every mode,
 padding, align_corners and dtype; NaN, infinite and huge coordinates; NaN and infinite
 values in input and grad_output; strided operands), the grid gradient's digests equal
-those that the extension's first grid-gradient pass (GridGradientPass.cuh, over the
-pipeline's executor) gave, recorded in golden/grid_gradient_digests.json. The kernel
-that replaced it (aten_kernels/extension/GridGradient.cu) must give every bit of them,
-NaN's sign and payload aside (see digest_of): the same elements are NaN.
+those that the extension's first grid-gradient pass gave (GridGradientPass.cuh, run by
+the executor of the deterministic backward the extension had before the upstream core,
+both since deleted), recorded in golden/grid_gradient_digests.json. The kernel that
+replaced it (aten_kernels/extension/GridGradient.cu) must give every bit of them, NaN's
+sign and payload aside (see digest_of): the same elements are NaN.
 
 Reflection with hostile coordinates has a set of its own, most of its coordinates infinite
 or huge: there the flip count, floor(|x| / span), leaves int's range, and the bits are the
 GPU's saturating conversion's (INT_MAX, odd), which the recorded pass took and the kernel
 takes on the host too.
 
-    python tests/test_grid_gradient_bits.py --regenerate   # only with the recorded pass
+    python tests/test_grid_gradient_bits.py --regenerate   # only for a change meant to move them
 """
 
 import hashlib

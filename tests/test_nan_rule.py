@@ -1,5 +1,5 @@
 # Owner(s): ["module: nn"]
-"""The equality rule between a CUDA result and the host executor's
+"""The equality rule between a CUDA result and the host build's
 (detgrid.kit.bitwise): bit-equal, or both NaN. Arithmetic NaNs have different
 bits on the GPU and on x86, every other value must keep its bits."""
 
@@ -15,6 +15,7 @@ from torch.testing._internal.common_utils import (
     run_tests,
 )
 
+from detgrid import levels
 from detgrid.kit import gpucheck
 from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid_testing import (
@@ -88,23 +89,24 @@ class TestSameBitsOrBothNan(TestCase):
 
 
 class TestGpuCheckFollowsTheRule(TestCase):
-    """The GPU check's device == host executor rows count by the same rule."""
+    """The GPU check's rows of a core build on the device against its host
+    build count by the same rule."""
 
     def _row(self, device_result):
-        host = (torch.tensor([math.nan, 1.0]), torch.tensor([2.0]))
+        host = torch.tensor([math.nan, 1.0])
         results = iter([host, device_result])  # the reference runs first
-        case = gpucheck.executor_row_cases("float32", 2)[0]
-        with mock.patch.object(gpucheck, "run_detgrid", lambda *a, **k: next(results)):
-            return gpucheck.executor_row("cpu", "float32", 2, [case])
+        case = gpucheck.match_cases("float32", 2)[0]
+        with mock.patch.object(gpucheck, "core_grad_input", lambda *a, **k: next(results)):
+            return gpucheck.core_row("cpu", levels.TOP, "float32", 2, [case])
 
     def test_nan_payload_difference_is_equal(self):
         other_nan = _from_bits((0x7FFFFFFF,), torch.float32)
-        row = self._row((torch.cat([other_nan, torch.tensor([1.0])]), torch.tensor([2.0])))
-        self.assertEqual(row["bitwise_equal"], 1)
+        row = self._row(torch.cat([other_nan, torch.tensor([1.0])]))
+        self.assertEqual((row["cases"], row["bitwise_equal"]), (1, 1))
 
     def test_nan_against_a_number_is_a_mismatch(self):
-        row = self._row((torch.tensor([0.0, 1.0]), torch.tensor([2.0])))
-        self.assertEqual(row["bitwise_equal"], 0)
+        row = self._row(torch.tensor([0.0, 1.0]))
+        self.assertEqual((row["cases"], row["bitwise_equal"]), (1, 0))
         self.assertEqual(len(row["mismatches"]), 1)
 
 
@@ -112,9 +114,10 @@ class TestGpuCheckFollowsTheRule(TestCase):
 class TestCudaAgainstHostWithNonFiniteGradOutput(TestCase):
     @parametrize("dtype", ("float32", "float64"))
     @parametrize("dims", DIMS, name_fn=lambda dims: f"{dims}d")
-    def test_cuda_matches_host_executor_but_nan_payloads(self, dims, dtype):
-        cases = [c for c in gpucheck.executor_row_cases(dtype, dims)
+    def test_cuda_matches_host_build_but_nan_payloads(self, dims, dtype):
+        cases = [c for c in gpucheck.match_cases(dtype, dims)
                  if c.name.endswith("_non_finite_grad_output")]
+        self.assertTrue(cases)
         for case in cases:
             host = run_detgrid(case)
             device = run_detgrid(case.to("cuda"))

@@ -34,12 +34,18 @@ def _problem(dims):
 
 
 def _direct_ops(dims):
-    """The plain op and the one with knobs, as callables of the same
-    arguments."""
+    """The plain op and the one with a level and a launch shape, as callables
+    of the same arguments."""
     plain = getattr(ops, f"grid_sampler_{dims}d_backward")
     with_options = getattr(ops, f"grid_sampler_{dims}d_backward_with_options")
     return {"plain": plain,
-            "with_options": lambda *args: with_options(*args, chunk_points=4096)}
+            "with_options": lambda *args: with_options(*args, block_size=32, max_blocks=3,
+                                                       level="core")}
+
+
+# The operator of torch.ops.detgrid that each variant's call reaches first:
+# with_options runs the core's grad_input, then the grid gradient.
+REFUSING_OP = {"plain": "grid_sampler_{dims}d_backward", "with_options": "_core_grad_input"}
 
 
 def _call(op, args):
@@ -54,7 +60,8 @@ class TestDirectOpsAutograd(DetgridTestCase):
         args = list(_problem(dims))
         args[ARGUMENTS.index(argument)].requires_grad_()
         op = _direct_ops(dims)[variant]
-        message = (rf"^detgrid::_?grid_sampler_{dims}d_backward\w* is a backward and has no "
+        name = REFUSING_OP[variant].format(dims=dims)
+        message = (rf"^detgrid::{name} is a backward and has no "
                    r"derivative of its own.*torch\.no_grad\(\).*detgrid\.enable\(\)")
         with self.assertRaisesRegex(RuntimeError, message):
             _call(op, args)
@@ -76,6 +83,15 @@ class TestDirectOpsAutograd(DetgridTestCase):
             grads = _call(_direct_ops(dims)["plain"], _problem(dims))
         self.assertEqual([str(w.message) for w in caught], [])
         self.assertFalse(any(t.requires_grad or t.grad_fn for t in grads))
+
+    @parametrize("dims", (2, 3), name_fn=lambda dims: f"{dims}d")
+    def test_grid_only_call_with_options_is_refused_by_the_grid_gradient(self, dims):
+        # No grad_input asked: the grid gradient is the only operator it reaches.
+        args = list(_problem(dims))
+        args[2].requires_grad_()
+        with_options = getattr(ops, f"grid_sampler_{dims}d_backward_with_options")
+        with self.assertRaisesRegex(RuntimeError, "^detgrid::_grid_gradient is a backward"):
+            with_options(*args, BILINEAR, ZEROS, False, (False, True))
 
     def test_inference_mode_runs(self):
         args = _problem(2)

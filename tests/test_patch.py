@@ -217,13 +217,10 @@ def real_tree():
     return _TREE
 
 
-# What only the knobs of the extension's tests need: their overrides and validation. The files
-# the patch copies make a plan from the shapes and run it; aten_kernels/extension/knobs.cpp
-# overrides and validates (issue 22: no test knobs in the upstream files).
-KNOB_MESSAGES = ("must be 0 (automatic)", "chunk_points must be", "block_size must be",
-                 "block_size and max_blocks must be", "=32, but this problem needs 64 bits",
-                 "accumulate must be 0 (ordered)")
-KNOB_STRUCTS = ("PipelineOptions", "BackwardOptions")
+# What only the extension's tests need: the host build's launch shape, which core_ops.cpp checks
+# and sets through hostify's Config (issue 22: no test knobs in the upstream files).
+KNOB_MESSAGES = ("block_size, grid_size and shuffle_seed",)
+KNOB_STRUCTS = ("LaunchShape", "hostify::Config")
 EXTENSION = KIT / "aten_kernels" / "extension"
 
 
@@ -234,10 +231,10 @@ class TestKernelFilesCarryNoKnobs(TestCase):
             self.assertEqual([s for s in KNOB_MESSAGES + KNOB_STRUCTS if s in text], [], name)
 
     def test_the_knob_messages_are_the_extensions(self):
-        # The strings the test above looks for are the ones the knobs raise, so it would see
-        # them come back.
+        # The strings the test above looks for are the ones the extension's launch shape uses,
+        # so it would see them come back.
         text = "".join(p.read_text() for p in sorted(EXTENSION.iterdir()) if p.is_file())
-        self.assertEqual([s for s in KNOB_MESSAGES + KNOB_STRUCTS[1:] if s not in text], [])
+        self.assertEqual([s for s in KNOB_MESSAGES + KNOB_STRUCTS if s not in text], [])
 
 
 class TestPatchRealTree(TestCase):
@@ -928,7 +925,7 @@ class TestPatchMain(FixtureTree):
         self.assertFalse((self.tmp / "back.patch").exists())
 
     def test_upto_names_a_patch_of_the_stack(self):
-        for name in ("fast", "pipeline", "index32", "channel-groups"):
+        for name in ("fast", "index32", "channel-groups"):
             rc, _, stderr = run_patch("--pytorch", self.tree, "--upto", name)
             self.assertEqual(rc, 2)
             self.assertIn(f"invalid choice: '{name}'", stderr)

@@ -567,8 +567,8 @@ class TestReportBodies(TestCase):
         report.bench = R.newest_bench(Path(self.tmp) / "kit")
         pr = R.render_pr(report)
         self.assertEqual(section(pr, "GPU timing"),
-                         "GPU new, pipeline only (core untimed): geomean 0.5, worst 0.5; "
-                         "0 of 1 incorrect.")
+                         "GPU new: deterministic/existing time geomean 0.5, worst 0.5 over 1 "
+                         "workloads; 0 incorrect.")
         for name, text in bodies(report).items():
             self.assertNotIn("Never run on a GPU", text, name)
         appendix = pr[pr.index("<details>") :]
@@ -576,22 +576,25 @@ class TestReportBodies(TestCase):
         self.assertIn("| 1 | zoom | native | 2 | - | - | 1 | 0.5 |", appendix)
         self.assertIn("![new/existing per workload](benchmarks/results/new.png)", appendix)
 
-    def test_gpu_timing_is_the_cores_where_the_bench_timed_it(self):
+    def test_gpu_timing_is_the_whole_stacks_with_the_core_beside_it(self):
         report = stub_report(self.tmp)[0]
-        timed = [{**GPU_ROW, "row": n, "name": f"w{n}", "core_ratio": ratio, "core_correct": ok,
-                  "variants": {**GPU_ROW["variants"], "core": {"median_ms": 2.0 * ratio}}}
-                 for n, ratio, ok in ((1, 0.5, True), (2, 2.0, True), (3, 1.0, False))]
-        grid_only = {**GPU_ROW, "row": 4, "name": "grid_only"}  # no core: grad_input not requested
+        timed = [{**GPU_ROW, "row": n, "name": f"w{n}", "ratio": ratio, "same_bits": same,
+                  "levels": {"core": {"ms": 4.0 * ratio, "ratio": 2.0 * ratio}},
+                  "variants": {**GPU_ROW["variants"], "detgrid": {"median_ms": 2.0 * ratio}}}
+                 for n, ratio, same in ((1, 0.5, True), (2, 2.0, True), (3, 1.0, False))]
+        grid_only = {**GPU_ROW, "row": 4, "name": "grid_only", "ratio": 1.0}  # no core build
         report.bench = R.BenchResults("benchmarks/results/gpu.json", None, {
             "device": "cuda:0", "device_name": "GPU A", "torch": "x",
-            "workloads": [*timed, grid_only], "summary": {"geomean": 0.7, "worst": 0.9}})
+            "workloads": [*timed, grid_only],
+            "summary": {"geomean": 1.0, "worst": 2.0, "levels": {"core": {"geomean": 2.0}}}})
         pr = R.render_pr(report)
         self.assertEqual(section(pr, "GPU timing"),
-                         "GPU A: core/existing time geomean 1, worst 2 over 3 workloads; "
-                         "1 incorrect.")
+                         "GPU A: deterministic/existing time geomean 1 (the core alone: 2), "
+                         "worst 2 over 4 workloads; 1 incorrect.")
         appendix = pr[pr.index("<details>") :]
-        self.assertIn("| 2 | w2 | native | 2 | 4 | 2 | 1 | 0.5 | 3 | yes |", appendix)
-        self.assertIn("| 3 | w3 | native | 2 | 2 | 1 | 1 | 0.5 | 3 | NO |", appendix)
+        self.assertIn("| 2 | w2 | native | 2 | 8 | 4 | 4 | 2 | 3 | yes |", appendix)
+        self.assertIn("| 3 | w3 | native | 2 | 4 | 2 | 2 | 1 | 3 | NO |", appendix)
+        self.assertIn("| 4 | grid_only | native | 2 | - | - | 1 | 1 | 3 | yes |", appendix)
 
     def test_a_later_cpu_smoke_run_does_not_hide_gpu_results(self):
         results = Path(self.tmp) / "kit" / "benchmarks" / "results"

@@ -76,7 +76,7 @@ def _grid_sample_grads(grad_output, inp, grid, mode, *, padding_mode="zeros",
 class TestSwitchOnCPU(DetgridTestCase):
     def _problem(self, dims=2):
         # float32 and many points per pixel (voxel): stock's sequential sums
-        # and detgrid's canonical order give different bits.
+        # and the core's order of partials give different bits.
         if dims == 2:
             return make_zoom_problem(1, 2, 6, 7, 40, 40, dtype=torch.float32, seed=3)
         return make_zoom_problem(1, 2, 5, 6, 20, 20, D=4, out_D=4,

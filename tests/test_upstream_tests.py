@@ -2,13 +2,14 @@
 """The tests the patch adds to upstream's test/test_nn.py (tools/detgrid/kit/upstream_test_nn.py),
 run against the extension.
 
-On CPU they run through the host executor, which runs the kernel's pipeline code, so
-they run against every build of the extension (CI's cuda_build_check.sh too); on a GPU
-the same tests run through the CUDA kernels (tools/gpu_check.sh), the grid-only one
-excepted (names() says why). The gradgradcheck runs on its own, skipped where
-torch has no double backward (before 2.12); so do the non-finite grid test, against the
-upstream core (made_as_patched says how), and the 5-D bicubic one. The dispatch test's
-profile of the patched build's kernels has a stand-in here (generated() says why)."""
+On CPU they run through the extension's default backward there, the upstream core's host
+build (which compiles the patch's CUDA source) and the grid gradient's, so they run against
+every build of the extension (CI's cuda_build_check.sh too); on a GPU the same tests run
+through the core's CUDA build (tools/gpu_check.sh), the grid-only one excepted (names()
+says why). The gradgradcheck runs on its own, skipped where torch has no double backward
+(before 2.12); so do the non-finite grid test, against the core as the patched build
+arranges it (made_as_patched says how), and the 5-D bicubic one. The dispatch test's
+profile of the CUDA kernels has a stand-in on CPU (generated() says why)."""
 
 import contextlib
 import importlib
@@ -44,11 +45,9 @@ KERNELS_HELPER = "_check_grid_sample_backward_kernels"
 
 
 def core_grad_input():
-    """The upstream core's grad_input op (aten_kernels/aten/), under its name in this build."""
-    for name in ("_core_grad_input", "_next_core_grad_input"):
-        if hasattr(torch.ops.detgrid, name):
-            return getattr(torch.ops.detgrid, name)
-    raise unittest.SkipTest("this build of detgrid has no op for the upstream core")
+    """The upstream core's grad_input op (aten_kernels/aten/): a function, so that a test can
+    stand a broken core in for it."""
+    return torch.ops.detgrid._core_grad_input
 
 
 def stock_has_tricubic():
@@ -71,19 +70,23 @@ def _recording_dtypes(*dtypes):
 class TestGeneratedNNTests(TestCase):
     """The tests the patch adds to test/test_nn.py, run here on CPU (@onlyCUDA stubbed out) with
     detgrid routing the CPU backward in deterministic mode: their shapes, modes and helpers must
-    work, and their claims hold for the host executor, which runs the kernel's pipeline code.
-    (The upstream tests stay @onlyCUDA: the patch carries no CPU-run test.)"""
+    work, and their claims hold for the core's host build, which compiles the patch's CUDA
+    source. (The upstream tests stay @onlyCUDA: the patch carries no CPU-run test.)"""
 
-    def generated(self, name):
+    def generated(self, name, device):
         ns = dict(torch=torch, F=F, product=product, DeterministicGuard=DeterministicGuard,
                   unittest=unittest, TEST_CUDNN=False, TEST_WITH_ROCM=False, TestCase=TestCase,
                   onlyCUDA=lambda f: f, dtypes=_recording_dtypes,
                   largeTensorTest=lambda *_, **__: (lambda f: f))
         exec("class Generated(TestCase):\n" + SUITE.block(list(SUITE.tests)), ns)
         instance = ns["Generated"](name)
-        # The profile names the patched build's kernels, which no run here has (on CUDA the
-        # extension runs its pipeline's): the stand-in makes the profiled calls and records
-        # them; test_dispatch_test_profiles_the_cores_kernels checks the names against the core.
+        if device != "cpu":
+            return getattr(instance, name)
+        # The profile looks for the core's CUDA kernels, which a CPU run never launches (the
+        # host build runs their code as host functions): the stand-in makes the profiled calls
+        # and records them; test_dispatch_test_profiles_the_cores_kernels checks the names
+        # against the core. On a GPU the extension launches the core's kernels under their
+        # own names, and the helper profiles them.
         instance.profiled = []
 
         def profile_stand_in(dims, grads, masks):
@@ -115,22 +118,22 @@ class TestGeneratedNNTests(TestCase):
         # stock's bits in half and bfloat16). On CPU both sides are stock's kernel: it runs.
         left_out = (self.CUDA_ONLY if device == "cpu"
                     else [t.name for t in SUITE.tests if t.in_tree_only_on_cuda])
-        # Run on their own, below: the non-finite grid test against the core (only the core is
-        # held to the existing kernel's function on NaN and Inf, not the extension's pipeline,
-        # and stock's CPU kernel crashes on NaN with border padding), the 5-D bicubic one where
-        # its skip or the core's refusal shows.
+        # Run on their own, below: the non-finite grid test against the core as the patched
+        # build arranges it (its default side the existing kernel's function, which stock's CPU
+        # kernel does not give: it crashes on NaN with border padding), the 5-D bicubic one
+        # where its skip shows (it compares with stock's 5-D bicubic, torch 2.15 on).
         left_out = [*left_out, NON_FINITE, TRICUBIC]
         return [t.name for t in SUITE.tests
                 if t.needs_double_backward == double_backward and t.name not in left_out]
 
     def run_generated(self, names, device):
-        # the tests' claims are about the deterministic pipeline: on CPU its host executor
+        # the tests' claims are about the deterministic backward: on CPU the core's host build
         # (detgrid.enable("cpu")), against stock's CPU backward where a test compares with the
         # default one; on CUDA the extension's build of the same ATen sources
         # (detgrid.enable("cuda") in place of the patched dispatch), each test with its own
         # dtypes
         for name in names:
-            test = self.generated(name)
+            test = self.generated(name, device)
             for dtype in self.dtypes(test, device):
                 with self.subTest(name=name, dtype=dtype), detgrid.enabled(device):
                     test(device, *([dtype] if dtype else []))
@@ -200,7 +203,7 @@ class TestGeneratedNNTests(TestCase):
             yield
 
     def run_against_the_core(self, name, device):
-        test = self.generated(name)
+        test = self.generated(name, device)
         with self.made_as_patched():
             for dtype in self.dtypes(test, device):
                 with self.subTest(name=name, dtype=dtype):
@@ -224,11 +227,11 @@ class TestGeneratedNNTests(TestCase):
 
             with mock.patch(f"{__name__}.core_grad_input", return_value=broken), self.made_as_patched():
                 with self.assertRaises(AssertionError):
-                    self.generated(NON_FINITE)("cpu", torch.double)
+                    self.generated(NON_FINITE, "cpu")("cpu", torch.double)
 
     def test_generated_5d_bicubic_test_skips_where_torch_has_no_tricubic(self):
-        # the core samples 5-D input bicubically (no refusal); the generated test compares it
-        # with the default backward, which torch has only where it samples 5-D input so
+        # the core samples 5-D input bicubically; the generated test compares it with the
+        # default backward, which torch has only where it samples 5-D input so
         grad_output, input, grid = torch.randn(1, 1, 2, 2, 2, dtype=torch.double), \
             torch.randn(1, 1, 3, 3, 3, dtype=torch.double), \
             torch.rand(1, 2, 2, 2, 3, dtype=torch.double) * 2 - 1
@@ -237,7 +240,7 @@ class TestGeneratedNNTests(TestCase):
         if stock_has_tricubic():
             self.skipTest("torch samples 5-D input bicubically: the test runs on the GPU")
         with self.assertRaisesRegex(unittest.SkipTest, "no bicubic interpolation of 5-D input"):
-            self.generated(TRICUBIC)("cpu", torch.double)
+            self.generated(TRICUBIC, "cpu")("cpu", torch.double)
 
     def test_dispatch_test_profiles_the_cores_kernels(self):
         # the kernels the profile looks for are the core's, and the generated dispatch test
@@ -251,7 +254,7 @@ class TestGeneratedNNTests(TestCase):
                 kernel = kernel.strip("'").replace("{dims}", str(dims))
                 self.assertRegex(core, rf"__global__ void {kernel}\(")
         self.assertIn(KERNELS_HELPER, SUITE.needs([t for t in SUITE.tests if t.name == DISPATCH]))
-        test = self.generated(DISPATCH)
+        test = self.generated(DISPATCH, "cpu")
         with detgrid.enabled("cpu"):
             test("cpu")
         masks = ((True, True), (True, False), (False, True))
@@ -263,7 +266,7 @@ class TestGeneratedNNTests(TestCase):
         # with a stand-in for the generated test, so this holds on any torch) where it has one
         ran = []
 
-        def stand_in(name):
+        def stand_in(name, device):
             return lambda device, *args: ran.append((name, device))
 
         with mock.patch.object(self, "generated", side_effect=stand_in):
@@ -288,7 +291,7 @@ class TestGeneratedNNTests(TestCase):
             calls.append(1)
             return torch.full_like(input, len(calls)), torch.zeros_like(grid)
 
-        test = self.generated("test_grid_sample_3d_backward_deterministic")
+        test = self.generated("test_grid_sample_3d_backward_deterministic", "cpu")
         test.__self__._grid_sample_grads = noisy.__get__(test.__self__)
         with self.assertRaises(AssertionError):
             test("cpu", torch.float)

@@ -47,8 +47,8 @@ class TestVerify(DetgridTestCase):
         self.assertIn("FAILED", verify.format_result(two_hashes))
         far_from_stock = dataclasses.replace(result, max_rel_diff_vs_stock=1e-6)
         self.assertFalse(far_from_stock.ok)
-        not_equal_to_executor = dataclasses.replace(result, equals_cpu_executor=False)
-        self.assertFalse(not_equal_to_executor.ok)
+        not_equal_to_host_build = dataclasses.replace(result, equals_host_build=False)
+        self.assertFalse(not_equal_to_host_build.ok)
 
 
 instantiate_parametrized_tests(TestVerify)

@@ -13,8 +13,14 @@
 #                nothing to do where the extension here was built from the
 #                same inputs (build_inputs_hash)
 #   kernels   R  detgrid imports and has_cuda_kernels() is True   -> build.json
-#   bitwise   R  100 repeats hashed and knob invariance (one 2-D, one 3-D
-#                case), CUDA == host executor per dtype, 2-D and 3-D
+#   bitwise   R  the key verdict: every build of the core
+#                (detgrid.levels.CORE_BUILDS) gives its host build's bits on
+#                CUDA, per dtype, 2-D and 3-D, and the golden corpus's bits
+#                (tests/golden/core_digests.json); the default backward's
+#                grad_input and grad_grid as the host's (the grid gradient's);
+#                100 repeats of one 2-D and one 3-D high-collision case, one
+#                set of bits over the runs and the builds; agreement with
+#                stock's atomic backward within tolerance   -> bitwise.json
 #   routes    R  under detgrid.enable(): grid-only calls in deterministic mode
 #                (stn_mnist, monodepth2_grid_only, F.grid_sample per dtype) raise
 #                nothing and give stock's grad_grid bits; with two GPUs, a call
@@ -22,16 +28,14 @@
 #   tests     R  pytest tests -k cuda                              -> junit.xml
 #   racecheck R  one tiny case per rank
 #   memcheck  R  compute-sanitizer memcheck over every mode x padding, 2-D and
-#                3-D, NaN/Inf grids, multi-chunk (3-D: dense and sparse
-#                reductions) ("unavailable" where the runtime refuses)
-#   exact        accumulate="exact" and "exact_atomic": the same bits as each
-#                other over repeats and knobs (the two high-collision cases) and
-#                as the host executor's exact, per dtype, 2-D and 3-D -> exact.json
+#                3-D, NaN/Inf grids, calls of two of the core's chunks, every
+#                build ("unavailable" where the runtime refuses)
 #   initcheck    one tiny case per rank
-#   timing       stock (its own mode) vs detgrid (deterministic mode) backward
-#                on the benchmark workloads, then the exact variants beside
-#                ordered on those timed; last, since it stops starting
-#                workloads 25 s before its limit: it takes what is left
+#   timing       stock (its own mode) vs the default backward and each other
+#                build of the core (deterministic mode) on the benchmark rows
+#                (`detgrid bench`'s, the GPU check's eight first); last, since
+#                it stops starting workloads 25 s before its limit: it takes
+#                what is left
 #   report       $OUT/gpu_check.json and $OUT/gpu_check.md (printed last)
 #
 # Verdict: FAIL when a required step fails (or one of its checks does);
@@ -43,18 +47,18 @@
 #
 # Time (never yet measured on a lent GPU; the first run's steps table
 # replaces these guesses): on a cold H100 or H200, env + deps ~10 s, the
-# build 120-180 s (ExactCuda.cu is the long unit), then kernels ~5, bitwise
-# ~30, routes ~5, tests ~40, racecheck ~20, memcheck 40-90: the required
-# steps end near the 300 s budget, which cuts whatever would run past it
-# (the last, longest, memcheck first), so a cold run gives its verdict by
-# ~300 s and leaves the optional steps out. A rerun at once on the still-warm
-# machine keeps build/ and the extension: the build step finds its inputs
-# unchanged (by content, since a re-sent tree may carry new mtimes that
-# would make ninja rebuild everything) and takes seconds, the required steps
-# end by ~170 s, and exact (~20 s), initcheck (~20 s) and timing (the rest)
-# fill the budget. Device tool: timeout_s 390 (the budget, a killed step's
-# 15 s grace, the report's 60 s at most), so both runs and the machine's
-# start fit in a 15-minute lease.
+# build 90-150 s (the core's builds, the grid gradient and the extension's
+# units), then kernels ~5, bitwise ~40, routes ~5, tests ~40, racecheck ~20,
+# memcheck 40-90: the required steps end near the 300 s budget, which cuts
+# whatever would run past it (the last, longest, memcheck first), so a cold
+# run gives its verdict by ~300 s and leaves the optional steps out. A rerun
+# at once on the still-warm machine keeps build/ and the extension: the
+# build step finds its inputs unchanged (by content, since a re-sent tree may
+# carry new mtimes that would make ninja rebuild everything) and takes
+# seconds, the required steps end by ~200 s, and initcheck (~20 s) and
+# timing (the rest) fill the budget. Device tool: timeout_s 390 (the budget,
+# a killed step's 15 s grace, the report's 60 s at most), so both runs and
+# the machine's start fit in a 15-minute lease.
 #
 # Files under $OUT (default ./out): gpu_check.json, gpu_check.md,
 # gpu_check.log (every step's output), junit.xml. Exit status 0 when the
@@ -69,8 +73,8 @@
 #   DETGRID_GPU_CHECK_PYTEST_WORKERS   pytest-xdist workers (4; 0 = none)
 #   DETGRID_GPU_CHECK_PYTEST_K    pytest -k expression (cuda: the *_cuda* variants)
 #   DETGRID_GPU_CHECK_DEVICE      cuda; cpu runs the same logic on the host
-#                                 executor (for testing this script)
-#   DETGRID_GPU_CHECK_SCALE, _REPS, _EXACT_REPS, _TIMING_REPS   sizes (1, 100, 10, 25)
+#                                 build (for testing this script)
+#   DETGRID_GPU_CHECK_SCALE, _REPS, _TIMING_REPS   sizes (1, 100, 25)
 #   DETGRID_PYTHON                interpreter (python3)
 #   TORCH_CUDA_ARCH_LIST, MAX_JOBS     passed to the build (9.0, 16)
 
@@ -148,10 +152,6 @@ if [[ "${1:-}" == "__step" ]]; then
       ;;
     routes)
       "$PY" "$GC" routes --device "$DEVICE" --json "$WORK/routes.json"
-      ;;
-    exact)
-      "$PY" "$GC" exact --device "$DEVICE" --scale "$SCALE" \
-        --reps "${DETGRID_GPU_CHECK_EXACT_REPS:-10}" --json "$WORK/exact.json"
       ;;
     memcheck | racecheck | initcheck)
       set_name=tiny
@@ -264,16 +264,16 @@ say "detgrid GPU check in $ROOT; out=$OUT work=$WORK budget=${BUDGET}s dry_run=$
 # shortest sanitizer before the longest, which the budget cuts first.
 step env         30       5   0              # ~5 s
 step deps        30       5   0              # ~3 s
-step build   $BUDGET     60   0              # 120-180 s cold, seconds warm; nothing
+step build   $BUDGET     60   0              # 90-150 s cold, seconds warm; nothing
                                              # runs without it, so it may take the rest
 step kernels     30      10   0              # ~5 s
-step bitwise     90      20   1              # ~30 s (2-D ~20 s, 3-D ~10 s)
+step bitwise     90      20   1              # ~40 s (repeats ~10, device vs host ~20,
+                                             # golden ~5, stock ~5)
 step routes      30      10   1              # ~5 s: grid-only calls under enable(), cross-device
 step tests      120      30   1              # ~40 s? depends on tests/
 step racecheck   45      20   1              # ~20 s
-step memcheck   120      40   1              # ~40-90 s (31 2-D + 30 3-D cases)
+step memcheck   120      40   1              # ~40-90 s (29 2-D + 30 3-D cases)
 # Optional: they report, never decide (a warm rerun has the time for them).
-step exact       60      20   1              # ~15-25 s? (8 x 27 small cases x 14, 2 x 34 large)
 step initcheck   45      20   1              # ~20 s
 step timing     120      30   1              # the rest: it stops starting workloads at its limit - 25 s
 

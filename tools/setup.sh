@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the kit: .venv/ at the repo root with torch, test tools and detgrid
-# built against that torch (the host executor always; the CUDA kernels too
+# built against that torch (the kernels' host builds always; the CUDA kernels too
 # when torch has CUDA: see setup.py). Idempotent: re-running rebuilds.
 #   DETGRID_TORCH   torch requirement to install (default torch==2.13.0)
 set -euo pipefail

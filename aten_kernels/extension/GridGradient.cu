@@ -44,10 +44,12 @@
 // (reflect_set_grad), so that the host build gives the GPU's bits for
 // infinite and huge coordinates too.
 //
-// One departure, the one the deterministic grad_input takes: a point with a
-// non-finite bicubic coordinate has no tap (the bilinear kernel's rule,
+// One departure from the existing kernel: a point with a non-finite bicubic
+// or tricubic coordinate has no tap (the bilinear kernel's rule,
 // safe_downgrade_to_int_range), where the existing kernel would pad the
 // NaN onto an edge pixel. Its coefficients are zero and its taps read 0.
+// The deterministic grad_input takes the same rule for tricubic only; its
+// 2-D bicubic follows the existing kernel.
 
 namespace at::native {
 namespace {

@@ -12,7 +12,7 @@ namespace at::native {
 // Writes every element of grad_grid (contiguous, the grid's sizes) for
 // checked arguments of grid_sampler_{2d,3d}_backward: one launch, none for
 // an empty grid.
-using GridGradientLauncher = void (*)(
+using GridGradientLaunch = void(
     const TensorBase& grad_grid,
     const TensorBase& grad_output,
     const TensorBase& input,
@@ -21,24 +21,9 @@ using GridGradientLauncher = void (*)(
     int64_t padding_mode,
     bool align_corners);
 
-void launch_grid_sampler_grid_gradient_host(
-    const TensorBase& grad_grid,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners);
-
+GridGradientLaunch launch_grid_sampler_grid_gradient_host;
 #ifdef DETGRID_WITH_CUDA
-void launch_grid_sampler_grid_gradient_kernel(
-    const TensorBase& grad_grid,
-    const TensorBase& grad_output,
-    const TensorBase& input,
-    const TensorBase& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners);
+GridGradientLaunch launch_grid_sampler_grid_gradient_kernel;
 #endif
 
 } // namespace at::native

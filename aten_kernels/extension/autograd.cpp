@@ -58,8 +58,7 @@ TORCH_LIBRARY_IMPL(detgrid, Autograd, m) {
   for (const char* name :
        {"grid_sampler_2d_backward",
         "grid_sampler_3d_backward",
-        "_grid_sampler_2d_backward_with_options",
-        "_grid_sampler_3d_backward_with_options",
+        "_core_grad_input",
         "_grid_gradient"}) {
     m.impl(
         name,

@@ -18,8 +18,9 @@ using at::native::detail::GridSamplerInterpolation;
 at::Tensor empty_unfilled_like(const at::Tensor& t) {
 #ifdef DETGRID_WITH_CUDA
   if (t.is_cuda()) {
-    return at::Tensor(at::detail::empty_cuda(
-        t.sizes(), t.scalar_type(), t.device(), std::nullopt));
+    return at::Tensor(
+        at::detail::empty_cuda(
+            t.sizes(), t.scalar_type(), t.device(), std::nullopt));
   }
 #endif
   TORCH_INTERNAL_ASSERT(t.is_cpu());

@@ -9,10 +9,10 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -30,24 +30,24 @@
   _(core, "core", kernel)      \
   _(grouped_channels, "grouped-channels", kernel_grouped_channels)
 
-#define DETGRID_DECLARE_LAUNCHER(name)                \
-  void name(                                          \
-      const TensorBase& grad_input,                   \
-      const TensorBase& grad_output,                  \
-      const TensorBase& input,                        \
-      const TensorBase& grid,                         \
-      int64_t interpolation_mode,                     \
-      int64_t padding_mode,                           \
+#define DETGRID_DECLARE_LAUNCHER(name) \
+  void name(                           \
+      const TensorBase& grad_input,    \
+      const TensorBase& grad_output,   \
+      const TensorBase& input,         \
+      const TensorBase& grid,          \
+      int64_t interpolation_mode,      \
+      int64_t padding_mode,            \
       bool align_corners);
 
 namespace at::native {
 #define DETGRID_DECLARE_HOST(symbol, build, cuda_symbol) \
-  DETGRID_DECLARE_LAUNCHER(                               \
+  DETGRID_DECLARE_LAUNCHER(                              \
       launch_grid_sampler_backward_deterministic_host_##symbol)
 DETGRID_CORE_BUILDS(DETGRID_DECLARE_HOST)
 #ifdef DETGRID_WITH_CUDA
 #define DETGRID_DECLARE_CUDA(symbol, build, cuda_symbol) \
-  DETGRID_DECLARE_LAUNCHER(                               \
+  DETGRID_DECLARE_LAUNCHER(                              \
       launch_grid_sampler_backward_deterministic_##cuda_symbol)
 DETGRID_CORE_BUILDS(DETGRID_DECLARE_CUDA)
 #endif
@@ -82,7 +82,8 @@ struct CoreBuild {
   const char* name;
   Launcher host;
   Launcher cuda; // null without CUDA kernels
-  const char* const* source_sha256; // of the source its host build was made from
+  const char* const*
+      source_sha256; // of the source its host build was made from
 };
 
 #ifdef DETGRID_WITH_CUDA
@@ -91,11 +92,11 @@ struct CoreBuild {
 #else
 #define DETGRID_CUDA_LAUNCHER(cuda_symbol) nullptr
 #endif
-#define DETGRID_BUILD_ENTRY(symbol, build, cuda_symbol)                  \
-  CoreBuild{                                                             \
-      build,                                                             \
+#define DETGRID_BUILD_ENTRY(symbol, build, cuda_symbol)                      \
+  CoreBuild{                                                                 \
+      build,                                                                 \
       &at::native::launch_grid_sampler_backward_deterministic_host_##symbol, \
-      DETGRID_CUDA_LAUNCHER(cuda_symbol),                                \
+      DETGRID_CUDA_LAUNCHER(cuda_symbol),                                    \
       &hostify::kHostifiedSourceSha256_##symbol},
 
 constexpr CoreBuild kCoreBuilds[] = {DETGRID_CORE_BUILDS(DETGRID_BUILD_ENTRY)};
@@ -111,13 +112,21 @@ const CoreBuild& core_build(const std::string& level) {
     names += names.empty() ? build.name : std::string(", ") + build.name;
   }
   TORCH_CHECK(
-      false, "core: no build of the core named '", level, "'; the builds are ", names);
+      false,
+      "core: no build of the core named '",
+      level,
+      "'; the builds are ",
+      names);
 }
 
 // Sets hostify's launch shape for one call and restores the default after.
 class LaunchShape {
  public:
-  LaunchShape(int64_t block_size, int64_t grid_size, int64_t shuffle_seed, bool run) {
+  LaunchShape(
+      int64_t block_size,
+      int64_t grid_size,
+      int64_t shuffle_seed,
+      bool run) {
     TORCH_CHECK(
         block_size >= 0 && grid_size >= 0 && shuffle_seed >= 0,
         "core: block_size, grid_size and shuffle_seed must be 0 or "
@@ -136,8 +145,11 @@ class LaunchShape {
   }
 };
 
+// grad_input as GridSampler.cpp hands it to the core's launcher: zeros, and
+// one write of them (allocate_gradients).
 at::Tensor zeroed_grad_input(const at::Tensor& input) {
-  return at::zeros(input.sizes(), input.options());
+  return std::get<0>(allocate_gradients(input, at::Tensor(), {true, false}))
+      .zero_();
 }
 
 // The CUDA build's grad_input; the launch shape is the kernel's own there.
@@ -171,20 +183,20 @@ at::Tensor cuda_grad_input(
 #endif
 }
 
-at::Tensor core_grad_input(
+// grad_input by `build` on the tensors' device, for checked arguments;
+// block_size, grid_size and shuffle_seed shape the host build's launches (0:
+// hostify's defaults).
+at::Tensor build_grad_input(
+    const CoreBuild& build,
     const at::Tensor& grad_output,
     const at::Tensor& input,
     const at::Tensor& grid,
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners,
-    int64_t block_size,
-    int64_t grid_size,
-    int64_t shuffle_seed,
-    const std::string& level) {
-  const CoreBuild& build = core_build(level);
-  check_backward_inputs(
-      input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
+    int64_t block_size = 0,
+    int64_t grid_size = 0,
+    int64_t shuffle_seed = 0) {
   at::Tensor grad_input = zeroed_grad_input(input);
   if (input.is_cuda()) {
     return cuda_grad_input(
@@ -212,6 +224,38 @@ at::Tensor core_grad_input(
       padding_mode,
       align_corners);
   return grad_input;
+}
+
+at::Tensor core_grad_input(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    int64_t block_size,
+    int64_t grid_size,
+    int64_t shuffle_seed,
+    const std::string& level) {
+  const CoreBuild& build = core_build(level);
+  check_backward_inputs(
+      input.dim() - 2,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode);
+  return build_grad_input(
+      build,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners,
+      block_size,
+      grid_size,
+      shuffle_seed);
 }
 
 // A CPU tensor of t's sizes, strides and dtype over no memory: a count-only
@@ -253,7 +297,12 @@ std::vector<int64_t> core_counters(
     const std::string& level) {
   const CoreBuild& build = core_build(level);
   check_backward_inputs(
-      input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
+      input.dim() - 2,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode);
   const bool run = input.device().is_cpu() && grid.device().is_cpu() &&
       grad_output.device().is_cpu();
   const auto operand = [run](const at::Tensor& t) {
@@ -294,22 +343,57 @@ at::Tensor existing_kernel_reference(
     int64_t padding_mode,
     bool align_corners) {
   check_backward_inputs(
-      input.dim() - 2, grad_output, input, grid, interpolation_mode, padding_mode);
+      input.dim() - 2,
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode);
   TORCH_CHECK(
       input.device().is_cpu(), "existing kernel reference: takes CPU tensors");
   return hostify::existing_kernel_grad_input(
-      grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners);
 }
 
 } // namespace
 
+at::Tensor stack_grad_input(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  // The last build is the whole stack's.
+  return build_grad_input(
+      std::end(kCoreBuilds)[-1],
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners);
+}
+
 TORCH_LIBRARY_FRAGMENT(detgrid, m) {
+  // A kernel of its own dispatch key, below Autograd: autograd.cpp's
+  // refusal of a call that requires grad comes first (a kernel given with
+  // the schema would be CompositeImplicitAutograd, which bypasses it).
   m.def(
       "_core_grad_input(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners, "
       "int block_size=0, int grid_size=0, int shuffle_seed=0, "
-      "str level=\"core\") -> Tensor",
-      &core_grad_input);
+      "str level=\"core\") -> Tensor");
+  m.impl(
+      "_core_grad_input",
+      torch::dispatch(
+          c10::DispatchKey::CompositeExplicitAutograd,
+          TORCH_FN(core_grad_input)));
   m.def(
       "_core_counters(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners, "
@@ -319,9 +403,11 @@ TORCH_LIBRARY_FRAGMENT(detgrid, m) {
       "_existing_kernel_reference(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners) -> Tensor",
       &existing_kernel_reference);
-  m.def("_core_source_sha256(str level=\"core\") -> str", [](const std::string& level) {
-    return std::string(*core_build(level).source_sha256);
-  });
+  m.def(
+      "_core_source_sha256(str level=\"core\") -> str",
+      [](const std::string& level) {
+        return std::string(*core_build(level).source_sha256);
+      });
   m.def("_core_builds() -> str[]", [] {
     std::vector<std::string> names;
     for (const CoreBuild& build : kCoreBuilds) {

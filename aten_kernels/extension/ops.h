@@ -11,9 +11,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "BackwardCall.h"
 #include "GridGradient.h"
-#include "knobs.h"
 #include "routing.h"
 
 #include <array>
@@ -44,17 +42,18 @@ void check_as_stock_backward(
     int64_t interpolation_mode);
 
 // grad_input / grad_grid with stock's sizes and contiguous strides;
-// undefined when not asked. Every element of them is written by detgrid's
-// kernels, so they are allocated without the fill that at::empty gives in
-// deterministic mode (torch.utils.deterministic.fill_uninitialized_memory):
-// that would be a second write of every element, for nothing.
+// undefined when not asked. They are allocated without the fill that
+// at::empty gives in deterministic mode
+// (torch.utils.deterministic.fill_uninitialized_memory): the grid gradient
+// writes every element of grad_grid, and grad_input is zeroed before the
+// core adds to it, so that fill would be a second write of every element,
+// for nothing.
 std::tuple<at::Tensor, at::Tensor> allocate_gradients(
     const at::Tensor& input,
     const at::Tensor& grid,
     std::array<bool, 2> output_mask);
 
-// The kernel signature of aten::grid_sampler_{2d,3d}_backward, and the same
-// with the knobs as a last argument.
+// The kernel signature of aten::grid_sampler_{2d,3d}_backward.
 using AtenBackwardFn = std::tuple<at::Tensor, at::Tensor> (*)(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -63,48 +62,6 @@ using AtenBackwardFn = std::tuple<at::Tensor, at::Tensor> (*)(
     int64_t padding_mode,
     bool align_corners,
     std::array<bool, 2> output_mask);
-using BackwardWithOptionsFn = std::tuple<at::Tensor, at::Tensor> (*)(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
-    const BackwardOptions& options);
-
-// The deterministic backward of kDims spatial dimensions on each device.
-template <int kDims>
-std::tuple<at::Tensor, at::Tensor> backward_cpu(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
-    const BackwardOptions& options);
-
-// A backward with the default knobs, as an aten kernel.
-template <BackwardWithOptionsFn backward>
-std::tuple<at::Tensor, at::Tensor> with_default_options(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask) {
-  return backward(
-      grad_output,
-      input,
-      grid,
-      interpolation_mode,
-      padding_mode,
-      align_corners,
-      output_mask,
-      BackwardOptions{});
-}
 
 // The grid gradient alone (GridGradient.cu), as a kernel: checked
 // arguments in, a contiguous grad_grid out.
@@ -119,7 +76,7 @@ using GridGradientFn = at::Tensor (*)(
 // grad_grid of a grid-only call (checked arguments of either rank), as
 // allocate_gradients allocates it, written in full by `launch`, the grid
 // gradient's launcher on one device.
-template <at::native::GridGradientLauncher launch>
+template <at::native::GridGradientLaunch* launch>
 at::Tensor grid_gradient_by(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -140,23 +97,6 @@ at::Tensor grid_gradient_by(
   return grad_grid;
 }
 
-// The grad_grid of a backward call that requests it, by `launch`; the
-// caller then runs grad_input's pass, as upstream's launcher runs the
-// deterministic grad_input beside the existing kernel's grad_grid.
-template <at::native::GridGradientLauncher launch>
-void write_requested_grad_grid(const BackwardCall& call) {
-  if (call.output_mask[1]) {
-    launch(
-        call.grad_grid,
-        call.grad_output,
-        call.input,
-        call.grid,
-        call.interpolation_mode,
-        call.padding_mode,
-        call.align_corners);
-  }
-}
-
 at::Tensor grid_gradient_cpu(
     const at::Tensor& grad_output,
     const at::Tensor& input,
@@ -169,7 +109,7 @@ at::Tensor grid_gradient_cpu(
 // nothing for a call that requests nothing; grad_grid from stock's kernel
 // where backward_route gives a deterministic call to stock (CPU), from
 // detgrid's grid gradient, with stock's CUDA arithmetic, otherwise;
-// nullopt when grad_input is requested, for the pipeline to compute.
+// nullopt when grad_input is requested, for the core to compute.
 template <AtenBackwardFn stock, GridGradientFn grid_gradient>
 std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
     const at::Tensor& grad_output,
@@ -209,6 +149,62 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> unless_grad_input_requested(
           interpolation_mode,
           padding_mode,
           align_corners)};
+}
+
+// grad_input by the build of the core that the whole upstream stack gives
+// (core_ops.cpp), on the tensors' device, for checked arguments: a
+// contiguous tensor of the input's sizes.
+at::Tensor stack_grad_input(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
+
+// detgrid's backward of kDims spatial dimensions on one device, as the
+// patched GridSampler.cu gives it: grad_input from the core, grad_grid
+// from the grid gradient (upstream, stock's kernel writes it).
+template <int kDims, AtenBackwardFn stock, GridGradientFn grid_gradient>
+std::tuple<at::Tensor, at::Tensor> deterministic_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners,
+    std::array<bool, 2> output_mask) {
+  check_backward_inputs(
+      kDims, grad_output, input, grid, interpolation_mode, padding_mode);
+  if (auto result = unless_grad_input_requested<stock, grid_gradient>(
+          grad_output,
+          input,
+          grid,
+          interpolation_mode,
+          padding_mode,
+          align_corners,
+          output_mask)) {
+    return *result;
+  }
+  at::Tensor grad_grid;
+  if (output_mask[1]) {
+    grad_grid = grid_gradient(
+        grad_output,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners);
+  }
+  return {
+      stack_grad_input(
+          grad_output,
+          input,
+          grid,
+          interpolation_mode,
+          padding_mode,
+          align_corners),
+      grad_grid};
 }
 
 // aten's grid_sampler backward kernels return a grad_grid whatever
@@ -348,6 +344,7 @@ at::Tensor grid_gradient_cuda(
     int64_t padding_mode,
     bool align_corners);
 
+// The deterministic backward of kDims spatial dimensions on CUDA.
 template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_output,
@@ -356,8 +353,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners,
-    std::array<bool, 2> output_mask,
-    const BackwardOptions& options);
+    std::array<bool, 2> output_mask);
 
 // Registers, on `aten_cuda`, the CUDA kernels of grid_sampler_2d_backward,
 // grid_sampler_3d_backward and cudnn_grid_sampler_backward that pick the

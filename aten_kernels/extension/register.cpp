@@ -4,13 +4,10 @@
 
 #include <Python.h>
 
-#include "GridSamplerDeterministicCPU.h"
 #include "ops.h"
 
 #include <ATen/ops/grid_sampler_2d_backward_native.h>
 #include <ATen/ops/grid_sampler_3d_backward_native.h>
-#include <ATen/ops/empty.h>
-#include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -28,8 +25,15 @@ at::Tensor grid_gradient_cpu(
     int64_t padding_mode,
     bool align_corners) {
   return grid_gradient_by<at::native::launch_grid_sampler_grid_gradient_host>(
-      grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners);
 }
+
+namespace {
 
 template <int kDims>
 std::tuple<at::Tensor, at::Tensor> backward_cpu(
@@ -39,240 +43,18 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(
     int64_t interpolation_mode,
     int64_t padding_mode,
     bool align_corners,
-    std::array<bool, 2> output_mask,
-    const BackwardOptions& options) {
-  check_backward_inputs(
-      kDims, grad_output, input, grid, interpolation_mode, padding_mode);
+    std::array<bool, 2> output_mask) {
   constexpr AtenBackwardFn stock = kDims == 2
       ? at::native::grid_sampler_2d_backward_cpu
       : at::native::grid_sampler_3d_backward_cpu;
-  if (auto result = unless_grad_input_requested<stock, grid_gradient_cpu>(
-          grad_output,
-          input,
-          grid,
-          interpolation_mode,
-          padding_mode,
-          align_corners,
-          output_mask)) {
-    return *result;
-  }
-  auto [grad_input, grad_grid] = allocate_gradients(input, grid, output_mask);
-  const detgrid::BackwardCall call{
-      {grad_input,
-       grad_output,
-       input,
-       grid,
-       interpolation_mode,
-       padding_mode,
-       align_corners},
-      grad_grid,
-      output_mask};
-  const auto plan = plan_with_knobs(call, options);
-  write_requested_grad_grid<at::native::launch_grid_sampler_grid_gradient_host>(
-      call);
-  if (options.accumulate == kAccumulateOrdered) {
-    grid_sampler_backward_executor(call, plan, options.grain_size);
-  } else {
-    grid_sampler_backward_exact_executor(
-        call,
-        plan,
-        options.accumulate == kAccumulateExactAtomic,
-        options.grain_size);
-  }
-  return {grad_input, grad_grid};
-}
-
-namespace {
-
-template <BackwardWithOptionsFn backward>
-std::tuple<at::Tensor, at::Tensor> backward_with_options(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
-    int64_t chunk_points,
-    int64_t block_size,
-    int64_t max_blocks,
-    int64_t grain_size,
-    int64_t key_bits,
-    int64_t index_bits,
-    int64_t keying,
-    int64_t gather,
-    int64_t accumulate,
-    int64_t serial_fold,
-    int64_t reduce,
-    int64_t channel_group,
-    int64_t separate_fills,
-    int64_t carry_elements) {
-  return backward(
+  return deterministic_backward<kDims, stock, grid_gradient_cpu>(
       grad_output,
       input,
       grid,
       interpolation_mode,
       padding_mode,
       align_corners,
-      output_mask,
-      BackwardOptions{
-          chunk_points,
-          block_size,
-          max_blocks,
-          grain_size,
-          key_bits,
-          index_bits,
-          keying,
-          gather,
-          accumulate,
-          serial_fold,
-          reduce,
-          channel_group,
-          separate_fills,
-          carry_elements});
-}
-
-// A CPU tensor with these sizes and strides over one element of storage.
-// The counting executor reads no data, but the pipeline takes data pointers,
-// which a meta tensor refuses to give.
-at::Tensor shell(
-    at::IntArrayRef sizes,
-    at::IntArrayRef strides,
-    at::ScalarType dtype) {
-  at::Tensor t = at::empty({1}, at::TensorOptions().dtype(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-  return t;
-}
-
-at::Tensor shell_like(const at::Tensor& t) {
-  return shell(t.sizes(), t.strides(), t.scalar_type());
-}
-
-// A gradient as allocate_gradients makes it (contiguous), or undefined.
-at::Tensor gradient_shell(const at::Tensor& like, bool requested) {
-  if (!requested) {
-    return at::Tensor();
-  }
-  return shell(
-      like.sizes(),
-      c10::contiguous_strides(like.sizes()),
-      like.scalar_type());
-}
-
-// The ordered pipeline's longest fold, which follows from where the grid's
-// points land: measured by running the call on the host where the tensors
-// are CPU tensors with data (its gradients are computed and dropped); -1 for
-// meta tensors, or an exact accumulation, which has no folds.
-int64_t longest_fold_of(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    const detgrid::BackwardCall& shells,
-    const at::native::grid_sampler_deterministic::BackwardPlan& plan,
-    int64_t accumulate) {
-  if (accumulate != kAccumulateOrdered || !grid.is_cpu()) {
-    return -1;
-  }
-  // As GridSampler.cpp allocates it: contiguous, not zeroed.
-  const at::Tensor grad_input = at::empty(
-      input.sizes(), at::TensorOptions().dtype(input.scalar_type()));
-  const detgrid::BackwardCall call{
-      {grad_input,
-       grad_output,
-       input,
-       grid,
-       shells.interpolation_mode,
-       shells.padding_mode,
-       shells.align_corners},
-      at::Tensor(),
-      {true, false}};
-  return longest_fold(call, plan);
-}
-
-// detgrid.ops.work_counters: what the CUDA pipeline would do for these
-// tensors (their sizes, strides and dtype; meta tensors will do), counted by
-// running it with the counting executor: the values of WORK_COUNTER_FIELDS
-// (tools/detgrid/ops.py), in its order.
-std::vector<int64_t> backward_work_counters(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& grid,
-    int64_t interpolation_mode,
-    int64_t padding_mode,
-    bool align_corners,
-    std::array<bool, 2> output_mask,
-    int64_t chunk_points,
-    int64_t key_bits,
-    int64_t index_bits,
-    int64_t keying,
-    int64_t gather,
-    int64_t accumulate,
-    int64_t serial_fold,
-    int64_t reduce,
-    int64_t channel_group,
-    int64_t separate_fills,
-    int64_t carry_elements) {
-  const int64_t spatial_dims = input.dim() - 2;
-  check_backward_inputs(
-      spatial_dims, grad_output, input, grid, interpolation_mode, padding_mode);
-  const at::Tensor grad_input_shell = gradient_shell(input, output_mask[0]);
-  const at::Tensor grad_grid_shell = gradient_shell(grid, output_mask[1]);
-  const at::Tensor grad_output_shell = shell_like(grad_output);
-  const at::Tensor input_shell = shell_like(input);
-  const at::Tensor grid_shell = shell_like(grid);
-  const detgrid::BackwardCall call{
-      {grad_input_shell,
-       grad_output_shell,
-       input_shell,
-       grid_shell,
-       interpolation_mode,
-       padding_mode,
-       align_corners},
-      grad_grid_shell,
-      output_mask};
-  if (!output_mask[0]) {
-    // On CUDA a deterministic call for grad_grid alone takes the grid
-    // gradient's kernel (routing.h): launches, and no chunk, sort,
-    // workspace or fold.
-    const int64_t launches =
-        output_mask[1] ? count_grid_gradient_work(call).launches : 0;
-    return {launches, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  }
-  BackwardOptions knobs;
-  knobs.chunk_points = chunk_points;
-  knobs.key_bits = key_bits;
-  knobs.index_bits = index_bits;
-  knobs.keying = keying;
-  knobs.gather = gather;
-  knobs.accumulate = accumulate;
-  knobs.serial_fold = serial_fold;
-  knobs.reduce = reduce;
-  knobs.channel_group = channel_group;
-  knobs.separate_fills = separate_fills;
-  knobs.carry_elements = carry_elements;
-  const auto plan = plan_with_knobs(call, knobs);
-  const WorkCounters counters = accumulate == kAccumulateOrdered
-      ? count_backward_work(call, plan)
-      : count_exact_backward_work(
-            call, plan, accumulate == kAccumulateExactAtomic);
-  // The grid gradient's launch comes before grad_input's, outside its
-  // chunks.
-  const int64_t grid_launches =
-      output_mask[1] ? count_grid_gradient_work(call).launches : 0;
-  return {
-      grid_launches + counters.launches,
-      counters.chunks,
-      counters.launches_per_chunk,
-      counters.items_sorted,
-      counters.key_bits,
-      counters.key_bytes,
-      counters.workspace_bytes,
-      counters.sort_scratch_bytes,
-      counters.elements_swept,
-      counters.atomics,
-      longest_fold_of(grad_output, input, grid, call, plan, accumulate),
-      accumulate == kAccumulateOrdered ? counters.channel_merges : -1,
-      counters.longest_fill};
+      output_mask);
 }
 
 // detgrid.ops.backward_route: the route of routing.h, by name.
@@ -312,7 +94,12 @@ at::Tensor checked_grid_gradient(
       interpolation_mode,
       padding_mode);
   return grid_gradient(
-      grad_output, input, grid, interpolation_mode, padding_mode, align_corners);
+      grad_output,
+      input,
+      grid,
+      interpolation_mode,
+      padding_mode,
+      align_corners);
 }
 
 // Replacing aten's kernel is the point of the switch, so the dispatcher's
@@ -382,14 +169,14 @@ void set_aten_override(const std::string& device, bool enabled) {
         "grid_sampler_2d_backward",
         TORCH_FN((AsGeneratedWrapper<
                   &routed_backward<
-                      with_default_options<backward_cpu<2>>,
+                      backward_cpu<2>,
                       at::native::grid_sampler_2d_backward_cpu>,
                   kCpuBackward2d>::call)));
     library->impl(
         "grid_sampler_3d_backward",
         TORCH_FN((AsGeneratedWrapper<
                   &routed_backward<
-                      with_default_options<backward_cpu<3>>,
+                      backward_cpu<3>,
                       at::native::grid_sampler_3d_backward_cpu>,
                   kCpuBackward3d>::call)));
   }
@@ -421,30 +208,6 @@ TORCH_LIBRARY(detgrid, m) {
       "Tensor grid, int interpolation_mode, int padding_mode, "
       "bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)");
   m.def(
-      "_grid_sampler_2d_backward_with_options(Tensor grad_output, "
-      "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
-      "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce, int channel_group, int separate_fills, int carry_elements) "
-      "-> (Tensor, Tensor)");
-  m.def(
-      "_grid_sampler_3d_backward_with_options(Tensor grad_output, "
-      "Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
-      "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int block_size, int max_blocks, int grain_size, int key_bits, "
-      "int index_bits, int keying, int gather, int accumulate, int serial_fold, "
-      "int reduce, int channel_group, int separate_fills, int carry_elements) "
-      "-> (Tensor, Tensor)");
-  m.def(
-      "_backward_work_counters(Tensor grad_output, Tensor input, "
-      "Tensor grid, int interpolation_mode, int padding_mode, "
-      "bool align_corners, bool[2] output_mask, int chunk_points, "
-      "int key_bits, int index_bits, int keying, int gather, int accumulate, "
-      "int serial_fold, int reduce, int channel_group, int separate_fills, "
-      "int carry_elements) -> int[]",
-      &backward_work_counters);
-  m.def(
       "_grid_gradient(Tensor grad_output, Tensor input, Tensor grid, "
       "int interpolation_mode, int padding_mode, bool align_corners) -> Tensor");
   m.def(
@@ -454,29 +217,17 @@ TORCH_LIBRARY(detgrid, m) {
   m.def(
       "_set_aten_override(str device, bool enabled) -> ()", &set_aten_override);
   m.def("_has_cuda_kernels() -> bool", &has_cuda_kernels);
-  m.def(
-      "_point_taps(Tensor grid, int[] input_size, int interpolation_mode, "
-      "int padding_mode, bool align_corners) -> (Tensor, Tensor, Tensor)",
-      &point_taps);
 }
 
 // Registers one device's 2-D and 3-D backward and grid gradient.
 template <
-    BackwardWithOptionsFn backward_2d,
-    BackwardWithOptionsFn backward_3d,
+    AtenBackwardFn backward_2d,
+    AtenBackwardFn backward_3d,
     GridGradientFn grid_gradient>
 void impl_backward(torch::Library& m) {
   m.impl("_grid_gradient", TORCH_FN(checked_grid_gradient<grid_gradient>));
-  m.impl(
-      "grid_sampler_2d_backward", TORCH_FN(with_default_options<backward_2d>));
-  m.impl(
-      "grid_sampler_3d_backward", TORCH_FN(with_default_options<backward_3d>));
-  m.impl(
-      "_grid_sampler_2d_backward_with_options",
-      TORCH_FN(backward_with_options<backward_2d>));
-  m.impl(
-      "_grid_sampler_3d_backward_with_options",
-      TORCH_FN(backward_with_options<backward_3d>));
+  m.impl("grid_sampler_2d_backward", TORCH_FN(backward_2d));
+  m.impl("grid_sampler_3d_backward", TORCH_FN(backward_3d));
 }
 
 TORCH_LIBRARY_IMPL(detgrid, CPU, m) {

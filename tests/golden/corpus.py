@@ -1,11 +1,14 @@
-"""Golden corpus of detgrid's host executor: cases, inputs, digests.
+"""Golden corpus of detgrid's default backward: cases, inputs, digests.
 
-The host executor (the CPU run of the CUDA kernel's pipeline, reached
-through detgrid.ops.grid_sampler_{2d,3d}_backward_with_options on CPU
-tensors) promises bits, not just values. digests.json, next to this file,
-holds the SHA-256 of its two outputs for every case below, computed from the
-code as it was when the table was written; tests/test_golden.py recomputes
-them. A change meant for speed must leave every digest as it is.
+detgrid.ops.grid_sampler_{2d,3d}_backward, the default deterministic
+backward (the whole stack of the core, detgrid.levels.TOP, for grad_input;
+the grid-gradient kernel for grad_grid; stock's kernel for a CPU call that
+asks for grad_grid alone), promises bits, not just values. digests.json,
+next to this file, holds the SHA-256 of its two outputs for every case below
+on CPU tensors (the host build), computed from the code as it was when the
+table was written; tests/test_golden.py recomputes them. A change meant for
+speed must leave every digest as it is. (core_digests.json holds the core's
+own grad_input digests of the same inputs: golden/core.py.)
 
 Inputs depend on numpy's PCG64 bit stream and IEEE arithmetic only, never on
 torch's random generators or on numpy's transcendental functions (whose last
@@ -19,18 +22,23 @@ both round-to-nearest-even.
 
 Terminology as in GridSamplerDeterministic.cu: a point is one output
 location, a tap one input pixel (voxel) a point reads, a record one (point,
-tap) pair, a tile 4096 consecutive points. Bilinear and trilinear sampling sort one
-key per point, its cell, where the reduction of grad_input is dense, that is
-where N * prod(input spatial sizes + 1) <= min(points, chunk_points) * taps;
-elsewhere one key per tap, with a dense reduction where N * prod(input
-spatial sizes) <= min(points, chunk_points) * taps, sparse otherwise
-(plan_chunks in GridSamplerDeterministicPipeline.cuh).
+tap) pair, a run the records of one grad_input position; a run's records
+after its first CORE_PARTIAL_RECORDS are summed in stored partials.
+
+The case names seed the inputs and key core_digests.json, so they keep the
+words of the implementation the corpus was first written for, which planned
+"dense" and "sparse" reductions, tiles and chunks of 4096 points ("chunks",
+"tile_boundary", "chunk_boundary"), chunks of 8192 ("chunks8192") and grain
+sizes ("grain"): read them as labels ("dense" and "sparse" name the matrix's
+input shapes below). Each case's description says what it is today.
 
 Usage:
   python tests/golden/corpus.py            rewrite digests.json from today's code
   python tests/golden/corpus.py --check    recompute and compare, write nothing
   ... --threads N                          torch.set_num_threads(N) first
-  ... --knob key_bits=32                   extra knobs for every case (with --check)
+  ... --level L --block-size B --max-blocks M
+                                           (with --check) grad_input by
+                                           grid_sampler_*_backward_with_options
 """
 
 import argparse
@@ -49,13 +57,6 @@ from detgrid import ops
 
 DIGESTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digests.json")
 
-TILE_POINTS = 4096
-RECORDS_PER_PARTIAL = 256
-# kWorkspaceBytes and kSortScratchSlack of the pipeline: default chunks are
-# as many tiles as fit the budget beside a dense table.
-WORKSPACE_BYTES = 64 << 20
-SORT_SCRATCH_SLACK = 1 << 20
-
 MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
 TAPS_PER_AXIS = {"bilinear": 2, "nearest": 1, "bicubic": 4}
@@ -65,7 +66,6 @@ DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
 }
-REDUCED_DTYPES = ("float16", "bfloat16")
 GRID_KINDS = ("uniform", "zoom", "exact", "mixed", "nonfinite")
 LAYOUTS = ("contiguous", "channels_last")
 GRID_LAYOUTS = ("contiguous", "strided")
@@ -89,8 +89,8 @@ _INT_VIEW = {
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One call of the host executor. in_size / out_size are the spatial
-    sizes, outermost first: (H, W) in 2-D, (D, H, W) in 3-D."""
+    """One call of the backward. in_size / out_size are the spatial sizes,
+    outermost first: (H, W) in 2-D, (D, H, W) in 3-D."""
 
     name: str
     dims: int
@@ -111,8 +111,6 @@ class Case:
     # "expanded": one value, all strides 0; "expanded_channel": stride 0 in C.
     grad_output: str = "random"
     output_mask: tuple[bool, bool] = (True, True)
-    chunk_points: int = 0
-    grain_size: int = 0
     # zoom grids: the share of points that land in the hot cell, and
     # optionally the window [first, end) of point indices that may.
     hot_fraction: float = 0.7
@@ -126,11 +124,9 @@ class Case:
         assert self.dtype in DTYPES and self.grid in GRID_KINDS, self
         assert self.layout in LAYOUTS and self.grid_layout in GRID_LAYOUTS, self
         assert self.grad_output in GRAD_OUTPUTS, self
-        assert self.chunk_points % TILE_POINTS == 0, self
         if self.grid == "zoom" or self.grid == "mixed":
             assert min(self.in_size) >= 3, f"{self.name}: the hot cell needs 3 pixels"
 
-    # The executor's arithmetic, restated (GridSamplerDeterministicCPU.cpp).
     @property
     def taps(self) -> int:
         return TAPS_PER_AXIS[self.mode] ** self.dims
@@ -140,64 +136,20 @@ class Case:
         return self.N * math.prod(self.out_size)
 
     @property
-    def destinations(self) -> int:
+    def pixels(self) -> int:
+        """grad_input positions: N times the input's spatial size."""
         return self.N * math.prod(self.in_size)
 
     @property
-    def cells(self) -> int:
-        return self.N * math.prod(size + 1 for size in self.in_size)
-
-    def _plan(self, items_per_point: int, table_entries: int) -> tuple[int, bool]:
-        """(chunk_points, dense) as plan_chunks makes them, for 32-bit keys and
-        index math (every case fits both)."""
-        def dense_with(chunk_points):
-            return table_entries <= min(self.points, chunk_points) * self.taps
-        if self.chunk_points:
-            return self.chunk_points, dense_with(self.chunk_points)
-        opmath_bytes = 8 if self.dtype == "float64" else 4
-        bytes_per_point = items_per_point * 3 * (4 + 4) + self.taps * opmath_bytes + 4
-        budget = WORKSPACE_BYTES - SORT_SCRATCH_SLACK - 2 * 4
-        dense_tiles = max(budget - 8 * table_entries, 0) // (bytes_per_point * TILE_POINTS)
-        if dense_tiles and dense_with(dense_tiles * TILE_POINTS):
-            return dense_tiles * TILE_POINTS, True
-        return max(budget // (bytes_per_point * TILE_POINTS), 1) * TILE_POINTS, False
+    def records(self) -> int:
+        """Records grad_input's sums sort: points x taps; none without grad_input."""
+        return self.points * self.taps if self.output_mask[0] else 0
 
     @property
-    def keying(self) -> str:
-        """"cell" (one sort key per point) or "tap" (one per record)."""
-        if self.output_mask[0] and self.mode == "bilinear" and self._plan(1, self.cells)[1]:
-            return "cell"
-        return "tap"
-
-    @property
-    def resolved_chunk_points(self) -> int:
-        if self.keying == "cell":
-            return self._plan(1, self.cells)[0]
-        return self._plan(self.taps, self.destinations)[0]
-
-    @property
-    def records_per_chunk(self) -> int:
-        return min(self.points, self.resolved_chunk_points) * self.taps
-
-    @property
-    def num_chunks(self) -> int:
-        return max(1, -(-self.points // self.resolved_chunk_points))
-
-    @property
-    def reduction(self) -> str:
-        """"dense", "sparse", or "none" where grad_input is not asked for."""
-        if not self.output_mask[0]:
-            return "none"
-        if self.keying == "cell":
-            return "dense"
-        return "dense" if self._plan(self.taps, self.destinations)[1] else "sparse"
-
-    @property
-    def knobs(self) -> dict[str, int]:
-        """The case's own options for the _with_options op (0 = default is
-        left out)."""
-        return {k: v for k, v in (("chunk_points", self.chunk_points),
-                                  ("grain_size", self.grain_size)) if v}
+    def core_chunks(self) -> int:
+        """The core's chunks (one radix sort each): CORE_CHUNK_RECORDS records
+        per chunk (no case has the more than 256 channels that shrink them)."""
+        return -(-self.records // ops.CORE_CHUNK_RECORDS)
 
     @property
     def description(self) -> str:
@@ -211,17 +163,11 @@ class Case:
             f"grad_output {self.grad_output}",
             f"output_mask {list(self.output_mask)}",
         ]
-        if self.reduction == "none":
-            parts.append("no grad_input reduction")
+        if self.output_mask[0]:
+            parts.append(f"{self.records} records on {self.pixels} pixels, "
+                         f"{self.core_chunks} chunk(s) of the core")
         else:
-            entries = (f"{self.cells} cells" if self.keying == "cell"
-                       else f"{self.destinations} destinations")
-            parts.append(
-                f"{self.reduction} reduction keyed per {self.keying} ({entries} vs "
-                f"{self.records_per_chunk} records per chunk), {self.num_chunks} "
-                f"chunk(s) of {self.resolved_chunk_points} points")
-        if self.grain_size:
-            parts.append(f"grain_size {self.grain_size}")
+            parts.append("grad_grid alone: stock's kernel on CPU")
         if self.note:
             parts.append(self.note)
         return "; ".join(parts)
@@ -237,12 +183,14 @@ def _sizes(exponents, align_corners):
     return tuple(_size(k, align_corners) for k in exponents)
 
 
-# Shapes of the mode x padding x align_corners matrix, one dense and one
-# sparse per rank, for every mode (checked by Case.reduction in the tests):
-#   2-D dense:  2 x (8|9)^2 = 128|162 destinations <= 240 points * taps
-#   2-D sparse: (32|33)^2 = 1024|1089 destinations > 63 points * 16 taps
-#   3-D dense:  2 x (4|5)^3 = 128|250 destinations <= 280 points * taps
-#   3-D sparse: (16|17)^3 = 4096|4913 destinations > 60 points * 64 taps
+# Shapes of the mode x padding x align_corners matrix, two per rank, named
+# as the case names name them: a "dense" shape has fewer pixels than a call
+# of any mode has records (most pixels receive many), a "sparse" one more
+# (most receive few or none); checked by the tests:
+#   2-D dense:  2 x (8|9)^2 = 128|162 pixels <= 240 points
+#   2-D sparse: (32|33)^2 = 1024|1089 pixels > 63 points * 16 taps
+#   3-D dense:  2 x (4|5)^3 = 128|250 pixels <= 280 points
+#   3-D sparse: (16|17)^3 = 4096|4913 pixels > 60 points * 64 taps
 _MATRIX_SHAPES = {
     (2, "dense"): dict(N=2, C=3, in_exp=(3, 3), out_size=(10, 12)),
     (2, "sparse"): dict(N=1, C=2, in_exp=(5, 5), out_size=(7, 9)),
@@ -253,8 +201,8 @@ _MATRIX_SHAPES = {
 _DTYPE_CYCLE = ("float32", "float64", "float16", "bfloat16")
 
 
-def _shaped(dims, reduction, align_corners):
-    shape = dict(_MATRIX_SHAPES[(dims, reduction)])
+def _shaped(dims, label, align_corners):
+    shape = dict(_MATRIX_SHAPES[(dims, label)])
     shape["in_size"] = _sizes(shape.pop("in_exp"), align_corners)
     return shape
 
@@ -265,20 +213,20 @@ def _build_cases():
     def add(name, **fields):
         cases.append(Case(name=name, **fields))
 
-    # 1. Every (dims, mode, padding, align_corners), on mixed grids; dense
-    # for one align_corners and sparse for the other, alternating with the
-    # padding, dtypes cycling.
+    # 1. Every (dims, mode, padding, align_corners), on mixed grids; the
+    # dense shape for one align_corners and the sparse one for the other,
+    # alternating with the padding, dtypes cycling.
     for dims in (2, 3):
         j = 0
         for mode in MODES:
             for p, padding in enumerate(PADDINGS):
                 for align in (False, True):
-                    reduction = ("dense", "sparse")[(p + align) % 2]
+                    label = ("dense", "sparse")[(p + align) % 2]
                     dtype = _DTYPE_CYCLE[j % 4]
                     j += 1
-                    add(f"matrix_{dims}d_{mode}_{padding}_align{int(align)}_{dtype}_{reduction}",
+                    add(f"matrix_{dims}d_{mode}_{padding}_align{int(align)}_{dtype}_{label}",
                         dims=dims, mode=mode, padding=padding, align_corners=align,
-                        dtype=dtype, **_shaped(dims, reduction, align))
+                        dtype=dtype, **_shaped(dims, label, align))
 
     # 2. Every dtype on uniform grids, 2-D bicubic and 3-D trilinear.
     for dtype in DTYPES:
@@ -289,79 +237,67 @@ def _build_cases():
             padding="border", align_corners=True, dtype=dtype, N=1, C=3,
             in_size=(5, 6, 7), out_size=(4, 6, 8), grid="uniform")
 
-    # 3. Several chunks. 2-D bilinear, 10240 points in 4096-point chunks
-    # (three, the last partial), zoom grids so that destinations collect
-    # records from every chunk: dense on 2 x 12 x 16, sparse on 160 x 128
-    # (20480 destinations > 16384 records).
+    # 3. Zoom grids of several thousand points, most of them in one cell, in
+    # every dtype: the hot cell's corners take runs of thousands of records
+    # (stored partials, Half and BFloat16 summed in float), beside pixels
+    # that take few. 2-D bilinear on 2 x 12 x 16 and on 160 x 128.
     for dtype in DTYPES:
         add(f"chunks_2d_bilinear_dense_{dtype}", dims=2, mode="bilinear",
             padding="zeros", align_corners=False, dtype=dtype, N=2, C=3,
-            in_size=(12, 16), out_size=(64, 80), grid="zoom", chunk_points=4096,
-            note="float carry between chunks" if dtype in REDUCED_DTYPES else "")
+            in_size=(12, 16), out_size=(64, 80), grid="zoom")
         add(f"chunks_2d_bilinear_sparse_{dtype}", dims=2, mode="bilinear",
             padding="border", align_corners=True, dtype=dtype, N=1, C=2,
-            in_size=(160, 128), out_size=(100, 100), grid="zoom", chunk_points=4096,
-            note="float carry between chunks" if dtype in REDUCED_DTYPES else "")
-    # 8192-point chunks: 20000 points make three.
+            in_size=(160, 128), out_size=(100, 100), grid="zoom")
+    # 20000 and 12800 points.
     add("chunks8192_2d_bilinear_sparse_float32", dims=2, mode="bilinear",
         padding="reflection", align_corners=False, dtype="float32", N=1, C=2,
-        in_size=(192, 192), out_size=(100, 200), grid="zoom", chunk_points=8192)
+        in_size=(192, 192), out_size=(100, 200), grid="zoom")
     add("chunks8192_2d_bilinear_dense_float16", dims=2, mode="bilinear",
         padding="zeros", align_corners=True, dtype="float16", N=1, C=2,
-        in_size=(12, 16), out_size=(100, 200), grid="zoom", chunk_points=8192,
-        note="float carry between chunks")
+        in_size=(12, 16), out_size=(100, 200), grid="zoom")
     add("chunks8192_2d_nearest_sparse_bfloat16", dims=2, mode="nearest",
         padding="border", align_corners=False, dtype="bfloat16", N=2, C=2,
-        in_size=(64, 72), out_size=(80, 80), grid="zoom", chunk_points=8192,
-        note="float carry between chunks")
+        in_size=(64, 72), out_size=(80, 80), grid="zoom")
     add("chunks_2d_bicubic_dense_float16", dims=2, mode="bicubic",
         padding="reflection", align_corners=True, dtype="float16", N=1, C=2,
-        in_size=(9, 9), out_size=(64, 72), grid="mixed", chunk_points=4096,
-        note="float carry between chunks")
+        in_size=(9, 9), out_size=(64, 72), grid="mixed")
     add("chunks_2d_bicubic_sparse_bfloat16", dims=2, mode="bicubic",
         padding="zeros", align_corners=False, dtype="bfloat16", N=1, C=1,
-        in_size=(256, 320), out_size=(64, 72), grid="zoom", chunk_points=4096,
-        note="float carry between chunks")
-    # 3-D: 6272 points make two 4096-point chunks; dense on 8^3 voxels,
-    # sparse on 32 x 32 x 40 = 40960 > 32768 records.
+        in_size=(256, 320), out_size=(64, 72), grid="zoom")
+    # 3-D: 6272 points on 8^3 voxels and on 32 x 32 x 40.
     for dtype in ("float32", "float16", "bfloat16"):
-        note = "float carry between chunks" if dtype in REDUCED_DTYPES else ""
         add(f"chunks_3d_bilinear_dense_{dtype}", dims=3, mode="bilinear",
             padding="zeros", align_corners=False, dtype=dtype, N=1, C=2,
-            in_size=(8, 8, 8), out_size=(8, 28, 28), grid="zoom", chunk_points=4096,
-            note=note)
+            in_size=(8, 8, 8), out_size=(8, 28, 28), grid="zoom")
         add(f"chunks_3d_bilinear_sparse_{dtype}", dims=3, mode="bilinear",
             padding="reflection", align_corners=True, dtype=dtype, N=1, C=2,
-            in_size=(32, 32, 40), out_size=(8, 28, 28), grid="zoom", chunk_points=4096,
-            note=note)
+            in_size=(32, 32, 40), out_size=(8, 28, 28), grid="zoom")
     add("chunks_3d_nearest_sparse_float64", dims=3, mode="nearest",
         padding="border", align_corners=False, dtype="float64", N=1, C=2,
-        in_size=(16, 16, 20), out_size=(8, 28, 28), grid="zoom", chunk_points=4096)
+        in_size=(16, 16, 20), out_size=(8, 28, 28), grid="zoom")
     add("chunks_3d_bicubic_dense_float16", dims=3, mode="bicubic",
         padding="border", align_corners=True, dtype="float16", N=1, C=1,
-        in_size=(5, 5, 5), out_size=(4, 32, 40), grid="mixed", chunk_points=4096,
-        note="float carry between chunks")
+        in_size=(5, 5, 5), out_size=(4, 32, 40), grid="mixed")
     add("chunks_3d_bicubic_sparse_float32", dims=3, mode="bicubic",
         padding="zeros", align_corners=False, dtype="float32", N=1, C=1,
-        in_size=(64, 64, 80), out_size=(4, 32, 40), grid="zoom", chunk_points=4096)
+        in_size=(64, 64, 80), out_size=(4, 32, 40), grid="zoom")
 
-    # 4. Hot destinations: far more than 256 records on one pixel (voxel).
+    # 4. Hot pixels: runs of far more than 256 records on one pixel (voxel).
     add("hot_2d_nearest_one_pixel_float32", dims=2, mode="nearest",
         padding="zeros", align_corners=False, dtype="float32", N=1, C=2,
         in_size=(16, 16), out_size=(64, 96), grid="zoom", hot_fraction=0.9,
-        note="about 5500 records on one pixel, across two tiles")
+        note="about 5500 records on one pixel")
     add("hot_2d_bilinear_tile_boundary_sparse_float32", dims=2, mode="bilinear",
         padding="zeros", align_corners=False, dtype="float32", N=1, C=2,
         in_size=(192, 192), out_size=(64, 128), grid="zoom", hot_fraction=1.0,
         hot_window=(3800, 4500),
-        note="points 3800..4499 in one cell: 700 records per corner across tile 0/1")
+        note="points 3800..4499 in one cell: runs of 700 records on its corners")
     for dtype in ("float32", "float16"):
         add(f"hot_2d_bilinear_chunk_boundary_dense_{dtype}", dims=2, mode="bilinear",
             padding="border", align_corners=False, dtype=dtype, N=1, C=2,
             in_size=(64, 64), out_size=(64, 128), grid="zoom", hot_fraction=1.0,
-            hot_window=(3800, 4500), chunk_points=4096,
-            note="points 3800..4499 in one cell: 700 records per corner across "
-                 "the first chunk boundary")
+            hot_window=(3800, 4500),
+            note="points 3800..4499 in one cell: runs of 700 records on its corners")
     add("hot_2d_bicubic_border_float64", dims=2, mode="bicubic",
         padding="border", align_corners=True, dtype="float64", N=1, C=1,
         in_size=(9, 17), out_size=(48, 100), grid="zoom", hot_fraction=0.8)
@@ -372,34 +308,33 @@ def _build_cases():
         padding="zeros", align_corners=True, dtype="float64", N=1, C=2,
         in_size=(5, 9, 9), out_size=(4, 32, 48), grid="zoom", hot_fraction=1.0,
         hot_window=(3900, 4400),
-        note="points 3900..4399 in one cell: 500 records per corner across tile 0/1")
+        note="points 3900..4399 in one cell: runs of 500 records on its corners")
 
     # 5. Non-finite grid coordinates (NaN, +Inf, -Inf), every padding.
     for dims in (2, 3):
         for p, padding in enumerate(PADDINGS):
             align = p == 1
-            reduction = ("dense", "sparse")[p % 2]
+            label = ("dense", "sparse")[p % 2]
             dtype = ("float32", "float64", "float16")[(p + dims) % 3]
-            add(f"nonfinite_{dims}d_bilinear_{padding}_{dtype}_{reduction}", dims=dims,
+            add(f"nonfinite_{dims}d_bilinear_{padding}_{dtype}_{label}", dims=dims,
                 mode="bilinear", padding=padding, align_corners=align, dtype=dtype,
-                grid="nonfinite", **_shaped(dims, reduction, align))
-    for dims, mode, padding, dtype, reduction in (
+                grid="nonfinite", **_shaped(dims, label, align))
+    for dims, mode, padding, dtype, label in (
             (2, "nearest", "reflection", "bfloat16", "sparse"),
             (2, "bicubic", "zeros", "float32", "dense"),
             (2, "bicubic", "reflection", "float64", "sparse"),
             (3, "nearest", "zeros", "float32", "dense"),
             (3, "bicubic", "border", "float64", "dense"),
             (3, "bicubic", "reflection", "float32", "sparse")):
-        add(f"nonfinite_{dims}d_{mode}_{padding}_{dtype}_{reduction}", dims=dims,
+        add(f"nonfinite_{dims}d_{mode}_{padding}_{dtype}_{label}", dims=dims,
             mode=mode, padding=padding, align_corners=False, dtype=dtype,
-            grid="nonfinite", **_shaped(dims, reduction, False))
+            grid="nonfinite", **_shaped(dims, label, False))
     add("nonfinite_2d_bilinear_chunks_sparse_float16", dims=2, mode="bilinear",
         padding="reflection", align_corners=True, dtype="float16", N=1, C=2,
-        in_size=(160, 128), out_size=(100, 100), grid="nonfinite", chunk_points=4096,
-        note="float carry between chunks")
+        in_size=(160, 128), out_size=(100, 100), grid="nonfinite")
 
     # 6. output_mask: grad_input only, grad_grid only.
-    for dims, mode, mask, dtype, reduction in (
+    for dims, mode, mask, dtype, label in (
             (2, "bilinear", (True, False), "float32", "dense"),
             (2, "bicubic", (True, False), "float64", "sparse"),
             (2, "bicubic", (False, True), "float32", "dense"),
@@ -408,52 +343,48 @@ def _build_cases():
             (3, "nearest", (True, False), "float32", "dense"),
             (3, "nearest", (False, True), "float64", "dense"),
             (3, "bilinear", (False, True), "float32", "sparse")):
-        # grid-only calls run stock's kernel (one writer per element, so
-        # deterministic mode leaves them as they are): their digests are
-        # stock's bits, and their names claim no reduction.
-        name = (f"mask_input_only_{dims}d_{mode}_{dtype}_{reduction}" if mask[0]
+        # A grid-only call on CPU runs stock's kernel (one writer per
+        # element, so deterministic mode leaves it as it is): its digest is
+        # stock's bits.
+        name = (f"mask_input_only_{dims}d_{mode}_{dtype}_{label}" if mask[0]
                 else f"mask_grid_only_{dims}d_{mode}_{dtype}")
         add(name, dims=dims, mode=mode,
             padding="border", align_corners=True, dtype=dtype, output_mask=mask,
-            **_shaped(dims, reduction, True))
+            **_shaped(dims, label, True))
     add("mask_input_only_2d_bilinear_chunks_sparse_bfloat16", dims=2, mode="bilinear",
         padding="zeros", align_corners=False, dtype="bfloat16", N=1, C=2,
-        in_size=(160, 128), out_size=(100, 100), grid="zoom", chunk_points=4096,
-        output_mask=(True, False), note="float carry between chunks")
+        in_size=(160, 128), out_size=(100, 100), grid="zoom", output_mask=(True, False))
     add("mask_grid_only_2d_bilinear_chunks_float32", dims=2, mode="bilinear",
         padding="zeros", align_corners=False, dtype="float32", N=2, C=3,
-        in_size=(12, 16), out_size=(64, 80), grid="zoom", chunk_points=4096,
-        output_mask=(False, True))
+        in_size=(12, 16), out_size=(64, 80), grid="zoom", output_mask=(False, True))
 
     # 7. Memory layouts: channels_last input and grad_output, zero-stride
     # grad_output, a strided grid.
-    for dims, mode, dtype, reduction in (
+    for dims, mode, dtype, label in (
             (2, "bilinear", "float32", "dense"),
             (2, "bicubic", "float16", "sparse"),
             (3, "bilinear", "float64", "dense"),
             (3, "nearest", "bfloat16", "sparse"),
             (3, "bicubic", "float32", "dense")):
-        add(f"layout_channels_last_{dims}d_{mode}_{dtype}_{reduction}", dims=dims,
+        add(f"layout_channels_last_{dims}d_{mode}_{dtype}_{label}", dims=dims,
             mode=mode, padding="reflection", align_corners=False, dtype=dtype,
-            layout="channels_last", **_shaped(dims, reduction, False))
+            layout="channels_last", **_shaped(dims, label, False))
     add("layout_channels_last_2d_bilinear_chunks_sparse_bfloat16", dims=2,
         mode="bilinear", padding="zeros", align_corners=True, dtype="bfloat16", N=1,
-        C=4, in_size=(160, 128), out_size=(100, 100), grid="zoom", chunk_points=4096,
-        layout="channels_last", note="float carry between chunks")
-    for dims, mode, dtype, reduction, grad_output, layout in (
+        C=4, in_size=(160, 128), out_size=(100, 100), grid="zoom", layout="channels_last")
+    for dims, mode, dtype, label, grad_output, layout in (
             (2, "bilinear", "float32", "dense", "expanded", "contiguous"),
             (2, "nearest", "float64", "sparse", "expanded_channel", "contiguous"),
             (2, "bicubic", "float16", "dense", "expanded", "channels_last"),
             (3, "bilinear", "bfloat16", "sparse", "expanded", "contiguous"),
             (3, "bicubic", "float32", "dense", "expanded_channel", "channels_last")):
-        add(f"layout_{grad_output}_grad_output_{dims}d_{mode}_{dtype}_{reduction}"
+        add(f"layout_{grad_output}_grad_output_{dims}d_{mode}_{dtype}_{label}"
             + ("_channels_last_input" if layout == "channels_last" else ""),
             dims=dims, mode=mode, padding="zeros", align_corners=True, dtype=dtype,
-            grad_output=grad_output, layout=layout, **_shaped(dims, reduction, True))
+            grad_output=grad_output, layout=layout, **_shaped(dims, label, True))
     add("layout_expanded_grad_output_3d_bilinear_chunks_dense_float16", dims=3,
         mode="bilinear", padding="border", align_corners=False, dtype="float16", N=1,
-        C=2, in_size=(8, 8, 8), out_size=(8, 28, 28), grid="zoom", chunk_points=4096,
-        grad_output="expanded", note="float carry between chunks")
+        C=2, in_size=(8, 8, 8), out_size=(8, 28, 28), grid="zoom", grad_output="expanded")
     add("layout_strided_grid_2d_bicubic_float64_dense", dims=2, mode="bicubic",
         padding="border", align_corners=False, dtype="float64", grid_layout="strided",
         **_shaped(2, "dense", False))
@@ -473,22 +404,19 @@ def _build_cases():
             mode=mode, padding=padding, align_corners=align, dtype=dtype, grid="exact",
             **_shaped(dims, "dense", align))
 
-    # 9. Non-default grain_size (must not change a bit).
+    # 9. More zoom grids, in 2-D and 3-D (named for the grain sizes an
+    # earlier implementation ran them with).
     add("grain1_2d_bilinear_chunks_sparse_float32", dims=2, mode="bilinear",
         padding="border", align_corners=True, dtype="float32", N=1, C=2,
-        in_size=(160, 128), out_size=(100, 100), grid="zoom", chunk_points=4096,
-        grain_size=1)
+        in_size=(160, 128), out_size=(100, 100), grid="zoom")
     add("grain7_2d_bicubic_dense_float16", dims=2, mode="bicubic", padding="zeros",
-        align_corners=False, dtype="float16", grain_size=7,
-        **_shaped(2, "dense", False))
+        align_corners=False, dtype="float16", **_shaped(2, "dense", False))
     add("grain3_2d_nearest_hot_pixel_bfloat16", dims=2, mode="nearest",
         padding="zeros", align_corners=False, dtype="bfloat16", N=1, C=2,
-        in_size=(16, 16), out_size=(64, 96), grid="zoom", hot_fraction=0.9,
-        grain_size=3)
+        in_size=(16, 16), out_size=(64, 96), grid="zoom", hot_fraction=0.9)
     add("grain100000_3d_bilinear_chunks_sparse_float32", dims=3, mode="bilinear",
         padding="reflection", align_corners=True, dtype="float32", N=1, C=2,
-        in_size=(32, 32, 40), out_size=(8, 28, 28), grid="zoom", chunk_points=4096,
-        grain_size=100000)
+        in_size=(32, 32, 40), out_size=(8, 28, 28), grid="zoom")
 
     names = [case.name for case in cases]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -644,23 +572,25 @@ def digest(grad_input, grad_grid) -> dict[str, str]:
     return {"grad_input": tensor_digest(grad_input), "grad_grid": tensor_digest(grad_grid)}
 
 
-def run(case: Case, **knobs):
-    """(grad_input, grad_grid) of the host executor for the case. `knobs` go
-    straight to the _with_options op, over the case's own."""
+def run(case: Case, **options):
+    """(grad_input, grad_grid) of the case by detgrid's default backward,
+    detgrid.ops.grid_sampler_{2d,3d}_backward; with options (block_size,
+    max_blocks, level), by grid_sampler_{2d,3d}_backward_with_options, whose
+    grad_grid is the grid-gradient kernel's for a grid-only call too."""
     grad_output, inp, grid = make_inputs(case)
-    op = (ops.grid_sampler_2d_backward_with_options if case.dims == 2
-          else ops.grid_sampler_3d_backward_with_options)
+    name = f"grid_sampler_{case.dims}d_backward"
+    op = getattr(ops, f"{name}_with_options" if options else name)
     return op(grad_output, inp, grid, MODES[case.mode], PADDINGS[case.padding],
-              case.align_corners, list(case.output_mask), **{**case.knobs, **knobs})
+              case.align_corners, list(case.output_mask), **options)
 
 
-def compute(case: Case, **knobs) -> dict[str, str]:
-    """The digests of the case's outputs (see run for `knobs`)."""
-    return digest(*run(case, **knobs))
+def compute(case: Case, **options) -> dict[str, str]:
+    """The digests of the case's outputs (see run for `options`)."""
+    return digest(*run(case, **options))
 
 
-def table(**knobs) -> dict[str, dict[str, str]]:
-    return {case.name: dict(compute(case, **knobs), description=case.description)
+def table(**options) -> dict[str, dict[str, str]]:
+    return {case.name: dict(compute(case, **options), description=case.description)
             for case in CASES}
 
 
@@ -673,39 +603,45 @@ def load(path: str = DIGESTS_PATH) -> dict[str, dict[str, str]]:
         return json.load(f)
 
 
-def _parse_knob(text):
-    key, _, value = text.partition("=")
-    return key, int(value)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="recompute and compare with digests.json; write nothing")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads first (0: leave as is)")
-    parser.add_argument("--knob", action="append", default=[], type=_parse_knob,
-                        help="KEY=INT passed to every call (with --check)")
+    parser.add_argument("--level", help="(with --check) this build of the core "
+                        "(detgrid.levels.CORE_BUILDS)")
+    parser.add_argument("--block-size", type=int, default=0,
+                        help="(with --check) threads per block of the host build's launches")
+    parser.add_argument("--max-blocks", type=int, default=0,
+                        help="(with --check) blocks per launch of the host build")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    knobs = dict(args.knob)
-    if knobs and not args.check:
-        parser.error("--knob only with --check: the table holds the default run")
-    entries = table(**knobs)
+    options = {k: v for k, v in (("level", args.level), ("block_size", args.block_size),
+                                 ("max_blocks", args.max_blocks)) if v}
+    if options and not args.check:
+        parser.error("--level, --block-size and --max-blocks only with --check: the "
+                     "table holds the default backward")
+    entries = table(**options)
     if not args.check:
         with open(DIGESTS_PATH, "w") as f:
             f.write(dumps(entries))
         print(f"wrote {len(entries)} cases to {DIGESTS_PATH} "
               f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")
         return 0
+    # The options shape grad_input; a grid-only call's grad_grid then comes from
+    # the grid-gradient kernel, where the default runs stock's (run).
+    keys = ("grad_input",) if options else ("grad_input", "grad_grid", "description")
     golden = load()
     differ = [name for name in sorted(set(golden) | set(entries))
-              if golden.get(name) != entries.get(name)]
+              if {k: golden.get(name, {}).get(k) for k in keys}
+              != {k: entries.get(name, {}).get(k) for k in keys}]
     for name in differ:
         print(f"DIFFERS {name}: table {golden.get(name)} now {entries.get(name)}")
     print(f"{len(entries) - len(differ)} of {len(entries)} cases match "
-          f"({torch.get_num_threads()} threads, knobs {knobs})")
+          f"({torch.get_num_threads()} threads, options {options}, comparing "
+          f"{', '.join(keys)})")
     return 1 if differ else 0
 
 

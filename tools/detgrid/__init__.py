@@ -7,7 +7,7 @@
 
 `detgrid.ops.grid_sampler_2d_backward` is the backward itself, with the
 contract of `torch.ops.aten.grid_sampler_2d_backward` (CPU tensors run the
-host executor, CUDA tensors the kernel). `seed_everything`,
+host build of the CUDA source, CUDA tensors the kernel). `seed_everything`,
 `dataloader_kwargs` and `check_determinism` are the seeds' recipe
 (detgrid.seeding): the rest of what a reproducible training run needs.
 

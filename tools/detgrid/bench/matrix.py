@@ -9,37 +9,38 @@ in one process, interleaved rep by rep on rotating copies of the inputs:
   take cuDNN in real life (bilinear, zeros, align_corners=True, 4-D,
   C <= 1024, not bf16), when CUDA and cuDNN are there (cuDNN has no 3-D
   grid sampler);
-- detgrid: detgrid.ops.grid_sampler_2d_backward / grid_sampler_3d_backward
-  (the CUDA kernel, or on the CPU the host executor), timed under
+- detgrid: detgrid.ops.grid_sampler_2d_backward / grid_sampler_3d_backward,
+  the default deterministic backward (the whole stack's grad_input,
+  detgrid.levels.TOP, and the grid gradient's grad_grid; its CUDA build, or
+  on the CPU its host build), timed under
   torch.use_deterministic_algorithms(True), the only mode in which
   detgrid.enable() routes to it (the stock variants run outside it, their
-  own mode); with an accumulate
-  other than "ordered" (--accumulate), the _with_options operator with that
-  accumulation, which the row's work counters then count;
-- core: what the patched tree runs in deterministic mode, on released torch:
-  the upstream core's grad_input (torch.ops.detgrid._core_grad_input, its
-  nvcc build on CUDA, its host build on the CPU) and stock's kernel for
-  grad_grid alone; rows that request grad_input, default accumulation only
-  (row fields core_ms, core_ratio, core_max_rel_diff, core_correct);
-- each speed level of the core (detgrid.levels.CORE_BUILDS after the core):
-  the same call through the stack's prefix that ends with that level, on the
-  same rows; row field core_levels = {level: {ms, ratio_vs_core,
-  equals_core}}, the last whether its grad_input and grad_grid have the
-  core's bits;
+  own mode);
+- each build of the core (detgrid.levels.CORE_BUILDS: the core, then each
+  speed level with the stack's diffs up to it), what
+  detgrid.ops.*_with_options(level=) runs: that build's grad_input
+  (torch.ops.detgrid._core_grad_input) and the grid gradient's grad_grid, on
+  the rows that request grad_input (the builds differ only there). Row field
+  levels = {build: {ms, ratio, ratio_vs_core, equals_core}}, the last
+  whether its grad_input and grad_grid have the core's bits, as the default
+  backward's must too (detgrid_equals_core);
 - in-tree: on a torch carrying the ATen change for that rank (detected per
   rank: under torch.use_deterministic_algorithms(True) the stock CUDA
   backward does not raise), aten's own backward in deterministic mode.
 
 Each row gets the median ms per variant, ratio = detgrid / stock where stock
 is the route stock really takes (cuDNN where it applies, else native), the
-extra peak memory over that stock run (CUDA only), the records count, and
+extra peak memory over that stock run (CUDA only), the records count,
 max |det - stock| / max |stock| per gradient, flagged past a dtype
-tolerance so that a fast wrong kernel cannot win. Functions return data;
-detgrid.kit.cli prints. counter_rows (`detgrid bench --counters`) gives
-every workload's exact work counters at full size under each accumulation,
-from the shapes alone, on any machine. The CPU run (host executor vs stock
-CPU on small shapes) is a smoke test of this harness, not a performance
-claim.
+tolerance so that a fast wrong kernel cannot win, and every core build's
+exact work counters (detgrid.ops.work_counters): of the call as run
+(counters; on the CPU with the fields that where the points land decides)
+and of the workload at full size from its shapes (counters_full_size).
+Functions return data; detgrid.kit.cli prints. counter_rows
+(`detgrid bench --counters`) gives every workload's counters at full size
+at each build, from the shapes alone, on any machine. The CPU run (the host
+build vs stock CPU on small shapes) is a smoke test of this harness, not a
+performance claim.
 """
 
 from __future__ import annotations
@@ -63,13 +64,19 @@ from detgrid import levels
 from detgrid.bench import stock_limits
 from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, Case, Gradients, Workload,
                                      backward_name, bitwise_equal, case_bytes, contiguous_case,
-                                     dtype_name, exact_slices_bytes, full_size_work_counters,
-                                     peak_bytes, records, rel_err, rotation_copies, run_cudnn,
-                                     run_in_tree, run_stock, samples_per_cell, synchronize,
-                                     takes_cudnn, time_rotating, work_counters)
+                                     dtype_name, full_size_case, peak_bytes, records, rel_err,
+                                     rotation_copies, run_cudnn, run_in_tree, run_stock,
+                                     samples_per_cell, synchronize, takes_cudnn, time_rotating,
+                                     work_counters)
 
-# The core's speed levels the bench times beside the core.
-SPEED_LEVELS = levels.CORE_BUILDS[1:]
+# The core's builds the bench times and counts, the core first.
+BUILDS = levels.CORE_BUILDS
+# The speed levels among them, each timed against the core.
+SPEED_LEVELS = BUILDS[1:]
+# The work counters the tables show per build (detgrid.ops.WORK_COUNTER_FIELDS
+# but key_bits); the JSON has them all.
+COUNTERS = ("launches", "chunks", "launches_per_chunk", "items_sorted", "key_bytes",
+            "workspace_bytes", "threads", "longest_fold", "reduce_items", "record_visits")
 
 # max |det - stock| / max |stock| per gradient beyond which a row is flagged.
 # Stock accumulates float16/bfloat16 grad_input in that type (atomics on
@@ -84,6 +91,8 @@ HIGH_COLLISION = 16.0      # grid points per touched input cell, mean (samples_p
 LARGE_CHANNELS = 256
 MEMORY_BASE_MIB = 64.0     # extra peak memory allowed: 64 MiB + 16 B per record
 MEMORY_PER_RECORD = 16
+LEVEL_GEOMEAN_GOAL = 1.0   # a speed level / the core, geometric mean over the rows
+LEVEL_WORST_GOAL = 1.05    # a speed level / the core, every row
 CPU_NA = "n/a (CPU smoke run)"
 
 # Cache to defeat by rotating input copies when the device does not say.
@@ -110,7 +119,6 @@ class BenchConfig:
     seed: int = 0
     budget_s: Optional[float] = None         # start no workload after this
     quick: bool = False
-    accumulate: str = "ordered"              # detgrid's, a key of detgrid.ops.ACCUMULATE_MODES
 
 
 def default_config(device: str, quick: bool = False) -> BenchConfig:
@@ -215,35 +223,18 @@ def _raw_detgrid(case: Case) -> Any:  # what detgrid.ops.grid_sampler_{2d,3d}_ba
     return getattr(torch.ops.detgrid, case.op)(*case.args())
 
 
-def _raw_detgrid_accumulating(accumulate: str) -> Callable[[Case], Any]:
-    """The timed call for another accumulation: what
-    detgrid.ops.grid_sampler_{2d,3d}_backward_with_options(accumulate=...)
-    calls, every other knob 0 (the planner's choice)."""
-    from detgrid import ops
-
-    number = ops.ACCUMULATE_MODES[accumulate]
-
-    def call(case: Case) -> Any:
-        op = getattr(torch.ops.detgrid, f"_{case.op}_with_options")
-        args = case.args()
-        knobs = {a.name: 0 for a in op.default._schema.arguments[len(args):]}
-        return op(*args, **{**knobs, "accumulate": number})
-
-    return call
-
-
-def _raw_core(case: Case, level: str = levels.CORE) -> Any:
-    """What the patched tree runs in deterministic mode: the grad_input of the upstream core
-    (aten_kernels/aten/), or of the stack's prefix ending with speed level ``level``, then
-    the existing kernel for grad_grid alone (outside deterministic mode here, where released
-    torch alerts on any call)."""
+def _raw_level(case: Case, level: str) -> Any:
+    """What detgrid.ops.grid_sampler_{2d,3d}_backward_with_options(level=level) calls:
+    the grad_input of the core's build ``level`` and the grid gradient's grad_grid, each
+    where the mask asks for it."""
     grad_output, inp, grid, mode, padding, align_corners, mask = case.args()
-    grad_input = torch.ops.detgrid._core_grad_input(grad_output, inp, grid, mode, padding,
-                                                    align_corners, level=level)
-    grad_grid = None
+    grad_input = grad_grid = None
+    if mask[0]:
+        grad_input = torch.ops.detgrid._core_grad_input(grad_output, inp, grid, mode, padding,
+                                                        align_corners, level=level)
     if mask[1]:
-        grad_grid = getattr(torch.ops.aten, case.op)(
-            grad_output, inp, grid, mode, padding, align_corners, [False, True])[1]
+        grad_grid = torch.ops.detgrid._grid_gradient(grad_output, inp, grid, mode, padding,
+                                                     align_corners)
     return grad_input, grad_grid
 
 
@@ -297,25 +288,31 @@ def listing() -> List[Dict[str, Any]]:
     return rows
 
 
-def counter_rows(names: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
-    """Per workload at full size (every one by default): its exact work
-    counters under each accumulation (detgrid.ops.ACCUMULATE_MODES), its
-    channels, and the exact accumulations' slice bytes. From the shapes
-    alone: nothing is allocated or run, so any machine gives them."""
-    from detgrid import ops
+def build_counters(case: Case) -> Dict[str, Dict[str, int]]:
+    """{build: detgrid.ops.work_counters of the case at that build} for every
+    build of the core (BUILDS): on the CPU with the fields that where the
+    points land decides, from the shapes alone on any other device."""
+    return {build: work_counters(case, build) for build in BUILDS}
 
+
+def counter_rows(names: Optional[Sequence[str]] = None,
+                 data: bool = False) -> List[Dict[str, Any]]:
+    """Per workload at full size (every one by default): its shapes, records
+    and every core build's exact work counters (build_counters). From the
+    shapes alone by default: nothing is allocated or run, so any machine
+    gives them, and longest_fold, reduce_items and record_visits are -1 (not
+    counted). With data, the workload's inputs are built at full size on the
+    CPU (seed 0) and the host builds count those fields too: minutes for the
+    whole matrix, and the memory of its largest row (simplebev_lift_3d, about
+    2 GB)."""
     rows = []
     for name in resolve_names(names):
         workload = BENCH_WORKLOADS[name]
-        rows.append({
-            "name": name,
-            "row": workload.row,
-            "channels": workload.input_shape[1],
-            "records": workload.records(),
-            "counters": {mode: full_size_work_counters(workload, mode)
-                         for mode in ops.ACCUMULATE_MODES},
-            "slices_bytes": exact_slices_bytes(workload),
-        })
+        case = workload.build("cpu") if data else full_size_case(workload)
+        in_shape, grid_shape = workload.shapes()
+        rows.append({"name": name, "row": workload.row, "input_shape": list(in_shape),
+                     "grid_shape": list(grid_shape), "records": workload.records(),
+                     "counters": build_counters(case)})
     return rows
 
 
@@ -323,39 +320,62 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:.1f}"
 
 
-def counters_markdown(rows: Sequence[Dict[str, Any]]) -> str:
-    """counter_rows as a Markdown table, each cell the accumulations' values
-    in ACCUMULATE_MODES order, then its legend."""
-    modes = list(rows[0]["counters"]) if rows else []
+def _count(value: int) -> str:
+    return "-" if value < 0 else f"{value:,}"
 
-    def each(row: Dict[str, Any], field: str, fmt: Callable[[int], str] = "{:,}".format) -> str:
-        return " / ".join(fmt(row["counters"][mode][field]) for mode in modes)
 
-    head = ["#", "workload", "C", "records", "chunks", "launches", "items sorted", "atomics",
-            "workspace MiB", "CUB scratch MiB", "slices MiB"]
+# counters_table's heads of the COUNTERS that its cells do not name as they are.
+_COUNTER_HEADS = {"launches_per_chunk": "per chunk", "items_sorted": "items sorted",
+                  "key_bytes": "key B", "workspace_bytes": "workspace MiB",
+                  "longest_fold": "longest fold", "reduce_items": "reduce items",
+                  "record_visits": "record visits"}
+
+
+def counters_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """The rows' build counters (row field counters: {build: work_counters})
+    as Markdown lines, one line per row that has them, then the legend. A
+    cell holds one value where every build counts the same, else each
+    build's in BUILDS order."""
+    head = ["#", "workload", "C", "records"] + [_COUNTER_HEADS.get(f, f) for f in COUNTERS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["row"]), r["name"], str(r["channels"]), f"{r['records']:,}",
-                 each(r, "chunks"), each(r, "launches"), each(r, "items_sorted"),
-                 each(r, "atomics"), each(r, "workspace_bytes", _mib),
-                 each(r, "sort_scratch_bytes", _mib), _mib(r["slices_bytes"])]
+        if "counters" not in r:
+            continue
+        cells = [str(r["row"]), r["name"], str(r["input_shape"][1]), f"{r['records']:,}"]
+        for field in COUNTERS:
+            fmt = _mib if field == "workspace_bytes" else _count
+            values = [fmt(r["counters"][build][field]) for build in BUILDS]
+            cells.append(values[0] if len(set(values)) == 1 else " / ".join(values))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + [
+    return lines + [
         "",
-        f"Each cell: {' / '.join(modes)} (`detgrid.ops.work_counters(..., accumulate=...)` at "
-        "full size: what the CUDA pipeline launches, counted from the shapes). atomics: "
-        "integer atomics at most (the words a term can span per record and channel, plus one "
-        "per thread of the scale's pre-pass). workspace: detgrid's buffers, the exact "
-        "accumulations' slices included; CUB scratch: an estimate of the radix sort's, on "
-        "top. slices: the exact accumulations' share of their workspace (8 × words + 4 bytes "
-        "per grad_input element of a block within 64 MiB: whole images, or one image's "
-        "channel planes, one plane at least).",
-    ]) + "\n"
+        f"Two values in a cell: {' / '.join(BUILDS)} (`detgrid.levels.CORE_BUILDS`); one: "
+        "the same at every build. `detgrid.ops.work_counters(..., level=)`: what the CUDA "
+        "build launches, sorts and allocates, counted by its host build. launches: kernel "
+        "launches, a CUB call as one, the grid gradient's one included; per chunk: "
+        "grad_input's launches over its chunks (one sort each); key B: bytes per sort key; "
+        "workspace: the peak of detgrid's buffers and CUB's temporary storage; threads: "
+        "those grad_input's kernels start; longest fold: the most terms one thread adds in "
+        "sequence; reduce items: run-sum items with work (a run of one grad_input position "
+        "and a group of channels); record visits: reads of a record by the run sums and "
+        "stored partials. -: where the points land decides it, and the counts came from the "
+        "shapes alone.",
+    ]
+
+
+def counters_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    """counter_rows as a Markdown table and its legend."""
+    return "\n".join(counters_table(rows)) + "\n"
 
 
 def _stats(ms: Sequence[float]) -> Dict[str, Any]:
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms),
             "n": len(ms)}
+
+
+def _same_bits(a: Gradients, b: Gradients) -> bool:
+    """Whether both gradients (None where not asked for) have the same bits."""
+    return all(bitwise_equal(x, y) for x, y in zip(a, b))
 
 
 def _rel_diffs(got: Gradients, ref: Gradients) -> Dict[str, Optional[float]]:
@@ -400,29 +420,26 @@ def judge(vs_stock: Optional[float], vs_float64: Dict[str, Optional[float]],
     return False, "none"
 
 
+def _ratio(ms: float, base: float) -> Optional[float]:
+    return ms / base if base > 0 else None
+
+
 def bench_workload(workload: Workload, device: str, scale: float, warmup: int, reps: int,
                    seed: int = 0, in_tree: bool = False,
-                   cache_bytes: Optional[int] = None,
-                   accumulate: str = "ordered") -> Dict[str, Any]:
-    """Times and checks one workload, detgrid summing grad_input as
-    accumulate says (its counters count that); returns its row (see module
-    doc)."""
+                   cache_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """Times, checks and counts one workload; returns its row (see module doc)."""
     t0 = time.monotonic()
     cuda = torch.device(device).type == "cuda"
     case = workload.build(device, seed, scale)
-    raw_detgrid = _raw_detgrid
-    if accumulate != "ordered":
-        case.options = {"accumulate": accumulate}
-        raw_detgrid = _raw_detgrid_accumulating(accumulate)
     row = describe(workload, case, scale)
     row["status"] = "measured"
     use_cudnn = row["cudnn_route"] and cudnn_usable(device)
     row["stock_route"] = "cudnn" if use_cudnn else "native"
     row["records"] = records(case)
-    # Exact work counts (the same on any machine): of the case as run, and of
-    # the workload at full size, which is what a GPU run does.
-    row["counters"] = work_counters(case)
-    row["counters_full_size"] = full_size_work_counters(workload, accumulate)
+    # Exact work counts at every build: of the case as run, and of the
+    # workload at full size from its shapes, which is what a GPU run does.
+    row["counters"] = build_counters(case)
+    row["counters_full_size"] = build_counters(full_size_case(workload))
     density = samples_per_cell(case)
     row["samples_per_cell"] = density["mean"]
     row["samples_per_cell_max"] = density["max"]
@@ -460,26 +477,23 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
             use_cudnn, cudnn_case = False, None
             row["stock_route"] = "native"
             row["cudnn_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    # The upstream core, where it runs (grad_input requested, the default
-    # accumulation): against stock as detgrid is.
-    with_core = accumulate == "ordered" and case.output_mask[0]
-    if with_core:
-        core_out = _raw_core(case)
-        row["core_rel_diff"] = _rel_diffs(core_out, stock_out)
-        row["core_max_rel_diff"] = _max_or_none(_judged(row["core_rel_diff"], row["dtype"]))
-        row["core_correct"] = (row["core_max_rel_diff"] is not None
-                               and row["core_max_rel_diff"] <= row["tolerance"])
-        row["core_levels"] = {
-            level: {"equals_core": all(bitwise_equal(a, b) for a, b in
-                                       zip(_raw_core(case, level), core_out))}
-            for level in SPEED_LEVELS}
+    # The core's builds, where they differ (grad_input requested): every one,
+    # and the default backward, must give the core's bits.
+    with_builds = case.output_mask[0]
+    if with_builds:
+        core_out = _raw_level(case, levels.CORE)
+        row["detgrid_equals_core"] = _same_bits(det_out, core_out)
+        row["levels"] = {levels.CORE: {"equals_core": True}, **{
+            level: {"equals_core": _same_bits(_raw_level(case, level), core_out)}
+            for level in SPEED_LEVELS}}
+        row["same_bits"] = row["detgrid_equals_core"] and all(
+            v["equals_core"] for v in row["levels"].values())
         del core_out
     if in_tree:
         tree_out = run_in_tree(case)
         row["in_tree_rel_diff"] = _rel_diffs(tree_out, stock_out)
-        if accumulate == "ordered":  # the in-tree kernel sums in the canonical order
-            row["in_tree_equals_detgrid"] = all(bitwise_equal(a, b)
-                                                for a, b in zip(tree_out, det_out))
+        # the in-tree kernel is the core: the same bits as detgrid's
+        row["in_tree_equals_detgrid"] = _same_bits(tree_out, det_out)
         del tree_out
     del stock_out, det_out
 
@@ -495,11 +509,10 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     if use_cudnn:
         cudnn_copies = [contiguous_case(c) for c in copies]
         variants.append(("cudnn", _raw_cudnn, cudnn_copies, False))
-    variants.append(("detgrid", raw_detgrid, copies, True))
-    if with_core:
-        variants.append(("core", _raw_core, copies, False))
-        variants += [(level, functools.partial(_raw_core, level=level), copies, False)
-                     for level in SPEED_LEVELS]
+    variants.append(("detgrid", _raw_detgrid, copies, True))
+    if with_builds:
+        variants += [(build, functools.partial(_raw_level, level=build), copies, False)
+                     for build in BUILDS]
     if in_tree:
         variants.append(("in_tree", _raw_aten, copies, True))
     previous = torch.are_deterministic_algorithms_enabled()
@@ -514,16 +527,14 @@ def bench_workload(workload: Workload, device: str, scale: float, warmup: int, r
     ms = {name: v["median_ms"] for name, v in row["variants"].items()}
     row["stock_ms"] = ms[row["stock_route"]]
     row["detgrid_ms"] = ms["detgrid"]
-    row["ratio"] = ms["detgrid"] / row["stock_ms"] if row["stock_ms"] > 0 else None
-    if with_core:
-        row["core_ms"] = ms["core"]
-        row["core_ratio"] = ms["core"] / row["stock_ms"] if row["stock_ms"] > 0 else None
-        for level in SPEED_LEVELS:
-            row["core_levels"][level].update(
-                ms=ms[level], ratio_vs_core=ms[level] / ms["core"] if ms["core"] > 0 else None)
+    row["ratio"] = _ratio(ms["detgrid"], row["stock_ms"])
+    if with_builds:
+        for build in BUILDS:
+            row["levels"][build].update(ms=ms[build], ratio=_ratio(ms[build], row["stock_ms"]),
+                                        ratio_vs_core=_ratio(ms[build], ms[levels.CORE]))
     if in_tree:
         row["in_tree_ms"] = ms["in_tree"]
-        row["in_tree_ratio"] = ms["in_tree"] / row["stock_ms"] if row["stock_ms"] > 0 else None
+        row["in_tree_ratio"] = _ratio(ms["in_tree"], row["stock_ms"])
 
     # Peak memory of one call beyond what was allocated before (CUDA only).
     stock_fn = (lambda: run_cudnn(cudnn_case)) if use_cudnn else (lambda: run_stock(case))
@@ -582,12 +593,35 @@ def geomean(values: Sequence[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def level_summary(rows: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Per build of the core, over the measured rows that time it: the geomean
+    of build / stock and, for a speed level, the geomean and worst of build /
+    core and the row of the worst."""
+    timed = [r for r in rows if r.get("status") == "measured" and "levels" in r]
+    out: Dict[str, Dict[str, Any]] = {}
+    for build in BUILDS:
+        entry: Dict[str, Any] = {"geomean": geomean([r["levels"][build]["ratio"]
+                                                     for r in timed])}
+        if build != levels.CORE:
+            vs_core = [(r["levels"][build]["ratio_vs_core"], r["name"]) for r in timed
+                       if r["levels"][build]["ratio_vs_core"] is not None]
+            worst = max(vs_core, default=(None, None))
+            entry.update(geomean_vs_core=geomean([v for v, _ in vs_core]),
+                         worst_vs_core=worst[0], worst_vs_core_workload=worst[1])
+        out[build] = entry
+    return out
+
+
 def summarize(rows: Sequence[Dict[str, Any]], cuda: bool) -> Dict[str, Any]:
-    """Geomean and worst det/stock over the measured rows, and the targets."""
+    """Geomean and worst det/stock over the measured rows, the builds' ratios,
+    and the targets. A row is incorrect where its result is past tolerance
+    or where a build, or the default backward, does not give the core's
+    bits."""
     measured = [r for r in rows if r.get("status") == "measured" and r.get("ratio") is not None]
     ratios = [r["ratio"] for r in measured]
     worst = max(measured, key=lambda r: r["ratio"]) if measured else None
     fast_rows = [r for r in measured if r["high_collision"] or r["large_channels"]]
+    bits_differ = [r["name"] for r in measured if r.get("same_bits") is False]
     summary: Dict[str, Any] = {
         "geomean": geomean(ratios),
         "worst": worst["ratio"] if worst else None,
@@ -595,7 +629,10 @@ def summarize(rows: Sequence[Dict[str, Any]], cuda: bool) -> Dict[str, Any]:
         "measured": len(measured),
         "skipped": [r["name"] for r in rows if r.get("status") == "skipped"],
         "errors": [r["name"] for r in rows if r.get("status") == "error"],
-        "incorrect": [r["name"] for r in measured if not r["correct"]],
+        "bits_differ": bits_differ,
+        "incorrect": [r["name"] for r in measured
+                      if not r["correct"] or r["name"] in bits_differ],
+        "levels": level_summary(measured),
     }
     tree = [r["in_tree_ratio"] for r in measured if r.get("in_tree_ratio") is not None]
     if tree:
@@ -624,11 +661,23 @@ def summarize(rows: Sequence[Dict[str, Any]], cuda: bool) -> Dict[str, Any]:
          "met": met(bool(measured) and all(r["extra_peak_mib"] is not None
                                            for r in measured) and not over_memory),
          "failing": over_memory},
-        {"target": "every row right: within its dtype tolerance of stock, or of float64 "
-                   "where stock is further off (not a speed target)",
-         "value": summary["incorrect"],
-         "met": bool(measured) and not summary["incorrect"]},
     ]
+    for level in SPEED_LEVELS:
+        entry = summary["levels"][level]
+        slower = [r["name"] for r in measured if "levels" in r
+                  and (r["levels"][level]["ratio_vs_core"] or 0) > LEVEL_WORST_GOAL]
+        targets.append({
+            "target": f"{level}/core geomean <= 1.0, no row above 1.05",
+            "value": {"geomean": entry["geomean_vs_core"], "worst": entry["worst_vs_core"]},
+            "met": met(entry["geomean_vs_core"] is not None
+                       and entry["geomean_vs_core"] <= LEVEL_GEOMEAN_GOAL and not slower),
+            "failing": slower})
+    targets.append(
+        {"target": "every row right: within its dtype tolerance of stock, or of float64 "
+                   "where stock is further off, and the core's bits at every build (not a "
+                   "speed target)",
+         "value": summary["incorrect"],
+         "met": bool(measured) and not summary["incorrect"]})
     summary["targets"] = targets
     return summary
 
@@ -691,8 +740,7 @@ def _bench_row(workload, config: BenchConfig, cuda: bool, tree: Dict[str, Any],
         return row
     try:
         return bench_workload(workload, config.device, scale, config.warmup, config.reps,
-                              config.seed, in_tree=workload.dim in tree["dims"],
-                              accumulate=config.accumulate)
+                              config.seed, in_tree=workload.dim in tree["dims"])
     except Exception as e:  # a row, not a crash: the rest still runs
         row = describe(workload, None, scale)
         row.update(status="error", error=f"{type(e).__name__}: {str(e)[:500]}")
@@ -724,12 +772,9 @@ def run_bench(config: BenchConfig, clock: Callable[[], float] = time.monotonic,
         if row["status"] == "measured":
             row["targets"] = row_targets(row, cuda)
     summary = summarize(rows, cuda)
-    # Recorded where it is not the default, so an ordered run's JSON is what
-    # it was before the option: absent means "ordered".
-    accumulation = {} if config.accumulate == "ordered" else {"accumulate": config.accumulate}
     return {
         **env,
-        **accumulation,
+        "levels": list(BUILDS),
         "quick": config.quick,
         "size": config.size if config.scale is None else f"scale {config.scale:g}",
         "warmup": config.warmup,
@@ -756,15 +801,12 @@ def slug(text: str) -> str:
 
 def default_out(result: Dict[str, Any], directory: str = os.path.join("benchmarks", "results")
                 ) -> str:
-    """benchmarks/results/<device-name-slug>-<date>[-quick][-<accumulate>].json
-    (the accumulation named where it is not "ordered")."""
+    """benchmarks/results/<device-name-slug>-<date>[-quick].json"""
     name = result["device_name"]
     if result["device"] == "cpu" or str(result["device"]).startswith("cpu"):
         name = f"cpu {platform.machine()}"
     date = result["time_utc"][:10]
     suffix = "-quick" if result.get("quick") else ""
-    if "accumulate" in result:
-        suffix += f"-{slug(result['accumulate'])}"
     return os.path.join(directory, f"{slug(name)}-{date}{suffix}.json")
 
 
@@ -824,6 +866,8 @@ def _row_cells(r: Dict[str, Any], has_tree: bool, width: int) -> List[str]:
     met = "n/a" if met == CPU_NA else met if isinstance(met, str) else ("yes" if met else "**no**")
     if not r["correct"]:
         met = "**WRONG**"
+    elif r.get("same_bits") is False:
+        met = "**BITS**"
     cells += [route, _fmt(r["stock_ms"]), _fmt(r["variants"]["detgrid"]["median_ms"])]
     if has_tree:
         cells.append(_fmt(r.get("in_tree_ms")))
@@ -843,9 +887,32 @@ def _table(rows: List[Dict[str, Any]]) -> List[str]:
         "stock: the route stock takes (* a cuDNN row timed on native: no cuDNN here, or it "
         "failed, see the JSON). extra MiB in bold: over the row's bound. max rel diff in bold: "
         "past the dtype's tolerance, a WRONG result; † stock was off, right against float64. "
-        "met: the row's speed and memory goals (CPU: n/a, a smoke run). Shapes, dtype, layout, "
+        "met: the row's speed and memory goals (CPU: n/a, a smoke run); BITS: a build of the "
+        "core, or det, does not give the core's bits. Shapes, dtype, layout, "
         "modes, mask, records, samples per cell, bounds and goals: the JSON, and "
         "`detgrid bench --list`.",
+    ]
+
+
+def _level_table(rows: List[Dict[str, Any]]) -> List[str]:
+    """Per measured row that times the builds: each build's ms, each speed
+    level's time over the core's, whether they and det give the core's
+    bits; then the legend."""
+    head = (["#", "workload"] + [f"{build} ms" for build in BUILDS]
+            + [f"{level}/core" for level in SPEED_LEVELS] + ["core's bits"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["status"] != "measured" or "levels" not in r:
+            continue
+        timed = r["levels"]
+        cells = [str(r["row"]), r["name"]] + [_fmt(timed[build]["ms"]) for build in BUILDS]
+        cells += [_fmt(timed[level]["ratio_vs_core"]) for level in SPEED_LEVELS]
+        lines.append("| " + " | ".join(cells + [_fmt(r["same_bits"])]) + " |")
+    return lines + [
+        "",
+        "ms: median of each build as `detgrid.ops.*_with_options(level=)` runs it (its "
+        "grad_input, the grid gradient's grad_grid), on the rows that request grad_input. "
+        "core's bits: every build and det give the core's grad_input and grad_grid bit for bit.",
     ]
 
 
@@ -863,12 +930,9 @@ def markdown(result: Dict[str, Any]) -> str:
         f"({result['in_tree']['reason']}); {result['elapsed_s']:.1f} s.",
         "",
     ]
-    if "accumulate" in result:
-        lines += [f"det sums grad_input with accumulate=\"{result['accumulate']}\" "
-                  "(`detgrid.ops.ACCUMULATE_MODES`); the rows' counters count that.", ""]
     if not cuda:
-        lines += ["**CPU smoke run**: host executor vs stock CPU on small shapes. It tests the "
-                  "harness; its times are not a performance claim.", ""]
+        lines += ["**CPU smoke run**: the host builds vs stock CPU on small shapes. It tests "
+                  "the harness; its times are not a performance claim.", ""]
     lines += _table(result["workloads"])
     lines += ["", f"det/stock geomean {_fmt(s['geomean'])}, worst {_fmt(s['worst'])} "
               f"({s['worst_workload']}); {s['measured']} rows measured, "
@@ -876,6 +940,14 @@ def markdown(result: Dict[str, Any]) -> str:
     if "in_tree_geomean" in s:
         lines.append(f"in-tree/stock geomean {_fmt(s['in_tree_geomean'])}, worst "
                      f"{_fmt(s['in_tree_worst'])}.")
+    lines += ["", "## The core's builds", ""] + _level_table(result["workloads"])
+    lines += ["", "; ".join(f"{build}/stock geomean {_fmt(entry['geomean'])}"
+                            + (f", {build}/core geomean {_fmt(entry['geomean_vs_core'])}, worst "
+                               f"{_fmt(entry['worst_vs_core'])}"
+                               if "geomean_vs_core" in entry else "")
+                            for build, entry in s["levels"].items()) + "."]
+    lines += ["", "## Work counters of the calls as run", ""] + counters_table(
+        [r for r in result["workloads"] if r["status"] == "measured"])
     lines += ["", "## Targets (benchmarks, not tests)", "", "| target | value | met |",
               "|---|---|---|"]
     for t in s["targets"]:
@@ -899,8 +971,16 @@ def markdown(result: Dict[str, Any]) -> str:
         "bilinear · zeros · align_corners=True · 4-D · C ≤ 1024 · not bf16 on CUDA with cuDNN; "
         "else native `aten::grid_sampler_2d_backward`, or `aten::grid_sampler_3d_backward` for "
         "the 3-D rows (5-D input; cuDNN has no 3-D grid sampler). det = `detgrid.ops."
-        "grid_sampler_2d_backward` / `grid_sampler_3d_backward`; in-tree = aten's backward "
-        "under deterministic mode on a torch patched for that rank.",
+        "grid_sampler_2d_backward` / `grid_sampler_3d_backward`, the default deterministic "
+        "backward (the whole stack's grad_input, the grid gradient's grad_grid); in-tree = "
+        "aten's backward under deterministic mode on a torch patched for that rank.",
+        "- builds: each build of the core (`detgrid.levels.CORE_BUILDS`) as "
+        "`detgrid.ops.*_with_options(level=)` runs it, on the rows that request grad_input; "
+        "a speed level is timed against the core on the same inputs, and every build and "
+        "det must give the core's bits.",
+        "- work counters: `detgrid.ops.work_counters(..., level=)` of each call as run (on the "
+        "CPU with the fields where the points land decides; the JSON's counters_full_size: "
+        "the workload at full size from its shapes).",
         "- timing: CUDA events around each call (launch gaps included), the host clock on the "
         "CPU; variants interleaved call by call; every call takes the next of several input "
         "copies, enough that more than twice the L2 cache is touched before a copy is reused "
@@ -973,8 +1053,6 @@ def plot(result: Dict[str, Any], path: str) -> str:
     ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("detgrid / stock time (log; < 1 is faster)")
     title = f"detgrid bench: {result['device_name']}, torch {result['torch']}"
-    if "accumulate" in result:
-        title += f", accumulate={result['accumulate']}"
     if smoke:
         title = f"CPU smoke run, not a performance claim: {title}"
     g = result["summary"]["geomean"]

@@ -72,8 +72,6 @@ class Case:
     padding_mode: int
     align_corners: bool
     output_mask: Tuple[bool, bool]
-    # detgrid.ops' knobs (*_with_options): ints, and accumulate by its name.
-    options: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def dim(self) -> int:
@@ -126,13 +124,14 @@ def deterministic_algorithms(on: bool) -> Iterator[None]:
 def run_detgrid(case: Case, **options: Any) -> Gradients:
     """detgrid's backward in deterministic mode, the only mode in which
     detgrid.enable() routes to it, so its cost is what a user pays there
-    (torch.utils.deterministic.fill_uninitialized_memory included)."""
+    (torch.utils.deterministic.fill_uninitialized_memory included). With
+    options (detgrid.ops.*_with_options' level, block_size, max_blocks), that
+    operator with them; else the default backward."""
     from detgrid import ops  # here, not at the top: it loads the extension
 
-    opts = {**case.options, **options}
     with deterministic_algorithms(True):
-        if opts:
-            return getattr(ops, case.op + "_with_options")(*case.args(), **opts)
+        if options:
+            return getattr(ops, case.op + "_with_options")(*case.args(), **options)
         return getattr(ops, case.op)(*case.args())
 
 
@@ -485,12 +484,13 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def work_counters(case: Case) -> Dict[str, int]:
-    """Exact work of the deterministic CUDA pipeline on this case
-    (detgrid.ops.work_counters): from the tensors' shapes, strides and
-    dtype alone, so the same on every machine, but for longest_fold, which
-    where the grid's points land decides: measured on the host for a CPU
-    case, -1 for a CUDA one (the host executor runs the same folds)."""
+def work_counters(case: Case, level: Optional[str] = None) -> Dict[str, int]:
+    """detgrid.ops.work_counters of this case at the core's build ``level``
+    (detgrid.levels.CORE_BUILDS; the whole stack by default): what the CUDA
+    backward launches, sorts and allocates, the same on every machine. The
+    fields that where the points land decides (longest_fold, reduce_items,
+    record_visits) are counted for a CPU case and -1 for any other: its
+    shapes alone are counted."""
     from detgrid import ops
 
     on_cpu = case.grid.device.type == "cpu"
@@ -498,16 +498,13 @@ def work_counters(case: Case) -> Dict[str, int]:
     return ops.work_counters(
         *(tensors if on_cpu else map(_meta_like, tensors)),
         case.interpolation_mode, case.padding_mode, case.align_corners,
-        list(case.output_mask), **case.options)
+        list(case.output_mask), **({"level": level} if level else {}))
 
 
-def full_size_work_counters(workload: "Workload",
-                            accumulate: str = "ordered",
-                            level: Optional[str] = None) -> Dict[str, int]:
-    """work_counters of the workload at full size (scale 1), with the layout
-    build() gives it, without allocating it, for the accumulation named
-    (a key of detgrid.ops.ACCUMULATE_MODES), at a level of the upstream
-    stack (detgrid.kit.stack; the whole stack by default)."""
+def full_size_case(workload: "Workload") -> Case:
+    """The workload's case at full size (scale 1) with the layout build()
+    gives it, on the meta device: its shapes, strides and dtype, nothing
+    allocated."""
     in_shape, grid_shape = workload.shapes()
     n, c = in_shape[:2]
     inp = torch.empty((1 if workload.expanded_batch else n,) + in_shape[1:],
@@ -516,7 +513,7 @@ def full_size_work_counters(workload: "Workload",
         inp = inp.expand(in_shape)
     if workload.channels_last:
         inp = inp.contiguous(memory_format=channels_last(workload.dim))
-    case = Case(
+    return Case(
         name=workload.name,
         grad_output=torch.empty((n, c) + grid_shape[1:-1], dtype=workload.dtype, device="meta"),
         input=inp,
@@ -525,54 +522,14 @@ def full_size_work_counters(workload: "Workload",
         padding_mode=PADDINGS[workload.padding],
         align_corners=workload.align_corners,
         output_mask=workload.output_mask,
-        options={"accumulate": accumulate, **({"level": level} if level else {})},
     )
-    return work_counters(case)
 
 
-# accumulate="exact" and "exact_atomic" keep, per grad_input element of a
-# block, kWords int64 slices and one uint32 of flags: 3 words where the terms
-# are float (float, Half and BFloat16 inputs), 5 where they are double. A
-# block holds as many whole images as fit in 64 MiB of slices, or where one
-# image does not fit, as many of one image's channel planes, one at least
-# (aten_kernels/extension/exact/ExactBackward.cuh, plan_blocks).
-EXACT_SLICES_BUDGET = 64 << 20
-
-
-def exact_bytes_per_element(dtype: torch.dtype) -> int:
-    """Slice bytes per grad_input element: 8 * words + 4 (28 B, or 44 B
-    for float64)."""
-    return 8 * (5 if dtype == torch.float64 else 3) + 4
-
-
-def _exact_blocks(workload: "Workload") -> Tuple[int, int, int]:
-    """(images, channels, bytes of a channel plane) of one block of the
-    exact accumulations' slices at full size, by ExactBackward.cuh's
-    plan_blocks: whole images where one fits the budget, else whole channel
-    planes of one image, at least one."""
-    in_shape = workload.shapes()[0]
-    plane_bytes = max(math.prod(in_shape[2:]) * exact_bytes_per_element(workload.dtype), 1)
-    image_bytes = in_shape[1] * plane_bytes
-    if image_bytes <= EXACT_SLICES_BUDGET:
-        images = min(max(EXACT_SLICES_BUDGET // image_bytes, 1), in_shape[0])
-        return images, in_shape[1], plane_bytes
-    return 1, min(max(EXACT_SLICES_BUDGET // plane_bytes, 1), in_shape[1]), plane_bytes
-
-
-def exact_slices_bytes(workload: "Workload") -> int:
-    """Bytes of one block of the exact accumulations' slices for the
-    workload at full size; 0 without grad_input."""
-    if not workload.output_mask[0]:
-        return 0
-    images, channels, plane_bytes = _exact_blocks(workload)
-    return images * channels * plane_bytes
-
-
-def exact_channel_blocks(workload: "Workload") -> int:
-    """Blocks an image's channels take (1 where whole images fit the
-    budget); each repeats the image's point pass and sort."""
-    _, channels, _ = _exact_blocks(workload)
-    return math.ceil(workload.shapes()[0][1] / channels)
+def full_size_work_counters(workload: "Workload", level: Optional[str] = None) -> Dict[str, int]:
+    """work_counters of the workload at full size, from its shapes alone
+    (full_size_case), at the core's build ``level`` (the whole stack by
+    default)."""
+    return work_counters(full_size_case(workload), level)
 
 
 def samples_per_cell(case: Case) -> Dict[str, float]:
@@ -690,7 +647,7 @@ def special_grid(grid: torch.Tensor) -> torch.Tensor:
 
 def _small_case(name: str, mode: str, padding: str, align: bool, dtype: torch.dtype,
                 g: torch.Generator, *, shape=(2, 3, 7, 9), grid_size=(5, 6), extent=1.3,
-                mask=(True, True), special=False, options=None) -> Case:
+                mask=(True, True), special=False) -> Case:
     """A case with random data: input shape (n, c, [d,] h, w), grid
     (n, *grid_size, len(grid_size)) uniform in [-extent, extent]."""
     n, c = shape[:2]
@@ -706,15 +663,23 @@ def _small_case(name: str, mode: str, padding: str, align: bool, dtype: torch.dt
         padding_mode=PADDINGS[padding],
         align_corners=align,
         output_mask=tuple(mask),
-        options=dict(options or {}),
     )
+
+
+# Grid sizes whose records just pass the core's 2^19 records per chunk
+# (detgrid.ops.CORE_CHUNK_RECORDS), so that a call sorts and sums two chunks:
+# 131,328 bilinear points (4 taps), 32,896 bicubic ones (16), 65,792
+# trilinear ones (8), 525,312 nearest ones (1) and 8,481 tricubic ones (64).
+_TWO_CHUNKS = {("bilinear", 2): (256, 513), ("bicubic", 2): (128, 257),
+               ("bilinear", 3): (2, 128, 257), ("nearest", 3): (4, 256, 513),
+               ("bicubic", 3): (1, 33, 257)}
 
 
 def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
     """CPU cases for the memory checker, 2-D then 3-D: every mode x padding,
-    finite and non-finite/huge grids, masks, dtypes, layouts and multi-chunk
-    cases (chunk_points=4096 with 10000 or more points per call, so three
-    chunks). "tiny": one colliding case per rank."""
+    finite and non-finite/huge grids, masks, dtypes, layouts and calls of two
+    chunks (_TWO_CHUNKS; in float16 their sums wait in the float scratch).
+    "tiny": one colliding case per rank."""
     g = torch.Generator().manual_seed(seed)
     if set_name == "tiny":
         return [_small_case("tiny_bilinear_zeros_collide", "bilinear", "zeros", False,
@@ -732,6 +697,7 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
                 tag = "special" if special else "finite"
                 cases.append(_small_case(f"{mode}_{padding}_{tag}", mode, padding, align,
                                          torch.float32, g, special=special))
+    two_bilinear, two_bicubic = _TWO_CHUNKS[("bilinear", 2)], _TWO_CHUNKS[("bicubic", 2)]
     cases += [
         _small_case("bilinear_zeros_gi_only", "bilinear", "zeros", False, torch.float32, g,
                     mask=(True, False)),
@@ -742,27 +708,18 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
         _small_case("bicubic_zeros_f16_special", "bicubic", "zeros", False, torch.float16, g,
                     special=True),
         _small_case("nearest_border_bf16", "nearest", "border", True, torch.bfloat16, g),
+        # A small input: runs of thousands of records, summed in stored partials.
         _small_case("bilinear_zeros_multichunk", "bilinear", "zeros", False, torch.float32, g,
-                    shape=(1, 2, 11, 13), grid_size=(100, 100), extent=1.1,
-                    options={"chunk_points": 4096}),
+                    shape=(1, 2, 11, 13), grid_size=two_bilinear, extent=1.1),
         _small_case("bicubic_reflection_multichunk_special", "bicubic", "reflection", True,
-                    torch.float32, g, shape=(1, 2, 11, 13), grid_size=(100, 100), special=True,
-                    options={"chunk_points": 4096}),
+                    torch.float32, g, shape=(1, 2, 11, 13), grid_size=two_bicubic,
+                    special=True),
         _small_case("bilinear_border_f16_multichunk", "bilinear", "border", False,
-                    torch.float16, g, shape=(1, 3, 11, 13), grid_size=(100, 100),
-                    options={"chunk_points": 4096}),
-        # 18,200 pixels (18,471 cells) > 16,384 records per chunk (4096
-        # points x 4 taps): keyed per tap, the sparse reduction, over three
-        # chunks; in float16 also the float carry's copy-out after the last.
-        _small_case("bilinear_zeros_multichunk_sparse", "bilinear", "zeros", False,
-                    torch.float32, g, shape=(1, 2, 130, 140), grid_size=(100, 100),
-                    options={"chunk_points": 4096}),
-        _small_case("bilinear_reflection_f16_multichunk_sparse_special", "bilinear",
-                    "reflection", True, torch.float16, g, shape=(1, 2, 130, 140),
-                    grid_size=(100, 100), special=True, options={"chunk_points": 4096}),
-        _small_case("nearest_zeros_small_blocks", "nearest", "zeros", False, torch.float32, g,
-                    shape=(2, 3, 5, 5), grid_size=(40, 40),
-                    options={"block_size": 64, "max_blocks": 3}),
+                    torch.float16, g, shape=(1, 3, 11, 13), grid_size=two_bilinear),
+        # A larger input: many short runs.
+        _small_case("bilinear_reflection_f16_multichunk_special", "bilinear", "reflection",
+                    True, torch.float16, g, shape=(1, 2, 130, 140), grid_size=two_bilinear,
+                    special=True),
     ]
     cl = _small_case("bilinear_zeros_channels_last", "bilinear", "zeros", True, torch.float32, g,
                      shape=(2, 5, 7, 9))
@@ -775,12 +732,8 @@ def sanitizer_cases(set_name: str = "all", seed: int = 0) -> List[Case]:
 
 
 def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
-    """sanitizer_cases' 3-D part. Its multi-chunk cases take both reductions
-    (see plan_chunks): dense where the input has no more cells (trilinear)
-    or voxels than a chunk has records (4096 points x taps), else sparse; the float16 one carries a float sum
-    across chunks and copies it out after the last (sparse)."""
+    """sanitizer_cases' 3-D part."""
     f32, tri = torch.float32, "bilinear"
-    chunked = {"chunk_points": 4096}
     small = dict(shape=(2, 3, 5, 6, 7), grid_size=(3, 4, 5))
     cases = []
     for mode in modes(3):
@@ -789,6 +742,7 @@ def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
                 tag = "special" if special else "finite"
                 cases.append(_small_case(f"3d_{mode_name(mode, 3)}_{padding}_{tag}", mode,
                                          padding, special, f32, g, special=special, **small))
+    two_trilinear = _TWO_CHUNKS[("bilinear", 3)]
     cases += [
         _small_case("3d_trilinear_zeros_gi_only", tri, "zeros", False, f32, g,
                     mask=(True, False), **small),
@@ -800,25 +754,17 @@ def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
                     special=True, **small),
         _small_case("3d_nearest_border_bf16", "nearest", "border", True, torch.bfloat16, g,
                     **small),
-        # 12,000 points, 1,287 voxels (1,680 cells) <= 32,768 records per
-        # chunk: dense, keyed per cell.
-        _small_case("3d_trilinear_zeros_multichunk_dense", tri, "zeros", False, f32, g,
-                    shape=(1, 2, 9, 11, 13), grid_size=(10, 30, 40), extent=1.1,
-                    options=chunked),
-        # 2 x 6,000 points, 40,960 voxels > 32,768: sparse.
-        _small_case("3d_trilinear_reflection_multichunk_sparse_special", tri, "reflection",
-                    True, f32, g, shape=(2, 2, 16, 32, 40), grid_size=(5, 30, 40),
-                    special=True, options=chunked),
-        # 38,400 voxels > 32,768: sparse, with the float carry.
-        _small_case("3d_trilinear_border_f16_multichunk_sparse", tri, "border", False,
-                    torch.float16, g, shape=(1, 3, 20, 40, 48), grid_size=(10, 30, 40),
-                    options=chunked),
-        # nearest: 4,096 records per chunk, 5,120 voxels: sparse.
-        _small_case("3d_nearest_zeros_multichunk_sparse", "nearest", "zeros", False, f32, g,
-                    shape=(1, 2, 16, 16, 20), grid_size=(10, 30, 40), options=chunked),
-        _small_case("3d_nearest_zeros_small_blocks", "nearest", "zeros", False, f32, g,
-                    shape=(2, 3, 4, 5, 5), grid_size=(10, 12, 14),
-                    options={"block_size": 64, "max_blocks": 3}),
+        _small_case("3d_trilinear_zeros_multichunk", tri, "zeros", False, f32, g,
+                    shape=(1, 2, 9, 11, 13), grid_size=two_trilinear, extent=1.1),
+        _small_case("3d_trilinear_reflection_multichunk_special", tri, "reflection", True,
+                    f32, g, shape=(1, 2, 16, 32, 40), grid_size=two_trilinear, special=True),
+        _small_case("3d_trilinear_border_f16_multichunk", tri, "border", False, torch.float16,
+                    g, shape=(1, 3, 20, 40, 48), grid_size=two_trilinear),
+        _small_case("3d_nearest_zeros_multichunk", "nearest", "zeros", False, f32, g,
+                    shape=(1, 2, 16, 16, 20), grid_size=_TWO_CHUNKS[("nearest", 3)]),
+        _small_case("3d_tricubic_border_multichunk_special", "bicubic", "border", False, f32,
+                    g, shape=(1, 2, 6, 7, 8), grid_size=_TWO_CHUNKS[("bicubic", 3)],
+                    special=True),
     ]
     cl = _small_case("3d_trilinear_zeros_channels_last", tri, "zeros", True, f32, g,
                      shape=(2, 5, 4, 6, 7), grid_size=(3, 4, 5))
@@ -839,7 +785,7 @@ _EXECUTOR_SHAPES = {
 
 
 def executor_cases(dtype: torch.dtype, seed: int = 0, dim: int = 2) -> List[Case]:
-    """Small dim-D cases for device-vs-host-executor equality: every mode x
+    """Small dim-D cases for equality of the device and host builds: every mode x
     padding x align_corners, some points out of bounds, plus zoom-in (many
     points per cell) and non-finite grids."""
     g = torch.Generator().manual_seed(seed)

@@ -57,9 +57,6 @@ class _VersionAction(argparse.Action):
 
 
 VERIFY_DTYPES = ("float32", "float64", "float16", "bfloat16")
-# detgrid.ops.ACCUMULATE_MODES' names, here without loading torch
-# (tests/test_bench.py checks that they agree).
-BENCH_ACCUMULATIONS = ("ordered", "exact", "exact_atomic")
 
 
 def _cuda_unusable() -> Optional[str]:
@@ -129,7 +126,6 @@ def _bench(args: argparse.Namespace) -> int:
             return _fail("bench", f"--out {args.out}: {e}")
     config = bench.default_config(device, quick=args.quick)
     config.names = names
-    config.accumulate = args.accumulate
     for key in ("warmup", "reps", "scale", "seed", "budget_s"):
         if getattr(args, key) is not None:
             setattr(config, key, getattr(args, key))
@@ -225,13 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scale", type=_finite(positive=True), default=None,
                        help="one scale for every workload's shapes (overrides the sizes)")
     bench.add_argument("--seed", type=int, default=None)
-    bench.add_argument("--accumulate", choices=BENCH_ACCUMULATIONS, default="ordered",
-                       help="how detgrid sums grad_input's terms in the timed run (the "
-                       "extension's accumulate knob); the rows' counters count it")
     bench.add_argument("--list", action="store_true", help="list the workloads and exit")
     bench.add_argument("--counters", action="store_true",
-                       help="print the workloads' exact work counters at full size under "
-                       "every accumulation (no inputs, no timing, no GPU needed) and exit")
+                       help="print the workloads' exact work counters at full size at "
+                       "every build of the stack (no inputs, no timing, no GPU needed) and exit")
     bench.add_argument("--render", metavar="FILE.json",
                        help="only redraw FILE.md and FILE.png from an earlier FILE.json")
     bench.set_defaults(handler=_bench)

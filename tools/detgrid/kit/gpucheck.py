@@ -3,27 +3,37 @@
     python3 -m detgrid.kit.gpucheck env            --json env.json
     python3 -m detgrid.kit.gpucheck build-info     --json build.json [--require-cuda]
     python3 -m detgrid.kit.gpucheck bitwise        --device cuda --json bitwise.json
-    python3 -m detgrid.kit.gpucheck exact          --device cuda --json exact.json
     python3 -m detgrid.kit.gpucheck routes         --device cuda --json routes.json
     python3 -m detgrid.kit.gpucheck timing         --device cuda --json timing.json
     python3 -m detgrid.kit.gpucheck sanitize       --tool memcheck --set all --json s.json
     python3 -m detgrid.kit.gpucheck sanitizer-case --device cuda --set all
     python3 -m detgrid.kit.gpucheck report         --work DIR --out DIR [--junit X]
 
-The bitwise and sanitizer checks cover both backwards,
-grid_sampler_2d_backward and grid_sampler_3d_backward (timing: the 2-D
-set; `detgrid bench` times the 3-D rows). `exact` checks the extension's
-accumulate="exact" and "exact_atomic" (their bits against each other, over
-runs and knobs, and against the host executor's); timing times them too.
-Every subcommand also runs with
-`--device cpu` (or needs no device at all), so its logic is tested on
-machines without a GPU: there "detgrid" is the host executor and "stock"
-is aten's CPU kernel.
+detgrid's deterministic backward is the upstream core's grad_input
+(aten_kernels/aten/), built at the whole stack of its speed levels
+(detgrid.levels.TOP), and the grid gradient's grad_grid
+(aten_kernels/extension/GridGradient.cu). Every build of the core
+(detgrid.levels.CORE_BUILDS) gives the same bits, and its host build gives
+the CUDA build's: the CPU tests' proof holds on the GPU only if this check
+finds those bits there. `bitwise` decides that (the key verdict): each
+build's CUDA grad_input against its host build's, on small cases of every
+dtype and rank and on the golden corpus (tests/golden/core.py); the default
+backward's grad_input and grad_grid against the host's; runs repeated on two
+high-collision cases; and agreement with stock's atomic backward within
+tolerance. `timing` times stock against each build on the benchmark rows
+(detgrid.bench.workloads.BENCH_WORKLOADS, the rows `detgrid bench` times).
+Both backwards are covered, grid_sampler_2d_backward and
+grid_sampler_3d_backward.
+
+Every subcommand also runs with `--device cpu` (or needs no device at all),
+so its logic is tested on machines without a GPU: there the "device" run is
+the host build with launches of another shape (HOST_STAND_IN_LAUNCH) and
+"stock" is aten's CPU kernel.
 
 The functions return plain data (dicts, lists); only main() prints. This
-module runs the checks; the cases, workloads, comparisons and timing they
-use are detgrid.bench.workloads (which a benchmark command reuses), the report
-is detgrid.kit.gpucheck_report.
+module runs the checks; the cases, workloads, comparisons and timing loop
+they use are detgrid.bench.workloads (which a benchmark command reuses), the
+report is detgrid.kit.gpucheck_report.
 
 The file also runs as a script (`python3 tools/detgrid/kit/gpucheck.py ...`),
 which the shell script uses: then `env` and `report` work even when the
@@ -50,7 +60,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 if __name__ == "__main__" and __package__ in (None, ""):
     # Run as a script: import detgrid from the tools/ folder above this file,
@@ -73,62 +83,115 @@ from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
 from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
 from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, MODES, PADDINGS, WORKLOADS,
-                                     Case, Gradients,
-                                     Workload, dtype_name, executor_cases, max_abs_diff,
-                                     peak_bytes, run_detgrid, run_stock, sanitizer_cases, sha256,
-                                     synchronize, time_rotating, time_workload)
+                                     Case, Gradients, Workload, dtype_name, executor_cases,
+                                     max_abs_diff, peak_bytes, rel_err, run_detgrid, run_stock,
+                                     sanitizer_cases, sha256, synchronize, time_rotating)
 
-# dtypes whose device result must equal the host executor's bit for bit.
-EXACT_DTYPES = ("float32", "float64")
+# The repository: tests/golden (the golden corpus) is found from here.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
-# The cases whose 100 repeats are hashed, both gradients asked for, each a
+# The builds of the core other than the default backward's (levels.TOP), which
+# the default operator runs: each is run through the _with_options operator.
+OTHER_BUILDS = tuple(level for level in levels.CORE_BUILDS if level != levels.TOP)
+
+# The cases whose 100 repeats are compared, both gradients asked for, each a
 # benchmark workload at a scale relative to --scale: extreme collisions in
 # 2-D (TensoRF line, 3333 points per cell) and in 3-D (SimpleBEV's lift at
-# 0.75: 540,000 points, ~43 per voxel, three chunks of the default size; at
-# full size its 40 MB of gradients per run would make hashing the step's
-# main cost).
+# 0.75: 540,000 points, ~43 per voxel, 4.3 million records, nine of the
+# core's chunks of 2^19 records).
 REPEAT_WORKLOADS = (("tensorf_line", 1.0), ("simplebev_lift_3d", 0.75))
 
+# On --device cpu the "device" run of a build is its host build with blocks of
+# 64 threads, the grid the blocks need, and block and thread orders shuffled
+# (seed 7): another launch shape than the reference's, which must move no bit.
+HOST_STAND_IN_LAUNCH = (64, 0, 7)
+
+
+def _ops():
+    """detgrid.ops, imported where a check first needs it: it loads the extension
+    (torch.ops.detgrid)."""
+    from detgrid import ops
+
+    return ops
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    """fn(), or {"error": ...}: one failing part leaves the others' results."""
+    try:
+        return fn()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
 
 # --------------------------------------------------------------------------
-# Bitwise checks
+# Run-to-run determinism
 # --------------------------------------------------------------------------
+
+_SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_raw_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Every bit alike, NaN payloads too (two runs on one device must not differ
+    at all), compared where the tensors are (on the GPU, no copy to the host)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    as_int = _SAME_SIZE_INT[a.element_size()]
+    return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
 
 
 def repeat_hashes(fn: Callable[[], Gradients], reps: int, device: str) -> Dict[str, Any]:
-    """Runs fn reps times; distinct SHA-256 hashes of each gradient."""
+    """Runs fn reps times: per gradient, the SHA-256 of the first run's and how
+    many distinct results the runs gave (each run is compared with the first on
+    the device; a differing one is hashed)."""
+    first: List[Optional[torch.Tensor]] = [None, None]
     hashes: Tuple[set, set] = (set(), set())
-    first: List[Optional[str]] = [None, None]
     for _ in range(reps):
         grads = fn()
         synchronize(device)
         for i, t in enumerate(grads):
-            h = sha256(t)
-            if h is not None:
-                hashes[i].add(h)
-                first[i] = first[i] or h
+            if t is None:
+                continue
+            if first[i] is None:
+                first[i] = t
+                hashes[i].add(sha256(t))
+            elif not _same_raw_bits(t, first[i]):
+                hashes[i].add(sha256(t))
+    heads = [None if t is None else sha256(t) for t in first]
     return {
         "reps": reps,
-        "grad_input_distinct": len(hashes[0]) if first[0] else None,
-        "grad_grid_distinct": len(hashes[1]) if first[1] else None,
-        "grad_input_sha256": first[0],
-        "grad_grid_sha256": first[1],
+        "grad_input_distinct": len(hashes[0]) if first[0] is not None else None,
+        "grad_grid_distinct": len(hashes[1]) if first[1] is not None else None,
+        "grad_input_sha256": heads[0],
+        "grad_grid_sha256": heads[1],
     }
 
 
-# Knobs that must not move a bit on either device: the keying (one sort key
-# per tap instead of per point) and the dense reduce's thread order.
-PIPELINE_KNOBS = [{"keying": 1}, {"gather": 1}, {"gather": 2}, {"keying": 1, "gather": 2}]
+def repeat_cases(device: str, scale: float = 1.0, seed: int = 0) -> List[Case]:
+    """REPEAT_WORKLOADS' cases at scale times their own, both gradients."""
+    return [BENCH_WORKLOADS[name].build(device, seed, scale * relative, output_mask=(True, True))
+            for name, relative in REPEAT_WORKLOADS]
 
 
-def knob_settings(device: str) -> List[Dict[str, int]]:
-    if torch.device(device).type == "cuda":
-        return [{}, {"chunk_points": 4096}, {"block_size": 128}, {"block_size": 512},
-                {"block_size": 64, "max_blocks": 7}, {"chunk_points": 8192, "max_blocks": 2},
-                *PIPELINE_KNOBS]
-    return [{}, {"chunk_points": 4096}, {"grain_size": 1}, {"grain_size": 100000},
-            *PIPELINE_KNOBS]
+def repeat_row(case: Case, reps: int, device: str) -> Dict[str, Any]:
+    """reps runs of the case by the default backward, by each build of the core
+    (the _with_options operator at that level) and by stock."""
+    return {
+        "case": case.name,
+        "dim": case.dim,
+        "input_shape": list(case.input.shape),
+        "grid_shape": list(case.grid.shape),
+        "detgrid": _guarded(lambda: repeat_hashes(lambda: run_detgrid(case), reps, device)),
+        "builds": {level: _guarded(lambda: repeat_hashes(
+            lambda: run_detgrid(case, level=level), reps, device))
+            for level in levels.CORE_BUILDS},
+        "stock": _guarded(lambda: repeat_hashes(lambda: run_stock(case), reps, device)),
+    }
 
+
+# --------------------------------------------------------------------------
+# The device's bits against the host build's
+# --------------------------------------------------------------------------
 
 # Put into grad_output by with_non_finite_grad_output: NaN, and +-Inf that
 # meet zero weights and each other in the sums, so that grad_input and
@@ -150,74 +213,39 @@ def with_non_finite_grad_output(case: Case) -> Case:
                                grad_output=planes.reshape(grad.shape))
 
 
-def executor_row_cases(dtype: str, dim: int, seed: int = 0) -> List[Case]:
-    """executor_cases, and their zoom-in cases again with a non-finite
-    grad_output."""
+def match_cases(dtype: str, dim: int, seed: int = 0) -> List[Case]:
+    """The small cases on which the device's bits are compared with the host
+    build's (detgrid.bench.workloads.executor_cases: every mode, padding and
+    align_corners, zoom-in and non-finite grids), and their zoom-in cases again
+    with a non-finite grad_output."""
     cases = executor_cases(DTYPES[dtype], seed, dim)
     return cases + [with_non_finite_grad_output(c) for c in cases if c.name.endswith("_zoom")]
 
 
-def executor_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
-    """The device backward against the host executor, bit for bit (NaN
-    payloads aside: detgrid.kit.bitwise): one row per dtype and spatial dims
-    (2-D, 3-D).
-
-    On --device cpu the "device" run is the executor with grain_size=1 (as
-    many threads as it will take), the reference its default.
-    """
-    return [executor_row(device, name, dim, executor_row_cases(name, dim, seed))
-            for name in dtypes for dim in DIMS]
-
-
-def executor_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
-    equal, worst, mismatches, errors = 0, 0.0, [], []
-    for case in cases:
-        try:
-            ref = run_detgrid(case)
-            if torch.device(device).type == "cpu":
-                got = run_detgrid(case, grain_size=1)
-            else:
-                got = run_detgrid(case.to(device))
-                synchronize(device)
-        except Exception as e:  # recorded, the other cases still run
-            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
-            continue
-        same = all(same_bits_or_both_nan(g, r) for g, r in zip(got, ref))
-        equal += same
-        worst = max(worst, *(max_abs_diff(g, r) for g, r in zip(got, ref)))
-        if not same:
-            mismatches.append(case.name)
-    return {
-        "dtype": dtype,
-        "dim": dim,
-        "cases": len(cases),
-        "bitwise_equal": equal,
-        "max_abs_diff": worst,
-        "must_be_equal": dtype in EXACT_DTYPES,
-        "mismatches": mismatches[:10],
-        "errors": errors[:10],
-    }
-
-
-# --------------------------------------------------------------------------
-# The core (aten_kernels/aten/, issue 59): CUDA build against host build
-# --------------------------------------------------------------------------
-
-
-def core_grad_input(case: Case, level: str = levels.CORE) -> torch.Tensor:
-    """The grad_input of the core's build ``level`` (detgrid.levels.CORE_BUILDS) for the
-    case, on the case's device (the host build on CPU, the nvcc build on CUDA)."""
+def core_grad_input(case: Case, level: str = levels.TOP,
+                    launch: Sequence[int] = ()) -> torch.Tensor:
+    """grad_input of the core's build ``level`` for the case, on the case's device
+    (the host build on CPU, the nvcc build on CUDA); launch: the host build's
+    (block_size, grid_size, shuffle_seed), its own where not given."""
+    _ops()
     return torch.ops.detgrid._core_grad_input(
         case.grad_output, case.input, case.grid, case.interpolation_mode,
-        case.padding_mode, case.align_corners, level=level)
+        case.padding_mode, case.align_corners, *launch, level=level)
 
 
-def _compare_cases(cases: Sequence[Case],
-                   pair: Callable[[Case], Optional[Tuple[torch.Tensor, torch.Tensor]]]
+def host_grid_gradient(case: Case) -> torch.Tensor:
+    """grad_grid of the grid gradient's host build for the case (a CPU case)."""
+    return _ops().grid_gradient(case.grad_output, case.input, case.grid,
+                                case.interpolation_mode, case.padding_mode, case.align_corners)
+
+
+def _compare_cases(cases: Sequence[Any],
+                   pair: Callable[[Any], Optional[Tuple[torch.Tensor, torch.Tensor]]]
                    ) -> Dict[str, Any]:
     """pair(case) -> (got, reference), or None for a case it skips, over the cases: how many
-    ran, how many are the same bits (NaNs alike), the largest difference, the first
-    mismatches and errors (an error is recorded and the other cases still run)."""
+    ran, how many are the same bits (NaNs alike: detgrid.kit.bitwise), the largest
+    difference, the first mismatches and errors (an error is recorded and the other cases
+    still run)."""
     equal, worst, mismatches, errors, ran = 0, 0.0, [], [], 0
     for case in cases:
         try:
@@ -238,116 +266,177 @@ def _compare_cases(cases: Sequence[Case],
             "mismatches": mismatches[:10], "errors": errors[:10]}
 
 
-def core_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
-    """The core on the device against its host build, per case: "host
-    == CUDA bit for bit" is a measurement here, not a requirement, since
-    both builds contract multiply-adds into FMAs where their compilers
-    choose (on --device cpu the "device" run is the host build with a
-    shuffled launch, block size 64)."""
+def core_row(device: str, level: str, dtype: str, dim: int,
+             cases: Sequence[Case]) -> Dict[str, Any]:
+    """The core's build ``level`` on the device against its host build, case by case
+    (the reference runs first)."""
     def pair(case: Case) -> Tuple[torch.Tensor, torch.Tensor]:
-        ref = core_grad_input(case)
+        ref = core_grad_input(case, level)
         if torch.device(device).type == "cpu":
-            got = torch.ops.detgrid._core_grad_input(
-                case.grad_output, case.input, case.grid, case.interpolation_mode,
-                case.padding_mode, case.align_corners, 64, 0, 7)
-        else:
-            got = core_grad_input(case.to(device))
-            synchronize(device)
-        return got, ref
-
-    return {"dtype": dtype, "dim": dim, **_compare_cases(cases, pair)}
-
-
-def level_row(device: str, level: str, dtype: str, dim: int,
-              cases: Sequence[Case]) -> Dict[str, Any]:
-    """A speed level of the core against the core, both on the device: a level changes no
-    bit, so here equality is required (the host builds show it on the CPU; nvcc's choices of
-    FMA contraction in the level's loops are what this row measures)."""
-    def pair(case: Case) -> Tuple[torch.Tensor, torch.Tensor]:
-        on_device = case.to(device)
-        core = core_grad_input(on_device)
-        got = core_grad_input(on_device, level)
+            return core_grad_input(case, level, HOST_STAND_IN_LAUNCH), ref
+        got = core_grad_input(case.to(device), level)
         synchronize(device)
-        return got, core
+        return got, ref
 
     return {"level": level, "dtype": dtype, "dim": dim, **_compare_cases(cases, pair)}
 
 
-def levels_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
-    """level_row per speed level, dtype and spatial dims, on the executor's cases."""
-    return [level_row(device, level, name, dim, executor_row_cases(name, dim, seed))
-            for level in levels.CORE_BUILDS[1:] for name in dtypes for dim in DIMS]
+def default_row(device: str, gradient: str, dtype: str, dim: int,
+                cases: Sequence[Case]) -> Dict[str, Any]:
+    """One gradient of the default backward on the device (detgrid.ops'
+    grid_sampler_{2d,3d}_backward, which enable() routes to) against its host
+    reference: grad_input the host build of the whole stack's (levels.TOP),
+    grad_grid the grid gradient's host build's. Cases that do not ask for the
+    gradient are left out."""
+    index = ("grad_input", "grad_grid").index(gradient)
+
+    def pair(case: Case) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        if not case.output_mask[index]:
+            return None
+        ref = core_grad_input(case, levels.TOP) if index == 0 else host_grid_gradient(case)
+        got = run_detgrid(case.to(device))[index]
+        synchronize(device)
+        return got, ref
+
+    return {"gradient": gradient, "dtype": dtype, "dim": dim, **_compare_cases(cases, pair)}
 
 
 def core_match(device: str, dtypes: Sequence[str], seed: int = 0) -> List[Dict[str, Any]]:
-    """core_row per dtype and spatial dims, on the executor's cases."""
-    return [core_row(device, name, dim, executor_row_cases(name, dim, seed))
+    """core_row per build, dtype and spatial dims."""
+    return [core_row(device, level, name, dim, match_cases(name, dim, seed))
+            for level in levels.CORE_BUILDS for name in dtypes for dim in DIMS]
+
+
+def default_match(device: str, gradient: str, dtypes: Sequence[str],
+                  seed: int = 0) -> List[Dict[str, Any]]:
+    """default_row per dtype and spatial dims."""
+    return [default_row(device, gradient, name, dim, match_cases(name, dim, seed))
             for name in dtypes for dim in DIMS]
 
 
-def _guarded(fn: Callable[[], Any]) -> Any:
-    """fn(), or {"error": ...}: one failing part leaves the others' results."""
-    try:
-        return fn()
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+def same_layout_on(t: torch.Tensor, device: str) -> torch.Tensor:
+    """t on device with its sizes, strides and storage offset, over a copy of the
+    storage it views: an expanded (stride 0), channels-last or strided view reaches
+    the kernel there as it reaches it here."""
+    if t.device == torch.device(device):
+        return t
+    count = t.untyped_storage().nbytes() // t.element_size()
+    storage = t.new_empty(0).set_(t.untyped_storage(), 0, (count,), (1,))
+    return storage.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def knob_invariance(case: Case, device: str) -> Dict[str, Any]:
-    settings = knob_settings(device)
-    hashes = []
-    for opts in settings:
-        gi, gg = run_detgrid(case, **opts)
+def _golden_modules() -> Optional[Tuple[Any, Any]]:
+    """tests/golden's core and corpus modules (the golden corpus of the core's
+    bits), or None where this tree has none."""
+    tests_dir = os.path.join(ROOT, "tests")
+    if not os.path.isfile(os.path.join(tests_dir, "golden", "core.py")):
+        return None
+    if tests_dir not in sys.path:
+        sys.path.append(tests_dir)
+    from golden import core, corpus
+
+    return core, corpus
+
+
+def golden_rows(device: str) -> List[Dict[str, Any]]:
+    """Each build of the core on the device over the golden corpus
+    (tests/golden/core.py, every case; 5-D bicubic included), against the golden
+    bits: the host core build's, whose digests must be core_digests.json's
+    (host_differ lists a case where they are not). One row per build; a row
+    {"skipped": why} where no comparison can be made."""
+    modules = _golden_modules()
+    if modules is None:
+        return [{"skipped": "no tests/golden/core.py in this tree"}]
+    core, corpus = modules
+    _ops()
+    if not torch.ops.detgrid._core_host_contracts():
+        return [{"skipped": "the golden bits are a host build's that contracts FMAs as nvcc "
+                            "does; this CPU has no FMA"}]
+    golden = core.load()
+    reference, host_differ = {}, []
+    for case in core.CASES:
+        reference[case.name] = core.grad_input(case, levels.CORE)
+        if corpus.tensor_digest(reference[case.name]) != golden.get(case.name):
+            host_differ.append(case.name)
+
+    def run_on_device(case: Any, level: str) -> torch.Tensor:
+        if torch.device(device).type == "cpu":
+            return core.grad_input(case, level, *HOST_STAND_IN_LAUNCH)
+        grad_output, inp, grid = (same_layout_on(t, device) for t in corpus.make_inputs(case))
+        got = torch.ops.detgrid._core_grad_input(
+            grad_output, inp, grid, corpus.MODES[case.mode], corpus.PADDINGS[case.padding],
+            case.align_corners, level=level)
         synchronize(device)
-        hashes.append((sha256(gi), sha256(gg)))
-    return {"settings": settings, "distinct": len(set(hashes))}
+        return got
 
-
-def repeat_cases(device: str, scale: float = 1.0, seed: int = 0) -> List[Case]:
-    """REPEAT_WORKLOADS' cases at scale times their own, both gradients."""
-    return [BENCH_WORKLOADS[name].build(device, seed, scale * relative, output_mask=(True, True))
-            for name, relative in REPEAT_WORKLOADS]
-
-
-def repeat_row(case: Case, reps: int, device: str) -> Dict[str, Any]:
-    return {
-        "case": case.name,
-        "dim": case.dim,
-        "input_shape": list(case.input.shape),
-        "grid_shape": list(case.grid.shape),
-        "detgrid": _guarded(lambda: repeat_hashes(lambda: run_detgrid(case), reps, device)),
-        "stock": _guarded(lambda: repeat_hashes(lambda: run_stock(case), reps, device)),
-    }
-
-
-def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed: int = 0,
-                dtypes: Sequence[str] = tuple(DTYPES)) -> Dict[str, Any]:
-    """Per high-collision case (2-D, 3-D): repeat hashes (detgrid and
-    stock) and knob invariance; then device vs host executor per dtype and
-    spatial dims; then detgrid against stock in half and bfloat16
-    (fidelity to stock's forward)."""
-    cases = repeat_cases(device, scale, seed)
-    return {
-        "device": device,
-        "repeat": [repeat_row(case, reps, device) for case in cases],
-        "knobs": [{"case": case.name, "dim": case.dim,
-                   **_guarded(lambda: knob_invariance(case, device))} for case in cases],
-        "executor": executor_match(device, dtypes, seed),
-        "core": core_match(device, dtypes, seed),
-        "core_levels": levels_match(device, dtypes, seed),
-        "core_repeat": [
-            {"case": case.name, "dim": case.dim,
-             **_guarded(lambda: repeat_hashes(
-                 lambda: (core_grad_input(case), None), reps, device))}
-            for case in cases],
-        "fidelity": [fidelity_row(device, name, dim, seed)
-                     for name in FIDELITY_DTYPES for dim in DIMS],
-    }
+    return [{"level": level, "host_differ": host_differ[:10],
+             "host_differ_count": len(host_differ),
+             **_compare_cases(core.CASES, lambda case, level=level: (
+                 run_on_device(case, level), reference[case.name]))}
+            for level in levels.CORE_BUILDS]
 
 
 # --------------------------------------------------------------------------
-# Fidelity to stock's forward in half and bfloat16
+# Agreement with stock
 # --------------------------------------------------------------------------
+
+def _finite(case: Case) -> bool:
+    return all(bool(t.isfinite().all()) for t in (case.grad_output, case.input, case.grid))
+
+
+def _upcast(case: Case) -> Case:
+    return dataclasses.replace(case, grad_output=case.grad_output.double(),
+                               input=case.input.double(), grid=case.grid.double())
+
+
+def _judged(gradients: Gradients, reference: Gradients, dtype: str) -> Optional[float]:
+    """The largest rel_err of the gradients a result is judged on: both, but
+    grad_input alone in float16 and bfloat16 where it is asked for (their
+    grad_grid has no reference that is both independent and the same function:
+    detgrid.bench.matrix's rule)."""
+    pairs = list(zip(gradients, reference))
+    if dtype in ("float16", "bfloat16") and gradients[0] is not None:
+        pairs = pairs[:1]
+    errors = [e for e in (rel_err(a, b) for a, b in pairs) if e is not None]
+    return max(errors) if errors else None
+
+
+def stock_row(device: str, dtype: str, dim: int, cases: Sequence[Case]) -> Dict[str, Any]:
+    """The default backward against stock's (atomicAdd on CUDA) on the device, case
+    by case, judged as `detgrid bench` judges a row (detgrid.bench.matrix.judge):
+    within the dtype's tolerance of stock, or, where stock is further off, of
+    float64 stock and no further from it than stock. Only finite cases: where a
+    coordinate is NaN, the core takes no tap where stock's bicubic kernel pads it
+    onto an edge pixel (by design; aten_kernels/extension/GridGradient.cu). A case
+    stock refuses (tricubic before torch 2.15) is counted in refused, not run."""
+    from detgrid.bench.matrix import TOLERANCE, judge
+
+    tolerance = TOLERANCE[dtype]
+    ran, refused, failing, errors, worst = 0, [], [], [], 0.0
+    for case in filter(_finite, cases):
+        moved = case.to(device)
+        try:
+            stock, float64 = run_stock(moved), run_stock(_upcast(moved))
+        except RuntimeError as e:
+            refused.append(f"{case.name}: {str(e)[:200]}")
+            continue
+        try:
+            ours = run_detgrid(moved)
+            synchronize(device)
+        except Exception as e:  # recorded, the other cases still run
+            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        vs_stock = _judged(ours, stock, dtype)
+        ok, _ = judge(vs_stock, {"detgrid": _judged(ours, float64, dtype),
+                                 "stock": _judged(stock, float64, dtype)}, tolerance)
+        ran += 1
+        worst = max(worst, vs_stock if vs_stock is not None else 0.0)
+        if not ok:
+            failing.append(case.name)
+    return {"dtype": dtype, "dim": dim, "device": device, "cases": ran,
+            "tolerance": tolerance, "max_rel_diff": worst, "failing": failing[:10],
+            "errors": errors[:10], "refused": len(refused), "refused_first": refused[:1]}
+
 
 # Half and bfloat16 taps and weights are scalar_t arithmetic in stock's CUDA
 # kernels; detgrid reproduces them. Against stock's CUDA backward, with
@@ -411,125 +500,30 @@ def fidelity_row(device: str, dtype: str, dim: int, seed: int = 0) -> Dict[str, 
             "failing": failing, "max_abs_diff": worst, "errors": errors[:10]}
 
 
-# --------------------------------------------------------------------------
-# accumulate="exact": the two variants against each other and the host
-# --------------------------------------------------------------------------
-
-# detgrid.ops.ACCUMULATE_MODES' exact variants: the sorted reduce and the
-# integer atomics with no sort. Integer sums are order-free, so both must
-# give the same bits under every knob and on every run, and the host
-# executor's "exact" the same grad_input bits, in all four dtypes (the sum is
-# rounded once, straight to the dtype, by the same code on both sides).
-EXACT_VARIANTS = ("exact", "exact_atomic")
-
-
-def exact_knob_settings(device: str) -> List[Dict[str, int]]:
-    """Settings each exact variant runs under: chunks (the slices carry sums
-    across them), the keying (per tap; bilinear is keyed per point or cell
-    by default), the index width (the keys are 32-bit: the only width the
-    exact accumulation is built for), and the launch or thread shapes."""
-    common = [{}, {"chunk_points": 4096}, {"keying": 1}, {"index_bits": 64}]
-    if torch.device(device).type == "cuda":
-        return common + [{"block_size": 128}, {"block_size": 64, "max_blocks": 7}]
-    return common + [{"grain_size": 1}]
-
-
-def _digest(grads: Gradients) -> Optional[str]:
-    """One hash over the gradients that were asked for."""
-    return sha256(*(t for t in grads if t is not None))
-
-
-def exact_runs(case: Case, device: str) -> Iterator[Gradients]:
-    """The case on device under every exact variant x knob setting (on
-    --device cpu: the host executor under the host's knobs), one at a time."""
-    moved = case.to(device)
-    for variant, opts in itertools.product(EXACT_VARIANTS, exact_knob_settings(device)):
-        grads = run_detgrid(moved, accumulate=variant, **opts)
-        synchronize(device)
-        yield grads
-
-
-def exact_case(case: Case, device: str) -> Tuple[bool, bool]:
-    """(do all of exact_runs hash the same, both gradients; is each one's
-    grad_input the host executor's "exact" one, bit for bit)."""
-    reference = run_detgrid(case, accumulate="exact")[0]
-    digests, host_equal = set(), True
-    for grads in exact_runs(case, device):
-        digests.add(_digest(grads))
-        host_equal = host_equal and same_bits_or_both_nan(grads[0], reference)
-    return len(digests) == 1, host_equal
-
-
-def exact_executor_row(device: str, dtype: str, dim: int,
-                       cases: Sequence[Case]) -> Dict[str, Any]:
-    """exact_case over one dtype's and rank's executor cases. grad_grid is
-    the ordered path's point pass, which the executor rows compare with the
-    host; here it only has to agree between runs."""
-    agree, host_equal, disagreeing, mismatches, errors = 0, 0, [], [], []
-    for case in cases:
-        try:
-            same, as_host = exact_case(case, device)
-        except Exception as e:  # recorded, the other cases still run
-            errors.append(f"{case.name}: {type(e).__name__}: {str(e)[:200]}")
-            continue
-        agree += same
-        host_equal += as_host
-        if not same:
-            disagreeing.append(case.name)
-        if not as_host:
-            mismatches.append(case.name)
-    return {
-        "dtype": dtype,
-        "dim": dim,
-        "cases": len(cases),
-        "runs_per_case": len(EXACT_VARIANTS) * len(exact_knob_settings(device)),
-        "variants_agree": agree,
-        "host_equal": host_equal,
-        "disagreeing": disagreeing[:10],
-        "mismatches": mismatches[:10],
-        "errors": errors[:10],
-    }
-
-
-def exact_repeat_row(case: Case, reps: int, device: str) -> Dict[str, Any]:
-    """A high-collision case (3-D: over three chunks): each variant reps
-    times (the atomics' order changes from run to run), then once per knob
-    setting; every run must hash the same, and grad_input equal the host
-    executor's "exact"."""
-    digests: Dict[str, set] = {}
-    for variant in EXACT_VARIANTS:
-        digests[variant] = set()
-        for _ in range(reps):
-            grads = run_detgrid(case, accumulate=variant)
-            synchronize(device)
-            digests[variant].add(_digest(grads))
-    knob_runs = exact_runs(case, device)
-    first = next(knob_runs)  # "exact" with the default knobs
-    digests["knobs"] = {_digest(first)} | {_digest(grads) for grads in knob_runs}
-    host = run_detgrid(case.to("cpu"), accumulate="exact")[0]
-    return {
-        "reps": reps,
-        "runs": len(EXACT_VARIANTS) * (reps + len(exact_knob_settings(device))),
-        "distinct": len(set().union(*digests.values())),
-        "distinct_by_group": {name: len(found) for name, found in digests.items()},
-        "host_equal": same_bits_or_both_nan(first[0], host),
-    }
-
-
-def run_exact(device: str = "cuda", reps: int = 10, scale: float = 1.0, seed: int = 0,
-              dtypes: Sequence[str] = tuple(DTYPES)) -> Dict[str, Any]:
-    """accumulate="exact" and "exact_atomic": on the high-collision cases
-    (2-D, 3-D), repeat runs and knobs; then per dtype and spatial dims, the
-    executor cases under every variant and knob against the host."""
+def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed: int = 0,
+                dtypes: Sequence[str] = tuple(DTYPES)) -> Dict[str, Any]:
+    """Per high-collision case (2-D, 3-D): repeat runs of the default backward,
+    of each build and of stock. Per build, dtype and spatial dims: the device
+    against the host build; per build, the golden corpus on the device; per dtype
+    and spatial dims: the default backward's grad_input and grad_grid against the
+    host's, and its agreement with stock; then half and bfloat16 taps against
+    stock's (fidelity to stock's forward)."""
+    _ops()
+    golden = _guarded(lambda: golden_rows(device))
     return {
         "device": device,
-        "variants": list(EXACT_VARIANTS),
-        "settings": exact_knob_settings(device),
-        "repeat": [{"case": case.name, "dim": case.dim,
-                    **_guarded(lambda: exact_repeat_row(case, reps, device))}
-                   for case in repeat_cases(device, scale, seed)],
-        "executor": [exact_executor_row(device, name, dim, executor_row_cases(name, dim, seed))
-                     for name in dtypes for dim in DIMS],
+        "builds": list(levels.CORE_BUILDS),
+        "default_build": levels.TOP,
+        "host_contracts": bool(torch.ops.detgrid._core_host_contracts()),
+        "repeat": [repeat_row(case, reps, device) for case in repeat_cases(device, scale, seed)],
+        "core": core_match(device, dtypes, seed),
+        "golden": golden if isinstance(golden, list) else [golden],
+        "default_grad_input": default_match(device, "grad_input", dtypes, seed),
+        "grid_gradient": default_match(device, "grad_grid", dtypes, seed),
+        "stock": [stock_row(device, name, dim, executor_cases(DTYPES[name], seed, dim))
+                  for name in dtypes for dim in DIMS],
+        "fidelity": [fidelity_row(device, name, dim, seed)
+                     for name in FIDELITY_DTYPES for dim in DIMS],
     }
 
 
@@ -648,66 +642,88 @@ def run_routes(device: str = "cuda", seed: int = 0) -> Dict[str, Any]:
 # Timing
 # --------------------------------------------------------------------------
 
+# The benchmark rows, the GPU check's eight first (detgrid.bench.workloads.
+# WORKLOADS: the set a run short of time should still have), then the rest in
+# the benchmark's order.
+TIMING_WORKLOADS = (*WORKLOADS, *(name for name in BENCH_WORKLOADS if name not in WORKLOADS))
+
+
+def time_workload(workload: Workload, device: str = "cuda", warmup: int = 5, reps: int = 25,
+                  scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
+    """Median ms of stock's backward (its own mode) and detgrid's (deterministic
+    mode) on one workload, interleaved rep by rep: the default backward (the
+    whole stack, levels.TOP) and, where grad_input is asked for, each other
+    build of the core. Their ratios to stock; the default's extra peak memory
+    over stock's and its difference from stock's result; whether each other
+    build gave the default's bits."""
+    case = workload.build(device, seed, scale)
+    stock_out, det_out = run_stock(case), run_detgrid(case)
+    synchronize(device)
+    row: Dict[str, Any] = {
+        "name": workload.name, "load": workload.load,
+        "input_shape": list(case.input.shape), "grid_shape": list(case.grid.shape),
+        "dtype": dtype_name(case.input.dtype), "mode": workload.mode_label,
+        "padding": workload.padding, "align_corners": workload.align_corners,
+        "output_mask": list(case.output_mask),
+        "rel_err_grad_input": rel_err(det_out[0], stock_out[0]),
+        "rel_err_grad_grid": rel_err(det_out[1], stock_out[1]),
+    }
+    others = OTHER_BUILDS if case.output_mask[0] else ()
+    equal = {level: all(same_bits_or_both_nan(a, b)
+                        for a, b in zip(run_detgrid(case, level=level), det_out))
+             for level in others}
+    del stock_out, det_out
+    fns = [run_stock, run_detgrid] + [functools.partial(run_detgrid, level=level)
+                                      for level in others]
+    times = time_rotating(fns, [case], device, warmup, reps)
+    stock_ms, det_ms = (statistics.median(t) for t in times[:2])
+    row["stock_ms"], row["detgrid_ms"] = stock_ms, det_ms
+    row["stock_ms_range"] = [min(times[0]), max(times[0])]
+    row["detgrid_ms_range"] = [min(times[1]), max(times[1])]
+    row["ratio"] = det_ms / stock_ms if stock_ms > 0 else None
+    # The core's builds: the default backward is the whole stack's; a grid-only
+    # call runs no build (the grid gradient alone).
+    row["builds"] = {}
+    if case.output_mask[0]:
+        row["builds"][levels.TOP] = {"ms": det_ms, "ratio": row["ratio"]}
+    for level, ms in zip(others, times[2:]):
+        median = statistics.median(ms)
+        row["builds"][level] = {"ms": median, "ratio": median / stock_ms if stock_ms > 0 else None,
+                                "equals_default": equal[level]}
+    stock_peak = peak_bytes(lambda: run_stock(case), device)
+    det_peak = peak_bytes(lambda: run_detgrid(case), device)
+    row["stock_peak_mib"] = None if stock_peak is None else stock_peak / 2**20
+    row["detgrid_peak_mib"] = None if det_peak is None else det_peak / 2**20
+    row["extra_peak_mib"] = (None if stock_peak is None or det_peak is None
+                             else (det_peak - stock_peak) / 2**20)
+    row["reps"], row["warmup"] = reps, warmup
+    return row
+
 
 def run_timing(device: str = "cuda", names: Optional[Iterable[str]] = None, warmup: int = 5,
                reps: int = 25, scale: float = 1.0, seed: int = 0,
-               deadline: Optional[float] = None, exact_reps: int = 5) -> Dict[str, Any]:
-    """time_workload over workloads; stops starting new ones after deadline
-    (time.monotonic()), so a slow device still leaves a partial table. Then,
-    in what is left before the deadline, the exact variants of each timed
-    row (exact_timing), so they cannot crowd out the stock/ordered table."""
+               deadline: Optional[float] = None) -> Dict[str, Any]:
+    """time_workload over the benchmark rows (TIMING_WORKLOADS by default); stops
+    starting new ones after deadline (time.monotonic()), so a slow device still
+    leaves a partial table."""
     rows = []
-    for name in names or WORKLOADS:
+    for name in names or TIMING_WORKLOADS:
         if deadline is not None and time.monotonic() > deadline:
             rows.append({"name": name, "skipped": "time budget"})
             continue
+        workload = BENCH_WORKLOADS[name]
         if (torch.device(device).type == "cpu"
-                and not stock_cpu_workload_is_reliable(WORKLOADS[name], scale)):
+                and not stock_cpu_workload_is_reliable(workload, scale)):
             rows.append({"name": name, "skipped": SKIP_REASON})
             continue
         try:
-            rows.append(time_workload(WORKLOADS[name], device, warmup, reps, scale, seed))
+            rows.append(time_workload(workload, device, warmup, reps, scale, seed))
         except Exception as e:
             rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
-    for row in rows:
-        if "detgrid_ms" in row:
-            row["exact"] = exact_timing(WORKLOADS[row["name"]], device, min(warmup, 2),
-                                        exact_reps, scale, seed, deadline)
-    return {"device": device, "scale": scale, "rows": rows}
-
-
-def time_exact(workload: Workload, device: str = "cuda", warmup: int = 2, reps: int = 5,
-               scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
-    """Median ms of the ordered backward and of each exact variant on one
-    workload, interleaved rep by rep (the ordered one is the exact ones'
-    baseline in the same rotation), and each exact variant's peak memory
-    beyond what was allocated before it (CUDA only)."""
-    case = workload.build(device, seed, scale)
-    variants = ("ordered",) + EXACT_VARIANTS
-    times = time_rotating([functools.partial(run_detgrid, accumulate=v) for v in variants],
-                          [case], device, warmup, reps)
-    result: Dict[str, Any] = {f"{v}_ms": statistics.median(t) for v, t in zip(variants, times)}
-    for variant in EXACT_VARIANTS:
-        peak = peak_bytes(functools.partial(run_detgrid, case, accumulate=variant), device)
-        result[f"{variant}_peak_mib"] = None if peak is None else peak / 2**20
-    result["reps"], result["warmup"] = reps, warmup
-    return result
-
-
-def exact_timing(workload: Workload, device: str, warmup: int, reps: int, scale: float,
-                 seed: int, deadline: Optional[float]) -> Dict[str, Any]:
-    """time_exact, or why not: a grid-only backward sums nothing (every
-    variant is the ordered point pass), and none starts past the deadline."""
-    if not workload.output_mask[0]:
-        return {"skipped": "no grad_input"}
-    if deadline is not None and time.monotonic() > deadline:
-        return {"skipped": "time budget"}
-    result = _guarded(lambda: time_exact(workload, device, warmup, reps, scale, seed))
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-    return result
+    return {"device": device, "scale": scale, "builds": list(levels.CORE_BUILDS),
+            "default_build": levels.TOP, "rows": rows}
 
 
 # --------------------------------------------------------------------------
@@ -727,20 +743,19 @@ UNAVAILABLE_MARKS = (
 
 
 def run_sanitizer_cases(device: str, set_name: str, seed: int = 0) -> Dict[str, Any]:
-    """Runs the cases on device and compares each with the host executor
-    (bit for bit for float32/float64, NaN payloads aside)."""
+    """Runs each case on device by the default backward and by each other build of
+    the core, so that every kernel runs under the tool, and compares every result
+    with the host's (the NaN rule: detgrid.kit.bitwise)."""
     ran, mismatches = 0, []
     for case in sanitizer_cases(set_name, seed):
-        got = run_detgrid(case.to(device))
-        # The core's kernels under the same sanitizer (its bits are the
-        # bitwise step's to compare).
-        core_grad_input(case.to(device))
+        moved = case.to(device)
+        got = [run_detgrid(moved)] + [run_detgrid(moved, level=level) for level in OTHER_BUILDS]
         synchronize(device)
         ran += 1
-        if dtype_name(case.input.dtype) in EXACT_DTYPES:
-            ref = run_detgrid(case)
-            if not all(same_bits_or_both_nan(g, r) for g, r in zip(got, ref)):
-                mismatches.append(case.name)
+        ref = [run_detgrid(case)] + [run_detgrid(case, level=level) for level in OTHER_BUILDS]
+        if not all(same_bits_or_both_nan(g, r) for gs, rs in zip(got, ref)
+                   for g, r in zip(gs, rs)):
+            mismatches.append(case.name)
     return {"cases": ran, "mismatches": mismatches}
 
 
@@ -964,21 +979,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sp.add_argument("--reps", type=int, default=100)
     sp.add_argument("--scale", type=float, default=1.0)
     sp.add_argument("--dtypes", default=",".join(DTYPES))
-    sp = sub.add_parser("exact"); common(sp)
-    sp.add_argument("--reps", type=int, default=10)
-    sp.add_argument("--scale", type=float, default=1.0)
-    sp.add_argument("--dtypes", default=",".join(DTYPES))
     sub.add_parser("routes", help="grid-only calls and cross-device calls under enable()")
     common(sub.choices["routes"])
     sp = sub.add_parser("timing"); common(sp)
     sp.add_argument("--warmup", type=int, default=5)
     sp.add_argument("--reps", type=int, default=25)
     sp.add_argument("--scale", type=float, default=1.0)
-    sp.add_argument("--workloads", default=",".join(WORKLOADS))
+    sp.add_argument("--workloads", default=",".join(TIMING_WORKLOADS))
     sp.add_argument("--budget-s", type=float, default=None,
                     help="start no workload after this many seconds")
-    sp.add_argument("--exact-reps", type=int, default=5,
-                    help="reps of the exact variants' timing (after the table's)")
     sp = sub.add_parser("sanitizer-case"); common(sp)
     sp.add_argument("--set", default="all", choices=("all", "tiny"))
     sp = sub.add_parser("sanitize"); common(sp, device=False)
@@ -1007,26 +1016,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              [d for d in args.dtypes.split(",") if d])
         _write_json(args.json, result)
         return 0
-    if args.cmd == "exact":
-        result = run_exact(args.device, args.reps, args.scale, args.seed,
-                           [d for d in args.dtypes.split(",") if d])
-        _write_json(args.json, result)
-        return 0
     if args.cmd == "routes":
         _write_json(args.json, run_routes(args.device, args.seed))
         return 0
     if args.cmd == "timing":
         deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
         result = run_timing(args.device, [w for w in args.workloads.split(",") if w],
-                            args.warmup, args.reps, args.scale, args.seed, deadline,
-                            args.exact_reps)
+                            args.warmup, args.reps, args.scale, args.seed, deadline)
         _write_json(args.json, result)
         return 0
     if args.cmd == "sanitizer-case":
         result = run_sanitizer_cases(args.device, args.set, args.seed)
         print(f"{DONE_MARK} cases={result['cases']} mismatches={len(result['mismatches'])}")
         if result["mismatches"]:
-            print("mismatches with the host executor: " + ", ".join(result["mismatches"]))
+            print("mismatches with the host build: " + ", ".join(result["mismatches"]))
         return 1 if result["mismatches"] else 0
     if args.cmd == "sanitize":
         result = run_sanitizer(args.tool, args.set, args.timeout, args.seed)

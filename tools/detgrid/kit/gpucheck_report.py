@@ -76,7 +76,7 @@ def _load_json(path: str) -> Optional[Any]:
 
 
 # The steps whose results decide the verdict. Every other step (env, deps,
-# exact, initcheck, timing) only reports: a lease rarely leaves a cold
+# initcheck, timing) only reports: a lease rarely leaves a cold
 # machine time for all of them, and a check that cannot finish in time must
 # not hold back a PASS the required ones earned.
 REQUIRED_STEPS = ("build", "kernels", "bitwise", "routes", "tests", "racecheck", "memcheck")
@@ -104,12 +104,12 @@ def verdict_checks(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     return (from_step("kernels", build_checks(data.get("build") or {}))
             + from_step("tests", cuda_test_checks(data.get("tests") or {}))
             + from_step("bitwise", repeat_checks(bw.get("repeat") or [])
-                        + knob_checks(bw.get("knobs") or [])
-                        + executor_checks(bw.get("executor") or [])
                         + core_checks(bw)
+                        + golden_checks(bw)
+                        + default_checks(bw)
+                        + stock_checks(bw.get("stock") or [])
                         + fidelity_checks(bw.get("fidelity") or []))
             + from_step("routes", route_checks(data.get("routes") or {}))
-            + from_step("exact", exact_checks(data.get("exact") or {}))
             + [c for tool in SANITIZER_STEPS
                for c in from_step(tool, [sanitizer_check(tool, sanitizer.get(tool))])]
             + from_step("timing", timing_checks(data.get("timing") or {})))
@@ -137,54 +137,103 @@ def cuda_test_checks(tests: Dict[str, Any]) -> List[Dict[str, Any]]:
                    f"{tests['errors']} errors, {tests['skipped']} skipped")]
 
 
-def executor_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The device backward against the host executor: bit for bit where the
-    dtype must be (float32, float64), informative elsewhere."""
-    if not rows:
-        return [_check("device == host executor", None, "not run")]
-    checks = []
-    for row in rows:
-        exact = row.get("must_be_equal")
-        ok = (row["bitwise_equal"] == row["cases"] and not row.get("errors")) if exact else (
-            not row.get("errors"))
-        checks.append(_check(
-            f"device == host executor ({row['dtype']}, {row['dim']}-D)", ok,
-            f"{row['bitwise_equal']}/{row['cases']} bitwise equal, max abs diff "
-            f"{_fmt(row['max_abs_diff'])}" + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""),
-            required=bool(exact)))
-    return checks
+# Why a device == host comparison of the core has no answer: the host build gives
+# nvcc's bits only where it contracts a * b + c into FMAs as nvcc does.
+NO_FMA = "n/a here: the host build contracts no FMA on this CPU, so it cannot give nvcc's bits"
+
+
+def _row_detail(row: Dict[str, Any], against: str) -> str:
+    detail = (f"{row['bitwise_equal']}/{row['cases']} bitwise equal to {against}, max abs "
+              f"diff {_fmt(row['max_abs_diff'])}")
+    for key in ("mismatches", "errors"):
+        if row.get(key):
+            detail += f", {key}: {row[key][:3]}"
+    return detail
+
+
+def _rows_equal(row: Dict[str, Any]) -> bool:
+    return not row.get("errors") and row["bitwise_equal"] == row["cases"] > 0
 
 
 def core_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The core (aten_kernels/aten/) on the device: it runs every case
-    without an error, and its repeats hash the same. Its bits against its
-    host build are reported, not required: both builds contract
-    multiply-adds where their compilers choose, and that measurement is what
-    the row is for. Each speed level must give the core's bits on the device
-    (core_levels). A check for a run that recorded no core rows (a results
-    file from before them) says n/a."""
-    rows, repeats = bw.get("core"), bw.get("core_repeat")
-    if not rows and not repeats:
-        return [_check("core runs and repeats", None, "not run", required=False)]
-    checks = [_check(
-        f"core runs ({row['dtype']}, {row['dim']}-D)", not row.get("errors"),
-        f"{row['bitwise_equal']}/{row['cases']} bitwise equal to its host build, max abs "
-        f"diff {_fmt(row['max_abs_diff'])}"
-        + (f", errors: {row['errors'][:2]}" if row.get("errors") else ""))
-        for row in rows or []]
-    for row in bw.get("core_levels") or []:
-        checks.append(_check(
-            f"{row['level']} keeps the core's bits ({row['dtype']}, {row['dim']}-D)",
-            not row.get("errors") and row["bitwise_equal"] == row["cases"],
-            f"{row['bitwise_equal']}/{row['cases']} bitwise equal to the core on the device"
-            + (f", mismatches: {row['mismatches'][:3]}" if row.get("mismatches") else "")
-            + (f", errors: {row['errors'][:2]}" if row.get("errors") else "")))
-    for row in repeats or []:
-        distinct = row.get("grad_input_distinct")
-        checks.append(_check(
-            f"core repeat runs bitwise identical ({row['dim']}-D)", distinct == 1,
-            f"{row.get('reps')} runs of {row.get('case')}: distinct hashes {distinct}"
-            + (f"; {row['error']}" if row.get("error") else "")))
+    """Each build of the core on the device gives its host build's bits (NaN
+    payloads aside), per dtype and spatial dims: the CPU tests' proof of the
+    CUDA bits, the check's key claim. n/a where the host cannot give nvcc's bits
+    (host_contracts false)."""
+    rows = bw.get("core")
+    if not rows:
+        return [_check("device == host build", None, "not run")]
+    contracts = bw.get("host_contracts", True)
+    return [_check(f"{row['level']}: device == host build ({row['dtype']}, {row['dim']}-D)",
+                   _rows_equal(row) if contracts else None,
+                   _row_detail(row, "the host build") if contracts else NO_FMA)
+            for row in rows]
+
+
+def golden_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each build on the device over the golden corpus gives the golden bits
+    (tests/golden/core_digests.json, which the host core build must give too)."""
+    rows = bw.get("golden")
+    if not rows:
+        return [_check("golden corpus on the device", None, "not run")]
+    checks = []
+    for row in rows:
+        if "level" not in row:
+            why = row.get("skipped") or row.get("error")
+            checks.append(_check("golden corpus on the device",
+                                 None if "skipped" in row else False, str(why)))
+            continue
+        detail = _row_detail(row, "the golden bits")
+        if row.get("host_differ_count"):
+            detail += (f"; the host core build misses {row['host_differ_count']} golden "
+                       f"digests: {row['host_differ'][:3]}")
+        checks.append(_check(f"{row['level']}: golden corpus on the device",
+                             _rows_equal(row) and not row.get("host_differ_count"), detail))
+    return checks
+
+
+def default_checks(bw: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The default backward (the operator enable() routes to) on the device:
+    grad_input as the host build of the whole stack gives it, grad_grid as the
+    grid gradient's host build gives it, per dtype and spatial dims."""
+    top = bw.get("default_build", "default")
+    contracts = bw.get("host_contracts", True)
+    checks = []
+    for key, name, against, needs_contraction in (
+            ("default_grad_input", "default grad_input == host", f"the host {top} build", True),
+            ("grid_gradient", "grad_grid == host grid gradient", "the host grid gradient",
+             False)):
+        rows = bw.get(key)
+        if not rows:
+            checks.append(_check(name, None, "not run"))
+            continue
+        for row in rows:
+            answered = contracts or not needs_contraction
+            checks.append(_check(f"{name} ({row['dtype']}, {row['dim']}-D)",
+                                 _rows_equal(row) if answered else None,
+                                 _row_detail(row, against) if answered else NO_FMA))
+    return checks
+
+
+def stock_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The default backward within tolerance of stock's atomic backward (or of
+    float64 stock, where stock is further off), per dtype and spatial dims;
+    required on CUDA only (on the CPU stock is aten's CPU kernel)."""
+    if not rows:
+        return [_check("agrees with stock", None, "not run")]
+    checks = []
+    for row in rows:
+        ok = not row["failing"] and not row.get("errors") and row["cases"] > 0
+        detail = (f"{row['cases'] - len(row['failing'])}/{row['cases']} finite cases within "
+                  f"{_fmt(row['tolerance'])} of stock {row.get('device')}, max rel diff "
+                  f"{_fmt(row['max_rel_diff'])}")
+        for key in ("failing", "errors"):
+            if row.get(key):
+                detail += f", {key}: {row[key][:3]}"
+        if row.get("refused"):
+            detail += f"; stock refuses {row['refused']} ({row['refused_first'][0]})"
+        checks.append(_check(f"agrees with stock ({row['dtype']}, {row['dim']}-D)", ok, detail,
+                             required=row.get("device") == "cuda"))
     return checks
 
 
@@ -207,19 +256,21 @@ def sanitizer_check(tool: str, s: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def timing_checks(timing: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The timing tables: fail where a workload raised (a wrong result, not
-    a slow one), n/a where none was timed (out of time)."""
+    """The timing table: fail where a workload raised (a wrong result, not a
+    slow one) or a build gave other bits than the default backward, n/a where
+    none was timed (out of time)."""
     rows = timing.get("rows") or []
     timed = [r for r in rows if "detgrid_ms" in r]
     errors = [r["name"] for r in rows if "error" in r]
-    exact_timed = [r for r in timed if "exact_ms" in (r.get("exact") or {})]
-    exact_errors = [r["name"] for r in timed if "error" in (r.get("exact") or {})]
-    return [_check("timing table", _table_result(timed, errors),
-                   f"{len(timed)}/{len(rows)} workloads timed"
-                   + (f", raised: {errors[:3]}" if errors else "")),
-            _check("exact timing table", _table_result(exact_timed, exact_errors),
-                   f"{len(exact_timed)}/{len(timed)} timed workloads"
-                   + (f", raised: {exact_errors[:3]}" if exact_errors else ""))]
+    differ = [f"{r['name']} ({level})" for r in timed
+              for level, build in (r.get("builds") or {}).items()
+              if build.get("equals_default") is False]
+    detail = f"{len(timed)}/{len(rows)} workloads timed"
+    if errors:
+        detail += f", raised: {errors[:3]}"
+    if differ:
+        detail += f", other bits than the default: {differ[:3]}"
+    return [_check("timing table", False if differ else _table_result(timed, errors), detail)]
 
 
 def _table_result(timed: List[Any], errors: List[str]) -> Optional[bool]:
@@ -259,54 +310,41 @@ def route_checks(routes: Dict[str, Any]) -> List[Dict[str, Any]]:
     return checks
 
 
-def exact_checks(exact: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """accumulate="exact" and "exact_atomic": per high-collision case, one
-    set of bits over every run and knob setting of both, and grad_input as
-    the host executor's; per dtype and rank, the same on the executor
-    cases. Strict in every dtype (the sum is rounded once, by the same code
-    on both sides), but the exact step is optional: a failure is a finding,
-    never the verdict."""
-    if not exact.get("repeat") and not exact.get("executor"):
-        return [_check("exact variants", None, "not run")]
-    checks = []
-    for row in exact.get("repeat") or []:
-        detail = (f"{row.get('runs')} runs of {row.get('case')}: distinct={row.get('distinct')} "
-                  f"{row.get('distinct_by_group')}, grad_input == host exact: "
-                  f"{row.get('host_equal')}" + (f"; {row['error']}" if row.get("error") else ""))
-        checks.append(_check(f"exact == exact_atomic over runs and knobs ({row['dim']}-D)",
-                             row.get("distinct") == 1 and row.get("host_equal") is True, detail))
-    for row in exact.get("executor") or []:
-        ok = (row["variants_agree"] == row["host_equal"] == row["cases"]
-              and not row.get("errors"))
-        detail = (f"{row['cases']} cases x {row['runs_per_case']} runs: variants agree in "
-                  f"{row['variants_agree']}, grad_input == host exact in {row['host_equal']}")
-        for key in ("disagreeing", "mismatches", "errors"):
-            if row.get(key):
-                detail += f", {key}: {row[key][:2]}"
-        checks.append(_check(f"exact variants == host exact ({row['dtype']}, {row['dim']}-D)",
-                             ok, detail))
-    return checks
+def _hashes(row: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The repeat hashes of the default backward and of each build."""
+    return [row.get("detgrid") or {}] + list((row.get("builds") or {}).values())
 
 
 def repeat_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One check per repeated case (one per spatial dims): every run's
-    gradients hash the same."""
+    """Per repeated case (one per spatial dims): every run of the default
+    backward and of each build gives one set of bits, and the builds and the
+    default give the same one."""
     if not rows:
         return [_check("repeat runs bitwise identical", None, "not run")]
     checks = []
     for row in rows:
-        rep = row.get("detgrid") or {}
-        stock = row.get("stock") or {}
-        distinct = [v for v in (rep.get("grad_input_distinct"), rep.get("grad_grid_distinct"))
-                    if v is not None]
+        runs = _hashes(row)
+        distinct = [r.get(f"{g}_distinct") for r in runs for g in ("grad_input", "grad_grid")]
+        counted = [v for v in distinct if v is not None]
+        errors = [r["error"] for r in runs if r.get("error")]
+        rep, stock = row.get("detgrid") or {}, row.get("stock") or {}
+        builds = ", ".join(f"{level} grad_input={r.get('grad_input_distinct', r.get('error'))}"
+                           for level, r in (row.get("builds") or {}).items())
         checks.append(_check(
             f"repeat runs bitwise identical ({row['dim']}-D)",
-            all(v == 1 for v in distinct) and bool(distinct),
+            not errors and bool(counted) and all(v == 1 for v in counted),
             f"{rep.get('reps')} runs of {row.get('case')} {_shape(row.get('input_shape'))}: "
             f"distinct hashes grad_input={rep.get('grad_input_distinct')} "
-            f"grad_grid={rep.get('grad_grid_distinct')}; "
+            f"grad_grid={rep.get('grad_grid_distinct')}; {builds}; "
             f"stock grad_input={stock.get('grad_input_distinct', stock.get('error'))}"
-            + (f"; {rep['error']}" if rep.get("error") else "")))
+            + (f"; {errors[0]}" if errors else "")))
+        heads = {g: {r.get(f"{g}_sha256") for r in runs} for g in ("grad_input", "grad_grid")}
+        checks.append(_check(
+            f"every build gives the default's bits ({row['dim']}-D)",
+            not errors and all(len(h) == 1 and None not in h for h in heads.values()),
+            f"{row.get('case')}: {len(heads['grad_input'])} grad_input and "
+            f"{len(heads['grad_grid'])} grad_grid hashes over the default and "
+            f"{len(runs) - 1} builds"))
     return checks
 
 
@@ -329,17 +367,6 @@ def fidelity_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         checks.append(_check(f"half/bfloat16 taps as stock's ({row['dtype']}, {row['dim']}-D)",
                              ok, detail, required=on_cuda))
     return checks
-
-
-def knob_checks(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One check per repeated case: no launch or chunk setting changes a bit."""
-    if not rows:
-        return [_check("knobs change no bit", None, "not run")]
-    return [_check(f"knobs change no bit ({row['dim']}-D)", row.get("distinct") == 1,
-                   f"{row.get('case')}: {len(row.get('settings', []))} settings, "
-                   f"distinct={row.get('distinct')}"
-                   + (f"; {row['error']}" if row.get("error") else ""))
-            for row in rows]
 
 
 def _step_line(step: Dict[str, Any]) -> str:
@@ -389,7 +416,7 @@ def overall(found: Dict[str, List[str]], steps: List[Dict[str, Any]]) -> str:
 
 def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
     """Everything the steps left in work/ (and the junit xml) as one dict."""
-    data: Dict[str, Any] = {"schema": 2}
+    data: Dict[str, Any] = {"schema": 3}
     data["steps"] = read_steps(os.path.join(work, "steps.tsv"))
     data["env"] = _load_json(os.path.join(work, "env.json"))
     data["build"] = _load_json(os.path.join(work, "build.json"))
@@ -400,7 +427,6 @@ def assemble_report(work: str, junit: Optional[str] = None) -> Dict[str, Any]:
         if s is not None:
             data["sanitizer"][tool] = s
     data["bitwise"] = _load_json(os.path.join(work, "bitwise.json"))
-    data["exact"] = _load_json(os.path.join(work, "exact.json"))
     data["routes"] = _load_json(os.path.join(work, "routes.json"))
     data["timing"] = _load_json(os.path.join(work, "timing.json"))
     data["checks"] = verdict_checks(data)
@@ -444,37 +470,70 @@ def markdown_report(data: Dict[str, Any]) -> str:
     tests = data.get("tests") or {}
     for f in tests.get("failed", [])[:10]:
         lines.append(f"- failed `{f['test']}`: {f['message']}")
-    bw = data.get("bitwise") or {}
-    if bw.get("executor"):
-        lines += ["", "## Device vs host executor", "",
-                  "Bitwise equal: the same bits, or NaN on both sides (a NaN made by "
-                  "arithmetic has other bits on the GPU than on x86; see detgrid.kit.bitwise).", "",
-                  "| dtype | dims | cases | bitwise equal | max abs diff | required |",
-                  "|---|---|---|---|---|---|"]
-        for r in bw["executor"]:
-            lines.append(f"| {r['dtype']} | {r['dim']}-D | {r['cases']} | {r['bitwise_equal']} | "
-                         f"{_fmt(r['max_abs_diff'])} | {'yes' if r['must_be_equal'] else 'no'} |")
-    lines += exact_markdown(data.get("exact") or {})
-    rows = (data.get("timing") or {}).get("rows") or []
-    if rows:
-        clock = "CUDA events" if data["timing"].get("device") == "cuda" else "host clock"
-        lines += ["", f"## Backward timing (median ms, {clock})", "",
-                  "| workload | input | grid | dtype | mode·pad·ac | mask | stock ms | detgrid ms | "
-                  "det/stock | extra peak MiB | rel err gI | rel err gG |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            if "detgrid_ms" not in r:
-                lines.append(f"| {r['name']} | {r.get('error') or r.get('skipped')} |" + " |" * 10)
-                continue
-            mask = "".join("T" if m else "F" for m in r["output_mask"])
-            lines.append(
-                f"| {r['name']} | {_shape(r['input_shape'])} | {_shape(r['grid_shape'])} | "
-                f"{r['dtype']} | {r['mode']}·{r['padding']}·{int(r['align_corners'])} | {mask} | "
-                f"{_fmt(r['stock_ms'])} | {_fmt(r['detgrid_ms'])} | {_fmt(r['ratio'], '.2f')} | "
-                f"{_fmt(r['extra_peak_mib'], '.1f')} | {_fmt(r['rel_err_grad_input'], '.1e')} | "
-                f"{_fmt(r['rel_err_grad_grid'], '.1e')} |")
-        lines += exact_timing_markdown(rows, clock)
+    lines += bits_markdown(data.get("bitwise") or {})
+    lines += timing_markdown(data.get("timing") or {})
     return "\n".join(lines) + "\n"
+
+
+def bits_markdown(bw: Dict[str, Any]) -> List[str]:
+    """The device against the host: each build's grad_input, the default
+    backward's gradients, and the golden corpus, one line per row."""
+    rows = ([(f"{r['level']} grad_input", r) for r in bw.get("core") or []]
+            + [(f"default grad_input ({bw.get('default_build')})", r)
+               for r in bw.get("default_grad_input") or []]
+            + [("default grad_grid", r) for r in bw.get("grid_gradient") or []])
+    lines: List[str] = []
+    if rows:
+        lines += ["", "## Device vs host build", "",
+                  "Bitwise equal: the same bits, or NaN on both sides (a NaN made by "
+                  "arithmetic has other bits on the GPU than on x86; see detgrid.kit.bitwise).",
+                  "", "| what | dtype | dims | cases | bitwise equal | max abs diff |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {what} | {r['dtype']} | {r['dim']}-D | {r['cases']} | "
+                  f"{r['bitwise_equal']} | {_fmt(r['max_abs_diff'])} |" for what, r in rows]
+    golden = [r for r in bw.get("golden") or [] if "level" in r]
+    if golden:
+        lines += ["", "## Golden corpus on the device (tests/golden/core_digests.json)", "",
+                  "| build | cases | bitwise equal to the golden bits | max abs diff |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['level']} | {r['cases']} | {r['bitwise_equal']} | "
+                  f"{_fmt(r['max_abs_diff'])} |" for r in golden]
+    return lines
+
+
+def timing_markdown(timing: Dict[str, Any]) -> List[str]:
+    """The timing table: stock, the default backward and each other build, with
+    each build's ratio to stock."""
+    rows = timing.get("rows") or []
+    if not rows:
+        return []
+    clock = "CUDA events" if timing.get("device") == "cuda" else "host clock"
+    top = timing.get("default_build")
+    others = [b for b in timing.get("builds") or [] if b != top]
+    build_heads = "".join(f" {b} ms | {b}/stock |" for b in others)
+    lines = ["", f"## Backward timing (median ms, {clock})", "",
+             f"detgrid: the default backward ({top}); the other builds of the core beside it "
+             "(a grid-only call runs none).", "",
+             "| workload | input | grid | dtype | mode·pad·ac | mask | stock ms | detgrid ms | "
+             f"det/stock |{build_heads} extra peak MiB | rel err gI | rel err gG |",
+             "|---" * (12 + 2 * len(others)) + "|"]
+    for r in rows:
+        if "detgrid_ms" not in r:
+            lines.append(f"| {r['name']} | {r.get('error') or r.get('skipped')} |"
+                         + " |" * (10 + 2 * len(others)))
+            continue
+        mask = "".join("T" if m else "F" for m in r["output_mask"])
+        builds = r.get("builds") or {}
+        build_cells = "".join(
+            f" {_fmt(builds[b]['ms'])} | {_fmt(builds[b]['ratio'], '.2f')} |" if b in builds
+            else " – | – |" for b in others)
+        lines.append(
+            f"| {r['name']} | {_shape(r['input_shape'])} | {_shape(r['grid_shape'])} | "
+            f"{r['dtype']} | {r['mode']}·{r['padding']}·{int(r['align_corners'])} | {mask} | "
+            f"{_fmt(r['stock_ms'])} | {_fmt(r['detgrid_ms'])} | {_fmt(r['ratio'], '.2f')} |"
+            f"{build_cells} {_fmt(r['extra_peak_mib'], '.1f')} | "
+            f"{_fmt(r['rel_err_grad_input'], '.1e')} | {_fmt(r['rel_err_grad_grid'], '.1e')} |")
+    return lines
 
 
 def verdict_markdown(data: Dict[str, Any]) -> List[str]:
@@ -505,53 +564,6 @@ def _mark(check: Dict[str, Any]) -> str:
     if check["required"]:
         return check["result"]
     return check["result"] + (" (optional)" if check["step"] not in REQUIRED_STEPS else " (info)")
-
-
-def exact_markdown(exact: Dict[str, Any]) -> List[str]:
-    """The executor cases' table of the exact variants."""
-    rows = exact.get("executor") or []
-    if not rows:
-        return []
-    lines = ["", '## accumulate="exact" and "exact_atomic"', "",
-             f"Each case under both variants x {len(exact.get('settings') or [])} knob settings "
-             f"({exact.get('settings')}): variants agree = one set of bits (both gradients); "
-             "== host = grad_input as the host executor's exact, bit for bit (NaN aside).", "",
-             "| dtype | dims | cases | runs per case | variants agree | == host |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['dtype']} | {r['dim']}-D | {r['cases']} | {r['runs_per_case']} | "
-                     f"{r['variants_agree']} | {r['host_equal']} |")
-    return lines
-
-
-def exact_timing_markdown(rows: List[Dict[str, Any]], clock: str) -> List[str]:
-    """The exact variants beside the ordered backward, timed in their own
-    rotation after the main table (stock ms is the main table's)."""
-    timed = [r for r in rows if "detgrid_ms" in r]
-    if not any("exact" in r for r in timed):
-        return []
-    lines = ["", f"## Exact accumulation timing (median ms, {clock})", "",
-             "Ordered, exact and exact_atomic interleaved rep by rep after the table above; "
-             "stock ms from the table above.", "",
-             "| workload | stock ms | ordered ms | exact ms | exact_atomic ms | exact/ordered | "
-             "atomic/ordered | exact peak MiB | atomic peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in timed:
-        e = r.get("exact") or {}
-        if "exact_ms" not in e:
-            lines.append(f"| {r['name']} | {e.get('error') or e.get('skipped')} |" + " |" * 7)
-            continue
-        ordered = e["ordered_ms"]
-        lines.append(
-            f"| {r['name']} | {_fmt(r['stock_ms'])} | {_fmt(ordered)} | {_fmt(e['exact_ms'])} | "
-            f"{_fmt(e['exact_atomic_ms'])} | {_ratio(e['exact_ms'], ordered)} | "
-            f"{_ratio(e['exact_atomic_ms'], ordered)} | {_fmt(e['exact_peak_mib'], '.1f')} | "
-            f"{_fmt(e['exact_atomic_peak_mib'], '.1f')} |")
-    return lines
-
-
-def _ratio(a: float, b: float) -> str:
-    return _fmt(a / b, ".2f") if b > 0 else "–"
 
 
 def write_report(work: str, out: str, junit: Optional[str] = None) -> Dict[str, Any]:

@@ -554,18 +554,21 @@ def render_gpu_status(report: Report) -> str:
         return "Never run on a GPU."
     d = b.data
     measured = [r for r in d.get("workloads", []) if r.get("status") == "measured"]
-    timed = [r for r in measured if r.get("core_ratio")]
-    if timed:  # the core itself, as `detgrid bench` times it (rows that request grad_input)
-        ratios = [r["core_ratio"] for r in timed]
-        geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        wrong = sum(1 for r in timed if not r.get("core_correct"))
-        return (f"{d.get('device_name')}: core/existing time geomean {_fmt(geomean)}, worst "
-                f"{_fmt(max(ratios))} over {len(timed)} workloads; {wrong} incorrect.")
-    s = d.get("summary", {})
-    wrong = sum(1 for r in measured if not r.get("correct"))
-    return (f"{d.get('device_name')}, pipeline only (core untimed): geomean "
-            f"{_fmt(s.get('geomean'))}, worst {_fmt(s.get('worst'))}; {wrong} of {len(measured)} "
-            "incorrect.")
+    ratios = [r["ratio"] for r in measured if r.get("ratio")]
+    if not ratios:
+        return f"{d.get('device_name')}: no workload was timed."
+    geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    wrong = sum(1 for r in measured if not _row_correct(r))
+    core = ((d.get("summary") or {}).get("levels") or {}).get("core") or {}
+    alone = f" (the core alone: {_fmt(core['geomean'])})" if core.get("geomean") else ""
+    return (f"{d.get('device_name')}: deterministic/existing time geomean {_fmt(geomean)}{alone}, "
+            f"worst {_fmt(max(ratios))} over {len(ratios)} workloads; {wrong} incorrect.")
+
+
+def _row_correct(row: Dict[str, Any]) -> bool:
+    """Within tolerance of the reference, and every build with the core's bits (where the
+    bench compared them)."""
+    return bool(row.get("correct")) and row.get("same_bits") is not False
 
 
 def render_repro_failures(report: Report) -> str:
@@ -600,9 +603,10 @@ def render_bench_table(report: Report) -> str:
     b = gpu_results(report)
     if b is None:
         return ""
-    # "core": the patch's code (grad_input requested); "extension": the extension's pipeline.
+    # "core": the core's build alone (rows that request grad_input); "stack": the whole
+    # upstream stack, which the extension's default backward runs.
     rows = ["| # | workload | existing route | existing ms | core ms | core/existing | "
-            "extension ms | extension/existing | extra MiB | correct |",
+            "stack ms | stack/existing | extra MiB | correct |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in b.data.get("workloads", []):
         if r.get("status") != "measured":
@@ -613,11 +617,11 @@ def render_bench_table(report: Report) -> str:
         v = r.get("variants", {})
         route = r.get("stock_route", "native")
         stock_ms = (v.get(route) or v.get("native") or {}).get("median_ms")
-        correct = r.get("correct") and r.get("core_correct", True)
+        core = (r.get("levels") or {}).get("core") or {}
         rows.append(f"| {r.get('row')} | {r.get('name')} | {route} | {_fmt(stock_ms)} | "
-                    f"{_fmt((v.get('core') or {}).get('median_ms'))} | {_fmt(r.get('core_ratio'))} | "
+                    f"{_fmt(core.get('ms'))} | {_fmt(core.get('ratio'))} | "
                     f"{_fmt((v.get('detgrid') or {}).get('median_ms'))} | {_fmt(r.get('ratio'))} | "
-                    f"{_fmt(r.get('extra_peak_mib'))} | {'yes' if correct else 'NO'} |")
+                    f"{_fmt(r.get('extra_peak_mib'))} | {'yes' if _row_correct(r) else 'NO'} |")
     plot = f"\n\n![new/existing per workload]({b.png})" if b.png else ""
     return "\n".join(rows) + plot
 

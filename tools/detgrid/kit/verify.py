@@ -3,7 +3,7 @@
 Runs the deterministic backward K times (K >= 2) on a high-collision 2-D case
 and a 3-D one (zoom-in grids: many sample points per input pixel or voxel,
 the case where stock's atomicAdd order varies most), hashes every result,
-compares it with stock, and on CUDA also with the host executor, which must
+compares it with stock, and on CUDA also with the host build, which must
 agree bit for bit.
 
 float16 and bfloat16 are checked where each claim means something: the
@@ -12,7 +12,7 @@ hashes as for any dtype; agreement with stock run in float64 on the same
 while stock in the dtype itself rounds at every step (TOLERANCES), and
 grad_grid, which is stock's own arithmetic in the dtype, within stock's
 accuracy of that float64 result (GRID_TOLERANCES); and no bitwise claim
-against the host executor, which is made for float32 and float64 only. Their
+against the host build, which is made for float32 and float64 only. Their
 grids sit on quarter pixels, where float64 takes the taps and weights that
 the dtype's forward takes (see on_quarter_pixels).
 """
@@ -91,7 +91,7 @@ class VerifyResult:
     deterministic_hashes: List[str]
     stock_hashes: List[str]
     max_rel_diff_vs_stock: float
-    equals_cpu_executor: Optional[bool]
+    equals_host_build: Optional[bool]
     # float16 and bfloat16: grad_grid's, apart (max_rel_diff_vs_stock is then
     # grad_input's); None for float32 and float64.
     grid_max_rel_diff_vs_stock: Optional[float] = None
@@ -112,7 +112,7 @@ class VerifyResult:
             and self.max_rel_diff_vs_stock <= tolerance
             and (self.grid_max_rel_diff_vs_stock is None
                  or self.grid_max_rel_diff_vs_stock <= GRID_TOLERANCES[self.dtype])
-            and self.equals_cpu_executor is not False
+            and self.equals_host_build is not False
         )
 
     def to_dict(self) -> Dict:
@@ -188,7 +188,7 @@ def verify_case(case: VerifyCase, device: str = "auto", runs: int = 10,
         deterministic_hashes=[sha256(*grads) for grads in deterministic],
         stock_hashes=[sha256(*grads) for grads in stock],
         max_rel_diff_vs_stock=rel_diffs[0] if reduced else max(rel_diffs),
-        equals_cpu_executor=equals_cpu,
+        equals_host_build=equals_cpu,
         grid_max_rel_diff_vs_stock=rel_diffs[1] if reduced else None,
     )
 
@@ -202,7 +202,7 @@ def format_result(result: VerifyResult) -> str:
     lines = [f"detgrid verify: {result.case}, bilinear/zeros, {result.dtype}, on {result.device}"]
     reference = "stock" if result.dtype not in REDUCED_NAMES else "stock in float64"
     if result.device == "cpu":
-        lines.append("  no CUDA here: the host executor ran (the same math and order as the CUDA kernel)")
+        lines.append("  no CUDA here: the host build ran (the CUDA source hostified: its math and order)")
     which = "" if result.grid_max_rel_diff_vs_stock is None else " (grad_input)"
     lines += [
         f"  deterministic: {result.distinct_deterministic} distinct SHA-256 over {result.runs} runs "
@@ -215,7 +215,7 @@ def format_result(result: VerifyResult) -> str:
         lines.append(f"  the same for grad_grid, stock's arithmetic in {result.dtype[6:]} = "
                      f"{result.grid_max_rel_diff_vs_stock:.3g} "
                      f"(at most {GRID_TOLERANCES[result.dtype]:g})")
-    if result.equals_cpu_executor is not None:
-        lines.append(f"  CUDA result == host executor bit for bit: {result.equals_cpu_executor}")
+    if result.equals_host_build is not None:
+        lines.append(f"  CUDA result == host build bit for bit: {result.equals_host_build}")
     lines.append("  OK" if result.ok else "  FAILED")
     return "\n".join(lines)
