@@ -357,31 +357,42 @@ class TestCore(TestCase):
                          ["701 lines > 700", "41 kernels > 40", "1.00 MiB of .text > 1.00 MiB"])
 
     def test_fused_multiply_adds_are_counted_per_family_and_reported_not_failed(self):
-        sums = [("FFMA R1, R2, R3, R1", (CORE_CU, 328)), ("DFMA R2, R4, R6, R2", (CORE_CU, 328)),
+        sums = [("FADD R1, R2, R1", (CORE_CU, 328)), ("DADD R2, R4, R2", (CORE_CU, 328)),
                 ("HFMA2.MMA R5, -RZ, RZ, 1.875, 0", (CORE_CU, 330)),  # a constant, not arithmetic
                 ("FFMA R1, -R2, R3, 1", (CORE_CU, 261), True)]  # a division's slow path
         records = [("FFMA R1, R2, R3, R4", (ATEN_GRID_SAMPLER, 44)),
                    ("FFMA R1, R2, R3, R4", (ATEN_GRID_SAMPLER, 44)),
-                   ("FFMA R1, R2, R3, R4", (CORE_CU, 176))]
+                   ("DFMA R2, R4, R6, R8", (CORE_CU, 176))]
         rc, out, err, after = self._audit(_core_unit(sums, records), "--json", "{work}/core.json")
         self.assertEqual(rc, 0, out + err)
         self.assertNotIn("FAIL", out)
-        self.assertIn("fused family sum_runs_kernel (1 kernels): FFMA=2 DFMA=1 HFMA2=0 (by design, "
-                      "not failed; by source: GridSamplerDeterministic.cu 2, subroutines 1)\n", out)
-        self.assertIn("fused family grid_sampler_2d_records_kernel (1 kernels): FFMA=3 DFMA=0 "
+        self.assertIn("fused family sum_runs_kernel (1 kernels): FFMA=1 DFMA=0 HFMA2=0 (by design, "
+                      "not failed; by source: subroutines 1)\n", out)
+        self.assertIn("fused family grid_sampler_2d_records_kernel (1 kernels): FFMA=2 DFMA=1 "
                       "HFMA2=0 (by design, not failed; by source: GridSampler.cuh 2, "
                       "GridSamplerDeterministic.cu 1)\n", out)
         self.assertTrue(out.endswith("sass audit (core): 2 kernels of its own, 9 instructions, "
-                                     "FFMA=5 DFMA=1 HFMA2=0 (reported); 0 problem(s), "
+                                     "FFMA=3 DFMA=1 HFMA2=0 (reported); 0 problem(s), "
                                      "1 reported, not failed\n"), out)
         record = json.loads(after["core.json"])
-        self.assertEqual(record["fused"]["sum_runs_kernel"],
+        self.assertEqual(record["fused"]["grid_sampler_2d_records_kernel"],
                          {"kernels": 1, "FFMA": 2, "DFMA": 1, "HFMA2": 0,
-                          "by_source": {"GridSamplerDeterministic.cu": 2, "subroutines": 1}})
-        # The grad_grid's rule would refuse the same contraction on a line of the core's own.
+                          "by_source": {"GridSamplerDeterministic.cu": 1, "GridSampler.cuh": 2}})
+        # The grad_grid's rule would refuse the contraction on a line of the core's own.
         functions = sass_audit.parse_sass(_core_unit(sums, records)[1])
         self.assertEqual(len(sass_audit.fused_violations(
-            functions, _Lines({(CORE_CU, 328): "partial += w * g;"}), sass_audit.CORE_SCOPE)), 2)
+            functions, _Lines({(CORE_CU, 176): "w = a * b + c;"}), sass_audit.CORE_SCOPE)), 1)
+
+    def test_a_fused_multiply_add_in_the_run_sums_fails(self):
+        # The run sums add each term with its product rounded, as the existing kernel's
+        # atomicAdd receives it: a product fused into the sum is refused, in float or double.
+        for fused in ("FFMA R1, R2, R3, R1", "DFMA R2, R4, R6, R2"):
+            with self.subTest(fused=fused):
+                sums = [("FADD R1, R2, R1", (CORE_CU, 328)), (fused, (CORE_CU, 430))]
+                rc, out, _, _ = self._audit(_core_unit(sums), "--json", "{work}/core.json")
+                self.assertEqual(rc, 1, out)
+                self.assertIn("FAIL (fused multiply-adds in the sums, core): sum_runs_kernel<float, "
+                              f"int>: {fused} (GridSamplerDeterministic.cu:430)\n", out)
 
     def test_registers_of_every_kernel_are_printed_and_recorded(self):
         rc, out, _, after = self._audit(_core_unit(sums_registers=36), "--json", "{work}/core.json")

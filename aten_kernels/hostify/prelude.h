@@ -111,9 +111,31 @@ inline double max(double a, double b) {
   return std::fmax(a, b);
 }
 
+// CUDA's __fadd_rn and __dadd_rn: an add that is never fused with a
+// multiply before it. The host build contracts a * b + c where nvcc would
+// (-ffp-contract=fast), so the addend passes through an empty asm first,
+// which hides the product it came from.
+template <typename T>
+T opaque(T value) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+x"(value));
+#else
+  asm("" : "+m"(value));
+#endif
+  return value;
+}
+inline float __fadd_rn(float a, float b) {
+  return a + opaque(b);
+}
+inline double __dadd_rn(double a, double b) {
+  return a + opaque(b);
+}
+
 } // namespace hostify
 
+using hostify::__dadd_rn;
 using hostify::__double_as_longlong;
+using hostify::__fadd_rn;
 using hostify::__float_as_int;
 using hostify::__int2bfloat16_rz;
 using hostify::__int_as_float;

@@ -10,9 +10,12 @@ file as the prefix of the upstream stack ending at that level has it, which
 `cut-core` writes); what is its own is CORE_SCOPE. The core computes the
 existing kernel's terms with nvcc's contraction of ``a*b+c``, by design, so
 its fused multiply-adds are counted and reported per kernel family, not
-failed. A build fails on: a stack frame or spill in a kernel of its own (CUB's
-kernels' frames are reported, not failed), a `.FTZ` form of FADD, FMUL, FFMA
-or FMNMX in its arithmetic or the ATen helpers it inlines, and its budget: the
+failed, but for its run sums (RUN_SUM_KERNELS), which add each term with its
+product rounded, as the existing kernel's atomicAdd does. A build fails on: a
+stack frame or spill in a kernel of its own (CUB's kernels' frames are
+reported, not failed), a fused multiply-add in its run sums, a `.FTZ` form of
+FADD, FMUL, FFMA or FMNMX in its arithmetic or the ATen helpers it inlines,
+and its budget: the
 core's (CORE_BUDGET: kernels, CUB's included, bytes of sm_90 `.text`, and
 lines of new ATen code) on the core, the whole upstream stack's (STACK_BUDGET:
 kernels and `.text`; the lines are the core's alone) on the top build, the
@@ -550,12 +553,30 @@ def _read_unit(ptxas_log: str, sass: str, cubin: Optional[str] = None):
     return resources, text, sections
 
 
+def sum_fused_violations(functions: Dict[str, Function]) -> List[str]:
+    """The fused multiply-adds of the core's run sums (RUN_SUM_KERNELS): their own, not a
+    compiler subroutine's or the -RZ, RZ constant idiom. The existing kernel rounds each term's
+    product before its atomicAdd, and the core adds terms with __fadd_rn / __dadd_rn, which nvcc
+    never fuses with that product: a fused multiply-add there would round a term one way in one
+    build and another way in the next, and on the GPU unlike the host."""
+    found = []
+    for name, function in sorted(functions.items()):
+        if not _is_core_kernel(name) or kernel_name(name) not in RUN_SUM_KERNELS:
+            continue
+        for ins in function.instructions:
+            if (FUSED.match(ins.opcode) and not CONSTANT_IDIOM.search(ins.operands)
+                    and not ins.in_subroutine):
+                where = f"{ins.source[0].rsplit('/', 1)[-1]}:{ins.source[1]}" if ins.source else "?"
+                found.append(f"{short_label(demangle(name))}: {ins.opcode} {ins.operands} ({where})")
+    return found
+
+
 def core_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m detgrid.kit.sass_audit core",
         description="audit a build of the upstream core's GridSamplerDeterministic.cu (with "
         "--level, a speed level's build of it): no stack frame or spill in its kernels, no "
-        "flush to zero, its budget (the top build's: the whole stack's); print its kernels' "
+        "flush to zero, no fused multiply-add in its sums, its budget (the top build's: the whole stack's); print its kernels' "
         "registers and its fused instructions per kernel family (reported, not failed)")
     parser.add_argument("--ptxas-log", required=True, help="output of nvcc -Xptxas -v")
     parser.add_argument("--sass", required=True, help="output of nvdisasm -c -g -gi")
@@ -601,6 +622,7 @@ def core_main(argv: Sequence[str]) -> int:
     problems = {
         "stack frames or spills": spills,
         "flush-to-zero arithmetic": ftz_violations(functions, CORE_SCOPE),
+        "fused multiply-adds in the sums": sum_fused_violations(functions),
         **{kind: budget_violations(core, budget) for kind, budget in budgets},
     }
     reported = [f"{frame['kernel']}: {frame['stack_frame']} B stack frame, "

@@ -63,6 +63,15 @@ constexpr int64_t kPartialBytes = int64_t{16} << 20;
 // a chunk of few runs (a constant grid's) launches few threads.
 constexpr int64_t kMaxRunSumBlocks = 4096;
 
+// a + b, never fused with a product in b: the existing kernel rounds a
+// term's product before its atomicAdd, where nvcc might fuse it here.
+__device__ float add_unfused(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ double add_unfused(double a, double b) {
+  return __dadd_rn(a, b);
+}
+
 // Record r of a chunk belongs to point r >> tap_bits, whose taps are visited
 // in the existing kernel's order: for bicubic, x outermost; otherwise nw,
 // ne, sw, se (tnw .. bse in 3-D).
@@ -427,7 +436,8 @@ struct SortedChunk {
       index_t c) const {
     at::opmath_type<scalar_t> partial = 0;
     for (int32_t k = begin; k < end; ++k) {
-      partial += static_cast<at::opmath_type<scalar_t>>(term(ids[k], c));
+      partial = add_unfused(
+          partial, static_cast<at::opmath_type<scalar_t>>(term(ids[k], c)));
     }
     return partial;
   }
@@ -674,25 +684,9 @@ void launch_grid_sampler_backward_deterministic_kernel(
         const auto mode =
             static_cast<GridSamplerInterpolation>(interpolation_mode);
         const auto padding = static_cast<GridSamplerPadding>(padding_mode);
-        if (index_32bit) {
-          sum_grad_input<scalar_t, int32_t>(
-              grad_input,
-              grad_output,
-              input,
-              grid,
-              mode,
-              padding,
-              align_corners);
-        } else {
-          sum_grad_input<scalar_t, int64_t>(
-              grad_input,
-              grad_output,
-              input,
-              grid,
-              mode,
-              padding,
-              align_corners);
-        }
+        const auto sum = index_32bit ? sum_grad_input<scalar_t, int32_t>
+                                     : sum_grad_input<scalar_t, int64_t>;
+        sum(grad_input, grad_output, input, grid, mode, padding, align_corners);
       });
 }
 
