@@ -128,6 +128,8 @@ class TestWorkCounters(TestCase):
                 self.assertEqual((two["chunks"], full["chunks"]), (2, 2))
                 self.assertEqual(full["launches"], 2 * 5)
                 self.assertEqual(two["launches"], 1 + 2 * 5 + 1)
+                # The fill and the rounding are the call's, not a chunk's.
+                self.assertEqual(two["launches_per_chunk"], 5)
                 self.assertEqual(two["threads"], full["threads"] + THREADS * _blocks(3 * 8 * 8))
                 # the scratch, and weights of 2 bytes for the chunk's 2^19 records
                 self.assertEqual(two["workspace_bytes"] - full["workspace_bytes"],
