@@ -47,7 +47,7 @@ def points_per_cell(dims=2):
     return round((CASES[dims][1] / (CASES[dims][2] * CASES[dims][0])) ** dims)
 
 
-def executor_grad_input(detgrid, x, grid, grad_out):
+def detgrid_grad_input(detgrid, x, grid, grad_out):
     """grad_input of detgrid.ops.grid_sampler_{2,3}d_backward (by x's rank): bilinear, zeros."""
     op = getattr(detgrid.ops, f"grid_sampler_{x.dim() - 2}d_backward")
     return op(grad_out, x, grid, 0, 0, ALIGN, (True, True))[0]

@@ -4,7 +4,7 @@ On CUDA the fix is detgrid.enable() when detgrid is installed with CUDA kernels,
 else this torch itself (a patched torch needs nothing; a stock one raises, and
 the claims fail with the error captured). Without CUDA the CUDA claims are not
 checkable; if detgrid is installed, detgrid.enable("cpu") routes the CPU
-backward to detgrid's executor, and that is checked instead (no error, no
+backward to detgrid's host build, and that is checked instead (no error, no
 warning, one hash, the same bits as detgrid.ops). --dims 3 runs the 3-D case (5-D
 input, grid_sampler_3d_backward) instead of the 2-D one.
 Exit codes: 0 checked claims hold, 1 a claim failed, 77 nothing checkable here.
@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (ALERTS, FAIL, NOT_CHECKABLE, PASS, claim, environment,  # noqa: E402
-                    executor_grad_input, finish, grad_input_capturing, import_detgrid, make_case)
+                    detgrid_grad_input, finish, grad_input_capturing, import_detgrid, make_case)
 from seeding import seed_everything, sha256  # noqa: E402
 
 
@@ -68,10 +68,10 @@ def main(argv=None):
               claim(texts[2], PASS if len(set(hashes)) == 1 and None not in hashes else FAIL,
                     f"{len(set(hashes))} distinct")]
     if device == "cpu":
-        executor = executor_grad_input(detgrid, *case)
-        routed = sha256(executor) == hashes[0]
-        result["detgrid_ops_hash"] = sha256(executor)
-        claims += [claim("the CPU backward ran detgrid's executor (same hash as detgrid.ops)",
+        ops_grad_input = detgrid_grad_input(detgrid, *case)
+        routed = sha256(ops_grad_input) == hashes[0]
+        result["detgrid_ops_hash"] = sha256(ops_grad_input)
+        claims += [claim("the CPU backward ran detgrid's host build (same hash as detgrid.ops)",
                          PASS if routed else FAIL),
                    claim("the same on CUDA", NOT_CHECKABLE, "no CUDA device")]
     result["claims"] = claims

@@ -6,7 +6,7 @@ to give several distinct hashes, the deterministic path (detgrid.enable() if det
 CUDA kernels, else a patched torch, detected by the stock backward not raising under
 deterministic mode) exactly one; plus max |deterministic - stock|.
 Without CUDA: stock's CPU kernel is deterministic, so the stock claim is not checkable
-here; detgrid's CPU executor (detgrid.ops.grid_sampler_{2,3}d_backward, the CUDA
+here; detgrid's CPU host build (detgrid.ops.grid_sampler_{2,3}d_backward, the CUDA
 kernel's math and order) is run instead, if detgrid is installed.
 Exit codes: 0 checked claims hold, 1 a claim failed, 77 nothing checkable here.
 
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (FAIL, NOT_CHECKABLE, PASS, claim, environment,  # noqa: E402
-                    executor_grad_input, finish, grad_input, grad_input_capturing,
+                    detgrid_grad_input, finish, grad_input, grad_input_capturing,
                     import_detgrid, make_case, points_per_cell)
 from seeding import check_determinism, seed_everything  # noqa: E402
 
@@ -35,8 +35,8 @@ def deterministic_path(device, case):
     detgrid = import_detgrid()
     if device == "cpu":
         if detgrid is None:
-            return "detgrid not installed: no CPU executor to run", None
-        return "detgrid CPU executor (detgrid.ops)", lambda: executor_grad_input(detgrid, *case)
+            return "detgrid not installed: no CPU host build to run", None
+        return "detgrid CPU host build (detgrid.ops)", lambda: detgrid_grad_input(detgrid, *case)
     torch.use_deterministic_algorithms(True)  # detgrid routes, and patched torch dispatches, on it
     if detgrid is not None and detgrid.ops.has_cuda_kernels():
         detgrid.enable()

@@ -47,7 +47,6 @@ REDUCED_DTYPES = (torch.float16, torch.bfloat16)
 HAS_DETGRID_CUDA = ops.has_cuda_kernels() and torch.cuda.is_available()
 
 
-
 def mode_name(mode):
     return MODE_NAMES[mode]
 
@@ -426,7 +425,6 @@ def reset_switch():
     detgrid.disable(("cpu",))
     if ops.has_cuda_kernels():
         detgrid.disable(("cuda",))
-
 
 
 class DetgridTestCase(TestCase):

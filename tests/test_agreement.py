@@ -253,8 +253,6 @@ class TestAgreementWithStock(DetgridTestCase):
         self.assertLessEqual(our_error.item(), stock_error.item(), "grad_input")
 
 
-
-
 class TestGradcheck(DetgridTestCase):
 
     def _inputs(self, device, align_corners, seed=0, dims=2):

@@ -688,9 +688,9 @@ class TestGpuCheckWorkloads(TestCase):
                 found.add(c.input.dtype)
             self.assertEqual(found, {torch.float32, torch.float16}, dim)
 
-    def test_executor_cases_per_rank(self):
+    def test_host_match_cases_per_rank(self):
         for dim, count in ((2, 24), (3, 24)):
-            cases = workloads.executor_cases(torch.float64, dim=dim)
+            cases = workloads.host_match_cases(torch.float64, dim=dim)
             self.assertEqual(len(cases), count)
             self.assertEqual({c.dim for c in cases}, {dim})
             self.assertEqual({c.input.dtype for c in cases}, {torch.float64})
@@ -701,7 +701,7 @@ class TestGpuCheckWorkloads(TestCase):
             self.assertTrue(any(not bool(c.grid.isfinite().all()) for c in cases), dim)
             outside = torch.cat([c.grid.reshape(-1) for c in cases])
             self.assertTrue(bool((outside.abs() > 1).any()), dim)  # some points out of bounds
-        names = {c.name for c in workloads.executor_cases(torch.float32, dim=3)}
+        names = {c.name for c in workloads.host_match_cases(torch.float32, dim=3)}
         self.assertIn("3d_trilinear_border_ac", names)
         self.assertIn("3d_nearest_zeros_zoom", names)
         self.assertIn("3d_tricubic_reflection_special", names)
@@ -833,7 +833,7 @@ class TestGpuCheckHostRuns(TestCase):
             self.assertEqual(len({run["grad_input_sha256"] for run in runs}), 1)
             self.assertEqual(repeat["stock"]["grad_input_distinct"], 1)  # CPU stock is too
             self.assertEqual(len(repeat["input_shape"]), repeat["dim"] + 2)
-        # executor_cases (24 per rank) and their 3 zoom-in cases with a
+        # host_match_cases (24 per rank) and their 3 zoom-in cases with a
         # non-finite grad_output, per build.
         self.assertEqual([(r["level"], r["dtype"], r["dim"], r["cases"]) for r in result["core"]],
                          [(level, dtype, dim, 27) for level in builds
@@ -915,7 +915,7 @@ class TestGpuCheckHostRuns(TestCase):
         self.assertEqual(gpucheck_report.golden_checks({"golden": [row]})[0]["result"], "n/a")
 
     def test_stock_row_catches_a_result_off_stock(self):
-        cases = [c for c in workloads.executor_cases(torch.float32, 0, 2)
+        cases = [c for c in workloads.host_match_cases(torch.float32, 0, 2)
                  if gpucheck._finite(c)][:3]
         row = gpucheck.stock_row("cpu", "float32", 2, cases)
         self.assertEqual((row["cases"], row["failing"]), (3, []))
@@ -932,7 +932,7 @@ class TestGpuCheckHostRuns(TestCase):
         self.assertEqual(row["failing"], [c.name for c in cases])
 
     def test_stock_rows_leave_non_finite_cases_out(self):
-        cases = workloads.executor_cases(torch.float64, 0, 2)
+        cases = workloads.host_match_cases(torch.float64, 0, 2)
         row = gpucheck.stock_row("cpu", "float64", 2, cases)
         self.assertEqual(row["cases"], sum(map(gpucheck._finite, cases)))
         self.assertLess(row["cases"], len(cases))
@@ -940,7 +940,7 @@ class TestGpuCheckHostRuns(TestCase):
     def test_a_case_stock_refuses_is_not_a_failure(self):
         # Tricubic before torch 2.15: counted, not run, the row still passes;
         # detgrid raising where stock runs is an error.
-        cases = [c for c in workloads.executor_cases(torch.float32, 0, 2)
+        cases = [c for c in workloads.host_match_cases(torch.float32, 0, 2)
                  if gpucheck._finite(c)][:2]
         refusing = mock.patch.object(gpucheck, "run_stock",
                                      side_effect=RuntimeError("only supports 4D input"))

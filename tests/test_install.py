@@ -139,12 +139,12 @@ class TestLoudFailure(TestCase):
         with self.assertRaisesRegex(toolchain.Unusable, "no CUDA compiler was found"):
             toolchain.cuda_plan(cuda_torch, {}, find=lambda cuda: None)
         plan = toolchain.cuda_plan(fake_torch("2.13.0+cpu", None), {}, find=lambda cuda: None)
-        self.assertEqual(plan.describe(), "host executor only (torch 2.13.0+cpu has no CUDA)")
+        self.assertEqual(plan.describe(), "host builds only (torch 2.13.0+cpu has no CUDA)")
 
     def test_detgrid_cpu_only_is_the_explicit_opt_out(self):
         plan = toolchain.cuda_plan(fake_torch("2.14.1+cu130", "13.0"), {"DETGRID_CPU_ONLY": "1"},
                                    find=lambda cuda: None)
-        self.assertEqual(plan.describe(), "host executor only (DETGRID_CPU_ONLY=1)")
+        self.assertEqual(plan.describe(), "host builds only (DETGRID_CPU_ONLY=1)")
 
     def test_setup_py_fails_the_install_with_the_reason(self):
         # The real setup.py: on this CPU torch the CUDA decision is skipped,
@@ -359,7 +359,7 @@ class TestDryRunTellsTheTruth(TestCase):
 
     def test_extension_dry_run_honours_the_opt_out(self):
         self.assertEqual(self.notes(env={"DETGRID_CPU_ONLY": "1"}),
-                         ["host executor only (DETGRID_CPU_ONLY=1)"])
+                         ["host builds only (DETGRID_CPU_ONLY=1)"])
 
 
 class TestCommandLine(TestCase):

@@ -130,7 +130,7 @@ class TestReproScripts(TestCase):
         stock_claim = data["claims"][0]
         self.assertEqual(stock_claim["status"], common.PASS if HAS_GPU else common.NOT_CHECKABLE)
         if not HAS_GPU:
-            self.assertEqual(data["deterministic_path"], "detgrid CPU executor (detgrid.ops)")
+            self.assertEqual(data["deterministic_path"], "detgrid CPU host build (detgrid.ops)")
 
     def test_show_fix_routes_the_backward_to_detgrid_with_one_hash(self):
         code, data = run_script("show_fix.py", "--runs", str(RUNS))
@@ -191,9 +191,9 @@ class TestReproScripts(TestCase):
         self.assertEqual(data["deterministic"]["distinct"], 1)
         self.assertLessEqual(data["max_abs_diff"], 1e-3)
         if not HAS_GPU:
-            self.assertEqual(data["deterministic_path"], "detgrid CPU executor (detgrid.ops)")
+            self.assertEqual(data["deterministic_path"], "detgrid CPU host build (detgrid.ops)")
             self.assertEqual(data["claims"][0]["status"], common.NOT_CHECKABLE)
-            # the executor's summation order is not stock's: other bits, so not stock rerun
+            # the core's summation order is not stock's: other bits, so not stock rerun
             self.assertEqual(data["stock"]["hashes"][0], stock_cpu_hash(3))
             self.assertNotEqual(data["deterministic"]["hashes"][0], data["stock"]["hashes"][0])
 
@@ -207,7 +207,7 @@ class TestReproScripts(TestCase):
         self.assertEqual(data["distinct"], 1)
         if not HAS_GPU:
             self.assertEqual(data["fix"], "detgrid.enable('cpu')")
-            routed = [c for c in data["claims"] if "ran detgrid's executor" in c["claim"]]
+            routed = [c for c in data["claims"] if "ran detgrid's host build" in c["claim"]]
             self.assertEqual([c["status"] for c in routed], [common.PASS])
             self.assertEqual(data["detgrid_ops_hash"], data["hashes"][0])
             # stock's CPU backward gives other bits: unrouted, the claim above would fail
@@ -224,7 +224,7 @@ class TestReproScripts(TestCase):
             code, data = run_script("show_fix.py", "--dims", dims, "--runs", "2", detgrid_init=shim)
             self.check_schema(data, "show_fix", code)
             statuses = {c["claim"]: c["status"] for c in data["claims"]}
-            routed = statuses.pop("the CPU backward ran detgrid's executor (same hash as detgrid.ops)")
+            routed = statuses.pop("the CPU backward ran detgrid's host build (same hash as detgrid.ops)")
             self.assertEqual((routed, code), (expected, 0 if expected == common.PASS else 1), dims)
             self.assertNotIn(common.FAIL, statuses.values())
 

@@ -51,7 +51,6 @@ from detgrid_testing import (
 DIMS = (2, 3)
 
 
-
 def _device_form_name(device):
     """A subtest name for a device argument: "cpu_0" for "cpu:0", and
     "torch_device_cpu_0" for torch.device("cpu", 0)."""

@@ -1,1 +1,1 @@
-"""Golden digests of the host executor (see corpus.py)."""
+"""Golden digests of the default backward on the host (see corpus.py)."""

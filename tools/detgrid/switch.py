@@ -21,7 +21,6 @@ Device = Union[str, torch.device]
 Devices = Union[Device, Iterable[Device], None]
 
 
-
 def _device_type(device: object) -> str:
     """"cpu" or "cuda" for one device in any form torch names it. An index
     ("cuda:1") is accepted and means every device of its type: the override

@@ -6,8 +6,8 @@ grid_sampler_3d_backward (by the input's rank) with its inputs; Workload
 (WORKLOADS) builds a benchmark's inputs from a seeded generator at any
 scale; the small case sets exercise every mode, padding, dtype, layout and
 both ranks; run_detgrid / run_stock run a case; sha256, bitwise_equal,
-max_abs_diff and rel_err compare results; time_workload times stock against
-detgrid (CUDA events on the GPU, the host clock on the CPU).
+max_abs_diff and rel_err compare results; time_rotating times calls (CUDA
+events on the GPU, the host clock on the CPU).
 
 This module imports detgrid.ops (and with it the compiled extension) only
 when a case is run, so the rest works where the extension did not build.
@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import hashlib
 import math
-import statistics
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -775,8 +774,8 @@ def _sanitizer_cases_3d(g: torch.Generator) -> List[Case]:
     return cases + [cl, ex]
 
 
-# executor_cases' (input shape, grid size) per kind of case, by spatial dims.
-_EXECUTOR_SHAPES = {
+# host_match_cases' (input shape, grid size) per kind of case, by spatial dims.
+_HOST_MATCH_SHAPES = {
     2: {"plain": ((2, 5, 13, 17), (24, 20)), "zoom": ((2, 4, 6, 7), (40, 40)),
         "special": ((2, 3, 8, 8), (9, 9))},
     3: {"plain": ((2, 3, 6, 7, 9), (6, 8, 10)), "zoom": ((2, 4, 3, 4, 4), (8, 10, 10)),
@@ -784,12 +783,12 @@ _EXECUTOR_SHAPES = {
 }
 
 
-def executor_cases(dtype: torch.dtype, seed: int = 0, dim: int = 2) -> List[Case]:
+def host_match_cases(dtype: torch.dtype, seed: int = 0, dim: int = 2) -> List[Case]:
     """Small dim-D cases for equality of the device and host builds: every mode x
     padding x align_corners, some points out of bounds, plus zoom-in (many
     points per cell) and non-finite grids."""
     g = torch.Generator().manual_seed(seed)
-    shapes = _EXECUTOR_SHAPES[dim]
+    shapes = _HOST_MATCH_SHAPES[dim]
     prefix = "" if dim == 2 else "3d_"
     cases = []
     for mode in modes(dim):
@@ -936,43 +935,3 @@ def peak_bytes(fn: Callable[[], Any], device: str) -> Optional[int]:
     peak = torch.cuda.max_memory_allocated() - base
     del out
     return peak
-
-
-def _describe(case: Case) -> Dict[str, Any]:
-    return {
-        "input_shape": list(case.input.shape),
-        "grid_shape": list(case.grid.shape),
-        "dtype": dtype_name(case.input.dtype),
-        "mode": mode_name({v: k for k, v in MODES.items()}[case.interpolation_mode], case.dim),
-        "padding": {v: k for k, v in PADDINGS.items()}[case.padding_mode],
-        "align_corners": case.align_corners,
-        "output_mask": list(case.output_mask),
-    }
-
-
-def time_workload(workload: Workload, device: str = "cuda", warmup: int = 5, reps: int = 25,
-                  scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
-    """Median ms of stock vs detgrid backward on one workload, their ratio,
-    detgrid's extra peak memory over stock, and the difference of results."""
-    case = workload.build(device, seed, scale)
-    stock_out = run_stock(case)
-    det_out = run_detgrid(case)
-    synchronize(device)
-    row: Dict[str, Any] = {"name": workload.name, "load": workload.load, **_describe(case)}
-    row["rel_err_grad_input"] = rel_err(det_out[0], stock_out[0])
-    row["rel_err_grad_grid"] = rel_err(det_out[1], stock_out[1])
-    del stock_out, det_out
-    stock_ms, det_ms = time_rotating([run_stock, run_detgrid], [case], device, warmup, reps)
-    row["stock_ms"] = statistics.median(stock_ms)
-    row["detgrid_ms"] = statistics.median(det_ms)
-    row["stock_ms_range"] = [min(stock_ms), max(stock_ms)]
-    row["detgrid_ms_range"] = [min(det_ms), max(det_ms)]
-    row["ratio"] = row["detgrid_ms"] / row["stock_ms"] if row["stock_ms"] > 0 else None
-    stock_peak = peak_bytes(lambda: run_stock(case), device)
-    det_peak = peak_bytes(lambda: run_detgrid(case), device)
-    row["stock_peak_mib"] = None if stock_peak is None else stock_peak / 2**20
-    row["detgrid_peak_mib"] = None if det_peak is None else det_peak / 2**20
-    row["extra_peak_mib"] = (None if stock_peak is None or det_peak is None
-                             else (det_peak - stock_peak) / 2**20)
-    row["reps"], row["warmup"] = reps, warmup
-    return row

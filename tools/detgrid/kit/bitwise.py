@@ -11,7 +11,7 @@ GPUs give the canonical 0x7FFFFFFF (bfloat16 0x7FFF, float16 0x7FFF), x86
 gives 0xFFC00000 or the NaN operand it propagated (bfloat16 0x7FC0, float16
 sign | 0x7E00). Making the two agree would take a canonicalising pass over
 both gradients in the kernel, one more read and write of each per call, and
-would change the host executor's output, whose golden digests must not
+would change the host builds' output, whose golden digests must not
 change. PyTorch gives NaN payloads no meaning either (torch.testing's
 equal_nan ignores them), so the rule ignores them too.
 """

@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "writes FILE.json, FILE.md and FILE.png",
     )
     bench.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                       help="cuda: full-size workloads; cpu: the host executor vs stock CPU "
+                       help="cuda: full-size workloads; cpu: the host builds vs stock CPU "
                        "on small shapes (a smoke test of the harness)")
     bench.add_argument("--quick", action="store_true",
                        help="shapes scaled way down (CPU: the whole run in < 60 s)")

@@ -83,7 +83,7 @@ from detgrid.kit.bitwise import same_bits_or_both_nan
 from detgrid.kit.gpucheck_report import jsonable, markdown_report, write_report
 from detgrid.bench.stock_limits import SKIP_REASON, stock_cpu_workload_is_reliable
 from detgrid.bench.workloads import (BENCH_WORKLOADS, DIMS, DTYPES, MODES, PADDINGS, WORKLOADS,
-                                     Case, Gradients, Workload, dtype_name, executor_cases,
+                                     Case, Gradients, Workload, dtype_name, host_match_cases,
                                      max_abs_diff, peak_bytes, rel_err, run_detgrid, run_stock,
                                      sanitizer_cases, sha256, synchronize, time_rotating)
 
@@ -215,10 +215,10 @@ def with_non_finite_grad_output(case: Case) -> Case:
 
 def match_cases(dtype: str, dim: int, seed: int = 0) -> List[Case]:
     """The small cases on which the device's bits are compared with the host
-    build's (detgrid.bench.workloads.executor_cases: every mode, padding and
+    build's (detgrid.bench.workloads.host_match_cases: every mode, padding and
     align_corners, zoom-in and non-finite grids), and their zoom-in cases again
     with a non-finite grad_output."""
-    cases = executor_cases(DTYPES[dtype], seed, dim)
+    cases = host_match_cases(DTYPES[dtype], seed, dim)
     return cases + [with_non_finite_grad_output(c) for c in cases if c.name.endswith("_zoom")]
 
 
@@ -520,7 +520,7 @@ def run_bitwise(device: str = "cuda", reps: int = 100, scale: float = 1.0, seed:
         "golden": golden if isinstance(golden, list) else [golden],
         "default_grad_input": default_match(device, "grad_input", dtypes, seed),
         "grid_gradient": default_match(device, "grad_grid", dtypes, seed),
-        "stock": [stock_row(device, name, dim, executor_cases(DTYPES[name], seed, dim))
+        "stock": [stock_row(device, name, dim, host_match_cases(DTYPES[name], seed, dim))
                   for name in dtypes for dim in DIMS],
         "fidelity": [fidelity_row(device, name, dim, seed)
                      for name in FIDELITY_DTYPES for dim in DIMS],

@@ -317,6 +317,7 @@ DEBIAN_FILES = {
     "usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc": "nvvm/libdevice/libdevice.10.bc",
 }
 
+
 def fetch_debian_compiler(tc: Toolchain, work: Path, log) -> Path:
     """apt-get download tc.debian_package into ``work`` (private apt state, nothing installed)
     and unpack it; return the unpacked root."""

@@ -304,14 +304,14 @@ class Unusable(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class CudaPlan:
     """What a build does about CUDA: kernels with `toolkit` for `archs`, or
-    the host executor only (toolkit None) for the reason in `origin`."""
+    the host builds only (toolkit None) for the reason in `origin`."""
     toolkit: Optional[Toolkit]
     archs: Optional[str]
     origin: str
 
     def describe(self) -> str:
         if self.toolkit is None:
-            return f"host executor only ({self.origin})"
+            return f"host builds only ({self.origin})"
         return f"CUDA kernels with {self.toolkit.describe()} for {self.archs} ({self.origin})"
 
 
