@@ -51,14 +51,17 @@ NAN_SIGNS_DIFFER = {
 OTHER_LAUNCHES = ((32, 3), (1, 5), (64, 0), (0, 7), (512, 1))
 
 # Under .ci/sanitize.sh (UBSan's float-cast-overflow) the cases whose grid
-# makes stock's reflection helpers convert a NaN or infinite flip count to int
-# are left out: undefined on the host, where the GPU saturates
-# (reflect_coordinates in GridSampler.cuh; tricubic's taps convert none).
+# makes the existing kernel's arithmetic convert a NaN or infinite value to
+# int are left out: undefined on the host, where the GPU saturates (see
+# _undefined_on_the_host).
 UNDER_SANITIZERS = os.environ.get("DETGRID_SANITIZERS") == "1"
 
 
 def _undefined_on_the_host(case):
-    return (case.grid == "nonfinite" and case.padding == "reflection"
+    # Reflection converts a NaN or infinite coordinate's flip count to int;
+    # zeros padding leaves it unclipped, and bilinear, nearest and 2-D bicubic
+    # convert it to int as the existing kernel does. Tricubic converts none.
+    return (case.grid == "nonfinite" and case.padding in ("reflection", "zeros")
             and not (case.dims == 3 and case.mode == "bicubic"))
 
 
@@ -74,7 +77,7 @@ class TestGoldenDigests(TestCase):
 
     def skip_where_undefined_on_the_host(self, case):
         if UNDER_SANITIZERS and _undefined_on_the_host(case):
-            self.skipTest("reflection of a NaN or infinite coordinate converts it to int")
+            self.skipTest("a NaN or infinite coordinate converts to int (reflection, zeros)")
 
     def cases(self):
         """The cases this run computes (see UNDER_SANITIZERS)."""
@@ -288,7 +291,7 @@ class TestGoldenCorpusCoverage(TestCase):
         # As stock does: reflection takes a NaN or infinite tap position to 0,
         # where the point's NaN coefficients make NaN terms. Only there.
         if UNDER_SANITIZERS:
-            self.skipTest("reflection of a NaN or infinite coordinate converts it to int")
+            self.skipTest("a NaN or infinite coordinate converts to int (reflection, zeros)")
         case = CASES_BY_NAME["nonfinite_2d_bicubic_reflection_float64_sparse"]
         grad_input, _ = corpus.run(case)
         where = grad_input.isnan().nonzero()

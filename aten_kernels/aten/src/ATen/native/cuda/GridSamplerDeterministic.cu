@@ -85,8 +85,10 @@ struct ChunkRecords {
   index_t* gout_offsets;
   index_t nowhere;
 
-  __device__ void tap(int32_t record, bool in_bounds, index_t position) const {
-    keys[record] = in_bounds ? position : nowhere;
+  // A tap's record, keyed by the grad_input position it lands on or by
+  // `nowhere`: a position is formed only in bounds, where it fits index_t.
+  __device__ void tap(int32_t record, index_t key) const {
+    keys[record] = key;
     ids[record] = record;
   }
 };
@@ -145,10 +147,10 @@ __global__ void grid_sampler_2d_records_kernel(
             ix_nw - 1 + t, inp_W, padding_mode, align_corners));
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
+          const bool in_bounds = within_bounds_2d(py[u], px, inp_H, inp_W);
           chunk.tap(
               16 * first + 4 * t + u,
-              within_bounds_2d(py[u], px, inp_H, inp_W),
-              image + py[u] * inp_W + px);
+              in_bounds ? image + py[u] * inp_W + px : chunk.nowhere);
         }
       }
       continue;
@@ -160,10 +162,11 @@ __global__ void grid_sampler_2d_records_kernel(
     if (interpolation_mode == GridSamplerInterpolation::Nearest) {
       const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
       const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
+      const bool in_bounds =
+          within_bounds_2d(iy_nearest, ix_nearest, inp_H, inp_W);
       chunk.tap(
           first,
-          within_bounds_2d(iy_nearest, ix_nearest, inp_H, inp_W),
-          image + iy_nearest * inp_W + ix_nearest);
+          in_bounds ? image + iy_nearest * inp_W + ix_nearest : chunk.nowhere);
       continue;
     }
     const index_t ix_nw = static_cast<index_t>(std::floor(ix));
@@ -181,10 +184,9 @@ __global__ void grid_sampler_2d_records_kernel(
       const index_t tx = ix_nw + (t & 1);
       const index_t ty = iy_nw + (t >> 1);
       chunk.weights[4 * first + t] = weight[t];
+      const bool in_bounds = within_bounds_2d(ty, tx, inp_H, inp_W);
       chunk.tap(
-          4 * first + t,
-          within_bounds_2d(ty, tx, inp_H, inp_W),
-          image + ty * inp_W + tx);
+          4 * first + t, in_bounds ? image + ty * inp_W + tx : chunk.nowhere);
     }
   }
 }
@@ -251,10 +253,11 @@ __device__ void tricubic_records(
       const index_t py = pick(rows, j);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
+        const bool in_bounds = finite && px >= 0 && py >= 0 && layers[k] >= 0;
         chunk.tap(
             first + 16 * i + 4 * j + k,
-            finite && px >= 0 && py >= 0 && layers[k] >= 0,
-            image + (layers[k] * inp_H + py) * inp_W + px);
+            in_bounds ? image + (layers[k] * inp_H + py) * inp_W + px
+                      : chunk.nowhere);
       }
     }
   }
@@ -326,11 +329,13 @@ __global__ void grid_sampler_3d_records_kernel(
       const index_t ix_nearest = static_cast<index_t>(std::nearbyint(ix));
       const index_t iy_nearest = static_cast<index_t>(std::nearbyint(iy));
       const index_t iz_nearest = static_cast<index_t>(std::nearbyint(iz));
+      const bool in_bounds = within_bounds_3d(
+          iz_nearest, iy_nearest, ix_nearest, inp_D, inp_H, inp_W);
       chunk.tap(
           first,
-          within_bounds_3d(
-              iz_nearest, iy_nearest, ix_nearest, inp_D, inp_H, inp_W),
-          image + (iz_nearest * inp_H + iy_nearest) * inp_W + ix_nearest);
+          in_bounds
+              ? image + (iz_nearest * inp_H + iy_nearest) * inp_W + ix_nearest
+              : chunk.nowhere);
       continue;
     }
     const index_t ix_tnw = static_cast<index_t>(std::floor(ix));
@@ -356,10 +361,10 @@ __global__ void grid_sampler_3d_records_kernel(
       const index_t ty = iy_tnw + ((t >> 1) & 1);
       const index_t tz = iz_tnw + (t >> 2);
       chunk.weights[8 * first + t] = weight[t];
+      const bool in_bounds = within_bounds_3d(tz, ty, tx, inp_D, inp_H, inp_W);
       chunk.tap(
           8 * first + t,
-          within_bounds_3d(tz, ty, tx, inp_D, inp_H, inp_W),
-          image + (tz * inp_H + ty) * inp_W + tx);
+          in_bounds ? image + (tz * inp_H + ty) * inp_W + tx : chunk.nowhere);
     }
   }
 }
